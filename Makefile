@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Both build .venv first when it is missing
+# or older than the files that define it.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PIP_QUIET := --quiet --disable-pip-version-check
+
+.PHONY: setup demo test test-fast bench lock clean
+
+setup: $(STAMP)
+
+# One pip command: the project (editable) with its dependencies, every version fixed by constraints.txt
+# (torch==2.13.0 is the CPU build found on this machine; anything else pulls several GB of CUDA wheels).
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e . 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) -c "import torch, deepspeed, papermill, toolkit" # fail here, not in the middle of a demo
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m toolkit.demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+bench: $(STAMP)
+	$(PY) bench/bench_training.py
+
+# Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
+lock: $(STAMP)
+	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf runs outputs .pytest_cache

@@ -1,0 +1,298 @@
+"""Typed run configuration: nested dataclasses, loaded from YAML, overridden with ``section.field=value``.
+
+Every field carries a one-line docstring (the string under it) and, where a range applies, bounds in its
+metadata. ``Literal[...]`` annotations are the allowed choices. Validation happens here, before a run
+directory exists, so a typo never costs a half-started run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value that is unknown, of the wrong type or out of range; the message names the field."""
+
+
+def bounded(default: Any, *, ge: float | None = None, le: float | None = None, gt: float | None = None):
+    """A dataclass field with numeric bounds that :func:`validate` enforces."""
+    return field(default=default, metadata={"ge": ge, "le": le, "gt": gt})
+
+
+@dataclass
+class ModelConfig:
+    name: Literal["gpt", "digits_mlp"] = "gpt"
+    """Model from the registry in toolkit.models (each model names the dataset it trains on)."""
+    n_layer: int = bounded(4, ge=1, le=64)
+    """Transformer blocks (gpt) or hidden layers (digits_mlp)."""
+    n_head: int = bounded(4, ge=1, le=64)
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int = bounded(128, ge=8, le=8192)
+    """Width of the residual stream (gpt) or of the hidden layers (digits_mlp)."""
+    block_size: int = bounded(128, ge=8, le=8192)
+    """Context length in bytes (gpt only)."""
+    dropout: float = bounded(0.0, ge=0.0, le=0.9)
+    """Dropout probability; 0 is best for short runs on small data."""
+
+
+@dataclass
+class DataConfig:
+    dataset: Literal["pydoc", "digits"] = "pydoc"
+    """Built-in corpus: 'pydoc' (CPython's docs as bytes) or 'digits' (scikit-learn's 8x8 digits)."""
+    val_fraction: float = bounded(0.1, gt=0.0, le=0.5)
+    """Share of the corpus held out for validation (the tail of the text, never trained on)."""
+    num_workers: int = bounded(0, ge=0, le=64)
+    """DataLoader worker processes; 0 builds batches in the training process."""
+    prefetch_factor: int = bounded(2, ge=1, le=64)
+    """Batches each worker prepares ahead (only with num_workers > 0)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = bounded(1e-3, gt=0.0, le=1.0)
+    """Peak learning rate, reached after warmup."""
+    min_lr: float = bounded(1e-4, ge=0.0, le=1.0)
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = bounded(20, ge=0)
+    """Linear warmup from 0 to lr over this many steps."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Decay after warmup: cosine to min_lr at max_steps, or constant."""
+    weight_decay: float = bounded(0.1, ge=0.0, le=1.0)
+    """AdamW decoupled weight decay (applied to matrices only, not to biases and norms)."""
+    beta1: float = bounded(0.9, ge=0.0, le=0.9999)
+    """AdamW first-moment decay."""
+    beta2: float = bounded(0.95, ge=0.0, le=0.9999)
+    """AdamW second-moment decay."""
+    grad_clip: float = bounded(1.0, ge=0.0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = bounded(32, ge=1, le=65536)
+    """Sequences (or samples) per process per step."""
+    max_steps: int = bounded(200, ge=1)
+    """Optimizer steps to run (also the horizon of the cosine schedule)."""
+    max_seconds: float = bounded(0.0, ge=0.0)
+    """Stop after this much training time even if max_steps is not reached; 0 means no limit."""
+    eval_every: int = bounded(100, ge=1)
+    """Run validation every this many steps (and always at the last step)."""
+    eval_batches: int = bounded(8, ge=1)
+    """Validation batches per evaluation (split across processes)."""
+    log_every: int = bounded(10, ge=1)
+    """Write a train event and TensorBoard scalars every this many steps."""
+    seed: int = bounded(1337, ge=0)
+    """Seed for weights, batch sampling and dropout; a run is reproducible from it."""
+    threads: int = bounded(0, ge=0, le=1024)
+    """torch intra-op threads per process; 0 means CPU cores divided by the process count."""
+
+
+@dataclass
+class EngineConfig:
+    name: Literal["torch", "deepspeed"] = "torch"
+    """Training engine: plain PyTorch (DDP when nproc > 1) or DeepSpeed (ZeRO)."""
+    nproc: int = bounded(1, ge=1, le=1024)
+    """Processes on this machine; more than one goes through a launcher (torchrun or deepspeed)."""
+    launcher: Literal["auto", "torchrun", "deepspeed"] = "auto"
+    """Multi-process launcher; 'auto' uses the DeepSpeed launcher for the deepspeed engine, torchrun otherwise."""
+    zero_stage: int = bounded(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision; bf16 uses autocast (torch) or DeepSpeed's bf16 mode with fp32 master weights."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend; 'auto' is nccl on GPUs and gloo on CPU."""
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = False
+    """Record a torch.profiler trace (TensorBoard plugin format) and a top-operator table."""
+    wait: int = bounded(5, ge=0)
+    """Steps to skip before the profiler starts warming up (lets allocators and caches settle)."""
+    warmup: int = bounded(2, ge=0)
+    """Steps traced but discarded, so profiler start-up cost stays out of the numbers."""
+    active: int = bounded(3, ge=1, le=100)
+    """Steps recorded in the trace."""
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    """Run name; the run directory defaults to runs/<name>-<timestamp>."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Which model and its shape."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Which data and how it is loaded."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Loop length, batch, logging and evaluation cadence."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Engine, process count and precision."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """torch.profiler settings."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def fingerprint(self) -> str:
+        """sha256 of the resolved config, for telling runs and checkpoints apart."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+# --- loading and validation -------------------------------------------------------------------------------
+
+def _describe_type(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(path: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widen to float)."""
+    if typing.get_origin(tp) is Literal:
+        if value in typing.get_args(tp) and type(value) is type(typing.get_args(tp)[0]):
+            return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str) and value:
+            return value
+    raise ConfigError(f"{path}: {value!r} is not allowed; expected {_describe_type(tp)}")
+
+
+def _check_bounds(path: str, value: Any, meta: typing.Mapping) -> None:
+    ge, le, gt = meta.get("ge"), meta.get("le"), meta.get("gt")
+    allowed = []
+    if gt is not None:
+        allowed.append(f"> {gt}")
+    if ge is not None:
+        allowed.append(f">= {ge}")
+    if le is not None:
+        allowed.append(f"<= {le}")
+    if (gt is not None and not value > gt) or (ge is not None and value < ge) or (le is not None and value > le):
+        raise ConfigError(f"{path}: {value!r} is out of range; allowed: {' and '.join(allowed)}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and bad values with their path."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of fields, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"{where}{unknown[0]}: unknown field; allowed: {', '.join(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        path = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, path)
+        else:
+            value = _coerce(path, value, tp)
+            _check_bounds(path, value, fields[name].metadata)
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _check_relations(cfg: Config) -> None:
+    """Constraints between fields, which a single field's bounds cannot express."""
+    if cfg.model.n_embd % cfg.model.n_head:
+        raise ConfigError(
+            f"model.n_head: {cfg.model.n_head} does not divide model.n_embd={cfg.model.n_embd}; "
+            "allowed: a divisor of n_embd")
+    if cfg.optim.min_lr > cfg.optim.lr:
+        raise ConfigError(f"optim.min_lr: {cfg.optim.min_lr} is above optim.lr={cfg.optim.lr}; allowed: <= lr")
+    from toolkit.models import MODELS  # local: the registry imports torch
+
+    wanted = MODELS[cfg.model.name].dataset
+    if cfg.data.dataset != wanted:
+        raise ConfigError(
+            f"data.dataset: {cfg.data.dataset!r} does not fit model.name={cfg.model.name!r}; allowed: {wanted!r}")
+    if cfg.engine.name == "torch" and cfg.engine.zero_stage:
+        raise ConfigError(
+            f"engine.zero_stage: {cfg.engine.zero_stage} needs engine.name='deepspeed'; allowed with torch: 0")
+    if cfg.engine.launcher == "deepspeed" and cfg.engine.name != "deepspeed":
+        raise ConfigError("engine.launcher: 'deepspeed' needs engine.name='deepspeed'; allowed: 'auto', 'torchrun'")
+
+
+def from_dict(data: dict) -> Config:
+    cfg = _build(Config, data or {}, "")
+    _check_relations(cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'train.lr=3e-3'`` -> (['train', 'lr'], 0.003). The value is read as YAML, so types come out right."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected section.field=value, e.g. train.max_steps=100")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: {raw!r} is not a readable value ({exc.problem})") from None
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Return a copy of ``data`` with each ``section.field=value`` applied (validation comes later)."""
+    data = json.loads(json.dumps(data or {}))
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for i, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(keys[:i + 1])}: is a value, not a section; cannot set {text!r}")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (a path, or a name from configs/), apply overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        file = resolve_config_path(path)
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{file}: expected a mapping of sections at the top level")
+        data.setdefault("name", file.stem)
+    return from_dict(apply_overrides(data, overrides or []))
+
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """Accept a path, or a bare name such as 'tiny' that lives in configs/."""
+    candidates = [Path(path), CONFIG_DIR / path, CONFIG_DIR / f"{path}.yaml"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    shipped = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"config: {str(path)!r} is neither a file nor a shipped config; shipped: {shipped}")

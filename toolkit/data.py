@@ -1,0 +1,154 @@
+"""Built-in datasets and the batch pipeline.
+
+A batch is addressed by its step number: batch ``i`` of rank ``r`` is drawn from a generator seeded by
+(seed, r, i). That makes sampling free of Python per-token work, gives every rank its own stream, and means
+"the data loader position" is just the step, so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+VAL_STREAM = 2**31 - 1  # the rank slot of the validation stream, so it never collides with a training rank
+
+
+def _generator(seed: int, stream: int, index: int) -> torch.Generator:
+    # SeedSequence mixes the three integers properly; adjacent steps get unrelated streams.
+    state = np.random.SeedSequence([seed, stream, index]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+@dataclass
+class Split:
+    """One split of a dataset, as tensors in memory (the built-ins are small)."""
+
+    inputs: torch.Tensor  # bytes (text) or feature rows (tables)
+    targets: torch.Tensor | None  # None for text: targets are the inputs shifted by one
+
+
+class Corpus:
+    """A dataset with a train and a validation split and a way to draw a batch from either."""
+
+    name: str
+    sha256: str
+    size_bytes: int
+    bytes_per_item: float | None = None  # set for byte-level text, so val loss converts to bits per byte
+
+    def batch(self, split: str, batch_size: int, generator: torch.Generator):
+        raise NotImplementedError
+
+
+class ByteCorpus(Corpus):
+    """Text as raw bytes; a batch is random windows of block_size + 1 bytes (input and shifted target)."""
+
+    bytes_per_item = 1.0
+
+    def __init__(self, name: str, text: bytes, block_size: int, val_fraction: float):
+        self.name, self.block_size = name, block_size
+        self.sha256 = hashlib.sha256(text).hexdigest()
+        self.size_bytes = len(text)
+        tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        cut = int(len(tokens) * (1 - val_fraction))  # the tail is held out, never trained on
+        self.splits = {"train": tokens[:cut], "val": tokens[cut:]}
+        for split, data in self.splits.items():
+            if len(data) <= block_size + 1:
+                raise ValueError(
+                    f"model.block_size: {block_size} is too long for the {split} split of {name} "
+                    f"({len(data)} bytes); allowed: < {len(data) - 1}")
+        self._window = torch.arange(block_size + 1)
+
+    def batch(self, split, batch_size, generator):
+        data = self.splits[split]
+        starts = torch.randint(len(data) - self.block_size - 1, (batch_size,), generator=generator)
+        chunk = data[starts[:, None] + self._window].long()  # (B, T+1): one gather, no Python loop per token
+        return chunk[:, :-1], chunk[:, 1:]
+
+
+class TableCorpus(Corpus):
+    """Feature rows with class labels; a batch is rows drawn with replacement."""
+
+    def __init__(self, name: str, features: np.ndarray, labels: np.ndarray, val_fraction: float, seed: int = 0):
+        order = np.random.default_rng(seed).permutation(len(labels))  # fixed shuffle, then hold out the tail
+        features, labels = features[order], labels[order]
+        cut = int(len(labels) * (1 - val_fraction))
+        self.name = name
+        raw = features.astype(np.float32).tobytes() + labels.astype(np.int64).tobytes()
+        self.sha256, self.size_bytes = hashlib.sha256(raw).hexdigest(), len(raw)
+        x, y = torch.tensor(features, dtype=torch.float32), torch.tensor(labels, dtype=torch.long)
+        self.splits = {"train": Split(x[:cut], y[:cut]), "val": Split(x[cut:], y[cut:])}
+
+    def batch(self, split, batch_size, generator):
+        data = self.splits[split]
+        rows = torch.randint(len(data.targets), (batch_size,), generator=generator)
+        return data.inputs[rows], data.targets[rows]
+
+
+def pydoc_text() -> bytes:
+    """CPython's own documentation (pydoc_data.topics, ~466 kB of English and code), in a fixed order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics)).encode("utf-8")
+
+
+def _load_pydoc(cfg) -> Corpus:
+    return ByteCorpus("pydoc", pydoc_text(), cfg.model.block_size, cfg.data.val_fraction)
+
+
+def _load_digits(cfg) -> Corpus:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return TableCorpus("digits", digits.data / 16.0, digits.target, cfg.data.val_fraction)
+
+
+DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "digits": _load_digits}
+
+
+def load_corpus(cfg) -> Corpus:
+    return DATASETS[cfg.data.dataset](cfg)
+
+
+class StepBatches(Dataset):
+    """Training batch number ``step`` for one rank: a pure function of (seed, rank, step)."""
+
+    def __init__(self, corpus: Corpus, batch_size: int, seed: int, rank: int):
+        self.corpus, self.batch_size, self.seed, self.rank = corpus, batch_size, seed, rank
+
+    def __len__(self):
+        return 2**62
+
+    def __getitem__(self, step):
+        return self.corpus.batch("train", self.batch_size, _generator(self.seed, self.rank, step))
+
+
+def train_loader(corpus: Corpus, cfg, rank: int, first_step: int) -> DataLoader:
+    """Batches for steps first_step .. max_steps - 1, prepared by cfg.data.num_workers processes."""
+    workers = cfg.data.num_workers
+    return DataLoader(
+        StepBatches(corpus, cfg.train.batch_size, cfg.train.seed, rank),
+        batch_size=None,  # each item is already a whole batch
+        sampler=range(first_step, cfg.train.max_steps),
+        num_workers=workers,
+        prefetch_factor=cfg.data.prefetch_factor if workers else None,
+        persistent_workers=workers > 0,
+        pin_memory=torch.cuda.is_available(),
+    )
+
+
+def val_batches(corpus: Corpus, cfg, rank: int, world_size: int):
+    """This rank's share of the fixed validation batches (the same batches at every evaluation)."""
+    for i in range(rank, cfg.train.eval_batches, world_size):
+        yield corpus.batch("val", cfg.train.batch_size, _generator(cfg.train.seed, VAL_STREAM, i))
+
+
+def bits_per_byte(loss_nats: float, corpus: Corpus) -> float | None:
+    if corpus.bytes_per_item is None:
+        return None
+    return loss_nats / math.log(2) / corpus.bytes_per_item

@@ -1,0 +1,78 @@
+"""Process-group setup shared by both engines: who am I, how many are we, which device and backend."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_process_env() -> dict[str, str]:
+    """The variables a launcher would set, for a world of one (DeepSpeed needs a process group even then)."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+
+
+def resolve_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def setup(engine_cfg) -> Topology:
+    """Read the launcher's variables; start the process group when more than one process (or DeepSpeed) needs it."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    needs_group = world_size > 1 or engine_cfg.name == "deepspeed"
+    if needs_group and "MASTER_ADDR" not in os.environ:
+        os.environ.update(single_process_env())
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if needs_group and not dist.is_initialized():
+        backend = resolve_backend(engine_cfg.backend)
+        if engine_cfg.name == "deepspeed":
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend=backend)
+        else:
+            dist.init_process_group(backend=backend)
+    return Topology(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def all_reduce_sum(values: list[float], device) -> list[float]:
+    """Sum a few floats over all ranks (identity in a world of one)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

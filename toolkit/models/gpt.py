@@ -1,0 +1,91 @@
+"""A GPT-style causal language model over bytes (vocabulary 256), in the nanoGPT mould."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or download
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        # (B, T, C) -> (B, heads, T, head_dim) for scaled_dot_product_attention
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False),
+            nn.GELU(),
+            nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False),
+            nn.Dropout(cfg.dropout),
+        )
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.block_size = cfg.block_size
+        self.wte = nn.Embedding(VOCAB_SIZE, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, VOCAB_SIZE, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying: fewer parameters, better small-data loss
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat in depth.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / (2 * cfg.n_layer) ** 0.5)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None):
+        T = idx.shape[1]
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, VOCAB_SIZE), targets.reshape(-1))
+
+
+def training_flops_per_token(model: nn.Module, cfg) -> float:
+    """FLOPs to train on one token, as in the PaLM paper (appendix B) and nanoGPT's estimate_mfu.
+
+    6N for the matmuls of the N non-embedding-table parameters (2 forward + 4 backward per weight), plus
+    the attention scores and their weighted sum, which have no parameters: 12 * layers * width * context.
+    The tied token embedding counts once, as the lm_head matmul; the position table is a lookup, not a matmul.
+    """
+    n_params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size

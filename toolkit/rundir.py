@@ -1,0 +1,112 @@
+"""The run directory: the contract between the trainer, the CLI, notebooks, Azure ML jobs and tests.
+
+    runs/<name>/
+      config.yaml    the fully resolved config, written before the first step
+      status.json    state, pid, last step, restarts (replaced atomically, never half-written)
+      events.jsonl   one JSON object a line, appended and flushed by rank 0
+      lineage.json   data name and hash, git commit, package versions, host
+      tb/            TensorBoard scalars
+      profile/       torch.profiler traces + summary.txt
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from toolkit import config as config_mod
+
+STATES = ("queued", "running", "completed", "failed", "killed")
+FINAL_STATES = ("completed", "failed", "killed")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``: readers never see half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class EventLog:
+    """Appends one JSON object per line and flushes it, so a reader tailing the file sees it at once."""
+
+    def __init__(self, path: Path):
+        self._file = open(path, "a", buffering=1)  # line-buffered: each event reaches the OS as it is written
+
+    def emit(self, event: str, **fields) -> dict:
+        record = {"event": event, "time": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(record) + "\n")
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    config_path = property(lambda self: self.path / "config.yaml")
+    status_path = property(lambda self: self.path / "status.json")
+    events_path = property(lambda self: self.path / "events.jsonl")
+    lineage_path = property(lambda self: self.path / "lineage.json")
+    tb_dir = property(lambda self: self.path / "tb")
+    profile_dir = property(lambda self: self.path / "profile")
+
+    @classmethod
+    def create(cls, path: str | Path, cfg: config_mod.Config) -> "RunDir":
+        run = cls(path)
+        if run.config_path.exists():
+            raise FileExistsError(f"--run-dir: {run.path} already holds a run; allowed: a new or empty folder")
+        run.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run.config_path, cfg.to_yaml())
+        run.write_status(state="queued", step=0, restarts=0, created=time.time())
+        return run
+
+    def read_config(self) -> config_mod.Config:
+        return config_mod.from_dict(yaml.safe_load(self.config_path.read_text()))
+
+    def read_status(self) -> dict:
+        try:
+            return json.loads(self.status_path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def write_status(self, **fields) -> dict:
+        """Merge ``fields`` into status.json (one writer at a time: rank 0, or the launcher once it has exited)."""
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(f"status.state: {fields['state']!r}; allowed: {', '.join(STATES)}")
+        status = {**self.read_status(), **fields, "updated": time.time()}
+        atomic_write_text(self.status_path, json.dumps(status, indent=1))
+        return status
+
+    def read_events(self, offset: int = 0) -> tuple[list[dict], int]:
+        """Events appended since byte ``offset``, and the offset to continue from.
+
+        A last line without its newline is being written right now: it is left for the next call.
+        """
+        try:
+            with open(self.events_path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return [], offset
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        events = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        return events, offset + len(complete)
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        events, _ = self.read_events()
+        return [e for e in events if kind is None or e["event"] == kind]

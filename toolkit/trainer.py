@@ -1,0 +1,165 @@
+"""The training loop. Read it top to bottom: build, then ``train()``; everything else is a component.
+
+    trainer = Trainer(RunDir("runs/demo"))
+    trainer.train()
+
+It runs inside the training process (started by toolkit.launch, once per rank), never in a notebook kernel.
+Rank 0 writes the run directory: events.jsonl, status.json, lineage.json, tb/ and profile/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from toolkit import data as data_mod
+from toolkit import distributed
+from toolkit.engines import build_engine
+from toolkit.flops import cached_peak
+from toolkit.lineage import collect_lineage
+from toolkit.metrics import MetricsSink
+from toolkit.models import MODELS
+from toolkit.rundir import RunDir
+
+
+
+def lr_at(step: int, optim, max_steps: int) -> float:
+    """Linear warmup to optim.lr, then cosine decay to optim.min_lr at max_steps (or constant)."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return optim.lr
+    progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def default_threads(cfg) -> int:
+    """Share the cores between the processes on this machine, so two ranks do not fight over one core."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return cfg.train.threads or max(1, (os.cpu_count() or 1) // local_world)
+
+
+class Trainer:
+    def __init__(self, run: RunDir):
+        self.run = run
+        self.cfg = cfg = run.read_config()
+        torch.set_num_threads(default_threads(cfg))
+        self.topo = distributed.setup(cfg.engine)
+
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        spec = MODELS[cfg.model.name]
+        model = spec.build(cfg.model)
+        self.flops_per_item = spec.flops_per_item(model, cfg.model)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.engine = build_engine(model, cfg, self.topo)
+        torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
+
+        self.corpus = data_mod.load_corpus(cfg)
+        # Items (tokens for text, samples for tables) that all ranks together consume per step.
+        # e.g. 32 sequences * 128 tokens * 2 ranks = 8,192 tokens per step
+        per_rank = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
+        self.items_per_step = per_rank * self.topo.world_size
+        self.peak_flops = cached_peak()
+        self.step = 0  # optimizer steps completed
+        self.sink = MetricsSink(run, cfg) if self.topo.is_main else None
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    def train(self) -> dict:
+        cfg, topo, engine = self.cfg, self.topo, self.engine
+        if self.sink:
+            self.sink.start(lineage=collect_lineage(cfg, self.corpus, topo.world_size), n_params=self.n_params,
+                            flops_per_item=self.flops_per_item, peak_flops=self.peak_flops)
+        profiler = self._profiler()
+        batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step))
+        engine.train()
+
+        loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # summed without .item(), so no sync per step
+        window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+        train_seconds, last_val = 0.0, None
+        while self.step < cfg.train.max_steps:
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            t1 = time.perf_counter()
+            x, y = x.to(topo.device, non_blocking=True), y.to(topo.device, non_blocking=True)
+            engine.set_lr(lr_at(self.step, cfg.optim, cfg.train.max_steps))
+            loss_sum += engine.train_step(x, y).to(torch.float64)
+            if profiler:
+                profiler.step()
+            self.step += 1
+            window_steps += 1
+            window_wait += t1 - t0
+            last = self.step == cfg.train.max_steps
+
+            logged = self.step % cfg.train.log_every == 0 or last
+            if logged:
+                elapsed = time.perf_counter() - window_start
+                train_seconds += elapsed
+                (total_loss,) = distributed.all_reduce_sum([loss_sum.item()], topo.device)
+                items_per_s = self.items_per_step * window_steps / elapsed
+                if self.sink:
+                    self.sink.train(
+                        step=self.step,
+                        loss=total_loss / window_steps / topo.world_size,
+                        lr=lr_at(self.step - 1, cfg.optim, cfg.train.max_steps),
+                        tokens_per_s=items_per_s,
+                        data_wait_pct=100.0 * window_wait / elapsed,
+                        mfu=items_per_s * self.flops_per_item / self.peak_flops,
+                        elapsed_s=train_seconds,
+                    )
+                out_of_time = cfg.train.max_seconds and train_seconds >= cfg.train.max_seconds
+                # Every rank must agree to stop, or the ones that go on wait forever in a collective.
+                (votes,) = distributed.all_reduce_sum([1.0 if out_of_time else 0.0], topo.device)
+                last = last or votes > 0
+            if last or self.step % cfg.train.eval_every == 0:
+                eval_start = time.perf_counter()
+                last_val = self.evaluate()
+                window_start += time.perf_counter() - eval_start  # evaluation is not training time
+            if logged:
+                loss_sum.zero_()
+                window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+            if last:
+                break
+
+        if profiler:
+            profiler.close()
+        result = {"step": self.step, "train_seconds": round(train_seconds, 3), **(last_val or {})}
+        if self.sink:
+            self.sink.finish(result)
+        return result
+
+    # --- components -----------------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        """Mean validation loss over the fixed validation batches, each rank taking its share."""
+        self.engine.eval()
+        loss_sum, count = 0.0, 0
+        for x, y in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
+            loss_sum += self.engine.eval_loss(x.to(self.topo.device), y.to(self.topo.device)).item()
+            count += 1
+        loss_sum, count = distributed.all_reduce_sum([loss_sum, count], self.topo.device)
+        self.engine.train()
+        result = {"val_loss": loss_sum / count}
+        bpb = data_mod.bits_per_byte(result["val_loss"], self.corpus)
+        if bpb is not None:
+            result["val_bpb"] = bpb
+        if self.sink:
+            self.sink.eval(step=self.step, **result)
+        return result
+
+    def _profiler(self):
+        if not (self.cfg.profile.enabled and self.topo.is_main):
+            return None
+        from toolkit.profiling import StepProfiler
+
+        self.run.profile_dir.mkdir(exist_ok=True)
+        return StepProfiler(self.cfg.profile, self.run.profile_dir, worker_name=f"rank{self.topo.rank}",
+                            on_summary=self.sink.profile)
+
+    def close(self):
+        if self.sink:
+            self.sink.close()
+        distributed.teardown()
