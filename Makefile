@@ -13,7 +13,8 @@ setup: $(STAMP)
 # (torch==2.13.0 is the CPU build found on this machine; anything else pulls several GB of CUDA wheels).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e . 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e . > $(VENV)/pip.log 2>&1 \
+	  || { grep -v "is ignored: it is neither" $(VENV)/pip.log | tail -40; exit 1; }
 	$(PY) -c "import torch, deepspeed, papermill, toolkit" # fail here, not in the middle of a demo
 	touch $(STAMP)
 

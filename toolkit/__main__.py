@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                        help="override one config field (repeatable), e.g. --set train.max_steps=50")
     train.add_argument("--run-dir", help="run directory (default: <runs-root>/<name>-<timestamp>)")
-    train.add_argument("--runs-root", default="runs", help="where new run directories go (default: runs)")
+    train.add_argument("--runs-root", help="where new run directories go (default: $TRAINBOOK_RUNS or ./runs "
+                       "of the project)")
     train.add_argument("--nproc", type=int, help="processes on this machine (engine.nproc)")
     train.add_argument("--engine", help="torch or deepspeed (engine.name)")
     train.set_defaults(func=_cmd_train)

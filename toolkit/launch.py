@@ -16,6 +16,7 @@ from typing import Iterator
 
 from toolkit import config as config_mod
 from toolkit.distributed import free_port
+from toolkit import paths
 from toolkit.rundir import FINAL_STATES, EventLog, RunDir
 
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
@@ -54,13 +55,14 @@ def worker_command(cfg, run_dir: Path) -> tuple[list[str], dict[str, str]]:
     return LAUNCHERS[launcher](cfg, run_dir, free_port()), env
 
 
-def default_run_dir(cfg, root: str | Path = "runs") -> Path:
+def default_run_dir(cfg, root: str | Path | None = None) -> Path:
+    root = Path(root) if root else paths.runs_root()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = Path(root) / f"{cfg.name}-{stamp}"
+    path = root / f"{cfg.name}-{stamp}"
     n = 1
     while path.exists():
         n += 1
-        path = Path(root) / f"{cfg.name}-{stamp}-{n}"
+        path = root / f"{cfg.name}-{stamp}-{n}"
     return path
 
 
@@ -136,7 +138,8 @@ class RunHandle:
         self.run.write_status(state=state, exit_code=code, error=None if state == "completed" else detail)
 
 
-def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path = "runs") -> RunHandle:
+def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path | None = None
+          ) -> RunHandle:
     """Create the run directory, write the resolved config, and start training in a new process group."""
     run = RunDir.create(run_dir or default_run_dir(config, runs_root), config)
     cmd, extra_env = worker_command(config, run.path)

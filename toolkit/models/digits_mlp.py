@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch.nn as nn
 import torch.nn.functional as F
 
+from toolkit.models.gpt import ACTIVATIONS
+
 N_PIXELS = 64
 N_CLASSES = 10
 
@@ -14,7 +16,7 @@ class DigitsMLP(nn.Module):
         super().__init__()
         layers, width = [], N_PIXELS
         for _ in range(cfg.n_layer):
-            layers += [nn.Linear(width, cfg.n_embd), nn.GELU(), nn.Dropout(cfg.dropout)]
+            layers += [nn.Linear(width, cfg.n_embd), ACTIVATIONS[cfg.activation](), nn.Dropout(cfg.dropout)]
             width = cfg.n_embd
         layers.append(nn.Linear(width, N_CLASSES))
         self.net = nn.Sequential(*layers)

@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or download
+ACTIVATIONS = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
 
 
 class CausalSelfAttention(nn.Module):
@@ -34,7 +35,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False),
-            nn.GELU(),
+            ACTIVATIONS[cfg.activation](),
             nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False),
             nn.Dropout(cfg.dropout),
         )

@@ -1,0 +1,149 @@
+"""Training throughput: Trainbook's loop against a bare hand-written loop, and the engines against each other.
+
+    python bench/bench_training.py [--rounds 5] [--steps 100] [--skip-engines]
+
+1. The fp32 matmul peak of this machine (the denominator of every MFU figure; cached for training runs).
+2. Toolkit vs bare loop on the demo model, same batch and threads, in this one process, interleaved
+   A B A B ... over several rounds: this machine is noisy (30% between processes), so we quote the median of
+   the per-round ratios and their range. Target: toolkit >= 0.97 of the bare loop.
+3. Engines through the real launcher: torch vs deepspeed, 1 vs 2 processes (steady-state tokens/s from
+   events.jsonl), as ratios to torch x 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from toolkit import config as config_mod  # noqa: E402
+from toolkit import data as data_mod  # noqa: E402
+from toolkit import flops, launch  # noqa: E402
+from toolkit.models.gpt import GPT, training_flops_per_token  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
+from toolkit.trainer import Trainer  # noqa: E402
+
+
+def bench_config(steps: int, extra: list[str] | None = None) -> config_mod.Config:
+    # Evaluate once, on one batch, at the end: the timing is about the training loop.
+    return config_mod.load("demo", [f"train.max_steps={steps}", "train.max_seconds=0", "profile.enabled=false",
+                                    f"train.eval_every={steps}", "train.eval_batches=1", *(extra or [])])
+
+
+def bare_loop(cfg: config_mod.Config, steps: int) -> float:
+    """nanoGPT's loop, written out by hand: sample, forward, backward, clip, step. Returns seconds for `steps`."""
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(cfg.model)
+    o = cfg.optim
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=(o.beta1, o.beta2))
+    data = torch.frombuffer(bytearray(data_mod.pydoc_text()), dtype=torch.uint8)
+    data = data[: int(len(data) * (1 - cfg.data.val_fraction))]
+    B, T = cfg.train.batch_size, cfg.model.block_size
+    t0 = time.perf_counter()
+    for step in range(steps):
+        ix = torch.randint(len(data) - T - 1, (B,))
+        x = torch.stack([data[i:i + T] for i in ix]).long()
+        y = torch.stack([data[i + 1:i + 1 + T] for i in ix]).long()
+        lr = o.lr * min(1.0, (step + 1) / max(1, o.warmup_steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    loss.item()
+    return time.perf_counter() - t0
+
+
+def toolkit_loop(cfg: config_mod.Config, workdir: Path, round_no: int) -> float:
+    """The real Trainer (run directory, events, TensorBoard, data loader, final eval), timed around train()."""
+    run = RunDir.create(workdir / f"toolkit-{round_no}", cfg)
+    trainer = Trainer(run)
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    trainer.close()
+    return seconds
+
+
+def steady_tokens_per_s(run: RunDir) -> float:
+    train = run.events("train")
+    tail = train[1:] or train  # the first window holds start-up
+    return statistics.median(e["tokens_per_s"] for e in tail)
+
+
+def engine_comparison(steps: int, workdir: Path) -> list[tuple[str, float]]:
+    combos = [("torch x1", ["engine.name=torch", "engine.nproc=1"]),
+              ("torch x2 (DDP, torchrun)", ["engine.name=torch", "engine.nproc=2"]),
+              ("deepspeed ZeRO-0 x1", ["engine.name=deepspeed", "engine.nproc=1"]),
+              ("deepspeed ZeRO-2 x2 (ds launcher)", ["engine.name=deepspeed", "engine.nproc=2", "engine.zero_stage=2"])]
+    rows = []
+    for label, extra in combos:
+        cfg = bench_config(steps, ["train.log_every=10", *extra])
+        handle = launch.start(cfg, run_dir=workdir / label.split()[0] / label.replace(" ", "_"))
+        code = handle.wait()
+        if code != 0:
+            raise SystemExit(f"{label}: training failed, see {handle.path / launch.LOG_NAME}")
+        rows.append((label, steady_tokens_per_s(handle.run)))
+        print(f"  {label:<36} {rows[-1][1]:>10,.0f} tokens/s", flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=100, help="training steps per side per round")
+    parser.add_argument("--skip-engines", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+
+    print("== matmul peak (fp32, 2048^3, all cores)")
+    peak = flops.store_peak(flops.measure_matmul_peak(n=2048, seconds=3.0))
+    print(f"  {peak / 1e9:,.0f} GFLOP/s (cached for MFU in training runs)\n")
+
+    cfg = bench_config(args.steps)
+    tokens = args.steps * cfg.train.batch_size * cfg.model.block_size
+    flops_per_token = training_flops_per_token(GPT(cfg.model), cfg.model)
+    print(f"== toolkit vs bare loop: demo model, {args.steps} steps x {cfg.train.batch_size * cfg.model.block_size:,} "
+          f"tokens per side per round, {torch.get_num_threads()} threads, interleaved")
+    print(f"  {'round':>5} {'bare tok/s':>11} {'toolkit tok/s':>14} {'ratio':>7}")
+    ratios, bare_rates, toolkit_rates = [], [], []
+    with tempfile.TemporaryDirectory(prefix="trainbook-bench-") as tmp:
+        for r in range(args.rounds):
+            bare = tokens / bare_loop(cfg, args.steps)
+            tk = tokens / toolkit_loop(cfg, Path(tmp), r)
+            ratios.append(tk / bare)
+            bare_rates.append(bare)
+            toolkit_rates.append(tk)
+            print(f"  {r + 1:>5} {bare:>11,.0f} {tk:>14,.0f} {tk / bare:>7.3f}", flush=True)
+        med = statistics.median(ratios)
+        print(f"  toolkit / bare: median {med:.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); target >= 0.97 "
+              f"-> {'PASS' if med >= 0.97 else 'FAIL'}")
+        for label, rates in (("bare", bare_rates), ("toolkit", toolkit_rates)):
+            rate = statistics.median(rates)
+            print(f"  MFU {label:<8} {100 * rate * flops_per_token / peak:5.1f}% "
+                  f"({rate * flops_per_token / 1e9:,.0f} of {peak / 1e9:,.0f} GFLOP/s)")
+
+        if not args.skip_engines:
+            print("\n== engines (demo model, through the launcher, steady-state tokens/s from events.jsonl)")
+            rows = engine_comparison(max(60, args.steps // 2), Path(tmp))
+            base = rows[0][1]
+            for label, rate in rows:
+                print(f"  {label:<36} {rate / base:>6.2f} x torch x1")
+    return 0 if not math.isnan(med) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

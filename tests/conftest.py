@@ -1,0 +1,31 @@
+"""Shared helpers: run the real CLI in a subprocess, read a run directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.rundir import RunDir
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m toolkit ARGS`` as a user would type it; stdout and stderr captured as text."""
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=PROJECT)
+
+
+@pytest.fixture
+def train_tiny(tmp_path):
+    """Train configs/tiny.yaml through the CLI with extra flags; return (process, RunDir)."""
+
+    def run(*flags: str, name: str = "run") -> tuple[subprocess.CompletedProcess, RunDir]:
+        run_dir = tmp_path / name
+        proc = cli("train", "tiny", "--run-dir", str(run_dir), *flags)
+        return proc, RunDir(run_dir)
+
+    return run

@@ -1,0 +1,48 @@
+"""Pictures of a run, drawn from events.jsonl (matplotlib, Agg: works headless and in CI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from toolkit.rundir import RunDir
+
+
+def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Loss (train and validation, in bits per byte where the data is bytes) and throughput against step."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = RunDir(run_dir)
+    train, evals = run.events("train"), run.events("eval")
+    if not train:
+        raise ValueError(f"run_dir: {str(run_dir)!r} has no train events yet; allowed: a run that has logged")
+    in_bits = bool(evals) and "val_bpb" in evals[0]
+    scale, unit = (1 / math.log(2), "bits per byte") if in_bits else (1.0, "loss (nats)")
+
+    fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax_loss.plot([e["step"] for e in train], [e["loss"] * scale for e in train], label="train", lw=1.2)
+    if evals:
+        ax_loss.plot([e["step"] for e in evals], [e["val_loss"] * scale for e in evals], "o-", label="validation")
+        best = min(e["val_loss"] for e in evals) * scale
+        ax_loss.axhline(best, color="gray", ls=":", lw=0.8)
+        ax_loss.annotate(f"best {best:.3f}", (train[-1]["step"], best), ha="right", va="bottom", fontsize=8)
+    ax_loss.set(xlabel="step", ylabel=unit, title="Loss")
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3)
+
+    ax_speed.plot([e["step"] for e in train], [e["tokens_per_s"] for e in train], color="tab:green", lw=1.2)
+    ax_speed.set(xlabel="step", ylabel="tokens/s", title="Throughput (MFU on the right)")
+    ax_speed.grid(alpha=0.3)
+    ax_mfu = ax_speed.twinx()
+    ax_mfu.plot([e["step"] for e in train], [100 * e["mfu"] for e in train], color="tab:purple", lw=0.8, alpha=0.6)
+    ax_mfu.set_ylabel("MFU %")
+    fig.suptitle(run.path.name)
+    fig.tight_layout()
+    out = Path(out) if out else run.path / "curves.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,60 @@
+"""Live progress of a training run in a notebook: an HTML card updated in place through ``display_id``."""
+
+from __future__ import annotations
+
+import html
+import time
+
+from IPython.display import HTML, display
+
+STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",
+                 "killed": "#ff7f0e"}
+
+
+def render_card(name: str, state: str, step: int, max_steps: int, train: dict, val: dict, started: float,
+                message: str = "") -> str:
+    """The progress card as an HTML string (pure: also used for the final, static rendering)."""
+    pct = 100.0 * step / max_steps if max_steps else 0.0
+    cells = [("step", f"{step:,} / {max_steps:,}")]
+    if train:
+        cells += [("loss", f"{train['loss']:.4f}"), ("tokens/s", f"{train['tokens_per_s']:,.0f}"),
+                  ("MFU", f"{100 * train['mfu']:.1f}%"), ("data wait", f"{train['data_wait_pct']:.2f}%"),
+                  ("lr", f"{train['lr']:.2e}")]
+    if val:
+        cells.append(("val bits/byte" if "val_bpb" in val else "val loss",
+                      f"{val.get('val_bpb', val['val_loss']):.4f}"))
+    cells.append(("elapsed", f"{time.time() - started:,.0f} s"))
+    colour = STATE_COLOURS.get(state, "#888")
+    row = "".join(f"<td style='padding:2px 10px'><div style='font-size:0.75em;color:#666'>{k}</div>"
+                  f"<div style='font-family:monospace'>{html.escape(v)}</div></td>" for k, v in cells)
+    note = f"<div style='color:#d62728;margin-top:4px'>{html.escape(message)}</div>" if message else ""
+    return (
+        f"<div style='border:1px solid #ddd;border-radius:6px;padding:8px;max-width:820px'>"
+        f"<b>{html.escape(name)}</b> <span style='background:{colour};color:white;border-radius:4px;"
+        f"padding:1px 6px;font-size:0.8em'>{state}</span>"
+        f"<div style='background:#eee;border-radius:3px;height:8px;margin:6px 0'>"
+        f"<div style='background:{colour};width:{pct:.1f}%;height:8px;border-radius:3px'></div></div>"
+        f"<table><tr>{row}</tr></table>{note}</div>")
+
+
+def follow_run(handle, max_steps: int) -> dict:
+    """Display and update the card until the run ends; return the run's final status.json."""
+    started = time.time()
+    state, step, train, val, message = "queued", 0, {}, {}, ""
+    card = display(HTML(render_card(handle.path.name, state, step, max_steps, train, val, started)),
+                   display_id=True)
+    for event in handle.follow():
+        kind = event["event"]
+        if kind == "train":
+            train, step, state = event, event["step"], "running"
+        elif kind == "eval":
+            val = event
+        elif kind == "status":
+            state = event["state"]
+        elif kind == "error":
+            message = event["message"]
+        card.update(HTML(render_card(handle.path.name, state, step, max_steps, train, val, started, message)))
+    status = handle.run.read_status()
+    card.update(HTML(render_card(handle.path.name, status.get("state", state), step, max_steps, train, val,
+                                 started, message or (status.get("error") or ""))))
+    return status
