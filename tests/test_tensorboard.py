@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.parse
 import urllib.request
 
@@ -15,6 +16,18 @@ from toolkit.tb_server import TensorBoardError, start_tensorboard
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=30) as response:
         return json.loads(response.read())
+
+
+def poll_json(url: str, until, timeout_s: float = 60.0):
+    """The plugin parses traces in a background thread and says so ("loading": true); there is no push
+    notification to await, so ask again (with a growing pause) until it is done."""
+    deadline, pause = time.monotonic() + timeout_s, 0.05
+    while True:
+        answer = get_json(url)
+        if until(answer) or time.monotonic() > deadline:
+            return answer
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +54,7 @@ def test_tensorboard_serves_scalars_and_profiler_then_stops(profiled_run):
 
         plugins = get_json(server.url + "data/plugins_listing")
         assert "pytorch_profiler" in plugins, sorted(plugins)
-        runs = get_json(server.url + "data/plugin/pytorch_profiler/runs")
+        runs = poll_json(server.url + "data/plugin/pytorch_profiler/runs", until=lambda r: not r["loading"])
         assert runs["runs"] == ["profile"], runs
         workers = get_json(server.url + "data/plugin/pytorch_profiler/workers?run=profile&view=Overview")
         assert workers and workers[0].startswith("rank0"), workers

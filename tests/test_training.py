@@ -72,6 +72,20 @@ def test_same_seed_same_losses(train_tiny):
     assert len(losses[0]) == 10 and losses[0] == losses[1]
 
 
+def test_time_budget_stops_the_run_and_finishes_the_schedule(train_tiny):
+    proc, run = train_tiny("--set", "train.max_steps=1000000", "--set", "train.max_seconds=3",
+                           "--set", "train.log_every=5", "--set", "train.eval_every=1000000")
+    assert proc.returncode == 0, proc.stderr
+    train = run.events("train")
+    last = train[-1]
+    assert 3 <= last["elapsed_s"] < 10 and last["step"] < 1000000
+    assert run.read_status()["state"] == "completed"
+    assert run.events("eval")[-1]["step"] == last["step"], "a stopped run still gets its final evaluation"
+    cfg = run.read_config()
+    # the cosine horizon followed the clock: by the end the LR has decayed most of the way to min_lr
+    assert last["lr"] < cfg.optim.min_lr + 0.25 * (cfg.optim.lr - cfg.optim.min_lr), last
+
+
 def test_digits_classifier_through_the_same_loop(train_tiny):
     proc, run = train_tiny("--set", "model.name=digits_mlp", "--set", "data.dataset=digits",
                            "--set", "model.n_embd=64", "--set", "train.batch_size=64", "--set", "train.max_steps=60",

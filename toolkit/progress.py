@@ -16,6 +16,7 @@ def follow_in_terminal(handle, max_steps: int, file=None) -> dict:
         for event in handle.follow():
             kind = event["event"]
             if kind == "train":
+                bar.total = event.get("horizon", bar.total)  # a time budget moves the finish line
                 bar.update(event["step"] - bar.n)
                 postfix.update(loss=f"{event['loss']:.3f}", tok_s=f"{event['tokens_per_s']:,.0f}",
                                mfu=f"{100 * event['mfu']:.0f}%")

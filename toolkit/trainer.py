@@ -25,7 +25,6 @@ from toolkit.models import MODELS
 from toolkit.rundir import RunDir
 
 
-
 def lr_at(step: int, optim, max_steps: int) -> float:
     """Linear warmup to optim.lr, then cosine decay to optim.min_lr at max_steps (or constant)."""
     if step < optim.warmup_steps:
@@ -64,6 +63,8 @@ class Trainer:
         self.items_per_step = per_rank * self.topo.world_size
         self.peak_flops = cached_peak()
         self.step = 0  # optimizer steps completed
+        # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
+        self.horizon = cfg.train.max_steps
         self.sink = MetricsSink(run, cfg) if self.topo.is_main else None
 
     # --- the loop -------------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ class Trainer:
         batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step))
         engine.train()
 
-        loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # summed without .item(), so no sync per step
+        loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
         window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
         train_seconds, last_val = 0.0, None
         while self.step < cfg.train.max_steps:
@@ -85,7 +86,7 @@ class Trainer:
             x, y = next(batches)
             t1 = time.perf_counter()
             x, y = x.to(topo.device, non_blocking=True), y.to(topo.device, non_blocking=True)
-            engine.set_lr(lr_at(self.step, cfg.optim, cfg.train.max_steps))
+            engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
             loss_sum += engine.train_step(x, y).to(torch.float64)
             if profiler:
                 profiler.step()
@@ -98,22 +99,25 @@ class Trainer:
             if logged:
                 elapsed = time.perf_counter() - window_start
                 train_seconds += elapsed
-                (total_loss,) = distributed.all_reduce_sum([loss_sum.item()], topo.device)
+                # One collective per log interval: the loss, and the clock every rank agrees on (the mean),
+                # so that all ranks take the same time-based decisions and nobody waits forever in a collective.
+                total_loss, seconds_sum = distributed.all_reduce_sum([loss_sum.item(), train_seconds], topo.device)
+                agreed_seconds = seconds_sum / topo.world_size
                 items_per_s = self.items_per_step * window_steps / elapsed
                 if self.sink:
                     self.sink.train(
                         step=self.step,
                         loss=total_loss / window_steps / topo.world_size,
-                        lr=lr_at(self.step - 1, cfg.optim, cfg.train.max_steps),
+                        lr=lr_at(self.step - 1, cfg.optim, self.horizon),
                         tokens_per_s=items_per_s,
                         data_wait_pct=100.0 * window_wait / elapsed,
                         mfu=items_per_s * self.flops_per_item / self.peak_flops,
-                        elapsed_s=train_seconds,
+                        elapsed_s=agreed_seconds,
+                        horizon=self.horizon,
                     )
-                out_of_time = cfg.train.max_seconds and train_seconds >= cfg.train.max_seconds
-                # Every rank must agree to stop, or the ones that go on wait forever in a collective.
-                (votes,) = distributed.all_reduce_sum([1.0 if out_of_time else 0.0], topo.device)
-                last = last or votes > 0
+                if cfg.train.max_seconds:
+                    last = last or agreed_seconds >= cfg.train.max_seconds
+                    self.horizon = self._time_budget_horizon(agreed_seconds)
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
                 last_val = self.evaluate()
@@ -130,6 +134,13 @@ class Trainer:
         if self.sink:
             self.sink.finish(result)
         return result
+
+    def _time_budget_horizon(self, seconds: float) -> int:
+        """Project the step at which max_seconds runs out from the pace so far, so the cosine decay ends when
+        the time budget does (a schedule cut off half-way leaves the loss well above what the budget allows).
+        e.g. 300 steps in 45 s with a 180 s budget -> the schedule ends at step 1,200."""
+        projected = round(self.step * self.cfg.train.max_seconds / seconds)
+        return max(self.step + 1, min(self.cfg.train.max_steps, projected))
 
     # --- components -----------------------------------------------------------------------------------------
 

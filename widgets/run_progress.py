@@ -47,6 +47,7 @@ def follow_run(handle, max_steps: int) -> dict:
         kind = event["event"]
         if kind == "train":
             train, step, state = event, event["step"], "running"
+            max_steps = event.get("horizon", max_steps)  # a time budget moves the finish line
         elif kind == "eval":
             val = event
         elif kind == "status":
@@ -55,6 +56,8 @@ def follow_run(handle, max_steps: int) -> dict:
             message = event["message"]
         card.update(HTML(render_card(handle.path.name, state, step, max_steps, train, val, started, message)))
     status = handle.run.read_status()
+    if status.get("state") == "completed":
+        max_steps = step  # a run stopped by its time budget is complete at the step it reached
     card.update(HTML(render_card(handle.path.name, status.get("state", state), step, max_steps, train, val,
                                  started, message or (status.get("error") or ""))))
     return status
