@@ -103,7 +103,7 @@ def engine_comparison(steps: int, workdir: Path) -> list[tuple[str, float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=100, help="training steps per side per round")
     parser.add_argument("--skip-engines", action="store_true")
     args = parser.parse_args()
