@@ -12,7 +12,6 @@ from toolkit.config import ConfigError
 def _cmd_train(args) -> int:
     from toolkit import config as config_mod
     from toolkit import launch
-    from toolkit.progress import follow_in_terminal
 
     overrides = list(args.set or [])
     if args.nproc is not None:
@@ -20,10 +19,28 @@ def _cmd_train(args) -> int:
     if args.engine is not None:
         overrides.append(f"engine.name={args.engine}")
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
-    handle = launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
+    handle = launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root, max_restarts=args.max_restarts)
+    return _follow(handle, cfg.train.max_steps)
+
+
+def _cmd_resume(args) -> int:
+    from toolkit import launch
+
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
+    handle = launch.resume(args.run_dir, max_restarts=args.max_restarts)
+    return _follow(handle, handle.run.read_config().train.max_steps)
+
+
+def _follow(handle, max_steps: int) -> int:
+    from toolkit import launch
+    from toolkit.progress import follow_in_terminal
+
     print(f"run directory: {handle.path}", file=sys.stderr)
     try:
-        final = follow_in_terminal(handle, cfg.train.max_steps)
+        final = follow_in_terminal(handle, max_steps)
     except KeyboardInterrupt:
         print("interrupted: stopping the run", file=sys.stderr)
         handle.stop()
@@ -35,6 +52,49 @@ def _cmd_train(args) -> int:
     if code != 0:
         print(f"training failed (exit code {code}); log: {handle.path / launch.LOG_NAME}", file=sys.stderr)
     return 0 if code == 0 else 1
+
+
+def _cmd_checkpoints(args) -> int:
+    import time
+
+    from toolkit.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(args.run_dir)
+    infos = store.list(verify=not args.quick)
+    if not infos:
+        print(f"no checkpoints in {store.root}")
+        return 0
+    latest = store.latest_name()
+    print(f"{'checkpoint':<24} {'step':>8} {'size':>10} {'age':>8}  state")
+    for info in infos:
+        age = f"{time.time() - info.created:,.0f} s" if info.created else "-"
+        mark = " <- LATEST" if info.name == latest else ""
+        step = f"{info.step:,}" if info.step is not None else "-"
+        state = "valid" if info.valid else f"INVALID: {info.reason}"
+        print(f"{info.name:<24} {step:>8} {info.size_bytes / 2**20:>8.1f} MB {age:>8}  {state}{mark}")
+    return 0
+
+
+def _cmd_kill(args) -> int:
+    from toolkit.launch import kill_training
+
+    if not kill_training(args.run_dir):
+        print(f"error: no training processes running for {args.run_dir}", file=sys.stderr)
+        return 1
+    print(f"sent SIGKILL to the training processes of {args.run_dir}")
+    return 0
+
+
+def _cmd_advise(args) -> int:
+    from toolkit.advisor import advise_for_run, mtbf_for_gpus
+
+    if args.mtbf_hours is not None and args.mtbf_hours <= 0:
+        raise ConfigError(f"--mtbf-hours: {args.mtbf_hours} is not allowed; allowed: a positive number")
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus: {args.gpus} is not allowed; allowed: 1 or more")
+    mtbf = args.mtbf_hours * 3600 if args.mtbf_hours is not None else mtbf_for_gpus(args.gpus)
+    print(advise_for_run(args.run_dir, mtbf_s=mtbf, restart_s=args.restart_seconds).summary())
+    return 0
 
 
 def _cmd_tensorboard(args) -> int:
@@ -62,7 +122,31 @@ def build_parser() -> argparse.ArgumentParser:
                        "of the project)")
     train.add_argument("--nproc", type=int, help="processes on this machine (engine.nproc)")
     train.add_argument("--engine", help="torch or deepspeed (engine.name)")
+    train.add_argument("--max-restarts", type=int, default=0,
+                       help="restart dead training processes from the latest checkpoint up to N times")
     train.set_defaults(func=_cmd_train)
+
+    resume = verbs.add_parser("resume", help="continue a stopped or killed run from its latest valid checkpoint")
+    resume.add_argument("run_dir")
+    resume.add_argument("--max-restarts", type=int, default=0)
+    resume.set_defaults(func=_cmd_resume)
+
+    ckpts = verbs.add_parser("checkpoints", help="list a run's checkpoints: step, size, age, valid or not")
+    ckpts.add_argument("run_dir")
+    ckpts.add_argument("--quick", action="store_true", help="check sizes only, not sha256")
+    ckpts.set_defaults(func=_cmd_checkpoints)
+
+    kill = verbs.add_parser("kill", help="SIGKILL a run's training processes (simulates a lost node)")
+    kill.add_argument("run_dir")
+    kill.set_defaults(func=_cmd_kill)
+
+    adv = verbs.add_parser("advise", help="how often to checkpoint (Young/Daly) from a run's measured cost")
+    adv.add_argument("run_dir")
+    adv.add_argument("--mtbf-hours", type=float, help="mean time between failures of the whole job")
+    adv.add_argument("--gpus", type=int, default=8,
+                     help="GPUs in the job, for the default MTBF (Llama 3's 1 failure per ~50,700 GPU-hours)")
+    adv.add_argument("--restart-seconds", type=float, default=60.0, help="time from failure to training again")
+    adv.set_defaults(func=_cmd_advise)
 
     tb = verbs.add_parser("tensorboard", help="serve a run's scalars and profiler traces on 127.0.0.1")
     tb.add_argument("run_dir")
@@ -75,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileExistsError) as exc:
+    except (ConfigError, FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -128,6 +128,26 @@ class ProfileConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_steps: int = bounded(0, ge=0)
+    """Checkpoint every this many steps; 0 turns step-based checkpoints off."""
+    every_seconds: float = bounded(0.0, ge=0.0)
+    """Checkpoint when this much training time has passed since the last one; 0 turns it off."""
+    keep_last: int = bounded(3, ge=1, le=1000)
+    """Valid checkpoints kept on disk; older ones are deleted (never the one LATEST names)."""
+    mode: Literal["async", "sync"] = "async"
+    """async: stage in memory behind the next forward/backward, persist in the background; sync: write in place."""
+    at_end: bool = True
+    """Also checkpoint the final step (what resume, export and deployment start from)."""
+
+
+@dataclass
+class FaultConfig:
+    kill_at_step: int = bounded(0, ge=0)
+    """Simulate a lost node: SIGKILL every training process after this step (first attempt only); 0 is off."""
+
+
+@dataclass
 class Config:
     name: str = "run"
     """Run name; the run directory defaults to runs/<name>-<timestamp>."""
@@ -143,6 +163,10 @@ class Config:
     """Engine, process count and precision."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     """torch.profiler settings."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When and how training state is saved."""
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    """Fault injection, for teaching and tests."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from toolkit.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,6 @@ class Topology:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def single_process_env() -> dict[str, str]:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Iterator
 
 from toolkit import config as config_mod
-from toolkit.distributed import free_port
 from toolkit import paths
+from toolkit.ports import free_port
 from toolkit.rundir import FINAL_STATES, EventLog, RunDir
+from toolkit.supervisor import LOG_NAME, describe_exit
 
-LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
 
 
 def resolve_launcher(engine_cfg) -> str | None:
@@ -67,13 +67,12 @@ def default_run_dir(cfg, root: str | Path | None = None) -> Path:
 
 
 class RunHandle:
-    """A running (or finished) training job: its run directory and its process group."""
+    """A training job: its run directory, its supervisor process, and (through status.json) its ranks."""
 
-    def __init__(self, run: RunDir, process: subprocess.Popen):
+    def __init__(self, run: RunDir, process: subprocess.Popen, from_offset: int = 0):
         self.run = run
-        self.process = process
-        self._kill_requested = False
-        self._offset = 0
+        self.process = process  # the supervisor
+        self._offset = from_offset
 
     @property
     def path(self) -> Path:
@@ -90,21 +89,25 @@ class RunHandle:
         self._finalize(code)
         return code
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal every process of the run (launcher and all ranks), e.g. SIGKILL to simulate a lost node."""
-        self._kill_requested = True
+    def kill(self, sig: int = signal.SIGKILL) -> bool:
+        """Simulate a hardware failure: signal every training process (all ranks and their launcher).
+
+        The supervisor survives and, with --max-restarts, restarts from the latest valid checkpoint.
+        Returns False when no training process was running.
+        """
+        return kill_training(self.run, sig)
+
+    def stop(self, grace_s: float = 15.0) -> int:
+        """Stop the run for good: SIGTERM to the supervisor (which passes it to the ranks), then SIGKILL."""
         try:
-            os.killpg(self.process.pid, sig)
+            os.killpg(self.process.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-
-    def stop(self, grace_s: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL if the run has not exited after grace_s."""
-        self.kill(signal.SIGTERM)
         try:
             return self.wait(grace_s)
         except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
+            kill_training(self.run, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)
             return self.wait()
 
     def new_events(self) -> list[dict]:
@@ -112,7 +115,7 @@ class RunHandle:
         return events
 
     def follow(self, interval_s: float = 0.5) -> Iterator[dict]:
-        """Yield events as rank 0 writes them, until the run's process exits (then the rest, then stop)."""
+        """Yield events as they are written, until the supervisor exits (then the rest, then stop)."""
         while True:
             try:
                 self.process.wait(interval_s)  # wakes as soon as the run ends; otherwise every interval
@@ -126,31 +129,71 @@ class RunHandle:
                 return
 
     def _finalize(self, code: int) -> None:
-        """If the run died without saying so (a signal, a launcher failure), record it in the run directory."""
-        status = self.run.read_status()
-        if status.get("state") in FINAL_STATES:
+        """If even the supervisor died without a final state (it was SIGKILLed), record that."""
+        if self.run.read_status().get("state") in FINAL_STATES:
             return
-        state = "killed" if self._kill_requested or code < 0 else ("completed" if code == 0 else "failed")
-        detail = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+        state = "completed" if code == 0 else "killed"
+        reason = describe_exit(code)
         log = EventLog(self.run.events_path)
-        log.emit("status", state=state, exit_code=code, reason=detail)
+        log.emit("status", state=state, exit_code=code, reason=reason)
         log.close()
-        self.run.write_status(state=state, exit_code=code, error=None if state == "completed" else detail)
+        self.run.write_status(state=state, exit_code=code, error=None if code == 0 else reason)
 
 
-def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path | None = None
-          ) -> RunHandle:
-    """Create the run directory, write the resolved config, and start training in a new process group."""
+def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
+    """Send ``sig`` to a run's training process group (as recorded in status.json)."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    pgid = run.read_status().get("worker_pgid")
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _start_supervisor(run: RunDir, max_restarts: int, from_offset: int = 0) -> RunHandle:
+    with open(run.path / LOG_NAME, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "toolkit.supervisor", str(run.path), "--max-restarts", str(max_restarts)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    run.write_status(supervisor_pid=process.pid, max_restarts=max_restarts)
+    return RunHandle(run, process, from_offset)
+
+
+def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path | None = None,
+          max_restarts: int = 0) -> RunHandle:
+    """Create the run directory, write the resolved config, and start training under a supervisor."""
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts: {max_restarts} is negative; allowed: 0 or more")
     run = RunDir.create(run_dir or default_run_dir(config, runs_root), config)
-    cmd, extra_env = worker_command(config, run.path)
-    log = open(run.path / LOG_NAME, "ab")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env={**os.environ, **extra_env}, start_new_session=True)
-    log.close()  # the child holds its own descriptor
-    run.write_status(launcher_pid=process.pid, command=cmd)
-    return RunHandle(run, process)
+    return _start_supervisor(run, max_restarts)
 
 
 def train(config_path: str | Path | None = None, overrides: list[str] | None = None, **kwargs) -> RunHandle:
     """Load and validate a config (errors surface here, before anything starts), then :func:`start` it."""
     return start(config_mod.load(config_path, overrides), **kwargs)
+
+
+def resume(run_dir: str | Path, max_restarts: int = 0) -> RunHandle:
+    """Continue a stopped, killed or failed run from its latest valid checkpoint (same run directory)."""
+    run = RunDir(run_dir)
+    if not run.config_path.is_file():
+        raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run directory")
+    if run.read_status().get("state") in ("queued", "running") and _alive(run.read_status().get("supervisor_pid")):
+        raise RuntimeError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
+                           f"{run.read_status()['supervisor_pid']}); stop it first")
+    offset = run.events_path.stat().st_size if run.events_path.exists() else 0
+    run.write_status(state="queued", resumed=time.time())
+    return _start_supervisor(run, max_restarts, from_offset=offset)
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -49,6 +49,15 @@ class MetricsSink:
                 self.tb.add_scalar(tag, values[key], step)
         self.tb.flush()
 
+    def checkpoint(self, step: int, **figures) -> None:
+        """A checkpoint was published (called from the checkpoint thread)."""
+        record = self.events.emit("checkpoint", step=step, **{k: _round(v) for k, v in figures.items()})
+        for key in ("blocking_ms", "persist_ms", "bytes"):
+            self.tb.add_scalar(f"checkpoint/{key}", record[key], step)
+
+    def checkpoint_error(self, step: int, message: str) -> None:
+        self.events.emit("checkpoint_error", step=step, message=message)
+
     def profile(self, summary: dict) -> None:
         self.events.emit("profile", **summary)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,10 +45,13 @@ class EventLog:
 
     def __init__(self, path: Path):
         self._file = open(path, "a", buffering=1)  # line-buffered: each event reaches the OS as it is written
+        self._lock = threading.Lock()  # the checkpoint thread writes events too
 
     def emit(self, event: str, **fields) -> dict:
         record = {"event": event, "time": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        with self._lock:
+            self._file.write(line)
         return record
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.distributed import free_port
+from toolkit.ports import free_port
 
 READY_TIMEOUT_S = 90.0
 

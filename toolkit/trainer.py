@@ -11,18 +11,31 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 import time
 
 import torch
 
 from toolkit import data as data_mod
+from toolkit.checkpoint_store import check_compatible
+from toolkit.checkpointer import Checkpointer
 from toolkit import distributed
 from toolkit.engines import build_engine
 from toolkit.flops import cached_peak
 from toolkit.lineage import collect_lineage
 from toolkit.metrics import MetricsSink
 from toolkit.models import MODELS
+from toolkit.rng import restore_rng
 from toolkit.rundir import RunDir
+
+# Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
+# fires on the first attempt only, so a restarted run gets past the step that killed it.
+ATTEMPT = int(os.environ.get("TRAINBOOK_ATTEMPT", "0"))
+
+
+def _print_checkpoint_error(step: int, message: str) -> None:
+    print(f"checkpoint at step {step} failed: {message}", file=sys.stderr)
 
 
 def lr_at(step: int, optim, max_steps: int) -> float:
@@ -65,7 +78,13 @@ class Trainer:
         self.step = 0  # optimizer steps completed
         # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
         self.horizon = cfg.train.max_steps
+        self.train_seconds = 0.0  # training time so far, agreed between ranks (evaluation excluded)
         self.sink = MetricsSink(run, cfg) if self.topo.is_main else None
+        self.checkpointer = Checkpointer(
+            cfg, run.path, self.topo.rank, self.topo.world_size, self.engine,
+            on_event=self.sink.checkpoint if self.sink else None,
+            on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error)
+        self.resumed_from = self._resume()
 
     # --- the loop -------------------------------------------------------------------------------------------
 
@@ -73,21 +92,23 @@ class Trainer:
         cfg, topo, engine = self.cfg, self.topo, self.engine
         if self.sink:
             self.sink.start(lineage=collect_lineage(cfg, self.corpus, topo.world_size), n_params=self.n_params,
-                            flops_per_item=self.flops_per_item, peak_flops=self.peak_flops)
+                            flops_per_item=self.flops_per_item, peak_flops=self.peak_flops,
+                            attempt=ATTEMPT, **self.resumed_from)
         profiler = self._profiler()
         batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step))
         engine.train()
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
         window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
-        train_seconds, last_val = 0.0, None
+        last_val = None
+        train_seconds = agreed_seconds = self.train_seconds
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
             x, y = next(batches)
             t1 = time.perf_counter()
             x, y = x.to(topo.device, non_blocking=True), y.to(topo.device, non_blocking=True)
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
-            loss_sum += engine.train_step(x, y).to(torch.float64)
+            loss_sum += engine.train_step(x, y, before_update=self.checkpointer.before_update).to(torch.float64)
             if profiler:
                 profiler.step()
             self.step += 1
@@ -122,6 +143,12 @@ class Trainer:
                 eval_start = time.perf_counter()
                 last_val = self.evaluate()
                 window_start += time.perf_counter() - eval_start  # evaluation is not training time
+            if self.checkpointer.due(self.step, agreed_seconds, final=last):
+                self.train_seconds = agreed_seconds
+                self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
+                                                   "train_seconds": agreed_seconds})
+            if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
             if logged:
                 loss_sum.zero_()
                 window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
@@ -130,10 +157,37 @@ class Trainer:
 
         if profiler:
             profiler.close()
-        result = {"step": self.step, "train_seconds": round(train_seconds, 3), **(last_val or {})}
+        self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
+        result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {})}
         if self.sink:
             self.sink.finish(result)
         return result
+
+    def _resume(self) -> dict:
+        """Continue from the newest valid checkpoint in the run directory, if there is one.
+
+        Everything a step depends on comes back: weights, optimizer moments, the schedule position, every
+        RNG, and the data position (batches are a function of the step), so the losses after the resume
+        point equal those of a run that was never interrupted, bit for bit.
+        """
+        store = self.checkpointer.store
+        if self.topo.is_main:
+            store.discard_partial()  # writes that a crash interrupted; nothing is in flight at start-up
+        info, skipped = store.find_resume_point()
+        for bad in skipped:
+            print(f"checkpoint {bad.name} is not usable: {bad.reason}; trying an older one", file=sys.stderr)
+            if self.sink:
+                self.sink.events.emit("checkpoint_invalid", checkpoint=bad.name, reason=bad.reason)
+        if info is None:
+            return {}
+        check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size)
+        self.engine.load_checkpoint_state(info.path)
+        rank_state = torch.load(info.path / f"rank_{self.topo.rank:05d}.pt", weights_only=False)
+        restore_rng(rank_state["rng"])
+        trainer = info.manifest["trainer"]
+        self.step, self.horizon, self.train_seconds = trainer["step"], trainer["horizon"], trainer["train_seconds"]
+        self.checkpointer.last_saved_seconds = self.train_seconds
+        return {"resumed_from": info.name, "resumed_step": self.step}
 
     def _time_budget_horizon(self, seconds: float) -> int:
         """Project the step at which max_seconds runs out from the pace so far, so the cosine decay ends when
@@ -171,6 +225,7 @@ class Trainer:
                             on_summary=self.sink.profile)
 
     def close(self):
+        self.checkpointer.close()
         if self.sink:
             self.sink.close()
         distributed.teardown()

@@ -31,12 +31,14 @@ class TorchEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, x, y) -> torch.Tensor:
+    def train_step(self, x, y, before_update=None) -> torch.Tensor:
         with self._autocast():
             loss = self.model(x, y)
         loss.backward()
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        if before_update is not None:
+            before_update()  # the last moment the weights are still those of the previous step
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -45,6 +47,18 @@ class TorchEngine:
     def eval_loss(self, x, y) -> torch.Tensor:
         with self._autocast():
             return self.model(x, y)
+
+    # DDP replicas are identical, so rank 0 alone writes the model and optimizer state.
+    def checkpoint_state(self, folder, is_writer: bool) -> dict:
+        if not is_writer:
+            return {}
+        return {"model.pt": self.module.state_dict(), "optimizer.pt": self.optimizer.state_dict()}
+
+    def load_checkpoint_state(self, folder) -> None:
+        # weights_only=False: the optimizer state holds Python objects; these are our own files (sha256-checked)
+        self.module.load_state_dict(torch.load(folder / "model.pt", map_location=self.device, weights_only=False))
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=self.device,
+                                                  weights_only=False))
 
     def train(self):
         self.model.train()
