@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -108,13 +109,27 @@ def test_a_failing_run_says_why_and_exits_nonzero(train_tiny):
     assert "Traceback" in (run.path / launch.LOG_NAME).read_text()
 
 
-def test_killing_the_process_group_marks_the_run_killed(tmp_path):
+def test_stopping_a_run_marks_it_killed(tmp_path):
     handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
     for event in handle.follow(interval_s=0.2):  # wait until training is really under way
         if event["event"] == "train":
             break
-    handle.kill()
-    assert handle.wait(30) < 0
+    assert handle.stop() != 0
+    pgid = handle.run.read_status()["worker_pgid"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # no training process outlives the stop
+    status = handle.run.read_status()
+    assert status["state"] == "killed" and status["error"] == "signal SIGTERM", status
+    assert handle.run.events("status")[-1]["state"] == "killed"
+
+
+def test_killing_the_training_processes_marks_the_run_killed(tmp_path):
+    handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
+    for event in handle.follow(interval_s=0.2):
+        if event["event"] == "train":
+            break
+    assert handle.kill()
+    assert handle.wait(30) != 0
     status = handle.run.read_status()
     assert status["state"] == "killed" and status["error"] == "signal SIGKILL"
     assert handle.run.events("status")[-1]["state"] == "killed"

@@ -14,9 +14,11 @@ time and bytes, in events.jsonl and TensorBoard.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from toolkit.rundir import atomic_write_text
 
 PEER_TIMEOUT_S = 600.0  # how long rank 0 waits for the other ranks' files before giving the checkpoint up
 DONE_SUFFIX = ".done.json"
+FAILED_SUFFIX = ".failed.json"
 
 
 @dataclass
@@ -148,20 +151,47 @@ class Checkpointer:
                 self._persist(job)
             except Exception as exc:  # a full disk, a dead peer: report, drop this checkpoint, keep training
                 job.staged.set()
+                job.update_seen.set()
+                self._abandon(job)
                 if self.on_error:
                     self.on_error(job.step, f"{type(exc).__name__}: {exc}")
             finally:
                 job.done.set()
 
+    def _abandon(self, job: _Job) -> None:
+        """Remove what a failed write left (rank 0), or tell rank 0 not to wait for us (other ranks)."""
+        if self.rank == 0:
+            shutil.rmtree(job.folder, ignore_errors=True)
+        else:
+            try:
+                (job.folder / f"rank_{self.rank:05d}{FAILED_SUFFIX}").write_text("{}")
+            except OSError:
+                pass  # the disk is full: rank 0 gives up after PEER_TIMEOUT_S instead
+
+    def _check_space(self, job: _Job, written_so_far: int = 0) -> None:
+        """Fail with a plain ENOSPC message (torch.save's own on a full disk is an opaque zip-writer error)."""
+        needed = sum(leaf.nbytes for leaves, _ in job.files.values() for leaf in leaves
+                     if isinstance(leaf, torch.Tensor)) - written_so_far
+        free = shutil.disk_usage(job.folder).free
+        if needed > free:
+            raise OSError(errno.ENOSPC, f"No space left on device: checkpoint step {job.step} needs "
+                                        f"{needed / 1e6:.2f} MB more, {free / 1e6:.2f} MB free under {job.folder.parent}")
+
     def _persist(self, job: _Job) -> None:
-        names = []
+        self._check_space(job)
+        names, written = [], 0
         for name, (leaves, spec) in job.files.items():
             path = job.folder / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as f:
-                torch.save(tree_unflatten(leaves, spec), f)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(path, "wb") as f:
+                    torch.save(tree_unflatten(leaves, spec), f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except (OSError, RuntimeError):
+                self._check_space(job, written)  # a clearer reason when the disk filled up meanwhile
+                raise
+            written += path.stat().st_size
             names.append(name)
         described = describe_files(job.folder, names)
         atomic_write_text(job.folder / f"rank_{self.rank:05d}{DONE_SUFFIX}", json.dumps(described))
@@ -191,6 +221,9 @@ class Checkpointer:
         expected = [job.folder / f"rank_{r:05d}{DONE_SUFFIX}" for r in range(self.world_size)]
         pause = 0.01
         while not all(p.exists() for p in expected):
+            failed = sorted(p.name for p in job.folder.glob(f"*{FAILED_SUFFIX}"))
+            if failed:
+                raise RuntimeError(f"checkpoint step {job.step}: other ranks failed to write ({', '.join(failed)})")
             if time.monotonic() > deadline:
                 missing = [p.name for p in expected if not p.exists()]
                 raise TimeoutError(f"checkpoint step {job.step}: no files from {missing} after {PEER_TIMEOUT_S} s")

@@ -27,6 +27,7 @@ def guided_notebooks() -> list[Path]:
 def execute(notebook: Path, out_dir: Path, parameters: dict) -> Path:
     import papermill
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / notebook.name
     papermill.execute_notebook(str(notebook), str(out), parameters=parameters, cwd=str(NOTEBOOKS),
                                kernel_name="python3", progress_bar=False)

@@ -46,3 +46,43 @@ def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: str | Path | None = None) -> Path:
+    """The loss of an uninterrupted run, and on top of it a run that was killed and resumed.
+
+    The resumed run's steps are drawn per attempt, so the kill point and the restart from the checkpoint are
+    visible; where the resumed run is exact, its curve lies on the reference.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reference, resumed = RunDir(reference_dir), RunDir(resumed_dir)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ref = reference.events("train")
+    ax.plot([e["step"] for e in ref], [e["loss"] for e in ref], color="black", lw=3, alpha=0.25,
+            label="uninterrupted")
+    attempts, current = [[]], None
+    for event in resumed.events():
+        if event["event"] == "status" and event.get("state") == "running" and current is not None:
+            attempts.append([])
+        if event["event"] == "train":
+            attempts[-1].append(event)
+            current = event
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
+    for i, events in enumerate(a for a in attempts if a):
+        label = "first attempt (killed)" if i == 0 and len(attempts) > 1 else f"after resume {i}" if i else "run"
+        ax.plot([e["step"] for e in events], [e["loss"] for e in events], color=colours[i % len(colours)], lw=1.2,
+                label=label)
+        if i:
+            ax.axvline(events[0]["step"] - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
+    ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(out) if out else resumed.path / "resume_comparison.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -185,7 +185,10 @@ class Trainer:
         rank_state = torch.load(info.path / f"rank_{self.topo.rank:05d}.pt", weights_only=False)
         restore_rng(rank_state["rng"])
         trainer = info.manifest["trainer"]
-        self.step, self.horizon, self.train_seconds = trainer["step"], trainer["horizon"], trainer["train_seconds"]
+        self.step, self.train_seconds = trainer["step"], trainer["train_seconds"]
+        # A step-budgeted schedule follows max_steps (which a resume may extend); a time-budgeted one goes on
+        # from where the clock had put it.
+        self.horizon = trainer["horizon"] if self.cfg.train.max_seconds else self.cfg.train.max_steps
         self.checkpointer.last_saved_seconds = self.train_seconds
         return {"resumed_from": info.name, "resumed_step": self.step}
 
