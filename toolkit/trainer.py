@@ -101,6 +101,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
         window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
         last_val = None
+        start_step = self.step
         train_seconds = agreed_seconds = self.train_seconds
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
@@ -112,6 +113,8 @@ class Trainer:
             if profiler:
                 profiler.step()
             self.step += 1
+            if window_steps == 0 and self.step == start_step + 1:
+                self.checkpointer.warm_up()  # the optimizer state exists now: size the staging buffers
             window_steps += 1
             window_wait += t1 - t0
             last = self.step == cfg.train.max_steps

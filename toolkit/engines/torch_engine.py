@@ -48,6 +48,8 @@ class TorchEngine:
         with self._autocast():
             return self.model(x, y)
 
+    cheap_state_capture = True  # state_dict() hands out references: no copy, no collective
+
     # DDP replicas are identical, so rank 0 alone writes the model and optimizer state.
     def checkpoint_state(self, folder, is_writer: bool) -> dict:
         if not is_writer:
