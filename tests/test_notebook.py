@@ -1,4 +1,4 @@
-"""The guided training notebook, executed headlessly by papermill, then checked by nbval (--nbval-lax)."""
+"""The guided notebooks, executed headlessly by papermill, then re-run and checked by nbval (--nbval-lax)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from toolkit.demo import NOTEBOOKS, execute, guided_notebooks
 
 pytestmark = pytest.mark.slow
 
+PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
+
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
+    assert {"03_training.ipynb", "04_checkpoint_recovery.ipynb"} <= {p.name for p in guided_notebooks()}
     for path in guided_notebooks():
         nb = nbformat.read(path, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
@@ -22,25 +25,47 @@ def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
         assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1, path.name
 
 
-def test_training_notebook_runs_headless_and_keeps_its_results(tmp_path):
-    runs = tmp_path / "runs"
-    executed = execute(NOTEBOOKS / "03_training.ipynb", tmp_path,
-                       {"config": "tiny", "runs_root": str(runs),
-                        "overrides": ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]})
-    nb = nbformat.read(executed, as_version=4)
+def outputs_of(path):
+    nb = nbformat.read(path, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
-    # The live card was updated in place through display_id: the stored copy shows the finished run.
-    assert any("completed" in h and "40 / 40" in h for h in html), html
-    assert any("image/png" in o.get("data", {}) for o in outputs), "loss curve picture missing"
     text = "".join(o.get("text", "") for o in outputs)
-    assert "bits per byte" in text and "aten::" in text, text
-    (run_dir,) = runs.iterdir()
-    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    return html, text, pngs
 
-    # nbval re-executes the executed copy (parameters included) and compares the checked cells' outputs.
+
+def nbval(executed, cwd):
+    """nbval re-executes the executed copy (its injected parameters included) and compares the outputs of the
+    cells marked NBVAL_CHECK_OUTPUT with the stored ones."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", str(executed), "-q", "-p",
-                           "no:cacheprovider", "-o", "addopts="], capture_output=True, text=True, cwd=tmp_path,
+                           "no:cacheprovider", "-o", "addopts="], capture_output=True, text=True, cwd=cwd,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "passed" in proc.stdout
+
+
+def test_training_notebook_runs_headless_and_keeps_its_results(tmp_path):
+    runs = tmp_path / "runs"
+    executed = execute(NOTEBOOKS / "03_training.ipynb", tmp_path,
+                       {"config": "tiny", "runs_root": str(runs), "overrides": PROFILE_QUICKLY})
+    html, text, pngs = outputs_of(executed)
+    # The live card was updated in place through display_id: the stored copy shows the finished run.
+    assert any("completed" in h and "40 / 40" in h for h in html), html
+    assert pngs, "loss curve picture missing"
+    assert "bits per byte" in text and "aten::" in text, text
+    (run_dir,) = runs.iterdir()
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    nbval(executed, tmp_path)
+
+
+def test_recovery_notebook_kills_resumes_and_shows_identical_losses(tmp_path):
+    runs = tmp_path / "runs"
+    executed = execute(NOTEBOOKS / "04_checkpoint_recovery.ipynb", tmp_path,
+                       {"config": "tiny", "steps": 40, "every": 10, "kill_at": 25, "runs_root": str(runs)})
+    html, text, pngs = outputs_of(executed)
+    assert "state: killed (signal SIGKILL)" in text, text
+    assert "identical losses at every logged step: True" in text, text
+    assert "T = sqrt(2 C M) - C" in text and "LATEST" in text, text
+    assert pngs and any("completed" in h for h in html)
+    assert len(list(runs.iterdir())) == 2  # the reference and the killed-then-resumed run
+    nbval(executed, tmp_path)
