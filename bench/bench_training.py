@@ -33,9 +33,11 @@ from toolkit.trainer import Trainer  # noqa: E402
 
 
 def bench_config(steps: int, extra: list[str] | None = None) -> config_mod.Config:
-    # Evaluate once, on one batch, at the end: the timing is about the training loop.
+    # Evaluate once, on one batch, at the end, and no checkpoint: the timing is about the training loop
+    # (bench_checkpoint.py measures what checkpoints cost).
     return config_mod.load("demo", [f"train.max_steps={steps}", "train.max_seconds=0", "profile.enabled=false",
-                                    f"train.eval_every={steps}", "train.eval_batches=1", *(extra or [])])
+                                    f"train.eval_every={steps}", "train.eval_batches=1", "checkpoint.at_end=false",
+                                    *(extra or [])])
 
 
 def bare_loop(cfg: config_mod.Config, steps: int) -> float:

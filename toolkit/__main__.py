@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from toolkit.config import ConfigError
 
@@ -59,6 +60,8 @@ def _cmd_checkpoints(args) -> int:
 
     from toolkit.checkpoint_store import CheckpointStore
 
+    if not Path(args.run_dir).is_dir():
+        raise FileNotFoundError(f"run_dir: {args.run_dir!r} is not a folder; allowed: a run directory")
     store = CheckpointStore(args.run_dir)
     infos = store.list(verify=not args.quick)
     if not infos:
@@ -155,11 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean "bad input", printed as one line; anything else is a bug and keeps its traceback."""
+    from toolkit.checkpoint_store import CheckpointError
+    from toolkit.launch import RunBusyError
+    from toolkit.tb_server import TensorBoardError
+
+    return (ConfigError, FileExistsError, FileNotFoundError, CheckpointError, RunBusyError, TensorBoardError,
+            ValueError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    user_errors = _user_errors()
     try:
         return args.func(args)
-    except (ConfigError, FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
+    except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -66,6 +66,10 @@ def default_run_dir(cfg, root: str | Path | None = None) -> Path:
     return path
 
 
+class RunBusyError(RuntimeError):
+    """The run directory already has a live supervisor."""
+
+
 class RunHandle:
     """A training job: its run directory, its supervisor process, and (through status.json) its ranks."""
 
@@ -182,7 +186,7 @@ def resume(run_dir: str | Path, max_restarts: int = 0) -> RunHandle:
     if not run.config_path.is_file():
         raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run directory")
     if run.read_status().get("state") in ("queued", "running") and _alive(run.read_status().get("supervisor_pid")):
-        raise RuntimeError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
+        raise RunBusyError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
                            f"{run.read_status()['supervisor_pid']}); stop it first")
     offset = run.events_path.stat().st_size if run.events_path.exists() else 0
     run.write_status(state="queued", resumed=time.time())
