@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 
 from toolkit.config import ConfigError
@@ -56,8 +57,6 @@ def _follow(handle, max_steps: int) -> int:
 
 
 def _cmd_checkpoints(args) -> int:
-    import time
-
     from toolkit.checkpoint_store import CheckpointStore
 
     if not Path(args.run_dir).is_dir():
@@ -97,6 +96,54 @@ def _cmd_advise(args) -> int:
         raise ConfigError(f"--gpus: {args.gpus} is not allowed; allowed: 1 or more")
     mtbf = args.mtbf_hours * 3600 if args.mtbf_hours is not None else mtbf_for_gpus(args.gpus)
     print(advise_for_run(args.run_dir, mtbf_s=mtbf, restart_s=args.restart_seconds).summary())
+    return 0
+
+
+def _print_asset(asset) -> None:
+    tags = ", ".join(f"{k}={v}" for k, v in sorted(asset.tags.items()))
+    print(f"{asset.ref}  ({asset.type}{', archived' if asset.archived else ''})\n"
+          f"  sha256   {asset.sha256}\n  size     {asset.size_bytes:,} bytes in {asset.file_count} file(s)\n"
+          f"  snapshot {asset.path}\n  source   {asset.source}\n"
+          + (f"  about    {asset.description}\n" if asset.description else "")
+          + (f"  tags     {tags}\n" if tags else ""), end="")
+
+
+def _parse_tags(pairs) -> dict:
+    tags = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--tag: {pair!r} is not allowed; allowed: key=value")
+        tags[key] = value
+    return tags
+
+
+def _cmd_data(args) -> int:
+    from toolkit import data_assets
+    from toolkit.workspace import Workspace
+
+    ws = Workspace.open(args.workspace)
+    if args.data_verb == "register":
+        asset = data_assets.register(ws, args.name, args.path, type=args.type, description=args.description,
+                                     tags=_parse_tags(args.tag))
+        print(asset.ref)
+    elif args.data_verb == "list":
+        assets = data_assets.list_assets(ws, name=args.name, include_archived=args.all, tag=args.tag)
+        print(f"{'asset':<28} {'type':<11} {'size':>12} {'files':>6}  {'created':<19} tags")
+        for a in assets:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created))
+            tags = ",".join(f"{k}={v}" for k, v in sorted(a.tags.items()))
+            print(f"{a.ref + (' (archived)' if a.archived else ''):<28} {a.type:<11} {a.size_bytes:>12,} "
+                  f"{a.file_count:>6}  {created:<19} {tags}")
+    elif args.data_verb == "show":
+        _print_asset(data_assets.get(ws, args.ref))
+    elif args.data_verb == "archive":
+        print(f"archived {data_assets.archive(ws, args.ref).ref}")
+    elif args.data_verb == "register-builtin":
+        from toolkit.builtin_data import BUILTINS
+
+        for name in BUILTINS if args.which == "all" else [args.which]:
+            print(BUILTINS[name](ws).ref)
     return 0
 
 
@@ -151,6 +198,27 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--restart-seconds", type=float, default=60.0, help="time from failure to training again")
     adv.set_defaults(func=_cmd_advise)
 
+    data = verbs.add_parser("data", help="register, list, show and archive data assets in the workspace")
+    data.add_argument("--workspace", help="workspace folder (default: $TRAINBOOK_WORKSPACE or ./.trainbook)")
+    data_verbs = data.add_subparsers(dest="data_verb", required=True)
+    reg = data_verbs.add_parser("register", help="snapshot a file or folder as the next version of NAME")
+    reg.add_argument("name")
+    reg.add_argument("path")
+    reg.add_argument("--type", default="uri_folder", help="uri_file, uri_folder or mltable (default: uri_folder)")
+    reg.add_argument("--description", default="")
+    reg.add_argument("--tag", action="append", metavar="KEY=VALUE")
+    lst = data_verbs.add_parser("list", help="registered versions, newest first")
+    lst.add_argument("--name")
+    lst.add_argument("--tag", help="KEY or KEY=VALUE")
+    lst.add_argument("--all", action="store_true", help="include archived versions")
+    show = data_verbs.add_parser("show", help="one version: NAME (latest) or NAME:VERSION")
+    show.add_argument("ref")
+    arc = data_verbs.add_parser("archive", help="hide NAME:VERSION from listings (still resolvable)")
+    arc.add_argument("ref")
+    builtin = data_verbs.add_parser("register-builtin", help="register the corpora that ship with Python/sklearn")
+    builtin.add_argument("which", nargs="?", default="all", choices=["all", "pydoc", "digits"])
+    data.set_defaults(func=_cmd_data)
+
     tb = verbs.add_parser("tensorboard", help="serve a run's scalars and profiler traces on 127.0.0.1")
     tb.add_argument("run_dir")
     tb.add_argument("--port", type=int, help="port (default: a free one)")
@@ -161,11 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean "bad input", printed as one line; anything else is a bug and keeps its traceback."""
     from toolkit.checkpoint_store import CheckpointError
+    from toolkit.data_assets import DataAssetError
     from toolkit.launch import RunBusyError
+    from toolkit.workspace import WorkspaceError
     from toolkit.tb_server import TensorBoardError
 
     return (ConfigError, FileExistsError, FileNotFoundError, CheckpointError, RunBusyError, TensorBoardError,
-            ValueError)
+            DataAssetError, WorkspaceError, ValueError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,11 @@ class ModelConfig:
 class DataConfig:
     dataset: Literal["pydoc", "digits"] = "pydoc"
     """Built-in corpus: 'pydoc' (CPython's docs as bytes) or 'digits' (scikit-learn's 8x8 digits)."""
+    asset: str = ""
+    """Registered data asset, 'name' (latest) or 'name:version'; pinned to a version when the run starts.
+    Empty: the built-in dataset named by data.dataset."""
+    workspace: str = ""
+    """Workspace holding data.asset; empty: $TRAINBOOK_WORKSPACE or ./.trainbook."""
     val_fraction: float = bounded(0.1, gt=0.0, le=0.5)
     """Share of the corpus held out for validation (the tail of the text, never trained on)."""
     num_workers: int = bounded(0, ge=0, le=64)
@@ -207,7 +212,7 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     elif tp is str:
-        if isinstance(value, str) and value:
+        if isinstance(value, str):
             return value
     raise ConfigError(f"{path}: {value!r} is not allowed; expected {_describe_type(tp)}")
 
@@ -250,6 +255,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", cfg.name):
+        raise ConfigError(f"name: {cfg.name!r} is not allowed; allowed: letters, digits, '_', '-', '.' "
+                          "(it becomes a folder name)")
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             f"model.n_head: {cfg.model.n_head} does not divide model.n_embd={cfg.model.n_embd}; "
@@ -262,6 +270,13 @@ def _check_relations(cfg: Config) -> None:
     if cfg.data.dataset != wanted:
         raise ConfigError(
             f"data.dataset: {cfg.data.dataset!r} does not fit model.name={cfg.model.name!r}; allowed: {wanted!r}")
+    if cfg.data.asset:
+        from toolkit.data_assets import DataAssetError, parse_ref
+
+        try:
+            parse_ref(cfg.data.asset)
+        except DataAssetError as exc:
+            raise ConfigError(f"data.asset: {exc}".replace("data asset: ", "")) from None
     if cfg.engine.name == "torch" and cfg.engine.zero_stage:
         raise ConfigError(
             f"engine.zero_stage: {cfg.engine.zero_stage} needs engine.name='deepspeed'; allowed with torch: 0")

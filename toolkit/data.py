@@ -40,6 +40,7 @@ class Corpus:
     sha256: str
     size_bytes: int
     bytes_per_item: float | None = None  # set for byte-level text, so val loss converts to bits per byte
+    asset: dict | None = None  # the registered data asset it came from (ref, sha256, type), if any
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator):
         raise NotImplementedError
@@ -111,8 +112,38 @@ def _load_digits(cfg) -> Corpus:
 DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "digits": _load_digits}
 
 
+def _text_asset(asset, cfg) -> Corpus:
+    files = [asset.path] if asset.type == "uri_file" else sorted(
+        p for p in asset.path.rglob("*") if p.is_file() and p.name != ".listing.json")
+    text = b"\n\n".join(p.read_bytes() for p in files)
+    return ByteCorpus(asset.ref, text, cfg.model.block_size, cfg.data.val_fraction)
+
+
+def _table_asset(asset, cfg) -> Corpus:
+    from toolkit.mltable import load_mltable
+
+    frame = load_mltable(asset.path)
+    if "label" not in frame.columns:
+        raise ValueError(f"data.asset: {asset.ref} has no 'label' column; allowed: a table with a label column")
+    features = frame.drop(columns=["label"]).to_numpy(dtype=np.float32)
+    scale = float(np.abs(features).max()) or 1.0  # e.g. digits' 0-16 pixel values -> 0-1
+    return TableCorpus(asset.ref, features / scale, frame["label"].to_numpy(), cfg.data.val_fraction)
+
+
+ASSET_LOADERS: dict[str, Callable] = {"uri_file": _text_asset, "uri_folder": _text_asset, "mltable": _table_asset}
+
+
 def load_corpus(cfg) -> Corpus:
-    return DATASETS[cfg.data.dataset](cfg)
+    """The registered asset named by data.asset (pinned to a version at launch), else a built-in dataset."""
+    if not cfg.data.asset:
+        return DATASETS[cfg.data.dataset](cfg)
+    from toolkit import data_assets
+    from toolkit.workspace import Workspace
+
+    asset = data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
+    corpus = ASSET_LOADERS[asset.type](asset, cfg)
+    corpus.asset = {"ref": asset.ref, "sha256": asset.sha256, "type": asset.type}
+    return corpus
 
 
 class StepBatches(Dataset):

@@ -166,11 +166,33 @@ def _start_supervisor(run: RunDir, max_restarts: int, from_offset: int = 0) -> R
     return RunHandle(run, process, from_offset)
 
 
+def pin_data_asset(config: config_mod.Config) -> config_mod.Config:
+    """Resolve data.asset ('name' means latest) to the exact name:version and workspace, so the run, its
+    restarts and its lineage all use one immutable snapshot even if a new version is registered meanwhile."""
+    if not config.data.asset:
+        return config
+    import dataclasses
+
+    from toolkit import data_assets
+    from toolkit.models import MODELS
+    from toolkit.workspace import Workspace
+
+    ws = Workspace.open(config.data.workspace or None)
+    asset = data_assets.get(ws, config.data.asset)
+    allowed = MODELS[config.model.name].asset_types
+    if asset.type not in allowed:
+        raise data_assets.DataAssetError(
+            f"data.asset: {asset.ref} is a {asset.type} asset; allowed for model.name={config.model.name!r}: "
+            + ", ".join(allowed))
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, asset=asset.ref, workspace=str(ws.root)))
+
+
 def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path | None = None,
           max_restarts: int = 0) -> RunHandle:
     """Create the run directory, write the resolved config, and start training under a supervisor."""
     if max_restarts < 0:
         raise ValueError(f"max_restarts: {max_restarts} is negative; allowed: 0 or more")
+    config = pin_data_asset(config)
     run = RunDir.create(run_dir or default_run_dir(config, runs_root), config)
     return _start_supervisor(run, max_restarts)
 

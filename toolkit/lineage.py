@@ -33,7 +33,8 @@ def package_versions() -> dict[str, str | None]:
 
 def collect_lineage(cfg, corpus, world_size: int) -> dict:
     return {
-        "data": {"name": corpus.name, "sha256": corpus.sha256, "size_bytes": corpus.size_bytes},
+        "data": {"name": corpus.name, "sha256": corpus.sha256, "size_bytes": corpus.size_bytes,
+                 "asset": corpus.asset},
         "config_sha256": cfg.fingerprint(),
         "git_commit": git_commit(),
         "python": sys.version.split()[0],

@@ -13,7 +13,8 @@ from typing import Callable
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable  # (ModelConfig) -> torch.nn.Module
-    dataset: str  # the data.dataset this model is trained on
+    dataset: str  # the built-in data.dataset this model is trained on
+    asset_types: tuple  # data asset types it can train on (text: uri_file/uri_folder; tables: mltable)
     flops_per_item: Callable  # (model, ModelConfig) -> training FLOPs per token/sample (forward + backward)
 
 
@@ -41,6 +42,8 @@ def _mlp_flops(model, cfg):
 
 
 MODELS: dict[str, ModelSpec] = {
-    "gpt": ModelSpec(build=_build_gpt, dataset="pydoc", flops_per_item=_gpt_flops),
-    "digits_mlp": ModelSpec(build=_build_digits, dataset="digits", flops_per_item=_mlp_flops),
+    "gpt": ModelSpec(build=_build_gpt, dataset="pydoc", asset_types=("uri_file", "uri_folder"),
+                     flops_per_item=_gpt_flops),
+    "digits_mlp": ModelSpec(build=_build_digits, dataset="digits", asset_types=("mltable",),
+                            flops_per_item=_mlp_flops),
 }

@@ -1,0 +1,209 @@
+"""The local workspace catalogue and data assets: versions, snapshots, archive, concurrency, bad input."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sqlite3
+
+import pytest
+
+from toolkit import data_assets
+from toolkit.data_assets import DataAssetError
+from toolkit.workspace import SCHEMA_VERSION, Workspace, WorkspaceError
+
+from conftest import cli
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace.open(tmp_path / "ws")
+
+
+def test_workspace_is_created_with_the_current_schema(tmp_path):
+    ws = Workspace.open(tmp_path / "new")
+    assert ws.db_path.is_file() and ws.datastore.is_dir()
+    assert ws.schema_version() == SCHEMA_VERSION
+    assert Workspace.open(tmp_path / "new").schema_version() == SCHEMA_VERSION  # reopening migrates nothing
+
+
+def test_a_workspace_from_a_newer_trainbook_is_refused(tmp_path):
+    ws = Workspace.open(tmp_path / "ws")
+    conn = sqlite3.connect(ws.db_path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    conn.close()
+    with pytest.raises(WorkspaceError, match=f"schema version {SCHEMA_VERSION + 5}, this Trainbook knows up to"):
+        Workspace.open(tmp_path / "ws")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(WorkspaceError, match="is a file; allowed: a folder"):
+        Workspace.open(tmp_path / "afile")
+
+
+def test_versions_follow_content_and_snapshots_never_change(ws, tmp_path):
+    src = tmp_path / "corpus.txt"
+    src.write_text("first")
+    v1 = data_assets.register(ws, "corpus", src, type="uri_file", description="d", tags={"lang": "en"})
+    assert (v1.ref, v1.size_bytes, v1.file_count) == ("corpus:1", 5, 1)
+    assert data_assets.register(ws, "corpus", src, type="uri_file").ref == "corpus:1"  # same content
+    src.write_text("second, longer")
+    v2 = data_assets.register(ws, "corpus", src, type="uri_file")
+    assert v2.ref == "corpus:2" and v2.sha256 != v1.sha256
+    assert v1.path.read_text() == "first", "a registered version must not change when its source does"
+    assert not os.access(v1.path, os.W_OK) or os.geteuid() == 0  # read-only blob (root may still write)
+    assert data_assets.get(ws, "corpus").ref == "corpus:2"
+    assert data_assets.get(ws, "corpus:1").tags == {"lang": "en"}
+
+
+def test_folders_hash_names_and_contents(ws, tmp_path):
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(b"\x00" * 100)
+    (folder / "sub" / "b.bin").write_bytes(b"\x01" * 50)
+    v1 = data_assets.register(ws, "images", folder)
+    assert (v1.ref, v1.file_count, v1.size_bytes) == ("images:1", 2, 150)
+    assert (v1.path / "sub" / "b.bin").read_bytes() == b"\x01" * 50
+    (folder / "a.bin").rename(folder / "renamed.bin")
+    assert data_assets.register(ws, "images", folder).ref == "images:2", "a rename is new content"
+    listing = json.loads((data_assets.get(ws, "images:2").path / ".listing.json").read_text())
+    assert sorted(e["name"] for e in listing) == ["renamed.bin", "sub/b.bin"]
+
+
+def test_archive_hides_but_keeps_resolving(ws, tmp_path):
+    src = tmp_path / "t.txt"
+    for text in ("one", "two"):
+        src.write_text(text)
+        data_assets.register(ws, "t", src, type="uri_file")
+    archived = data_assets.archive(ws, "t:2")
+    assert archived.archived
+    assert data_assets.get(ws, "t").ref == "t:1"  # latest not archived
+    assert data_assets.get(ws, "t:2").path.read_text() == "two"  # old runs stay reproducible
+    assert [a.ref for a in data_assets.list_assets(ws)] == ["t:1"]
+    assert [a.ref for a in data_assets.list_assets(ws, include_archived=True)] == ["t:2", "t:1"]
+    with pytest.raises(DataAssetError, match="names no version"):
+        data_assets.archive(ws, "t")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ws, p: data_assets.register(ws, "bad name", p / "f.txt", type="uri_file"), r"name: 'bad name' is not allowed"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="csv"), r"type: 'csv' is not allowed; allowed: uri_file"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "missing", type="uri_file"), r"path: '.*missing' does not exist"),
+    (lambda ws, p: data_assets.register(ws, "x", p, type="uri_file"), r"is not a file; allowed for type uri_file"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="uri_folder"), r"is not a folder; allowed for type uri_folder"),
+    (lambda ws, p: data_assets.register(ws, "x", p, type="mltable"), r"has no MLTable file"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="uri_file", tags={"k": 1}), r"tags: .* strings to strings"),
+    (lambda ws, p: data_assets.get(ws, "x:0"), r"'x:0' is not a reference"),
+    (lambda ws, p: data_assets.get(ws, "x:abc"), r"'x:abc' is not a reference"),
+    (lambda ws, p: data_assets.get(ws, "nothing"), r"'nothing' is not registered; no asset has that name"),
+])
+def test_bad_input_is_refused_and_nothing_is_recorded(ws, tmp_path, call, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_text("x")
+    with pytest.raises(DataAssetError, match=message):
+        call(ws, data)
+    assert data_assets.list_assets(ws, include_archived=True) == []
+
+
+def test_unknown_version_lists_the_known_ones(ws, tmp_path):
+    (tmp_path / "f").write_text("x")
+    data_assets.register(ws, "f", tmp_path / "f", type="uri_file")
+    with pytest.raises(DataAssetError, match="'f:7' is not registered; versions of f: f:1"):
+        data_assets.get(ws, "f:7")
+
+
+def _register_in_process(args):
+    ws_path, path = args
+    from toolkit import data_assets as da
+    from toolkit.workspace import Workspace as W
+
+    return da.register(W.open(ws_path), "shared", path, type="uri_file").ref
+
+
+def test_concurrent_registration_loses_nothing_and_never_reuses_a_version(ws, tmp_path):
+    # 8 processes at once, 4 distinct contents (the same file name in 8 folders): exactly 4 versions must exist,
+    # numbered 1..4, and the two processes that registered the same content must get the same version.
+    paths = []
+    for i in range(8):
+        folder = tmp_path / f"src{i}"
+        folder.mkdir()
+        (folder / "part.txt").write_text(f"content {i % 4}")
+        paths.append(str(folder / "part.txt"))
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        refs = pool.map(_register_in_process, [(str(ws.root), p) for p in paths])
+    assets = data_assets.list_assets(ws, name="shared")
+    assert sorted(a.version for a in assets) == [1, 2, 3, 4], [a.ref for a in assets]
+    assert all(refs[i] == refs[i + 4] for i in range(4)), refs
+    assert len(set(refs)) == 4
+
+
+def test_data_cli(tmp_path):
+    src = tmp_path / "notes.txt"
+    src.write_text("hello")
+    ws = str(tmp_path / "ws")
+    proc = cli("data", "--workspace", ws, "register", "notes", str(src), "--type", "uri_file", "--tag", "team=ml",
+               "--description", "a note")
+    assert proc.returncode == 0 and proc.stdout.strip() == "notes:1", proc.stderr
+    listing = cli("data", "--workspace", ws, "list").stdout
+    assert "notes:1" in listing and "team=ml" in listing
+    shown = cli("data", "--workspace", ws, "show", "notes").stdout
+    assert "sha256" in shown and "a note" in shown
+    assert cli("data", "--workspace", ws, "archive", "notes:1").stdout.strip() == "archived notes:1"
+    assert "notes:1" not in cli("data", "--workspace", ws, "list").stdout
+    bad = cli("data", "--workspace", ws, "register", "notes", str(tmp_path / "nope"), "--type", "uri_file")
+    assert bad.returncode == 2 and "error: path:" in bad.stderr and "does not exist" in bad.stderr
+    bad = cli("data", "--workspace", ws, "register", "n", str(src), "--type", "uri_file", "--tag", "oops")
+    assert bad.returncode == 2 and "--tag: 'oops' is not allowed" in bad.stderr
+
+
+def test_builtin_assets_and_mltable_round_trip(ws):
+    from toolkit.builtin_data import register_digits, register_pydoc
+    from toolkit.data import pydoc_text
+    from toolkit.mltable import load_mltable
+
+    pydoc = register_pydoc(ws)
+    assert pydoc.ref == "pydoc:1" and pydoc.path.read_bytes() == pydoc_text()
+    assert register_pydoc(ws).ref == "pydoc:1"  # shipped content does not change between calls
+    digits = register_digits(ws)
+    assert digits.type == "mltable" and (digits.path / "MLTable").is_file()
+    frame = load_mltable(digits.path)
+    assert frame.shape == (1797, 65) and str(frame["label"].dtype) == "int64" and frame["p10"].max() == 16
+
+
+def test_training_on_registered_assets_pins_the_version(tmp_path):
+    ws = str(tmp_path / "ws")
+    assert cli("data", "--workspace", ws, "register-builtin").stdout.split() == ["pydoc:1", "digits:1"]
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "text"), "--set", "data.asset=pydoc",
+               "--set", f"data.workspace={ws}", "--set", "train.max_steps=10")
+    assert proc.returncode == 0, proc.stderr
+    from toolkit.rundir import RunDir
+
+    run = RunDir(tmp_path / "text")
+    assert run.read_config().data.asset == "pydoc:1", "the latest version is pinned in the resolved config"
+    lineage = json.loads(run.lineage_path.read_text())
+    assert lineage["data"]["asset"]["ref"] == "pydoc:1" and len(lineage["data"]["asset"]["sha256"]) == 64
+    # the same bytes as the built-in corpus, so the same losses as a run on the built-in dataset
+    builtin = cli("train", "tiny", "--run-dir", str(tmp_path / "builtin"), "--set", "train.max_steps=10")
+    assert builtin.returncode == 0
+    assert [e["loss"] for e in run.events("train")] == [e["loss"] for e in RunDir(tmp_path / "builtin").events("train")]
+
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "table"), "--set", "data.asset=digits:1",
+               "--set", f"data.workspace={ws}", "--set", "model.name=digits_mlp", "--set", "data.dataset=digits",
+               "--set", "train.max_steps=30", "--set", "optim.lr=0.01", "--set", "optim.min_lr=0.001",
+               "--set", "train.batch_size=64", "--set", "model.n_embd=64")
+    assert proc.returncode == 0, proc.stderr
+    evals = RunDir(tmp_path / "table").events("eval")
+    assert evals[-1]["val_loss"] < 1.5, evals  # chance is ln(10) = 2.30
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "data.asset=digits"], "data.asset: digits:1 is a mltable asset; allowed for model.name='gpt': uri_file"),
+    (["--set", "data.asset=nothing"], "data asset: 'nothing' is not registered"),
+    (["--set", "data.asset=pydoc:x"], "data.asset: 'pydoc:x' is not a reference"),
+])
+def test_bad_data_references_are_refused_before_the_run_starts(tmp_path, flags, message):
+    ws = str(tmp_path / "ws")
+    cli("data", "--workspace", ws, "register-builtin")
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", f"data.workspace={ws}", *flags)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()

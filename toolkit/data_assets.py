@@ -1,0 +1,221 @@
+"""Data assets: named, versioned, immutable snapshots of files and folders (Azure ML's Data, offline).
+
+``register("pydoc", "corpus.txt", type="uri_file")`` hashes the content, snapshots it into the workspace
+datastore (content-addressed: one blob per distinct file, hard-linked where the filesystem allows), and
+records ``pydoc:1``. Registering identical content again returns the existing version; changed content gets
+the next one. A version never changes under a run, and archived versions stay resolvable by exact reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.workspace import Workspace
+
+TYPES = ("uri_file", "uri_folder", "mltable")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
+HASH_CHUNK = 8 << 20
+
+
+class DataAssetError(ValueError):
+    """A registration or reference that cannot be honoured; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class DataAsset:
+    name: str
+    version: int
+    type: str
+    sha256: str
+    size_bytes: int
+    file_count: int
+    created: float
+    source: str
+    description: str
+    tags: dict
+    archived: bool
+    path: Path  # the immutable snapshot: a file for uri_file, a folder otherwise
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files_of(path: Path) -> list[tuple[str, Path]]:
+    """(relative name, path) of every file under a folder, sorted; symlinks are refused (they can change)."""
+    files = []
+    for p in sorted(path.rglob("*")):
+        if p.is_symlink():
+            raise DataAssetError(f"path: {str(p)!r} is a symbolic link; allowed: regular files only")
+        if p.is_file():
+            files.append((p.relative_to(path).as_posix(), p))
+    return files
+
+
+def _validate(name: str, path: Path, type: str) -> None:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise DataAssetError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
+                             "with a letter or digit, at most 255 characters")
+    if type not in TYPES:
+        raise DataAssetError(f"type: {type!r} is not allowed; allowed: {', '.join(TYPES)}")
+    if not path.exists():
+        raise DataAssetError(f"path: {str(path)!r} does not exist; allowed: an existing file or folder")
+    if type == "uri_file" and not path.is_file():
+        raise DataAssetError(f"path: {str(path)!r} is not a file; allowed for type uri_file: a single file")
+    if type in ("uri_folder", "mltable") and not path.is_dir():
+        raise DataAssetError(f"path: {str(path)!r} is not a folder; allowed for type {type}: a folder")
+    if type == "mltable" and not (path / "MLTable").is_file():
+        raise DataAssetError(f"path: {str(path)!r} has no MLTable file; allowed for type mltable: a folder with an "
+                             "MLTable file describing the table")
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:  # another filesystem, or links not allowed: a copy is as good, just bigger
+        shutil.copy2(src, dest)
+
+
+def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
+    """Content-address ``source`` into the datastore. Returns (sha256, size, file count, snapshot path)."""
+    files = [(source.name, source)] if type == "uri_file" else _files_of(source)
+    blobs = ws.datastore / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    listing = []
+    for rel, path in files:
+        digest = _file_sha256(path)
+        blob = blobs / digest
+        if not blob.exists():
+            tmp = blobs / f".{digest}.{uuid.uuid4().hex}.tmp"
+            shutil.copy2(path, tmp)  # a private copy: later edits of the source cannot reach the snapshot
+            if _file_sha256(tmp) != digest:
+                tmp.unlink()
+                raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, blob)
+        listing.append({"name": rel, "sha256": digest, "size": blob.stat().st_size})
+    # The asset's hash covers names and contents, so a rename is a new version too.
+    content = hashlib.sha256(json.dumps([type, listing], sort_keys=True).encode()).hexdigest()
+    snapshot = ws.datastore / "snapshots" / content
+    if not snapshot.exists():
+        tmp = snapshot.with_name(f".{content}.{uuid.uuid4().hex}.tmp")
+        for entry in listing:
+            dest = tmp / entry["name"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(blobs / entry["sha256"], dest)
+        (tmp / ".listing.json").write_text(json.dumps(listing, indent=1))
+        try:
+            os.rename(tmp, snapshot)
+        except OSError:  # another process published the same content first: theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    rel_snapshot = snapshot.relative_to(ws.root).as_posix()
+    if type == "uri_file":
+        rel_snapshot += "/" + source.name
+    return content, sum(e["size"] for e in listing), len(listing), rel_snapshot
+
+
+def _row_to_asset(ws: Workspace, row) -> DataAsset:
+    return DataAsset(name=row["name"], version=row["version"], type=row["type"], sha256=row["sha256"],
+                     size_bytes=row["size_bytes"], file_count=row["file_count"], created=row["created"],
+                     source=row["source"], description=row["description"], tags=json.loads(row["tags"]),
+                     archived=bool(row["archived"]), path=ws.root / row["snapshot"])
+
+
+def register(ws: Workspace, name: str, path: str | Path, type: str = "uri_folder", description: str = "",
+             tags: dict | None = None) -> DataAsset:
+    """Snapshot ``path`` and record it as the next version of ``name`` (or return the version it already is)."""
+    source = Path(path).expanduser()
+    _validate(name, source, type)
+    tags = dict(tags or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        raise DataAssetError(f"tags: {tags!r} is not allowed; allowed: a mapping of strings to strings")
+    sha256, size, count, snapshot = _snapshot(ws, source.resolve(), type)
+    with ws.transaction() as conn:
+        existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? "
+                                "ORDER BY version DESC LIMIT 1", (name, sha256, type)).fetchone()
+        if existing is not None:
+            return _row_to_asset(ws, existing)
+        version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM data_assets WHERE name = ?",
+                               (name,)).fetchone()[0]
+        conn.execute("INSERT INTO data_assets (name, version, type, sha256, size_bytes, file_count, created, "
+                     "source, description, tags, snapshot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (name, version, type, sha256, size, count, time.time(), str(source.resolve()), description,
+                      json.dumps(tags, sort_keys=True), snapshot))
+        row = conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?", (name, version)).fetchone()
+    return _row_to_asset(ws, row)
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    name, sep, version = str(ref).partition(":")
+    if not NAME_RE.fullmatch(name) or (sep and not version.isdigit()) or (sep and int(version) < 1):
+        raise DataAssetError(f"data asset: {ref!r} is not a reference; allowed: 'name' (latest) or 'name:version' "
+                             "with a version of 1 or more")
+    return name, int(version) if sep else None
+
+
+def get(ws: Workspace, ref: str) -> DataAsset:
+    """``name:version`` (archived ones included: old runs stay reproducible) or ``name`` (latest not archived)."""
+    name, version = parse_ref(ref)
+    conn = ws.connect()
+    try:
+        if version is None:
+            row = conn.execute("SELECT * FROM data_assets WHERE name = ? AND archived = 0 ORDER BY version DESC "
+                               "LIMIT 1", (name,)).fetchone()
+        else:
+            row = conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?", (name, version)).fetchone()
+        if row is None:
+            known = [f"{r['name']}:{r['version']}" for r in conn.execute(
+                "SELECT name, version FROM data_assets WHERE name = ? ORDER BY version", (name,))]
+            raise DataAssetError(f"data asset: {ref!r} is not registered; "
+                                 + (f"versions of {name}: {', '.join(known)}" if known else "no asset has that name"))
+        return _row_to_asset(ws, row)
+    finally:
+        conn.close()
+
+
+def list_assets(ws: Workspace, name: str | None = None, include_archived: bool = False,
+                tag: str | None = None) -> list[DataAsset]:
+    """Registered versions, newest first; ``tag`` is 'key' or 'key=value'."""
+    query, args = "SELECT * FROM data_assets WHERE 1 = 1", []
+    if name is not None:
+        query += " AND name = ?"
+        args.append(name)
+    if not include_archived:
+        query += " AND archived = 0"
+    conn = ws.connect()
+    try:
+        rows = conn.execute(query + " ORDER BY name, version DESC", args).fetchall()
+    finally:
+        conn.close()
+    assets = [_row_to_asset(ws, r) for r in rows]
+    if tag is not None:
+        key, _, value = tag.partition("=")
+        assets = [a for a in assets if key in a.tags and (not value or a.tags[key] == value)]
+    return assets
+
+
+def archive(ws: Workspace, ref: str) -> DataAsset:
+    """Hide a version from listings and from 'name' (latest) look-ups; it stays resolvable as name:version."""
+    name, version = parse_ref(ref)
+    if version is None:
+        raise DataAssetError(f"data asset: {ref!r} names no version; allowed: 'name:version' (archive is explicit)")
+    asset = get(ws, ref)
+    with ws.transaction() as conn:
+        conn.execute("UPDATE data_assets SET archived = 1 WHERE name = ? AND version = ?", (name, version))
+    return get(ws, asset.ref)
