@@ -207,3 +207,61 @@ def test_bad_data_references_are_refused_before_the_run_starts(tmp_path, flags, 
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", f"data.workspace={ws}", *flags)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_text_assets_are_tokenized_once_into_a_memory_mapped_file(ws, tmp_path):
+    from toolkit import config as config_mod
+    from toolkit import data as data_mod
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "b.txt").write_bytes(b"B" * 500)
+    (folder / "a.txt").write_bytes(b"A" * 500)
+    asset = data_assets.register(ws, "texts", folder)
+    cfg = config_mod.load("tiny", ["data.asset=texts:1", f"data.workspace={ws.root}", "model.block_size=16"])
+    corpus = data_mod.load_corpus(cfg)
+    cache = data_mod.token_file(asset)
+    assert cache.read_bytes() == b"A" * 500 + b"\n\n" + b"B" * 500  # file-name order, joined once
+    mtime = cache.stat().st_mtime_ns
+    data_mod.load_corpus(cfg)
+    assert cache.stat().st_mtime_ns == mtime, "the token file is built once per asset version"
+    assert corpus.sha256 == asset.sha256 and corpus.asset["ref"] == "texts:1"
+
+
+def test_ranks_draw_from_disjoint_shares():
+    import numpy as np
+
+    from toolkit import data as data_mod
+
+    # each row's feature is its own id, so a batch says exactly which rows it drew
+    corpus = data_mod.TableCorpus("ids", np.arange(1000, dtype=np.float32)[:, None], np.zeros(1000), 0.1)
+    drawn = []
+    for rank in (0, 1):
+        batches = data_mod.StepBatches(corpus, 64, seed=1, rank=rank, world_size=2)
+        drawn.append({int(v) for step in range(20) for v in batches[step][0].flatten()})
+    assert drawn[0] and drawn[1] and not drawn[0] & drawn[1]
+    assert len(drawn[0] | drawn[1]) > 800  # together they cover (nearly) all 900 training rows
+
+
+def test_loading_advisor_measures_and_warns(tmp_path):
+    ws = str(tmp_path / "ws")
+    folder = tmp_path / "many" / "a" / "b" / "c" / "d"
+    folder.mkdir(parents=True)
+    text = (__import__("toolkit.data", fromlist=["pydoc_text"]).pydoc_text())
+    for i in range(120):  # 120 small files, five folders deep: both traps of the guide
+        (folder / f"part{i:03d}.txt").write_bytes(text[i * 2000:(i + 1) * 2000])
+    assert cli("data", "--workspace", ws, "register", "many", str(tmp_path / "many")).returncode == 0
+    proc = cli("data", "--workspace", ws, "tune", "many", "--config", "tiny", "--steps", "5")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "workers" in out and "wait %" in out and out.count("\n  ") >= 4, out
+    assert "120 of 120 files are under 4 MB" in out and "folders deep" in out, out
+    assert "recommended" in out or "no setting met the target" in out
+
+
+def test_shm_warning_when_workers_need_more_than_there_is(tmp_path):
+    from toolkit.data_tuning import layout_warnings
+
+    (tmp_path / "f.txt").write_text("x")
+    warnings = layout_warnings(tmp_path, num_workers=8, batch_bytes=1 << 40, prefetch=4)
+    assert any("/dev/shm has" in w and "8 workers x prefetch 4" in w for w in warnings), warnings

@@ -139,6 +139,14 @@ def _cmd_data(args) -> int:
         _print_asset(data_assets.get(ws, args.ref))
     elif args.data_verb == "archive":
         print(f"archived {data_assets.archive(ws, args.ref).ref}")
+    elif args.data_verb == "tune":
+        from toolkit import config as config_mod
+        from toolkit.data_tuning import tune
+
+        cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])
+        from toolkit.launch import pin_data_asset
+
+        print(tune(pin_data_asset(cfg), steps=args.steps).summary())
     elif args.data_verb == "register-builtin":
         from toolkit.builtin_data import BUILTINS
 
@@ -215,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("ref")
     arc = data_verbs.add_parser("archive", help="hide NAME:VERSION from listings (still resolvable)")
     arc.add_argument("ref")
+    tune = data_verbs.add_parser("tune", help="measure DataLoader settings against the model's step time")
+    tune.add_argument("ref", help="the data asset, NAME or NAME:VERSION")
+    tune.add_argument("--config", default="demo", help="the model and batch to measure with (default: demo)")
+    tune.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE")
+    tune.add_argument("--steps", type=int, default=20, help="training steps timed per setting")
     builtin = data_verbs.add_parser("register-builtin", help="register the corpora that ship with Python/sklearn")
     builtin.add_argument("which", nargs="?", default="all", choices=["all", "pydoc", "digits"])
     data.set_defaults(func=_cmd_data)

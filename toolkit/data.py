@@ -8,8 +8,11 @@ A batch is addressed by its step number: batch ``i`` of rank ``r`` is drawn from
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -42,8 +45,16 @@ class Corpus:
     bytes_per_item: float | None = None  # set for byte-level text, so val loss converts to bits per byte
     asset: dict | None = None  # the registered data asset it came from (ref, sha256, type), if any
 
-    def batch(self, split: str, batch_size: int, generator: torch.Generator):
+    def batch(self, split: str, batch_size: int, generator: torch.Generator, shard: tuple[int, int] = (0, 1)):
+        """A batch drawn with ``generator`` from ``split``; ``shard`` = (rank, world) restricts it to that
+        rank's disjoint share."""
         raise NotImplementedError
+
+
+def _shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
+    """Rank r of w draws from the r-th of w equal slices: disjoint shares of the data."""
+    rank, world = shard
+    return n * rank // world, n * (rank + 1) // world
 
 
 class ByteCorpus(Corpus):
@@ -51,11 +62,8 @@ class ByteCorpus(Corpus):
 
     bytes_per_item = 1.0
 
-    def __init__(self, name: str, text: bytes, block_size: int, val_fraction: float):
-        self.name, self.block_size = name, block_size
-        self.sha256 = hashlib.sha256(text).hexdigest()
-        self.size_bytes = len(text)
-        tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    def __init__(self, name: str, tokens: torch.Tensor, sha256: str, block_size: int, val_fraction: float):
+        self.name, self.block_size, self.sha256, self.size_bytes = name, block_size, sha256, len(tokens)
         cut = int(len(tokens) * (1 - val_fraction))  # the tail is held out, never trained on
         self.splits = {"train": tokens[:cut], "val": tokens[cut:]}
         for split, data in self.splits.items():
@@ -65,9 +73,15 @@ class ByteCorpus(Corpus):
                     f"({len(data)} bytes); allowed: < {len(data) - 1}")
         self._window = torch.arange(block_size + 1)
 
-    def batch(self, split, batch_size, generator):
+    @classmethod
+    def from_bytes(cls, name: str, text: bytes, block_size: int, val_fraction: float) -> "ByteCorpus":
+        tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        return cls(name, tokens, hashlib.sha256(text).hexdigest(), block_size, val_fraction)
+
+    def batch(self, split, batch_size, generator, shard=(0, 1)):
         data = self.splits[split]
-        starts = torch.randint(len(data) - self.block_size - 1, (batch_size,), generator=generator)
+        low, high = _shard_range(len(data) - self.block_size - 1, shard)
+        starts = torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
         chunk = data[starts[:, None] + self._window].long()  # (B, T+1): one gather, no Python loop per token
         return chunk[:, :-1], chunk[:, 1:]
 
@@ -85,9 +99,10 @@ class TableCorpus(Corpus):
         x, y = torch.tensor(features, dtype=torch.float32), torch.tensor(labels, dtype=torch.long)
         self.splits = {"train": Split(x[:cut], y[:cut]), "val": Split(x[cut:], y[cut:])}
 
-    def batch(self, split, batch_size, generator):
+    def batch(self, split, batch_size, generator, shard=(0, 1)):
         data = self.splits[split]
-        rows = torch.randint(len(data.targets), (batch_size,), generator=generator)
+        low, high = _shard_range(len(data.targets), shard)
+        rows = torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
         return data.inputs[rows], data.targets[rows]
 
 
@@ -99,7 +114,7 @@ def pydoc_text() -> bytes:
 
 
 def _load_pydoc(cfg) -> Corpus:
-    return ByteCorpus("pydoc", pydoc_text(), cfg.model.block_size, cfg.data.val_fraction)
+    return ByteCorpus.from_bytes("pydoc", pydoc_text(), cfg.model.block_size, cfg.data.val_fraction)
 
 
 def _load_digits(cfg) -> Corpus:
@@ -112,11 +127,31 @@ def _load_digits(cfg) -> Corpus:
 DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "digits": _load_digits}
 
 
+TOKENIZER = "bytes-v1"  # part of the cache key: a different tokenizer gets its own token file
+
+
+def token_file(asset) -> Path:
+    """Tokenize a text asset once per version: its bytes, concatenated in file-name order, in one flat file
+    next to the snapshot (keyed by the asset's hash and the tokenizer), written atomically."""
+    cache = asset.path.parent / f".tokens-{TOKENIZER}.u8" if asset.type == "uri_file" \
+        else asset.path / f".tokens-{TOKENIZER}.u8"
+    if not cache.exists():
+        files = [asset.path] if asset.type == "uri_file" else [
+            asset.path / entry["name"] for entry in sorted(json.loads((asset.path / ".listing.json").read_text()),
+                                                           key=lambda e: e["name"])]
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as out:
+            for i, path in enumerate(files):
+                out.write((b"\n\n" if i else b"") + path.read_bytes())
+        os.replace(tmp, cache)
+    return cache
+
+
 def _text_asset(asset, cfg) -> Corpus:
-    files = [asset.path] if asset.type == "uri_file" else sorted(
-        p for p in asset.path.rglob("*") if p.is_file() and p.name != ".listing.json")
-    text = b"\n\n".join(p.read_bytes() for p in files)
-    return ByteCorpus(asset.ref, text, cfg.model.block_size, cfg.data.val_fraction)
+    # Memory-mapped: ranks and DataLoader workers share the page cache instead of each holding a copy.
+    # mode="c" (copy-on-write) gives torch a writable view without ever writing to the file.
+    tokens = torch.from_numpy(np.memmap(token_file(asset), dtype=np.uint8, mode="c"))
+    return ByteCorpus(asset.ref, tokens, asset.sha256, cfg.model.block_size, cfg.data.val_fraction)
 
 
 def _table_asset(asset, cfg) -> Corpus:
@@ -149,21 +184,22 @@ def load_corpus(cfg) -> Corpus:
 class StepBatches(Dataset):
     """Training batch number ``step`` for one rank: a pure function of (seed, rank, step)."""
 
-    def __init__(self, corpus: Corpus, batch_size: int, seed: int, rank: int):
-        self.corpus, self.batch_size, self.seed, self.rank = corpus, batch_size, seed, rank
+    def __init__(self, corpus: Corpus, batch_size: int, seed: int, rank: int, world_size: int = 1):
+        self.corpus, self.batch_size, self.seed, self.rank, self.world_size = corpus, batch_size, seed, rank, world_size
 
     def __len__(self):
         return 2**62
 
     def __getitem__(self, step):
-        return self.corpus.batch("train", self.batch_size, _generator(self.seed, self.rank, step))
+        return self.corpus.batch("train", self.batch_size, _generator(self.seed, self.rank, step),
+                                 shard=(self.rank, self.world_size))
 
 
-def train_loader(corpus: Corpus, cfg, rank: int, first_step: int) -> DataLoader:
+def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: int = 1) -> DataLoader:
     """Batches for steps first_step .. max_steps - 1, prepared by cfg.data.num_workers processes."""
     workers = cfg.data.num_workers
     return DataLoader(
-        StepBatches(corpus, cfg.train.batch_size, cfg.train.seed, rank),
+        StepBatches(corpus, cfg.train.batch_size, cfg.train.seed, rank, world_size),
         batch_size=None,  # each item is already a whole batch
         sampler=range(first_step, cfg.train.max_steps),
         num_workers=workers,

@@ -95,7 +95,8 @@ class Trainer:
                             flops_per_item=self.flops_per_item, peak_flops=self.peak_flops,
                             attempt=ATTEMPT, **self.resumed_from)
         profiler = self._profiler()
-        batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step))
+        batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
+                                             world_size=topo.world_size))
         engine.train()
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
