@@ -95,14 +95,71 @@ def test_archive_hides_but_keeps_resolving(ws, tmp_path):
     (lambda ws, p: data_assets.get(ws, "x:0"), r"'x:0' is not a reference"),
     (lambda ws, p: data_assets.get(ws, "x:abc"), r"'x:abc' is not a reference"),
     (lambda ws, p: data_assets.get(ws, "nothing"), r"'nothing' is not registered; no asset has that name"),
+    (lambda ws, p: data_assets.register(ws, "a/b", p), r"name: 'a/b' is not allowed"),
+    (lambda ws, p: data_assets.register(ws, "..", p), r"name: '\.\.' is not allowed"),
+    (lambda ws, p: data_assets.register(ws, "x" * 256, p), r"name: 'x{256}' is not allowed"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "empty"), r"is an empty folder"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "linked"), r"is a link to .*outside"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "badtable", type="mltable"), r"do not match its MLTable"),
 ])
 def test_bad_input_is_refused_and_nothing_is_recorded(ws, tmp_path, call, message):
     data = tmp_path / "data"
     data.mkdir()
     (data / "f.txt").write_text("x")
+    (data / "empty").mkdir()
+    (data / "linked").mkdir()
+    (tmp_path / "secret.txt").write_text("outside")
+    (data / "linked" / "ok.txt").write_text("inside")
+    (data / "linked" / "escape.txt").symlink_to(tmp_path / "secret.txt")
+    (data / "badtable").mkdir()
+    (data / "badtable" / "t.csv").write_text("a,label\nnot-a-number,1\n")
+    (data / "badtable" / "MLTable").write_text(
+        "type: mltable\npaths:\n  - file: ./t.csv\ntransformations:\n  - read_delimited: {delimiter: ','}\n"
+        "  - convert_column_types:\n      - {columns: a, column_type: int}\n")
     with pytest.raises(DataAssetError, match=message):
         call(ws, data)
     assert data_assets.list_assets(ws, include_archived=True) == []
+    assert not list((ws.datastore / "snapshots").glob("*")) if (ws.datastore / "snapshots").exists() else True
+
+
+def test_links_inside_the_folder_are_snapshotted_as_files(ws, tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "real.txt").write_text("data")
+    (folder / "alias.txt").symlink_to(folder / "real.txt")
+    asset = data_assets.register(ws, "d", folder)
+    assert asset.file_count == 2 and not (asset.path / "alias.txt").is_symlink()
+    assert (asset.path / "alias.txt").read_text() == "data"
+
+
+def test_an_interrupted_registration_leaves_the_catalogue_consistent(ws, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "big"
+    folder.mkdir()
+    for i in range(3000):
+        (folder / f"f{i:05d}.bin").write_bytes(os.urandom(2048))
+    code = ("import sys; from toolkit import data_assets; from toolkit.workspace import Workspace; "
+            "data_assets.register(Workspace.open(sys.argv[1]), 'big', sys.argv[2])")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ws.root), str(folder)])
+    blobs = ws.datastore / "blobs"
+    deadline = time.monotonic() + 60
+    # kill it once it is visibly half-way: some blobs written, nothing registered yet
+    while time.monotonic() < deadline and proc.poll() is None:
+        if blobs.exists() and len(os.listdir(blobs)) > 100:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)  # a directory has no "file count reached N" event to wait on
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the registration finished before it could be interrupted"
+    assert data_assets.list_assets(ws, include_archived=True) == []
+    asset = data_assets.register(ws, "big", folder)  # the retry completes, reusing the blobs already written
+    assert asset.ref == "big:1" and asset.file_count == 3000
+    assert all((asset.path / f"f{i:05d}.bin").read_bytes() == (folder / f"f{i:05d}.bin").read_bytes()
+               for i in range(0, 3000, 250))
 
 
 def test_unknown_version_lists_the_known_ones(ws, tmp_path):

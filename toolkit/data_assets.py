@@ -58,14 +58,29 @@ def _file_sha256(path: Path) -> str:
 
 
 def _files_of(path: Path) -> list[tuple[str, Path]]:
-    """(relative name, path) of every file under a folder, sorted; symlinks are refused (they can change)."""
+    """(relative name, path) of every file under a folder, sorted. A symbolic link is snapshotted as the file it
+    points to if that lies inside the folder; one pointing outside is refused, never followed."""
+    root = path.resolve()
     files = []
     for p in sorted(path.rglob("*")):
         if p.is_symlink():
-            raise DataAssetError(f"path: {str(p)!r} is a symbolic link; allowed: regular files only")
+            target = p.resolve()
+            if not target.is_relative_to(root):
+                raise DataAssetError(f"path: {str(p)!r} is a link to {str(target)!r}, outside {str(root)!r}; "
+                                     "allowed: links to files inside the registered folder")
         if p.is_file():
             files.append((p.relative_to(path).as_posix(), p))
+    if not files:
+        raise DataAssetError(f"path: {str(path)!r} is an empty folder; allowed: a folder with at least one file")
     return files
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise DataAssetError(f"path: {str(path)!r} cannot be read ({exc.strerror}); allowed: readable files") from None
 
 
 def _validate(name: str, path: Path, type: str) -> None:
@@ -85,6 +100,16 @@ def _validate(name: str, path: Path, type: str) -> None:
                              "MLTable file describing the table")
 
 
+def _check_mltable(folder: Path) -> None:
+    from toolkit.mltable import MLTableError, load_mltable
+
+    try:
+        load_mltable(folder)
+    except (MLTableError, ValueError, KeyError, TypeError, OSError) as exc:
+        raise DataAssetError(f"path: {str(folder)!r}: its files do not match its MLTable ({exc}); allowed: an "
+                             "MLTable whose paths exist and whose columns convert to the declared types") from None
+
+
 def _link_or_copy(src: Path, dest: Path) -> None:
     try:
         os.link(src, dest)
@@ -95,6 +120,10 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
     """Content-address ``source`` into the datastore. Returns (sha256, size, file count, snapshot path)."""
     files = [(source.name, source)] if type == "uri_file" else _files_of(source)
+    for _, path in files:
+        _check_readable(path)  # before anything is written: a refused registration leaves no trace
+    if type == "mltable":
+        _check_mltable(source)
     blobs = ws.datastore / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
     listing = []
@@ -108,7 +137,7 @@ def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, st
                 tmp.unlink()
                 raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
             os.chmod(tmp, 0o444)
-            os.replace(tmp, blob)
+            os.replace(tmp, blob)  # killed before this line: only a .tmp file is left, never a wrong blob
         listing.append({"name": rel, "sha256": digest, "size": blob.stat().st_size})
     # The asset's hash covers names and contents, so a rename is a new version too.
     content = hashlib.sha256(json.dumps([type, listing], sort_keys=True).encode()).hexdigest()
