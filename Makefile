@@ -30,6 +30,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_training.py
 	$(PY) bench/bench_checkpoint.py
+	$(PY) bench/bench_data.py
 
 # Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
 lock: $(STAMP)

@@ -17,7 +17,7 @@ PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
 
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
-    assert {"03_training.ipynb", "04_checkpoint_recovery.ipynb"} <= {p.name for p in guided_notebooks()}
+    assert {"02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb"} <= {p.name for p in guided_notebooks()}
     for path in guided_notebooks():
         nb = nbformat.read(path, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
@@ -68,4 +68,17 @@ def test_recovery_notebook_kills_resumes_and_shows_identical_losses(tmp_path):
     assert "T = sqrt(2 C M) - C" in text and "LATEST" in text, text
     assert pngs and any("completed" in h for h in html)
     assert len(list(runs.iterdir())) == 2  # the reference and the killed-then-resumed run
+    nbval(executed, tmp_path)
+
+
+def test_data_notebook_registers_versions_and_runs_the_advisor(tmp_path):
+    executed = execute(NOTEBOOKS / "02_data.ipynb", tmp_path,
+                       {"workspace": str(tmp_path / "ws"), "config": "tiny", "tune_steps": 5})
+    html, text, pngs = outputs_of(executed)
+    assert "first: notes:1, unchanged again: notes:1, after the edit: notes:2" in text, text
+    assert "notes:1 still reads 'version one'" in text
+    assert "archived notes:2 still resolves" in text
+    assert "set data.num_workers=" in text or "no setting met the target" in text
+    assert pngs, "the advisor's picture is missing"
+    assert any("pydoc:1" in h and "digits:1" in h for h in html), "versions table missing"
     nbval(executed, tmp_path)

@@ -86,3 +86,28 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def loader_trials(report, out: str | Path) -> Path:
+    """The loading advisor's measurements: data-wait % per DataLoader setting, against the target line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{t.num_workers} workers\nprefetch {t.prefetch_factor}" for t in report.trials]
+    waits = [t.wait_pct for t in report.trials]
+    colours = ["tab:green" if t is report.recommended else "tab:gray" for t in report.trials]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.bar(labels, waits, color=colours)
+    ax.axhline(report.target_pct, color="tab:red", ls="--", lw=1, label=f"target {report.target_pct:g}%")
+    for i, t in enumerate(report.trials):
+        ax.annotate(f"{t.step_ms:.0f} ms/step", (i, waits[i]), ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel="data wait, % of step time", title=f"Loading advisor: {report.asset} (green: recommended)")
+    ax.set_ylim(0, max(max(waits), report.target_pct) * 1.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
