@@ -19,6 +19,12 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=PROJECT)
 
 
+@pytest.fixture(autouse=True)
+def private_workspace(tmp_path, monkeypatch):
+    """Every test (and every process it starts) indexes runs and data in its own workspace."""
+    monkeypatch.setenv("TRAINBOOK_WORKSPACE", str(tmp_path / "workspace"))
+
+
 @pytest.fixture
 def train_tiny(tmp_path):
     """Train configs/tiny.yaml through the CLI with extra flags; return (process, RunDir)."""

@@ -322,3 +322,17 @@ def test_shm_warning_when_workers_need_more_than_there_is(tmp_path):
     (tmp_path / "f.txt").write_text("x")
     warnings = layout_warnings(tmp_path, num_workers=8, batch_bytes=1 << 40, prefetch=4)
     assert any("/dev/shm has" in w and "8 workers x prefetch 4" in w for w in warnings), warnings
+
+
+def test_runs_are_indexed_with_the_data_they_used(tmp_path):
+    ws = str(tmp_path / "ws")
+    cli("data", "--workspace", ws, "register-builtin", "pydoc")
+    for name, extra in (("on-asset", ["--set", "data.asset=pydoc", "--set", f"data.workspace={ws}"]),
+                        ("builtin", ["--set", f"data.workspace={ws}"])):
+        proc = cli("train", "tiny", "--run-dir", str(tmp_path / name), "--set", "train.max_steps=5", *extra)
+        assert proc.returncode == 0, proc.stderr
+    listing = cli("runs", "--workspace", ws).stdout
+    assert str(tmp_path / "on-asset") in listing and "pydoc:1" in listing and "completed" in listing, listing
+    assert "builtin:pydoc" in listing
+    only = cli("runs", "--workspace", ws, "--data", "pydoc").stdout
+    assert str(tmp_path / "on-asset") in only and str(tmp_path / "builtin") not in only, only

@@ -155,6 +155,17 @@ def _cmd_data(args) -> int:
     return 0
 
 
+def _cmd_runs(args) -> int:
+    from toolkit.launch import list_runs
+
+    rows = list_runs(args.workspace, data=args.data)
+    print(f"{'run directory':<60} {'state':<10} {'step':>7}  {'data':<16} engine")
+    for r in rows:
+        step = f"{r['step']:,}" if r["step"] is not None else "-"
+        print(f"{r['run_dir']:<60} {r['state']:<10} {step:>7}  {r['data']:<16} {r['engine']} x{r['nproc']}")
+    return 0
+
+
 def _cmd_tensorboard(args) -> int:
     from toolkit.tb_server import start_tensorboard
 
@@ -231,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     builtin = data_verbs.add_parser("register-builtin", help="register the corpora that ship with Python/sklearn")
     builtin.add_argument("which", nargs="?", default="all", choices=["all", "pydoc", "digits"])
     data.set_defaults(func=_cmd_data)
+
+    runs = verbs.add_parser("runs", help="runs indexed in the workspace: state, step, data asset, engine")
+    runs.add_argument("--workspace", help="workspace folder (default: $TRAINBOOK_WORKSPACE or ./.trainbook)")
+    runs.add_argument("--data", help="only runs on this data asset (NAME or NAME:VERSION)")
+    runs.set_defaults(func=_cmd_runs)
 
     tb = verbs.add_parser("tensorboard", help="serve a run's scalars and profiler traces on 127.0.0.1")
     tb.add_argument("run_dir")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out).resolve()
     runs = out_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
+    os.environ["TRAINBOOK_WORKSPACE"] = str(out_dir / "workspace")  # one workspace for every notebook and run
     notebooks = [nb for nb in guided_notebooks() if not args.only or any(s in nb.name for s in args.only)]
     timings = []
     for nb in notebooks:

@@ -194,7 +194,37 @@ def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_roo
         raise ValueError(f"max_restarts: {max_restarts} is negative; allowed: 0 or more")
     config = pin_data_asset(config)
     run = RunDir.create(run_dir or default_run_dir(config, runs_root), config)
+    index_run(run, config)
     return _start_supervisor(run, max_restarts)
+
+
+def index_run(run: RunDir, config: config_mod.Config) -> None:
+    """Record the run in its workspace's catalogue, so `trainbook runs` can say what was trained on what."""
+    import time as _time
+
+    from toolkit.workspace import Workspace
+
+    with Workspace.open(config.data.workspace or None).transaction() as conn:
+        conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (str(run.path.resolve()), config.name, _time.time(), config.fingerprint(),
+                      config.data.asset or f"builtin:{config.data.dataset}", config.engine.name, config.engine.nproc))
+
+
+def list_runs(workspace=None, data: str | None = None) -> list[dict]:
+    """Indexed runs, newest first, with their live state from status.json; ``data`` filters by asset name."""
+    from toolkit.workspace import Workspace
+
+    conn = Workspace.open(workspace).connect()
+    try:
+        rows = [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY created DESC")]
+    finally:
+        conn.close()
+    if data is not None:
+        rows = [r for r in rows if r["data"] == data or r["data"].split(":")[0] == data]
+    for row in rows:
+        status = RunDir(row["run_dir"]).read_status()
+        row["state"], row["step"] = status.get("state", "missing"), status.get("step")
+    return rows
 
 
 def train(config_path: str | Path | None = None, overrides: list[str] | None = None, **kwargs) -> RunHandle:

@@ -1,7 +1,7 @@
 """The local workspace: a folder with a SQLite catalogue and a datastore (Azure ML's Workspace, offline).
 
     .trainbook/
-      catalogue.sqlite     data assets (and later models and runs), schema versioned by PRAGMA user_version
+      catalogue.sqlite     data assets and runs (and later models), schema versioned by PRAGMA user_version
       datastore/           immutable, content-addressed snapshots of registered data
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, so several processes registering at once serialise on
@@ -37,6 +37,18 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (name, version)
     );
     CREATE INDEX data_assets_by_hash ON data_assets (name, sha256);
+    """,
+    """
+    CREATE TABLE runs (
+        run_dir       TEXT PRIMARY KEY,
+        name          TEXT NOT NULL,
+        created       REAL NOT NULL,
+        config_sha256 TEXT NOT NULL,
+        data          TEXT NOT NULL,
+        engine        TEXT NOT NULL,
+        nproc         INTEGER NOT NULL
+    );
+    CREATE INDEX runs_by_data ON runs (data);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
