@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] {nb.name} ...", flush=True)
         t0 = time.perf_counter()
         try:
-            execute(nb, out_dir, {"runs_root": str(runs), "workspace": str(out_dir / "workspace")})
+            execute(nb, out_dir, {"runs_root": str(runs)})  # the workspace comes from TRAINBOOK_WORKSPACE
         except Exception as exc:  # papermill's PapermillExecutionError names the cell and the traceback
             print(f"[demo] {nb.name} FAILED: {exc}\n[demo] partial output: {out_dir / nb.name}", file=sys.stderr)
             return 1
