@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -134,8 +139,6 @@ def test_links_inside_the_folder_are_snapshotted_as_files(ws, tmp_path):
 
 def test_an_interrupted_registration_leaves_the_catalogue_consistent(ws, tmp_path):
     import signal
-    import subprocess
-    import sys
     import time
 
     folder = tmp_path / "big"
@@ -311,7 +314,7 @@ def test_loading_advisor_measures_and_warns(tmp_path):
     proc = cli("data", "--workspace", ws, "tune", "many", "--config", "tiny", "--steps", "5")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "workers" in out and "wait %" in out and out.count("\n  ") >= 4, out
+    assert "workers" in out and "wait %" in out and "loader batch/s" in out and out.count("\n  ") >= 4, out
     assert "120 of 120 files are under 4 MB" in out and "folders deep" in out, out
     assert "recommended" in out or "no setting met the target" in out
 
@@ -336,3 +339,39 @@ def test_runs_are_indexed_with_the_data_they_used(tmp_path):
     assert "builtin:pydoc" in listing
     only = cli("runs", "--workspace", ws, "--data", "pydoc").stdout
     assert str(tmp_path / "on-asset") in only and str(tmp_path / "builtin") not in only, only
+
+
+def test_an_unreadable_file_is_refused_and_nothing_is_recorded():
+    """root reads a chmod-000 file anyway, so as root the registration runs as 'nobody' (setpriv), in a folder
+    under /tmp that 'nobody' can reach (pytest's tmp_path is private to root)."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="trainbook-unreadable-"))
+    try:
+        _register_unreadable(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _register_unreadable(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "ok.txt").write_text("fine")
+    (folder / "locked.txt").write_text("secret")
+    (folder / "locked.txt").chmod(0o000)
+    ws_path = tmp_path / "shared-ws"
+    Workspace.open(ws_path)
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot make a file unreadable")
+        for p in [tmp_path, *ws_path.rglob("*"), ws_path]:
+            p.chmod(0o777 if p.is_dir() else 0o666)
+        (folder / "locked.txt").chmod(0o000)
+        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    code = ("import sys; from toolkit import data_assets; from toolkit.workspace import Workspace\n"
+            "try:\n    data_assets.register(Workspace.open(sys.argv[1]), 'locked', sys.argv[2])\n"
+            "except data_assets.DataAssetError as exc:\n    print(exc); sys.exit(3)\n")
+    proc = subprocess.run([*prefix, sys.executable, "-c", code, str(ws_path), str(folder)], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "locked.txt' cannot be read (Permission denied)" in proc.stdout
+    assert data_assets.list_assets(Workspace.open(ws_path), include_archived=True) == []

@@ -26,8 +26,14 @@ DEFAULT_GRID = ((0, 2), (1, 2), (2, 2), (2, 4))
 class Trial:
     num_workers: int
     prefetch_factor: int
-    wait_pct: float
-    step_ms: float
+    wait_pct: float  # time blocked on the next batch, % of step time, with the model training
+    step_ms: float  # median training step, data included
+    loader_batches_per_s: float  # the loader alone, nothing else running
+
+    @property
+    def headroom(self) -> float:
+        """How many times faster the loader makes batches than the model consumes them."""
+        return self.loader_batches_per_s * self.step_ms / 1e3
 
 
 @dataclass
@@ -40,10 +46,12 @@ class TuneReport:
 
     def summary(self) -> str:
         lines = [f"data loading for {self.asset} (target: wait < {self.target_pct:g}% of step time)",
-                 f"  {'workers':>7} {'prefetch':>8} {'wait %':>8} {'step ms':>8}"]
+                 f"  {'workers':>7} {'prefetch':>8} {'wait %':>8} {'step ms':>8} {'loader batch/s':>15} "
+                 f"{'headroom':>9}"]
         for t in self.trials:
             mark = "  <- recommended" if t is self.recommended else ""
-            lines.append(f"  {t.num_workers:>7} {t.prefetch_factor:>8} {t.wait_pct:>8.2f} {t.step_ms:>8.1f}{mark}")
+            lines.append(f"  {t.num_workers:>7} {t.prefetch_factor:>8} {t.wait_pct:>8.2f} {t.step_ms:>8.1f} "
+                         f"{t.loader_batches_per_s:>15,.0f} {t.headroom:>8,.0f}x{mark}")
         if self.recommended is None:
             lines.append("  no setting met the target: the data path, not the loader, is the bottleneck")
         else:
@@ -97,8 +105,15 @@ def _measure(cfg, corpus, steps: int) -> Trial:
             waits.append(t1 - t0)
             totals.append(time.perf_counter() - t0)
     del loader
+    alone = iter(data_mod.train_loader(corpus, cfg, rank=0, first_step=0))
+    next(alone)  # worker start-up is not throughput
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        next(alone)
+    loader_rate = steps / (time.perf_counter() - t0)
+    del alone
     return Trial(cfg.data.num_workers, cfg.data.prefetch_factor, 100 * sum(waits) / sum(totals),
-                 1e3 * statistics.median(totals))
+                 1e3 * statistics.median(totals), loader_rate)
 
 
 def tune(cfg, grid=DEFAULT_GRID, steps: int = 20, target_pct: float = 2.0) -> TuneReport:
@@ -112,7 +127,7 @@ def tune(cfg, grid=DEFAULT_GRID, steps: int = 20, target_pct: float = 2.0) -> Tu
     for workers, prefetch in grid:
         trial_cfg = dataclasses.replace(cfg, data=dataclasses.replace(
             cfg.data, num_workers=workers, prefetch_factor=prefetch),
-            train=dataclasses.replace(cfg.train, max_steps=steps + 3))
+            train=dataclasses.replace(cfg.train, max_steps=2 * steps + 4))
         trials.append(_measure(trial_cfg, corpus, steps))
     passing = [t for t in trials if t.wait_pct < target_pct]
     recommended = min(passing, key=lambda t: (t.num_workers, t.prefetch_factor)) if passing else None
