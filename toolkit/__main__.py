@@ -142,10 +142,9 @@ def _cmd_data(args) -> int:
     elif args.data_verb == "tune":
         from toolkit import config as config_mod
         from toolkit.data_tuning import tune
-
-        cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])
         from toolkit.launch import pin_data_asset
 
+        cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])
         print(tune(pin_data_asset(cfg), steps=args.steps).summary())
     elif args.data_verb == "register-builtin":
         from toolkit.builtin_data import BUILTINS

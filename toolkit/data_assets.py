@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.checkpoint_store import HASH_CHUNK, sha256_file
 from toolkit.workspace import Workspace
 
 TYPES = ("uri_file", "uri_folder", "mltable")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
-HASH_CHUNK = 8 << 20
 SMALL_BLOB_BYTES = 1 << 20
 SNAPSHOT_THREADS = 4
 
@@ -50,14 +50,6 @@ class DataAsset:
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _files_of(path: Path) -> list[tuple[str, Path]]:
@@ -148,7 +140,7 @@ def _copy_into_store(path: Path, blobs: Path) -> str:
     if blob.exists():
         tmp.unlink()
     else:
-        if _file_sha256(tmp) != digest:
+        if sha256_file(tmp) != digest:
             tmp.unlink()
             raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
         os.chmod(tmp, 0o444)

@@ -17,7 +17,7 @@ from typing import Iterator
 from toolkit import config as config_mod
 from toolkit import paths
 from toolkit.ports import free_port
-from toolkit.rundir import FINAL_STATES, EventLog, RunDir
+from toolkit.rundir import FINAL_STATES, RunDir
 from toolkit.supervisor import LOG_NAME, describe_exit
 
 
@@ -138,9 +138,7 @@ class RunHandle:
             return
         state = "completed" if code == 0 else "killed"
         reason = describe_exit(code)
-        log = EventLog(self.run.events_path)
-        log.emit("status", state=state, exit_code=code, reason=reason)
-        log.close()
+        self.run.append_event("status", state=state, exit_code=code, reason=reason)
         self.run.write_status(state=state, exit_code=code, error=None if code == 0 else reason)
 
 
@@ -200,13 +198,11 @@ def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_roo
 
 def index_run(run: RunDir, config: config_mod.Config) -> None:
     """Record the run in its workspace's catalogue, so `trainbook runs` can say what was trained on what."""
-    import time as _time
-
     from toolkit.workspace import Workspace
 
     with Workspace.open(config.data.workspace or None).transaction() as conn:
         conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (str(run.path.resolve()), config.name, _time.time(), config.fingerprint(),
+                     (str(run.path.resolve()), config.name, time.time(), config.fingerprint(),
                       config.data.asset or f"builtin:{config.data.dataset}", config.engine.name, config.engine.nproc))
 
 

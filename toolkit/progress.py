@@ -1,30 +1,55 @@
-"""A terminal progress bar fed by a run's events.jsonl (the CLI's view of a run)."""
+"""What a run has reported so far (folded from its events.jsonl), and the terminal progress bar built on it.
+
+The notebook card (widgets/run_progress.py) folds the same events through :class:`RunProgress`.
+"""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
 
+@dataclass
+class RunProgress:
+    max_steps: int
+    state: str = "queued"
+    step: int = 0
+    train: dict = field(default_factory=dict)  # the latest train event
+    val: dict = field(default_factory=dict)  # the latest eval event
+    message: str = ""  # the latest error
+    final: dict = field(default_factory=dict)  # the latest status event
+
+    def apply(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == "train":
+            self.train, self.step, self.state = event, event["step"], "running"
+            self.max_steps = event.get("horizon", self.max_steps)  # a time budget moves the finish line
+        elif kind == "eval":
+            self.val = event
+        elif kind == "status":
+            self.state, self.final = event["state"], event
+        elif kind == "error":
+            self.message = event["message"]
+
+
 def follow_in_terminal(handle, max_steps: int, file=None) -> dict:
     """Show step, loss, tokens/s and ETA while the run goes; return the last status event."""
-    final: dict = {}
+    progress = RunProgress(max_steps)
     with tqdm(total=max_steps, unit="step", file=file or sys.stderr, dynamic_ncols=True,
               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
-        postfix: dict = {}
         for event in handle.follow():
-            kind = event["event"]
-            if kind == "train":
-                bar.total = event.get("horizon", bar.total)  # a time budget moves the finish line
-                bar.update(event["step"] - bar.n)
-                postfix.update(loss=f"{event['loss']:.3f}", tok_s=f"{event['tokens_per_s']:,.0f}",
-                               mfu=f"{100 * event['mfu']:.0f}%")
-            elif kind == "eval":
-                postfix["val"] = f"{event.get('val_bpb', event['val_loss']):.3f}"
-            elif kind == "error":
+            progress.apply(event)
+            if event["event"] == "error":
                 bar.write(f"error: {event['message']}")
-            elif kind == "status":
-                final = event
+            bar.total = progress.max_steps
+            bar.update(progress.step - bar.n)
+            postfix = {}
+            if progress.train:
+                t = progress.train
+                postfix.update(loss=f"{t['loss']:.3f}", tok_s=f"{t['tokens_per_s']:,.0f}", mfu=f"{100 * t['mfu']:.0f}%")
+            if progress.val:
+                postfix["val"] = f"{progress.val.get('val_bpb', progress.val['val_loss']):.3f}"
             bar.set_postfix(postfix, refresh=True)
-    return final
+    return progress.final

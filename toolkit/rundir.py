@@ -111,6 +111,15 @@ class RunDir:
         events = [json.loads(line) for line in complete.splitlines() if line.strip()]
         return events, offset + len(complete)
 
+    def append_event(self, event: str, **fields) -> dict:
+        """One event from a process other than rank 0 (worker start-up failure, supervisor, launcher), written
+        when no rank is writing: before training starts or after the ranks have died."""
+        log = EventLog(self.events_path)
+        try:
+            return log.emit(event, **fields)
+        finally:
+            log.close()
+
     def events(self, kind: str | None = None) -> list[dict]:
         events, _ = self.read_events()
         return [e for e in events if kind is None or e["event"] == kind]

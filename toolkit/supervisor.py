@@ -16,7 +16,7 @@ import sys
 import time
 
 from toolkit.checkpoint_store import CheckpointStore
-from toolkit.rundir import FINAL_STATES, EventLog, RunDir
+from toolkit.rundir import FINAL_STATES, RunDir
 
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
 
@@ -53,11 +53,6 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
-    def _record(self, **fields) -> None:
-        log = EventLog(self.run.events_path)  # ranks are dead: nobody else is writing now
-        log.emit(**fields)
-        log.close()
-
     def run_to_end(self) -> int:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
@@ -66,7 +61,6 @@ class Supervisor:
         while True:
             self.worker = self._start_worker(attempt)
             code = self.worker.wait()
-            state = self.run.read_status().get("state")
             if code == 0 or self.stopping:
                 break
             if restarts >= self.max_restarts:
@@ -78,14 +72,14 @@ class Supervisor:
             reason = describe_exit(code)
             print(f"[supervisor] training died ({reason}); restart {restarts}/{self.max_restarts} "
                   f"from step {from_step}", file=sys.stderr, flush=True)
-            self._record(event="restart", restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
-                         checkpoint=info.name if info else None, skipped=[s.name for s in skipped])
+            self.run.append_event("restart", restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
+                                  checkpoint=info.name if info else None, skipped=[s.name for s in skipped])
             self.run.write_status(state="running", restarts=self.run.read_status().get("restarts", 0) + 1,
                                   last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state")
         if code != 0 and (state not in FINAL_STATES or state == "completed"):
             final = "killed" if self.stopping or code < 0 else "failed"
-            self._record(event="status", state=final, exit_code=code, reason=describe_exit(code))
+            self.run.append_event("status", state=final, exit_code=code, reason=describe_exit(code))
             self.run.write_status(state=final, exit_code=code, error=describe_exit(code))
         return 0 if code == 0 else 1
 

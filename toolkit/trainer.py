@@ -114,7 +114,7 @@ class Trainer:
             if profiler:
                 profiler.step()
             self.step += 1
-            if window_steps == 0 and self.step == start_step + 1:
+            if self.step == start_step + 1:
                 self.checkpointer.warm_up()  # the optimizer state exists now: size the staging buffers
             window_steps += 1
             window_wait += t1 - t0

@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 
-from toolkit.rundir import EventLog, RunDir
+from toolkit.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,9 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             if trainer is not None and trainer.sink is not None:
                 trainer.sink.fail(message)
             else:  # failed while building: no sink yet, but the run directory must still say why
-                log = EventLog(run.events_path)
-                log.emit("error", message=message)
-                log.close()
+                run.append_event("error", message=message)
                 run.write_status(state="failed", error=message)
         return 1
     finally:

@@ -7,6 +7,8 @@ import time
 
 from IPython.display import HTML, display
 
+from toolkit.progress import RunProgress
+
 STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",
                  "killed": "#ff7f0e"}
 
@@ -39,25 +41,19 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: dict, v
 
 def follow_run(handle, max_steps: int) -> dict:
     """Display and update the card until the run ends; return the run's final status.json."""
-    started = time.time()
-    state, step, train, val, message = "queued", 0, {}, {}, ""
-    card = display(HTML(render_card(handle.path.name, state, step, max_steps, train, val, started)),
-                   display_id=True)
+    started, progress = time.time(), RunProgress(max_steps)
+
+    def card_html(state=None, message=None):
+        p = progress
+        return HTML(render_card(handle.path.name, state or p.state, p.step, p.max_steps, p.train, p.val, started,
+                                message if message is not None else p.message))
+
+    card = display(card_html(), display_id=True)
     for event in handle.follow():
-        kind = event["event"]
-        if kind == "train":
-            train, step, state = event, event["step"], "running"
-            max_steps = event.get("horizon", max_steps)  # a time budget moves the finish line
-        elif kind == "eval":
-            val = event
-        elif kind == "status":
-            state = event["state"]
-        elif kind == "error":
-            message = event["message"]
-        card.update(HTML(render_card(handle.path.name, state, step, max_steps, train, val, started, message)))
+        progress.apply(event)
+        card.update(card_html())
     status = handle.run.read_status()
     if status.get("state") == "completed":
-        max_steps = step  # a run stopped by its time budget is complete at the step it reached
-    card.update(HTML(render_card(handle.path.name, status.get("state", state), step, max_steps, train, val,
-                                 started, message or (status.get("error") or ""))))
+        progress.max_steps = progress.step  # a run stopped by its time budget is complete at the step it reached
+    card.update(card_html(status.get("state"), progress.message or (status.get("error") or "")))
     return status
