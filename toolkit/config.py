@@ -56,6 +56,9 @@ class DataConfig:
     Empty: the built-in dataset named by data.dataset."""
     workspace: str = ""
     """Workspace holding data.asset; empty: $TRAINBOOK_WORKSPACE or ./.trainbook."""
+    path: str = ""
+    """A file or folder read in place, no catalogue (how an Azure ML job gets its mounted data input); the type
+    follows the contents: file uri_file, folder with an MLTable file mltable, other folder uri_folder."""
     val_fraction: float = bounded(0.1, gt=0.0, le=0.5)
     """Share of the corpus held out for validation (the tail of the text, never trained on)."""
     num_workers: int = bounded(0, ge=0, le=64)
@@ -277,6 +280,9 @@ def _check_relations(cfg: Config) -> None:
             parse_ref(cfg.data.asset)
         except DataAssetError as exc:
             raise ConfigError(f"data.asset: {exc}".replace("data asset: ", "")) from None
+    if cfg.data.asset and cfg.data.path:
+        raise ConfigError(f"data.path: {cfg.data.path!r} given together with data.asset={cfg.data.asset!r}; "
+                          "allowed: one of the two")
     if cfg.engine.name == "torch" and cfg.engine.zero_stage:
         raise ConfigError(
             f"engine.zero_stage: {cfg.engine.zero_stage} needs engine.name='deepspeed'; allowed with torch: 0")

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from toolkit import paths
+
 VAL_STREAM = 2**31 - 1  # the rank slot of the validation stream, so it never collides with a training rank
 
 
@@ -132,13 +134,17 @@ TOKENIZER = "bytes-v1"  # part of the cache key: a different tokenizer gets its 
 
 def token_file(asset) -> Path:
     """Tokenize a text asset once per version: its bytes, concatenated in file-name order, in one flat file
-    next to the snapshot (keyed by the asset's hash and the tokenizer), written atomically."""
-    cache = asset.path.parent / f".tokens-{TOKENIZER}.u8" if asset.type == "uri_file" \
-        else asset.path / f".tokens-{TOKENIZER}.u8"
+    next to the snapshot (keyed by the asset's hash and the tokenizer), written atomically. A read-only input
+    (a job's mounted data) gets its token file in the user cache instead."""
+    from toolkit.data_assets import folder_files
+
+    folder = asset.path.parent if asset.type == "uri_file" else asset.path
+    cache = folder / f".tokens-{TOKENIZER}.u8"
+    if not cache.exists() and not os.access(folder, os.W_OK):
+        cache = paths.cache_dir() / "tokens" / f"{asset.sha256}-{TOKENIZER}.u8"
+        cache.parent.mkdir(parents=True, exist_ok=True)
     if not cache.exists():
-        files = [asset.path] if asset.type == "uri_file" else [
-            asset.path / entry["name"] for entry in sorted(json.loads((asset.path / ".listing.json").read_text()),
-                                                           key=lambda e: e["name"])]
+        files = [asset.path] if asset.type == "uri_file" else folder_files(asset)
         tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as out:
             for i, path in enumerate(files):
@@ -169,15 +175,20 @@ ASSET_LOADERS: dict[str, Callable] = {"uri_file": _text_asset, "uri_folder": _te
 
 
 def load_corpus(cfg) -> Corpus:
-    """The registered asset named by data.asset (pinned to a version at launch), else a built-in dataset."""
-    if not cfg.data.asset:
-        return DATASETS[cfg.data.dataset](cfg)
+    """The file or folder at data.path, else the registered asset named by data.asset (pinned to a version at
+    launch), else a built-in dataset."""
     from toolkit import data_assets
-    from toolkit.workspace import Workspace
 
-    asset = data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
+    if cfg.data.path:
+        asset = data_assets.open_path(cfg.data.path)
+    elif cfg.data.asset:
+        from toolkit.workspace import Workspace
+
+        asset = data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
+    else:
+        return DATASETS[cfg.data.dataset](cfg)
     corpus = ASSET_LOADERS[asset.type](asset, cfg)
-    corpus.asset = {"ref": asset.ref, "sha256": asset.sha256, "type": asset.type}
+    corpus.asset = {"ref": asset.source if cfg.data.path else asset.ref, "sha256": asset.sha256, "type": asset.type}
     return corpus
 
 

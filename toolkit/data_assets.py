@@ -148,6 +148,11 @@ def _copy_into_store(path: Path, blobs: Path) -> str:
     return digest
 
 
+def content_hash(type: str, listing: list[dict]) -> str:
+    """An asset's identity: its type and every file's name, hash and size (a rename is a new version too)."""
+    return hashlib.sha256(json.dumps([type, listing], sort_keys=True).encode()).hexdigest()
+
+
 def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
     """Content-address ``source`` into the datastore. Returns (sha256, size, file count, snapshot path)."""
     files = [(source.name, source)] if type == "uri_file" else _files_of(source)
@@ -160,8 +165,7 @@ def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, st
         digests = list(pool.map(lambda item: _store_blob(item[1], blobs), files))
     listing = [{"name": rel, "sha256": digest, "size": (blobs / digest).stat().st_size}
                for (rel, _), digest in zip(files, digests)]
-    # The asset's hash covers names and contents, so a rename is a new version too.
-    content = hashlib.sha256(json.dumps([type, listing], sort_keys=True).encode()).hexdigest()
+    content = content_hash(type, listing)
     snapshot = ws.datastore / "snapshots" / content
     if not snapshot.exists():
         tmp = snapshot.with_name(f".{content}.{uuid.uuid4().hex}.tmp")
@@ -169,7 +173,7 @@ def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, st
             dest = tmp / entry["name"]
             dest.parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(blobs / entry["sha256"], dest)
-        (tmp / ".listing.json").write_text(json.dumps(listing, indent=1))
+        (tmp / LISTING).write_text(json.dumps(listing, indent=1))
         try:
             os.rename(tmp, snapshot)
         except OSError:  # another process published the same content first: theirs is identical
@@ -270,3 +274,38 @@ def archive(ws: Workspace, ref: str) -> DataAsset:
     with ws.transaction() as conn:
         conn.execute("UPDATE data_assets SET archived = 1 WHERE name = ? AND version = ?", (name, version))
     return get(ws, asset.ref)
+
+
+LISTING = ".listing.json"
+
+
+def open_path(path: str | Path, hash: bool = True) -> DataAsset:
+    """A file or folder read in place, without the catalogue: how a job sees its data input (Azure ML mounts the
+    asset's uploaded snapshot). The type follows the contents: a file is uri_file, a folder with an MLTable file
+    is mltable, any other folder uri_folder. A snapshot folder keeps its listing, so the hash (and the run's
+    lineage) is the registered asset's own."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataAssetError(f"data.path: {str(path)!r} does not exist; allowed: an existing file or folder")
+    type = "uri_file" if path.is_file() else "mltable" if (path / "MLTable").is_file() else "uri_folder"
+    if not hash:  # only the type is wanted (a check before launch): no need to read the data
+        listing = []
+    elif type == "uri_file":
+        listing = [{"name": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}]
+    elif (path / LISTING).is_file():
+        listing = json.loads((path / LISTING).read_text())
+    else:
+        listing = [{"name": rel, "sha256": sha256_file(p), "size": p.stat().st_size} for rel, p in _files_of(path)
+                   if not rel.startswith(".")]
+    return DataAsset(name=path.name, version=0, type=type, sha256=content_hash(type, listing) if hash else "",
+                     size_bytes=sum(e["size"] for e in listing), file_count=len(listing), created=path.stat().st_mtime,
+                     source=str(path), description="", tags={}, archived=False, path=path)
+
+
+def folder_files(asset: DataAsset) -> list[Path]:
+    """The files of a folder asset in name order, from its listing (a snapshot) or by walking it (a plain folder)."""
+    if (asset.path / LISTING).is_file():
+        names = [entry["name"] for entry in json.loads((asset.path / LISTING).read_text())]
+    else:
+        names = [rel for rel, _ in _files_of(asset.path) if not rel.startswith(".")]
+    return [asset.path / name for name in sorted(names)]

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
-CACHE = Path(os.environ.get("TRAINBOOK_CACHE", Path.home() / ".cache" / "trainbook")) / "matmul_peak.json"
+from toolkit import paths
+
+CACHE = paths.cache_dir() / "matmul_peak.json"
 
 
 def measure_matmul_peak(n: int = 2048, seconds: float = 1.0, threads: int | None = None) -> float:

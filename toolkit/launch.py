@@ -166,8 +166,9 @@ def _start_supervisor(run: RunDir, max_restarts: int, from_offset: int = 0) -> R
 
 def pin_data_asset(config: config_mod.Config) -> config_mod.Config:
     """Resolve data.asset ('name' means latest) to the exact name:version and workspace, so the run, its
-    restarts and its lineage all use one immutable snapshot even if a new version is registered meanwhile."""
-    if not config.data.asset:
+    restarts and its lineage all use one immutable snapshot even if a new version is registered meanwhile.
+    A data.path is checked to exist and to suit the model; it is read in place."""
+    if not config.data.asset and not config.data.path:
         return config
     import dataclasses
 
@@ -175,14 +176,20 @@ def pin_data_asset(config: config_mod.Config) -> config_mod.Config:
     from toolkit.models import MODELS
     from toolkit.workspace import Workspace
 
-    ws = Workspace.open(config.data.workspace or None)
-    asset = data_assets.get(ws, config.data.asset)
+    if config.data.path:
+        asset, field = data_assets.open_path(config.data.path, hash=False), "data.path"
+    else:
+        ws = Workspace.open(config.data.workspace or None)
+        asset, field = data_assets.get(ws, config.data.asset), "data.asset"
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, asset=asset.ref,
+                                                                      workspace=str(ws.root)))
     allowed = MODELS[config.model.name].asset_types
     if asset.type not in allowed:
+        shown = config.data.path if config.data.path else asset.ref
         raise data_assets.DataAssetError(
-            f"data.asset: {asset.ref} is a {asset.type} asset; allowed for model.name={config.model.name!r}: "
+            f"{field}: {shown} is a {asset.type} asset; allowed for model.name={config.model.name!r}: "
             + ", ".join(allowed))
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, asset=asset.ref, workspace=str(ws.root)))
+    return config
 
 
 def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path | None = None,
@@ -203,7 +210,7 @@ def index_run(run: RunDir, config: config_mod.Config) -> None:
     with Workspace.open(config.data.workspace or None).transaction() as conn:
         conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
                      (str(run.path.resolve()), config.name, time.time(), config.fingerprint(),
-                      config.data.asset or f"builtin:{config.data.dataset}", config.engine.name, config.engine.nproc))
+                      config.data.asset or (f"path:{config.data.path}" if config.data.path else f"builtin:{config.data.dataset}"), config.engine.name, config.engine.nproc))
 
 
 def list_runs(workspace=None, data: str | None = None) -> list[dict]:

@@ -11,3 +11,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def runs_root() -> Path:
     """Default parent of run directories: $TRAINBOOK_RUNS, else <project>/runs."""
     return Path(os.environ.get("TRAINBOOK_RUNS", PROJECT_ROOT / "runs"))
+
+
+def cache_dir() -> Path:
+    """Per-user cache (measured matmul peak, token files of read-only inputs): $TRAINBOOK_CACHE, else
+    ~/.cache/trainbook."""
+    return Path(os.environ.get("TRAINBOOK_CACHE", Path.home() / ".cache" / "trainbook"))
