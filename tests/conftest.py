@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,22 @@ def train_tiny(tmp_path):
         return proc, RunDir(run_dir)
 
     return run
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """``with small_mount(options) as path:`` a real filesystem to fail on: a tmpfs of a given size (a full disk)
+    or a read-only bind mount (Azure ML's ro_mount). Mounting needs root; elsewhere the test is skipped."""
+
+    @contextlib.contextmanager
+    def mount(*args: str):
+        path = tmp_path / f"mount{len(list(tmp_path.glob('mount*')))}"
+        path.mkdir()
+        if subprocess.run(["mount", *args, str(path)], capture_output=True).returncode != 0:
+            pytest.skip(f"cannot mount {' '.join(args)} here (needs root)")
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", "-l", str(path)])
+
+    return mount

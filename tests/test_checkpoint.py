@@ -213,13 +213,9 @@ def test_partial_folders_are_listed_as_invalid_and_removed_on_resume(tmp_path):
     assert not partial.exists()
 
 
-def test_full_disk_reports_the_failed_save_and_training_goes_on(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
+def test_full_disk_reports_the_failed_save_and_training_goes_on(small_mount):
     # 700 kB hold the run's logs and one 0.48 MB checkpoint, not two
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", str(mount)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with small_mount("-t", "tmpfs", "-o", "size=700k", "tmpfs") as mount:
         proc = cli("train", "tiny", "--run-dir", str(mount / "r"), *CKPT, "--set", "checkpoint.keep_last=1",
                    "--set", "train.log_every=10")
         run = RunDir(mount / "r")
@@ -230,8 +226,6 @@ def test_full_disk_reports_the_failed_save_and_training_goes_on(tmp_path):
         info, _ = CheckpointStore(run.path).find_resume_point()
         assert info is not None and info.valid, "the checkpoint that fitted must still be valid"
         assert not list((run.path / "checkpoints").glob(".tmp-*"))
-    finally:
-        subprocess.run(["umount", "-l", str(mount)])
 
 
 def test_retention_keeps_the_newest_and_never_the_one_latest_names(tmp_path):

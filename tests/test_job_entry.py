@@ -46,21 +46,17 @@ def test_a_plain_folder_is_read_in_name_order(tmp_path):
     assert data_assets.open_path(folder).sha256 != asset.sha256, "the hash follows the contents"
 
 
-def test_a_read_only_input_gets_its_token_file_in_the_cache(tmp_path, monkeypatch):
-    source, mount = tmp_path / "src", tmp_path / "ro"
-    source.mkdir(), mount.mkdir()
+def test_a_read_only_input_gets_its_token_file_in_the_cache(tmp_path, monkeypatch, small_mount):
+    source = tmp_path / "src"
+    source.mkdir()
     (source / "corpus.txt").write_bytes(b"read-only bytes " * 40)
-    # A read-only bind mount, as Azure ML's ro_mount gives a job (root can make one; anyone else cannot).
-    if subprocess.run(["mount", "--bind", "-o", "ro", str(source), str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot make a read-only bind mount here (needs root)")
-    try:
+    # A read-only bind mount, as Azure ML's ro_mount gives a job.
+    with small_mount("--bind", "-o", "ro", str(source)) as mount:
         monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
         asset = data_assets.open_path(mount / "corpus.txt")
         cache = data_mod.token_file(asset)
         assert cache.is_relative_to(tmp_path / "cache") and cache.read_bytes() == b"read-only bytes " * 40
         assert sorted(p.name for p in mount.iterdir()) == ["corpus.txt"]
-    finally:
-        subprocess.run(["umount", "-l", str(mount)])
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -36,3 +36,20 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in readme and "make demo" in readme
     ci = (PROJECT / ".ci" / "run").read_text()
     assert re.search(r"^make test$", ci, re.M) and "set -euo pipefail" in ci
+
+
+def test_the_azure_ml_upload_ignores_everything_git_ignores():
+    """Azure ML reads .amlignore instead of .gitignore: a venv or runs/ missing from it would be uploaded."""
+    def patterns(name):
+        return {line.strip() for line in (PROJECT / name).read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+
+    assert patterns(".gitignore") <= patterns(".amlignore")
+    assert ".git/" in patterns(".amlignore")
+
+
+def test_every_declared_package_is_locked():
+    from toolkit import drift
+
+    locked = drift.locked_versions(PROJECT / "constraints.txt")
+    assert [name for name in drift.declared_packages(PROJECT / "environment.yml") if name not in locked] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -177,6 +178,43 @@ def _cmd_tensorboard(args) -> int:
     return 0
 
 
+def _cmd_doctor(args) -> int:
+    from toolkit.doctor import facts_table, run_doctor
+
+    def show(check):
+        print(f"{check.name:<16} {check.status.upper():<5} {check.seconds:>5.1f}s  {check.summary}", flush=True)
+
+    report = run_doctor(workspace=args.workspace, nproc=args.nproc, only=args.only, skip=args.skip, on_check=show)
+    print(f"\n{facts_table(report.facts)}\n")
+    sweep = next((c.details["table"] for c in report.checks if c.name == "all-reduce" and c.details), None)
+    if sweep:
+        print(f"{sweep}\n")
+    print(report.table().splitlines()[-1])
+    if args.json:
+        from toolkit.rundir import atomic_write_text
+
+        atomic_write_text(Path(args.json), json.dumps(report.to_dict(), indent=1))
+    return 0 if report.ok else 1
+
+
+def _cmd_estimate(args) -> int:
+    from toolkit.memory_estimate import estimate, model_params, parse_count, recommend_stage
+
+    if args.config:
+        from toolkit import config as config_mod
+
+        params = model_params(config_mod.load(args.config, args.set or []))
+    elif args.params:
+        params = parse_count(args.params)
+    else:
+        raise ConfigError("params: missing; allowed: a parameter count such as 350M, 7B or 1.3e9, or --config NAME")
+    if args.zero_stage is not None:
+        print(estimate(params, args.precision, args.zero_stage, args.gpus).formula())
+        return 0
+    print(recommend_stage(params, args.gpu_memory, args.gpus, args.precision).summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainbook", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -251,6 +289,30 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("run_dir")
     tb.add_argument("--port", type=int, help="port (default: a free one)")
     tb.set_defaults(func=_cmd_tensorboard)
+
+    doctor = verbs.add_parser("doctor", help="validate this machine: versions, collectives, matmul, disk, /dev/shm, "
+                              "a training step per engine; exit 0 when every required check passes")
+    doctor.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable)")
+    doctor.add_argument("--skip", action="append", metavar="CHECK", help="skip this check (repeatable)")
+    doctor.add_argument("--nproc", type=int, help="processes for the all-reduce sweep (default: GPUs, at least 2)")
+    doctor.add_argument("--workspace", help="workspace whose disk is checked (default: $TRAINBOOK_WORKSPACE or "
+                        "./.trainbook)")
+    doctor.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    est = verbs.add_parser("estimate", help="model-state memory per GPU by ZeRO stage, and the stage to use")
+    est.add_argument("params", nargs="?", help="parameter count: 350M, 7B, 1.3e9 (or use --config)")
+    est.add_argument("--config", help="count the parameters of this config's model instead")
+    est.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE")
+    est.add_argument("--precision", default="bf16", help="fp16, bf16 or fp32 (default: bf16)")
+    est.add_argument("--gpus", type=int, default=8, help="data-parallel GPUs (default: 8)")
+    est.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: 80, an A100/H100 80GB)")
+    est.add_argument("--zero-stage", type=int, help="show only this stage's figure")
+    est.set_defaults(func=_cmd_estimate)
+
+    from toolkit.azure.cli import add_azure_verbs
+
+    add_azure_verbs(verbs)
     return parser
 
 

@@ -10,11 +10,12 @@ workers, deep folder trees.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from toolkit.machine import shm_shortfall
 
 SMALL_FILE_BYTES = 4 << 20  # the guide's threshold: below ~4 MB per file, per-file overhead dominates reads
 SMALL_FILES_WARN = 100
@@ -73,14 +74,8 @@ def layout_warnings(path: Path, num_workers: int, batch_bytes: int, prefetch: in
         if depth > DEEP_TREE_LEVELS:
             warnings.append(f"files sit {depth} folders deep: listing a deep tree is slow on blob storage; "
                             "flatten it or keep an index file")
-    shm = Path("/dev/shm")
-    if num_workers and shm.exists():
-        need = 2 * num_workers * prefetch * batch_bytes  # each worker's batches in flight, with headroom
-        free = shutil.disk_usage(shm).free
-        if free < need:
-            warnings.append(f"/dev/shm has {free / 2**20:,.0f} MiB free; {num_workers} workers x prefetch {prefetch} "
-                            f"need about {need / 2**20:,.0f} MiB: raise it (docker --shm-size, Azure ML shm_size)")
-    return warnings
+    shortfall = shm_shortfall(num_workers, prefetch, batch_bytes)
+    return warnings + ([shortfall] if shortfall else [])
 
 
 def _measure(cfg, corpus, steps: int) -> Trial:

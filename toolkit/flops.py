@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 

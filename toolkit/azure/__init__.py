@@ -1,0 +1,13 @@
+"""Azure ML: turn a Trainbook config into azure-ai-ml entities (compute, environment, data, command job), write
+them as a plan folder of YAML files, and submit that plan to a workspace.
+
+Import-light on purpose: azure.ai.ml (~2 s) and azure.identity load inside the functions that need them.
+
+    plan.build_plan(cfg, compute=..., sku=..., instance_count=...)  validate and build the entities
+    plan.write_plan(plan, out_dir)                                  compute/environment/data/job YAML + submit.md
+    submit.submit(plan_dir, workspace_ref)                          create them in a workspace and stream the job
+"""
+
+from toolkit.azure.errors import AzureError
+
+__all__ = ["AzureError"]

@@ -1,0 +1,360 @@
+"""Plan an Azure ML training job: validate what the SDK does not, build the entities, write them as a folder.
+
+    plan = build_plan(cfg, compute="gpu-a100", sku="Standard_ND96asr_v4", instance_count=2)
+    write_plan(plan, "plans/tiny")   # compute.yaml environment.yaml environment.yml data.yaml job.yaml
+                                     # trainbook-config.yaml submit.md
+
+Everything is checked before anything is written, and the folder is assembled next to its destination and
+renamed into place, so a failed plan leaves nothing behind and a replaced plan is never half old, half new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from toolkit.azure import code_upload, entities
+from toolkit.azure.connection import WorkspaceRef
+from toolkit.azure.errors import AzureError
+from toolkit.azure.skus import Sku, get_sku
+
+DEFAULT_IDLE_SECONDS = 1800
+# Azure ML compute cluster names: 3 to 24 letters, digits and '-', starting with a letter, and a '-' must be
+# followed by a letter somewhere later (learn.microsoft.com, "Create compute targets ... studio": Compute name).
+COMPUTE_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{2,23}")
+IMAGE_RE = re.compile(r"[a-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?")
+SCHEMAS = {
+    "compute.yaml": "https://azuremlschemas.azureedge.net/latest/amlCompute.schema.json",
+    "environment.yaml": "https://azuremlschemas.azureedge.net/latest/environment.schema.json",
+    "data.yaml": "https://azuremlschemas.azureedge.net/latest/data.schema.json",
+    "job.yaml": "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json",
+}
+CONDA_COPY = "environment.yml"  # the conda file travels with the plan; environment.yaml names it relatively
+
+
+@dataclass(frozen=True)
+class Options:
+    """The plan's knobs as given (flags or keyword arguments)."""
+
+    compute: str
+    instance_count: int
+    gpus_per_node: int | None
+    min_nodes: int
+    max_nodes: int
+    idle_seconds: int
+    low_priority: bool
+    image: str
+
+
+def _compute_name_ok(name: str) -> bool:
+    return bool(COMPUTE_NAME_RE.fullmatch(name)) and ("-" not in name or
+                                                      re.search(r"[A-Za-z]", name.rsplit("-", 1)[1]) is not None)
+
+
+# Checks of the options alone, in the order a person reads the flags: (is it wrong?, what to say).
+OPTION_RULES: list[tuple[Callable[[Options], bool], Callable[[Options], str]]] = [
+    (lambda o: not _compute_name_ok(o.compute),
+     lambda o: f"--compute: {o.compute!r} is not allowed; allowed: 3 to 24 letters, digits and '-', starting with a "
+               "letter, with a letter after the last '-'"),
+    (lambda o: o.instance_count < 1,
+     lambda o: f"--instance-count: {o.instance_count} is not allowed; allowed: 1 or more"),
+    (lambda o: o.gpus_per_node is not None and o.gpus_per_node < 1,
+     lambda o: f"--gpus-per-node: {o.gpus_per_node} is not allowed; allowed: 1 or more"),
+    (lambda o: o.min_nodes < 0, lambda o: f"--min-nodes: {o.min_nodes} is not allowed; allowed: 0 or more"),
+    (lambda o: o.max_nodes < 1, lambda o: f"--max-nodes: {o.max_nodes} is not allowed; allowed: 1 or more"),
+    (lambda o: o.min_nodes > o.max_nodes,
+     lambda o: f"--min-nodes: {o.min_nodes} is above --max-nodes={o.max_nodes}; allowed: 0 to {o.max_nodes}"),
+    (lambda o: o.instance_count > o.max_nodes,
+     lambda o: f"--instance-count: {o.instance_count} is above --max-nodes={o.max_nodes}; allowed: 1 to "
+               f"{o.max_nodes} (the cluster never grows past --max-nodes, the job would wait forever)"),
+    (lambda o: o.idle_seconds < 0,
+     lambda o: f"--idle-seconds: {o.idle_seconds} is not allowed; allowed: 0 or more"),
+    (lambda o: not IMAGE_RE.fullmatch(o.image),
+     lambda o: f"--image: {o.image!r} is not allowed; allowed: an image reference like {entities.DEFAULT_IMAGE}"),
+]
+
+
+def _processes_per_node(cfg, sku: Sku, options: Options) -> int:
+    """One process per GPU by default. Fewer GPUs than the node has is allowed (a smaller test on a big node);
+    more is not. CPU sizes run engine.nproc processes, at most one per vCPU."""
+    if sku.gpus:
+        wanted = options.gpus_per_node if options.gpus_per_node is not None else sku.gpus
+        if wanted > sku.gpus:
+            raise AzureError(f"--gpus-per-node: {wanted} is not allowed on {sku.name}; allowed: 1 to {sku.gpus} "
+                             "(the GPUs of one node)")
+        return wanted
+    if options.gpus_per_node is not None:
+        raise AzureError(f"--gpus-per-node: {options.gpus_per_node} is not allowed on {sku.name}, which has no GPUs; "
+                         "allowed: leave it out (processes per node come from engine.nproc)")
+    if cfg.engine.nproc > sku.vcpus:
+        raise AzureError(f"engine.nproc: {cfg.engine.nproc} is not allowed on {sku.name}; allowed: 1 to {sku.vcpus} "
+                         "(one process per vCPU at most)")
+    return cfg.engine.nproc
+
+
+def _local_asset(cfg):
+    """The registered asset the config names, or None. A local data.path is refused: the cluster cannot see it."""
+    local_path = getattr(cfg.data, "path", "")
+    if local_path:
+        raise AzureError(f"data.path: {local_path!r} is a path on this machine, which the cluster cannot read; "
+                         "allowed: register it (trainbook data register) and set data.asset instead")
+    if not cfg.data.asset:
+        return None
+    from toolkit import data_assets
+    from toolkit.workspace import Workspace, WorkspaceError
+
+    try:
+        return data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
+    except (data_assets.DataAssetError, WorkspaceError) as exc:
+        detail = str(exc).removeprefix("data asset: ")
+        raise AzureError(f"data.asset: {detail}") from None
+
+
+def _read_conda_file(path: Path) -> None:
+    """environment.yml must be a conda file with a pip section: Azure ML builds the image from it."""
+    from toolkit.drift import EnvironmentFileError, declared_packages
+
+    try:
+        declared_packages(path, field="--conda-file")
+    except EnvironmentFileError as exc:
+        raise AzureError(str(exc)) from None
+
+
+@dataclass
+class Plan:
+    """A validated Azure ML plan: the options, what was checked, and the SDK entities built from them."""
+
+    cfg: Any  # the config as given
+    job_cfg: Any  # the config the job runs: data via the job's input, engine.nproc = processes per node
+    sku: Sku
+    options: Options
+    processes_per_node: int
+    conda_file: Path
+    code: code_upload.CodeUpload
+    asset: Any  # toolkit.data_assets.DataAsset or None
+    workspace: WorkspaceRef | None
+    compute: Any  # azure.ai.ml.entities.AmlCompute
+    environment: Any  # azure.ai.ml.entities.Environment
+    data: Any  # azure.ai.ml.entities.Data or None
+    job: Any  # azure.ai.ml.entities.CommandJob
+
+    @property
+    def world_size(self) -> int:
+        return self.options.instance_count * self.processes_per_node
+
+    def summary(self) -> str:
+        """A short table of what was planned."""
+        o = self.options
+        engine = self.cfg.engine.name + (f", ZeRO stage {self.cfg.engine.zero_stage}"
+                                         if self.cfg.engine.name == "deepspeed" else "")
+        per = "GPUs" if self.sku.gpus else "processes"
+        data = (f"{self.asset.ref} ({self.asset.type}, {self.asset.size_bytes:,} bytes, sha256 "
+                f"{self.asset.sha256[:12]})" if self.asset else "none (the config's built-in dataset)")
+        rows = [
+            ("compute", f"{o.compute}: {self.sku.describe()}; {o.min_nodes} to {o.max_nodes} nodes, "
+                        f"{'low priority' if o.low_priority else 'dedicated'}, idle {o.idle_seconds} s"),
+            ("job", f"{o.instance_count} node(s) x {self.processes_per_node} {per} = world size {self.world_size} "
+                    f"({engine}, {self.cfg.engine.precision})"),
+            ("image", f"{o.image} + {self.conda_file.name} (environment {self.environment.name}:"
+                      f"{self.environment.version})"),
+            ("data", data),
+            ("code upload", self.code.describe()),
+            ("workspace", self.workspace.describe() if self.workspace else "not given (placeholders in submit.md)"),
+        ]
+        return "\n".join(f"{name:<12} {value}" for name, value in rows)
+
+
+def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_node: int | None = None,
+               min_nodes: int = 0, max_nodes: int | None = None, idle_seconds: int = DEFAULT_IDLE_SECONDS,
+               low_priority: bool = False, image: str | None = None, workspace: WorkspaceRef | None = None,
+               conda_file: str | Path | None = None, project_root: str | Path | None = None,
+               code_limit_bytes: int = code_upload.SNAPSHOT_LIMIT_BYTES,
+               code_limit_files: int = code_upload.SNAPSHOT_LIMIT_FILES) -> Plan:
+    """Validate everything (options, size, data asset, environment.yml, code upload) and build the entities."""
+    from toolkit.paths import PROJECT_ROOT
+
+    if max_nodes is None:  # room for the job, and never below the nodes kept warm
+        max_nodes = max(instance_count, min_nodes, 1)
+    options = Options(compute=str(compute), instance_count=instance_count, gpus_per_node=gpus_per_node,
+                      min_nodes=min_nodes, max_nodes=max_nodes, idle_seconds=idle_seconds,
+                      low_priority=low_priority, image=image or entities.DEFAULT_IMAGE)
+    for wrong, message in OPTION_RULES:
+        if wrong(options):
+            raise AzureError(message(options))
+    the_sku = get_sku(sku)
+    processes = _processes_per_node(cfg, the_sku, options)
+    asset = _local_asset(cfg)
+    root = Path(project_root or PROJECT_ROOT).resolve()
+    upload = code_upload.scan(root)
+    code_upload.check(upload, code_limit_bytes, code_limit_files)
+    conda = Path(conda_file).expanduser().resolve() if conda_file is not None else root / "environment.yml"
+    _read_conda_file(conda)
+
+    job_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, asset="", workspace=""),
+                                  engine=dataclasses.replace(cfg.engine, nproc=processes))
+    environment = entities.environment(options.image, conda)
+    return Plan(
+        cfg=cfg, job_cfg=job_cfg, sku=the_sku, options=options, processes_per_node=processes, conda_file=conda,
+        code=upload, asset=asset, workspace=workspace,
+        compute=entities.compute(options.compute, the_sku, options.min_nodes, options.max_nodes,
+                                 options.idle_seconds, options.low_priority),
+        environment=environment, data=entities.data(asset) if asset is not None else None,
+        job=entities.job(job_cfg, compute_name=options.compute, sku=the_sku, code=root,
+                         environment_ref=f"azureml:{environment.name}:{environment.version}",
+                         instance_count=options.instance_count, processes_per_node=processes,
+                         config_path=f"./{entities.CONFIG_INPUT}", data_asset=asset))
+
+
+# --- writing ---------------------------------------------------------------------------------------------------
+
+
+def _plain(value) -> Any:
+    """The SDK's dicts are OrderedDicts (which yaml.safe_dump refuses); drop empty top-level sections."""
+    return {k: v for k, v in json.loads(json.dumps(value)).items() if v not in (None, {}, [])}
+
+
+def _job_dict(plan: Plan) -> dict:
+    content = _plain(plan.job._to_dict())
+    # azure-ai-ml 1.35.2 dumps every input path with an "azureml:" prefix, which turns a local file into a
+    # reference to an asset that does not exist; local inputs keep the path they were given.
+    for name, given in plan.job.inputs.items():
+        path = getattr(given, "path", None) or getattr(getattr(given, "_data", None), "path", None)
+        if isinstance(path, str) and not path.startswith("azureml:"):
+            content["inputs"][name]["path"] = path
+    return content
+
+
+def _environment_dict(plan: Plan) -> dict:
+    content = _plain(plan.environment._to_dict())
+    content["conda_file"] = CONDA_COPY  # the SDK inlines the file; a path keeps it one diffable file
+    return content
+
+
+def _yaml(name: str, content: dict, create: str) -> str:
+    header = f"# Written by `trainbook azure plan`. Create it with: {create}\n"
+    return header + yaml.safe_dump({"$schema": SCHEMAS[name], **content}, sort_keys=False, width=120)
+
+
+def _az_flags(ref: WorkspaceRef | None) -> str:
+    return (f"-g {ref.resource_group} -w {ref.workspace_name}" if ref
+            else "-g <resource-group> -w <workspace-name>")
+
+
+def _submit_md(plan: Plan, out: Path) -> str:
+    flags = _az_flags(plan.workspace)
+    sub = (f"az account set --subscription <subscription id>   # {plan.workspace.masked()}, from "
+           f"{Path(plan.workspace.source).name}" if plan.workspace and plan.workspace.source != "arguments"
+           else "az account set --subscription <subscription id>")
+    data_step = f"az ml data create -f data.yaml {flags}\n" if plan.data is not None else ""
+    trainbook = (f"python -m toolkit azure submit {out} --workspace-config {plan.workspace.source}"
+                 if plan.workspace and plan.workspace.source != "arguments"
+                 else f"python -m toolkit azure submit {out} --workspace-config config.json")
+    return f"""# Azure ML plan: {plan.cfg.name}
+
+```
+{plan.summary()}
+```
+
+## Submit with the Azure CLI (`az extension add -n ml`)
+
+Run from this folder: the YAML files name their neighbours (environment.yml, trainbook-config.yaml) relatively.
+
+```
+cd {out}
+{sub}
+az ml compute create -f compute.yaml {flags}
+az ml environment create -f environment.yaml {flags}
+{data_step}az ml job create -f job.yaml --stream {flags}
+```
+
+## Or with Trainbook (the same four steps, then it streams the log)
+
+```
+{trainbook}
+```
+
+## What runs
+
+- Each of the {plan.world_size} processes runs `{plan.job.command}`.
+  Azure ML's PyTorch distribution starts {plan.processes_per_node} per node and sets RANK, WORLD_SIZE, LOCAL_RANK,
+  MASTER_ADDR and MASTER_PORT; every process is one rank.
+- DeepSpeed configs run the same way: `deepspeed.init_distributed` reads those variables, so no SSH, hostfile or
+  MPI launcher is needed.
+- `outputs/` is uploaded as the job's artifacts: the run directory is `outputs/run`, TensorBoard reads
+  `outputs/run/tb` (the job's TensorBoard service).
+- The code upload is {plan.code.describe()}.
+- Re-creating the environment is a no-op: its version ({plan.environment.version}) is a hash of the image and
+  environment.yml.
+"""
+
+
+def _files(plan: Plan, out: Path) -> dict[str, str]:
+    """File name -> text, everything a plan folder holds except the copied conda file."""
+    flags = _az_flags(plan.workspace)
+    files = {
+        entities.CONFIG_INPUT: plan.job_cfg.to_yaml(),
+        "compute.yaml": _yaml("compute.yaml", _plain(plan.compute._to_dict()),
+                              f"az ml compute create -f compute.yaml {flags}"),
+        "environment.yaml": _yaml("environment.yaml", _environment_dict(plan),
+                                  f"az ml environment create -f environment.yaml {flags}"),
+        "job.yaml": _yaml("job.yaml", _job_dict(plan), f"az ml job create -f job.yaml --stream {flags}"),
+        "submit.md": _submit_md(plan, out),
+    }
+    if plan.data is not None:
+        files["data.yaml"] = _yaml("data.yaml", _plain(plan.data._to_dict()), f"az ml data create -f data.yaml {flags}")
+    return files
+
+
+def sdk_loaders() -> dict:
+    """Plan file name -> the azure-ai-ml loader that reads it."""
+    from azure.ai.ml import load_compute, load_data, load_environment, load_job
+
+    return {"compute.yaml": load_compute, "environment.yaml": load_environment, "data.yaml": load_data,
+            "job.yaml": load_job}
+
+
+def _verify(folder: Path) -> None:
+    """Load every YAML back with the SDK's own loaders: a plan that does not load is never published."""
+    for name, load in sdk_loaders().items():
+        if (folder / name).exists():
+            load(folder / name)
+
+
+def _check_out(out: Path) -> None:
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "job.yaml").is_file()):
+        raise AzureError(f"--out: {str(out)!r} exists and is not a plan folder; allowed: a new or empty folder, or "
+                         "an earlier plan (it is replaced)")
+
+
+def write_plan(plan: Plan, out_dir: str | Path) -> Path:
+    """Write the plan folder; returns its path. An earlier plan there is replaced as a whole."""
+    out = Path(out_dir).expanduser().absolute()
+    _check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        shutil.copyfile(plan.conda_file, tmp / CONDA_COPY)
+        for name, text in _files(plan, out).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        _verify(tmp)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

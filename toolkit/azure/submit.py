@@ -1,0 +1,132 @@
+"""Submit a plan folder to an Azure ML workspace: load its YAML with the SDK's loaders, check the login, create
+compute, environment and data, submit the job, stream its log.
+
+Order matters for fast, plain failures: the plan is read and checked offline first, then one token is fetched
+(seconds when nothing is logged in), and only then does anything talk to the workspace.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from toolkit.azure.connection import WorkspaceRef, check_credentials, default_credential, ml_client
+from toolkit.azure.errors import AzureError
+from toolkit.azure.plan import sdk_loaders
+
+REQUIRED = ("compute.yaml", "environment.yaml", "job.yaml")
+OPTIONAL = ("data.yaml",)
+
+
+@dataclass
+class LoadedPlan:
+    """The entities of a plan folder, as the SDK loaded them."""
+
+    folder: Path
+    compute: Any
+    environment: Any
+    data: Any  # None without data.yaml
+    job: Any
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", "") or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def load_plan(plan_dir: str | Path) -> LoadedPlan:
+    """Read a plan folder back with azure-ai-ml's loaders (offline); a missing or hand-broken file is an
+    AzureError naming it."""
+    folder = Path(plan_dir).expanduser().absolute()
+    missing = [name for name in REQUIRED if not (folder / name).is_file()]
+    if not folder.is_dir() or missing:
+        raise AzureError(f"plan_dir: {str(folder)!r} is not a plan folder (missing {', '.join(missing or REQUIRED)}); "
+                         "allowed: a folder written by `trainbook azure plan`")
+    loaded = {}
+    for name, load in sdk_loaders().items():
+        if not (folder / name).is_file():
+            loaded[name] = None
+            continue
+        try:
+            loaded[name] = load(folder / name)
+        except Exception as exc:  # noqa: BLE001 - the SDK raises several types for a bad file; all mean "fix it"
+            raise AzureError(f"{name}: the Azure ML SDK cannot load it ({_first_line(exc)}); allowed: a file "
+                             "written by `trainbook azure plan` (plan again)") from None
+    plan = LoadedPlan(folder, loaded["compute.yaml"], loaded["environment.yaml"], loaded["data.yaml"],
+                      loaded["job.yaml"])
+    _check_local_paths(plan)
+    return plan
+
+
+def _check_local_paths(plan: LoadedPlan) -> None:
+    """The uploads (code, data snapshot) are local paths from planning time: they must still be there."""
+    checks = [("job.yaml code", plan.job.code)]
+    if plan.data is not None:
+        checks.append(("data.yaml path", plan.data.path))
+    for field, path in checks:
+        if isinstance(path, str) and "://" not in path and not path.startswith("azureml:"):
+            if not (plan.folder / path).exists():  # absolute paths ignore the folder
+                raise AzureError(f"{field}: {path!r} does not exist on this machine; allowed: submit from the "
+                                 "machine that planned (or plan again)")
+
+
+# --- talking to the workspace ------------------------------------------------------------------------------------
+
+
+def _explain_service_error(exc: BaseException, step: str, ref: WorkspaceRef) -> str:
+    """An azure.core error as one line that says which piece is missing."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
+
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, ServiceRequestError):
+        return f"workspace: management.azure.com is unreachable (network or proxy) for {ref.describe()}"
+    if isinstance(exc, ClientAuthenticationError) or status == 401:
+        return f"credentials: refused by Azure for {ref.describe()}; run `az login` again"
+    if status == 403:
+        return (f"workspace: no permission for {step} in {ref.describe()}; allowed: an identity with the AzureML "
+                "Data Scientist role (or Contributor) on the workspace")
+    if status == 404 and step == "workspace":
+        return f"workspace: {ref.describe()} was not found; check config.json (download it again from the studio)"
+    if isinstance(exc, HttpResponseError):
+        return f"{step}: Azure ML refused it ({_first_line(exc)})"
+    return f"{step}: {_first_line(exc)}"
+
+
+def _call(step: str, ref: WorkspaceRef, action: Callable[[], Any]) -> Any:
+    from azure.core.exceptions import AzureError as AzureCoreError
+
+    try:
+        return action()
+    except AzureCoreError as exc:
+        raise AzureError(_explain_service_error(exc, step, ref)) from None
+
+
+def submit(plan_dir: str | Path, workspace: WorkspaceRef, *, stream: bool = True, credential=None,
+           log: Callable[[str], None] | None = None):
+    """Create the plan's compute, environment and data in ``workspace``, submit its job, and stream the log.
+    Returns the submitted job (its ``name`` and ``studio_url``)."""
+    log = log or (lambda line: print(line, file=sys.stderr))
+    plan = load_plan(plan_dir)
+    credential = credential or default_credential()
+    check_credentials(credential)
+    client = ml_client(workspace, credential)
+    _call("workspace", workspace, lambda: client.workspaces.get(workspace.workspace_name))
+    log(f"workspace: {workspace.describe()}")
+    steps = [
+        ("compute", lambda: client.compute.begin_create_or_update(plan.compute).result(), plan.compute),
+        ("environment", lambda: client.environments.create_or_update(plan.environment), plan.environment),
+        ("data", lambda: client.data.create_or_update(plan.data), plan.data),
+    ]
+    for step, action, entity in steps:
+        if entity is None:
+            continue
+        created = _call(step, workspace, action)
+        version = getattr(created, "version", None)
+        log(f"{step}: {created.name}" + (f":{version}" if version else ""))
+    job = _call("job", workspace, lambda: client.jobs.create_or_update(plan.job))
+    log(f"job: {job.name} submitted; studio: {job.studio_url}")
+    if stream:
+        _call("job", workspace, lambda: client.jobs.stream(job.name))
+    return job
