@@ -17,7 +17,8 @@ PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
 
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
-    assert {"02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb"} <= {p.name for p in guided_notebooks()}
+    assert {"01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb"} <= {
+        p.name for p in guided_notebooks()}
     for path in guided_notebooks():
         nb = nbformat.read(path, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
@@ -81,4 +82,23 @@ def test_data_notebook_registers_versions_and_runs_the_advisor(tmp_path):
     assert "set data.num_workers=" in text or "no setting met the target" in text
     assert pngs, "the advisor's picture is missing"
     assert any("pydoc:1" in h and "digits:1" in h for h in html), "versions table missing"
+    nbval(executed, tmp_path)
+
+
+def test_resources_notebook_runs_the_doctor_sizes_memory_and_writes_the_azure_plan(tmp_path):
+    plan = tmp_path / "outputs" / "azure-plan"
+    executed = execute(NOTEBOOKS / "01_resources.ipynb", tmp_path,
+                       {"checks": ["packages", "all-reduce", "train-torch"], "plan_dir": str(plan),
+                        "model_sizes": ["125M", "7B"], "plan_nodes": 1})
+    html, text, pngs = outputs_of(executed)
+    # the doctor's live table, stored in its final state: every requested check done, none still running
+    final = [h for h in html if "Machine health" in h]
+    assert final and "all required checks pass" in final[-1] and "RUNNING" not in final[-1], final
+    assert "busbw GB/s" in text and "ZeRO-3: 20 Ψ / 8" in text, text
+    assert "Azure ML: not connected, working offline" in text and "config.json" in text
+    assert len(pngs) == 2, "the all-reduce and memory pictures"
+    assert sorted(p.name for p in plan.iterdir()) == ["compute.yaml", "data.yaml", "environment.yaml",
+                                                      "environment.yml", "job.yaml", "submit.md",
+                                                      "trainbook-config.yaml"]
+    assert "python -m toolkit.worker outputs/run" in (plan / "job.yaml").read_text()
     nbval(executed, tmp_path)

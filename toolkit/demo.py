@@ -26,8 +26,12 @@ def guided_notebooks() -> list[Path]:
 
 
 def execute(notebook: Path, out_dir: Path, parameters: dict) -> Path:
+    """Run ``notebook`` with papermill into ``out_dir``; parameters it does not declare are left out (papermill
+    would inject them anyway, with a warning), so the demo can offer every notebook the same settings."""
     import papermill
 
+    declared = papermill.inspect_notebook(str(notebook))
+    parameters = {k: v for k, v in parameters.items() if k in declared}
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / notebook.name
     papermill.execute_notebook(str(notebook), str(out), parameters=parameters, cwd=str(NOTEBOOKS),
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] {nb.name} ...", flush=True)
         t0 = time.perf_counter()
         try:
-            execute(nb, out_dir, {"runs_root": str(runs)})  # the workspace comes from TRAINBOOK_WORKSPACE
+            # the workspace comes from TRAINBOOK_WORKSPACE; each notebook takes the settings it declares
+            execute(nb, out_dir, {"runs_root": str(runs), "plan_dir": str(out_dir / "azure-plan")})
         except Exception as exc:  # papermill's PapermillExecutionError names the cell and the traceback
             print(f"[demo] {nb.name} FAILED: {exc}\n[demo] partial output: {out_dir / nb.name}", file=sys.stderr)
             return 1

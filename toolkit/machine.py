@@ -3,6 +3,7 @@ seen from inside). Facts only; :mod:`toolkit.doctor` judges them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -34,6 +35,23 @@ def accelerator_versions() -> dict:
     }
 
 
+@contextlib.contextmanager
+def _quiet_fds():
+    """Send file descriptors 1 and 2 to /dev/null for a moment: compilers started by a probe write there
+    directly, past Python's sys.stdout."""
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
 def deepspeed_ops() -> dict:
     """DeepSpeed's version and, per op, whether it can build here (what ``ds_report`` prints), and whether the
     shared-memory comm op is already compiled (otherwise the first distributed DeepSpeed start compiles it)."""
@@ -43,13 +61,14 @@ def deepspeed_ops() -> dict:
     except Exception as exc:  # a broken install is a finding, not a crash
         return {"version": None, "error": f"{type(exc).__name__}: {exc}", "ops": {}}
     ops = {}
-    for name, builder in sorted(ALL_OPS.items()):
-        if name == "deepspeed_not_implemented":
-            continue
-        try:
-            ops[name] = bool(builder.is_compatible(verbose=False))
-        except Exception:  # an op builder that cannot even probe is incompatible
-            ops[name] = False
+    with _quiet_fds():  # probing async_io runs a test link whose "cannot find -laio" would land in the output
+        for name, builder in sorted(ALL_OPS.items()):
+            if name == "deepspeed_not_implemented":
+                continue
+            try:
+                ops[name] = bool(builder.is_compatible(verbose=False))
+            except Exception:  # an op builder that cannot even probe is incompatible
+                ops[name] = False
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     built = any(cache.glob("*/deepspeed_shm_comm/*.so"))
     return {"version": deepspeed.__version__, "ops": ops, "shm_comm_built": built}

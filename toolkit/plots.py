@@ -7,14 +7,29 @@ from pathlib import Path
 from toolkit.rundir import RunDir
 
 
-def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Loss (train and validation, in bits per byte where the data is bytes) and throughput against step."""
-    import math
-
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend: pictures are files, so it works headless, in CI and in kernels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: str | Path) -> Path:
+    out = Path(out)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    _pyplot().close(fig)
+    return out
+
+
+def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Loss (train and validation, in bits per byte where the data is bytes) and throughput against step."""
+    import math
+
+    plt = _pyplot()
 
     run = RunDir(run_dir)
     train, evals = run.events("train"), run.events("eval")
@@ -41,11 +56,7 @@ def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax_mfu.plot([e["step"] for e in train], [100 * e["mfu"] for e in train], color="tab:purple", lw=0.8, alpha=0.6)
     ax_mfu.set_ylabel("MFU %")
     fig.suptitle(run.path.name)
-    fig.tight_layout()
-    out = Path(out) if out else run.path / "curves.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out or run.path / "curves.png")
 
 
 def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -54,10 +65,7 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     The resumed run's steps are drawn per attempt, so the kill point and the restart from the checkpoint are
     visible; where the resumed run is exact, its curve lies on the reference.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     reference, resumed = RunDir(reference_dir), RunDir(resumed_dir)
     fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -81,19 +89,12 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    out = Path(out) if out else resumed.path / "resume_comparison.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out or resumed.path / "resume_comparison.png")
 
 
 def loader_trials(report, out: str | Path) -> Path:
     """The loading advisor's measurements: data-wait % per DataLoader setting, against the target line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     labels = [f"{t.num_workers} workers\nprefetch {t.prefetch_factor}" for t in report.trials]
     waits = [t.wait_pct for t in report.trials]
@@ -106,8 +107,44 @@ def loader_trials(report, out: str | Path) -> Path:
     ax.set(ylabel="data wait, % of step time", title=f"Loading advisor: {report.asset} (green: recommended)")
     ax.set_ylim(0, max(max(waits), report.target_pct) * 1.3)
     ax.legend()
-    fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
+
+
+def allreduce_bandwidth(sweep, out: str | Path) -> Path:
+    """The doctor's all-reduce sweep: bus bandwidth against message size (log-log), as nccl-tests users read it."""
+    plt = _pyplot()
+    sizes = [r.size_bytes for r in sweep.rows]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(sizes, [r.busbw_gbps for r in sweep.rows], "o-", label="bus bandwidth")
+    ax.plot(sizes, [r.algbw_gbps for r in sweep.rows], "s--", alpha=0.6, label="algorithm bandwidth")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="message size (bytes)", ylabel="GB/s",
+           title=f"all_reduce, {sweep.nproc} processes, {sweep.backend}: latency-bound left, bandwidth-bound right")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, out)
+
+
+def memory_by_stage(advices: dict, out: str | Path) -> Path:
+    """Model-state GiB per GPU for each model size (groups) and ZeRO stage (bars), against the GPU's budget."""
+    import numpy as np
+
+    from toolkit.memory_estimate import STAGES, STATE_SHARE
+
+    plt = _pyplot()
+    labels = list(advices)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / len(STAGES)
+    for i, stage in enumerate(STAGES):
+        gib = [advices[label].estimates[stage].total_gib for label in labels]
+        ax.bar(np.arange(len(labels)) + (i - 1.5) * width, gib, width, label=f"ZeRO-{stage}")
+    budget = STATE_SHARE * next(iter(advices.values())).gpu_memory_gib
+    ax.axhline(budget, color="tab:red", ls="--", lw=1, label=f"{STATE_SHARE:.0%} of a GPU")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), [f"{label}\n(use ZeRO-{advices[label].stage})" if advices[label].stage
+                                       is not None else f"{label}\n(does not fit)" for label in labels])
+    gpus = next(iter(advices.values())).estimates[0].gpus
+    ax.set(ylabel="GiB per GPU (model state)", title=f"Adam model state per GPU on {gpus} GPUs")
+    ax.legend(fontsize=8, ncol=5)
+    return _save(fig, out)
