@@ -215,6 +215,46 @@ def _cmd_estimate(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from toolkit.export import export_run
+
+    result = export_run(args.run_dir, out=args.out)
+    print(result.summary())
+    if args.register is not None:
+        from toolkit.model_registry import register_model
+        from toolkit.workspace import Workspace
+
+        model = register_model(Workspace.open(args.workspace), result.path, name=args.register or None)
+        print(f"registered    {model.ref} (data {model.data}, run {model.run_dir})")
+    return 0 if result.parity_ok else 1
+
+
+def _cmd_models(args) -> int:
+    from toolkit.model_registry import list_models
+    from toolkit.workspace import Workspace
+
+    print(f"{'model':<20} {'size':>10}  {'created':<19} {'data':<16} run")
+    for m in list_models(Workspace.open(args.workspace)):
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created))
+        print(f"{m.ref:<20} {m.size_bytes / 2**20:>7.1f} MB  {created:<19} {m.data:<16} {m.run_dir}")
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    from toolkit.serving.endpoint import serve
+
+    endpoint = serve(args.model, port=args.port, runtime=args.runtime, host=args.host, max_batch=args.max_batch,
+                     max_wait_ms=args.max_wait_ms, workspace=args.workspace)
+    print(f"{endpoint.describe()}\n  key file (0600): {endpoint.folder / 'key'}\n  log: {endpoint.log_path}\n"
+          "  try: curl -H \"Authorization: Bearer $(cat KEYFILE)\" -d '{\"prompt\": \"def \"}' " + endpoint.scoring_url
+          + "\n(Ctrl-C stops it)", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        endpoint.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainbook", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -310,6 +350,29 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--zero-stage", type=int, help="show only this stage's figure")
     est.set_defaults(func=_cmd_estimate)
 
+    export = verbs.add_parser("export", help="RUN_DIR/model/: safetensors, ONNX and a parity report from the latest "
+                              "checkpoint; --register adds it to the workspace's models")
+    export.add_argument("run_dir")
+    export.add_argument("--out", help="model folder (default: RUN_DIR/model)")
+    export.add_argument("--register", nargs="?", const="", metavar="NAME",
+                        help="register the export as NAME (default: the run's config name)")
+    export.add_argument("--workspace", help="workspace (default: $TRAINBOOK_WORKSPACE or ./.trainbook)")
+    export.set_defaults(func=_cmd_export)
+
+    models = verbs.add_parser("models", help="registered models: version, size, data and run they came from")
+    models.add_argument("--workspace")
+    models.set_defaults(func=_cmd_models)
+
+    serve = verbs.add_parser("serve", help="a local online endpoint (Azure ML's scoring contract) on 127.0.0.1")
+    serve.add_argument("model", help="a model folder, or a registered NAME[:VERSION]")
+    serve.add_argument("--port", type=int, help="port (default: a free one)")
+    serve.add_argument("--runtime", default="onnx", help="onnx (default) or torch")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--max-batch", type=int, default=16, help="requests per forward pass (1: no batching)")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long an idle model waits to fill a batch")
+    serve.add_argument("--workspace")
+    serve.set_defaults(func=_cmd_serve)
+
     from toolkit.azure.cli import add_azure_verbs
 
     add_azure_verbs(verbs)
@@ -323,9 +386,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolkit.launch import RunBusyError
     from toolkit.workspace import WorkspaceError
     from toolkit.tb_server import TensorBoardError
+    from toolkit.serving.endpoint import EndpointError
 
     return (ConfigError, FileExistsError, FileNotFoundError, CheckpointError, RunBusyError, TensorBoardError,
-            DataAssetError, WorkspaceError, ValueError)
+            DataAssetError, WorkspaceError, EndpointError, ValueError)
 
 
 def main(argv: list[str] | None = None) -> int:

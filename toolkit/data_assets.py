@@ -153,7 +153,7 @@ def content_hash(type: str, listing: list[dict]) -> str:
     return hashlib.sha256(json.dumps([type, listing], sort_keys=True).encode()).hexdigest()
 
 
-def _snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
+def store_snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
     """Content-address ``source`` into the datastore. Returns (sha256, size, file count, snapshot path)."""
     files = [(source.name, source)] if type == "uri_file" else _files_of(source)
     if type == "mltable":
@@ -200,7 +200,7 @@ def register(ws: Workspace, name: str, path: str | Path, type: str = "uri_folder
     tags = dict(tags or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         raise DataAssetError(f"tags: {tags!r} is not allowed; allowed: a mapping of strings to strings")
-    sha256, size, count, snapshot = _snapshot(ws, source.resolve(), type)
+    sha256, size, count, snapshot = store_snapshot(ws, source.resolve(), type)
     with ws.transaction() as conn:
         existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? "
                                 "ORDER BY version DESC LIMIT 1", (name, sha256, type)).fetchone()

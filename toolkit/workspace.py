@@ -1,7 +1,7 @@
 """The local workspace: a folder with a SQLite catalogue and a datastore (Azure ML's Workspace, offline).
 
     .trainbook/
-      catalogue.sqlite     data assets and runs (and later models), schema versioned by PRAGMA user_version
+      catalogue.sqlite     data assets, runs and models, schema versioned by PRAGMA user_version
       datastore/           immutable, content-addressed snapshots of registered data
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, so several processes registering at once serialise on
@@ -49,6 +49,23 @@ MIGRATIONS: list[str] = [
         nproc         INTEGER NOT NULL
     );
     CREATE INDEX runs_by_data ON runs (data);
+    """,
+    """
+    CREATE TABLE models (
+        name        TEXT    NOT NULL,
+        version     INTEGER NOT NULL,
+        sha256      TEXT    NOT NULL,
+        size_bytes  INTEGER NOT NULL,
+        created     REAL    NOT NULL,
+        snapshot    TEXT    NOT NULL,
+        run_dir     TEXT    NOT NULL,
+        checkpoint  TEXT    NOT NULL,
+        data        TEXT    NOT NULL,
+        data_sha256 TEXT    NOT NULL,
+        description TEXT    NOT NULL DEFAULT '',
+        PRIMARY KEY (name, version)
+    );
+    CREATE INDEX models_by_hash ON models (name, sha256);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,56 @@
+"""Azure ML's scoring contract: ``init()`` loads the model from AZUREML_MODEL_DIR, ``run(request)`` answers.
+
+The same file runs in Azure ML's managed online endpoint and in Trainbook's local endpoint (Azure ML's own
+inference server, azureml-inference-server-http). It is decorated with ``@rawhttp`` so it sees the method,
+the headers and the raw body: that is what lets it answer 400/401/413 itself and never a 500 for bad input.
+
+Settings come from environment variables (the deployment's environment_variables on Azure ML):
+    TRAINBOOK_RUNTIME        onnx (default) or torch
+    TRAINBOOK_MAX_BATCH      requests batched into one forward pass (default 16; 1 turns batching off)
+    TRAINBOOK_MAX_WAIT_MS    how long an idle model waits for a batch to fill (default 5)
+    TRAINBOOK_KEY_FILE       local endpoint only: the key requests must carry; on Azure ML the endpoint
+                             checks keys before a request reaches this script
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Azure ML runs this file from its code folder: make the project importable (the folder holding toolkit/).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from azureml_inference_server_http.api.aml_request import rawhttp  # noqa: E402
+from azureml_inference_server_http.api.aml_response import AMLResponse  # noqa: E402
+
+from toolkit.serving.runtimes import find_model_dir  # noqa: E402
+from toolkit.serving.service import ScoringService  # noqa: E402
+
+service: ScoringService | None = None
+
+
+def init() -> None:
+    global service
+    key_file = os.environ.get("TRAINBOOK_KEY_FILE")
+    service = ScoringService(
+        find_model_dir(os.environ["AZUREML_MODEL_DIR"]),
+        runtime=os.environ.get("TRAINBOOK_RUNTIME", "onnx"),
+        max_batch=int(os.environ.get("TRAINBOOK_MAX_BATCH", "16")),
+        max_wait_ms=float(os.environ.get("TRAINBOOK_MAX_WAIT_MS", "5")),
+        key=Path(key_file).read_text().strip() if key_file else None,
+    )
+
+
+@rawhttp
+def run(request):
+    def read_body(limit: int) -> bytes:
+        chunks, size = [], 0
+        while size < limit and (chunk := request.stream.read(limit - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+
+    status, payload = service.handle(request.method, request.headers.get("Authorization"), request.content_length,
+                                     read_body)
+    return AMLResponse(payload, status, json_str=True)
