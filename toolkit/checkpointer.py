@@ -52,8 +52,9 @@ class _Job:
 
 
 def _capture(state) -> tuple[list, object]:
-    """Flatten a state dict: tensors by reference (copied later), everything else copied now."""
-    leaves, spec = tree_flatten(state)
+    """Flatten a state dict: tensors by reference (copied later), everything else copied now. A torch.Size is a
+    leaf: flattened as a tuple it would come back a plain tuple, which DeepSpeed's zero_to_fp32 cannot read."""
+    leaves, spec = tree_flatten(state, is_leaf=lambda x: isinstance(x, torch.Size))
     return [leaf if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf) for leaf in leaves], spec
 
 

@@ -1,0 +1,121 @@
+"""Export (safetensors, ONNX, parity) from either engine's checkpoints, and the workspace's model registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from toolkit import data as data_mod
+from toolkit.data_assets import DataAssetError
+from toolkit.export import MANIFEST, ExportError, export_run, read_manifest
+from toolkit.model_registry import get_model, list_models, register_model, resolve_model_dir
+from toolkit.rundir import RunDir
+from toolkit.workspace import Workspace
+
+from conftest import cli
+
+FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", MANIFEST}
+
+
+def _val_loss_of_export(model_dir, run: RunDir) -> float:
+    """The exported weights' loss on the run's own validation batches, computed the way the trainer does."""
+    from toolkit.serving.runtimes import TorchRuntime
+
+    cfg = run.read_config()
+    corpus = data_mod.load_corpus(cfg)
+    model = TorchRuntime(model_dir).model
+    with torch.no_grad():
+        losses = [model(x, y).item() for x, y in data_mod.val_batches(corpus, cfg, 0, 1)]
+    return sum(losses) / len(losses)
+
+
+def _trained(train_tiny, *flags, name="run"):
+    proc, run = train_tiny("--set", "train.max_steps=20", "--set", "train.eval_every=20", *flags, name=name)
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoint(train_tiny):
+    run = _trained(train_tiny)
+    result = export_run(run.path)
+    assert {p.name for p in result.path.iterdir()} == FILES and result.path == run.path / "model"
+    manifest = read_manifest(result.path)
+    assert manifest["checkpoint"] == "step_00000020" and manifest["engine"] == "torch"
+    assert manifest["onnx_opset"] >= 17 and manifest["dynamic_axes"] == ["batch", "sequence"]
+    assert manifest["files"]["model.safetensors"]["size"] == (result.path / "model.safetensors").stat().st_size
+    parity = json.loads((result.path / "parity.json").read_text())
+    assert result.parity_ok and parity["max_abs_diff"] <= 1e-4
+    assert [s["shape"] for s in parity["shapes"]] == [[4, 32], [3, 17], [1, 1]], "several batch and sequence sizes"
+    # safetensors is a JSON header and raw tensors: nothing in it can run code when loaded
+    header_len = int.from_bytes((result.path / "model.safetensors").read_bytes()[:8], "little")
+    assert json.loads((result.path / "model.safetensors").read_bytes()[8:8 + header_len])
+    # the exported weights are the trained ones: same validation loss as the run's last evaluation
+    assert _val_loss_of_export(result.path, run) == pytest.approx(run.events("eval")[-1]["val_loss"], abs=1e-5)
+
+
+def test_export_replaces_an_older_export_whole_and_the_cli_reports_parity(train_tiny, tmp_path):
+    run = _trained(train_tiny)
+    export_run(run.path)
+    (run.path / "model" / "stale.txt").write_text("from an older export")
+    proc = cli("export", str(run.path), "--register", "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 0, proc.stderr
+    assert "parity        max |torch - onnxruntime|" in proc.stdout and "registered    tiny:1" in proc.stdout
+    assert {p.name for p in (run.path / "model").iterdir()} == FILES
+    assert not [p for p in run.path.iterdir() if p.name.startswith(".model")], "no temporary folder left behind"
+
+
+def test_a_run_without_checkpoints_cannot_be_exported(train_tiny):
+    run = _trained(train_tiny, "--set", "checkpoint.at_end=false")
+    with pytest.raises(ExportError, match="has no valid checkpoint"):
+        export_run(run.path)
+    proc = cli("export", str(run.path))
+    assert proc.returncode == 2 and "error: run_dir:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (run.path / "model").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_partitioned_checkpoints_are_consolidated(train_tiny, stage):
+    run = _trained(train_tiny, "--engine", "deepspeed", "--nproc", "2", "--set", f"engine.zero_stage={stage}",
+                   name=f"zero{stage}")
+    result = export_run(run.path)
+    assert result.manifest["engine"] == "deepspeed" and result.manifest["zero_stage"] == stage
+    assert result.parity_ok
+    # Consolidated fp32 weights from both ranks' partitions reproduce the run's own validation loss.
+    assert _val_loss_of_export(result.path, run) == pytest.approx(run.events("eval")[-1]["val_loss"], abs=1e-4)
+
+
+def test_models_register_by_content_with_their_lineage(train_tiny, tmp_path):
+    ws_dir = tmp_path / "ws"
+    assert cli("data", "--workspace", str(ws_dir), "register-builtin", "pydoc").returncode == 0
+    run = _trained(train_tiny, "--set", "data.asset=pydoc", "--set", f"data.workspace={ws_dir}")
+    ws = Workspace.open(ws_dir)
+    first = register_model(ws, export_run(run.path).path)
+    assert first.ref == "tiny:1" and first.data == "pydoc:1" and len(first.data_sha256) == 64
+    assert first.run_dir == str(run.path.resolve()) and first.checkpoint == "step_00000020"
+    assert register_model(ws, run.path / "model").ref == "tiny:1", "same content, same version"
+    second = register_model(ws, export_run(run.path).path, description="re-exported")
+    assert second.ref == "tiny:2" and get_model(ws, "tiny").ref == "tiny:2" and get_model(ws, "tiny:1") == first
+    assert (first.path / "model.onnx").is_file() and first.path != run.path / "model", "served from the snapshot"
+    assert [m.ref for m in list_models(ws)] == ["tiny:2", "tiny:1"]
+    assert resolve_model_dir("tiny:1", ws_dir) == first.path
+    listing = cli("models", "--workspace", str(ws_dir)).stdout
+    assert "tiny:1" in listing and "pydoc:1" in listing
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("nothing", "model: 'nothing' is not registered; registered: none"),
+    ("bad/path/to/model", "model: 'bad/path/to/model' is neither a folder nor a registered model"),
+    ("tiny:x", "model: 'tiny:x' is not a reference"),
+])
+def test_unknown_models_are_named(tmp_path, ref, message):
+    with pytest.raises(DataAssetError, match=message.replace("(", r"\(")):
+        resolve_model_dir(ref, tmp_path / "ws")
+
+
+def test_a_folder_that_is_not_an_export_is_refused(tmp_path):
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(ExportError, match="is not an exported model folder"):
+        read_manifest(tmp_path / "weights")
