@@ -39,7 +39,7 @@ class ScoringService:
         """One request. ``read_body(n)`` reads at most n bytes, so an oversized body is never held in memory."""
         started = time.perf_counter()
         if method == "GET":  # readiness: the model is loaded and the batcher runs (no key: probes have none)
-            return 200, {"ready": True, **self.info}
+            return 200, {"ready": True, **self.info, **self.batcher.stats}
         if method != "POST":
             return 405, {"error": f"method: {method} is not allowed; allowed: GET (readiness), POST (score)"}
         if not self._authorised(authorization):

@@ -1,0 +1,205 @@
+"""The local online endpoint, tested against a running server: the scoring contract, the key, every kind of bad
+request, 50 concurrent clients, and batching that changes speed but not answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from toolkit.export import export_run
+from toolkit.serving.batcher import Batcher
+from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, GenerateRequest, ScoreRequest
+from toolkit.serving.runtimes import load_runtime
+from toolkit.serving.endpoint import serve
+
+from conftest import PROJECT
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    run_dir = root / "run"
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "tiny", "--run-dir", str(run_dir), "--set",
+                           "train.max_steps=30"], capture_output=True, text=True, cwd=PROJECT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return export_run(run_dir).path
+
+
+@pytest.fixture(scope="module")
+def endpoint(model_dir, tmp_path_factory):
+    with serve(model_dir, workspace=tmp_path_factory.mktemp("ws"), max_batch=16, max_wait_ms=5) as ep:
+        yield ep
+
+
+def call(url, body=None, headers=None, method=None, raw: bytes | None = None):
+    """(status, JSON or text) of one HTTP request; HTTP errors are answers here, not exceptions."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode()
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def generate(endpoint, **body):
+    return call(endpoint.scoring_url, {"prompt": "def ", "max_new_tokens": 8, **body}, endpoint.headers())
+
+
+def test_generation_and_scoring_follow_the_contract(endpoint):
+    status, answer = generate(endpoint, max_new_tokens=20, temperature=0.8, top_k=20, seed=7)
+    assert status == 200 and answer["task"] == "generate" and answer["new_tokens"] == 20
+    assert isinstance(answer["text"], str) and answer["prompt_bytes"] == 4
+    assert {"queue", "compute", "total", "server", "steps"} <= set(answer["timing_ms"])
+    assert generate(endpoint, max_new_tokens=20, temperature=0.8, top_k=20, seed=7)[1]["text"] == answer["text"], \
+        "a seed makes sampling repeatable"
+    long_text = "The quick brown fox jumps over the lazy dog. " * 5  # longer than the 32-byte context
+    status, scored = call(endpoint.scoring_url, {"task": "score", "text": long_text}, endpoint.headers())
+    assert status == 200 and scored["predicted_bytes"] == len(long_text) - 1
+    assert scored["log_likelihood"] < 0 and 0 < scored["bits_per_byte"] < 8.5
+
+
+def test_liveness_and_readiness(endpoint):
+    assert call(endpoint.url + "/") == (200, "Healthy")  # the inference server's own liveness route
+    status, ready = call(endpoint.scoring_url)  # readiness: no key needed, as for Azure ML's probes
+    assert status == 200 and ready["ready"] and ready["runtime"] == "onnx" and ready["max_batch"] == 16
+
+
+def test_the_key_is_private_and_the_server_listens_on_loopback_only(endpoint):
+    key_file = endpoint.folder / "key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and len(endpoint.key) >= 32
+    assert endpoint.key not in repr(endpoint) and endpoint.key not in endpoint.describe()
+    assert endpoint.url.startswith("http://127.0.0.1:")
+    port = int(endpoint.url.rsplit(":", 1)[1])
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it picks the outward interface
+        outside = probe.getsockname()[0]
+    except OSError:
+        outside = "127.0.0.1"
+    finally:
+        probe.close()
+    if outside.startswith("127."):
+        pytest.skip("this machine has no non-loopback address to try")
+    with pytest.raises(OSError):  # refused: nothing listens on that address
+        socket.create_connection((outside, port), timeout=2).close()
+
+
+BAD_REQUESTS = [
+    # (what, body or raw bytes, headers: "good" | "none" | "wrong", method, status, words in the message)
+    ("no key", {"prompt": "x"}, "none", None, 401, "Authorization: key missing"),
+    ("wrong key", {"prompt": "x"}, "wrong", None, 401, "Authorization: key not valid"),
+    ("not JSON", b"{prompt: 'x'", "good", None, 400, "body: not valid JSON"),
+    ("not UTF-8", b"\xff\xfe\x00", "good", None, 400, "body: not"),
+    ("a list", [1, 2], "good", None, 400, "body: a JSON list"),
+    ("unknown task", {"task": "translate", "prompt": "x"}, "good", None, 400, "task: 'translate' is not allowed"),
+    ("unknown field", {"prompt": "x", "beam": 4}, "good", None, 400, "beam: unknown field"),
+    ("prompt not a string", {"prompt": 42}, "good", None, 400, "prompt: 42 is not allowed"),
+    ("empty prompt", {"prompt": ""}, "good", None, 400, "prompt: empty"),
+    ("prompt over the limit", {"prompt": "x" * (MAX_PROMPT_BYTES + 1)}, "good", None, 400, "over the limit"),
+    ("negative max_new_tokens", {"prompt": "x", "max_new_tokens": -1}, "good", None, 400, "max_new_tokens: -1"),
+    ("huge max_new_tokens", {"prompt": "x", "max_new_tokens": 10**9}, "good", None, 400,
+     f"allowed: an integer from 1 to {MAX_NEW_TOKENS}"),
+    ("temperature a word", {"prompt": "x", "temperature": "hot"}, "good", None, 400, "temperature: 'hot'"),
+    ("body over the limit", b"{" + b" " * (MAX_BODY_BYTES + 10) + b"}", "good", None, 413, "body:"),
+    ("unknown route", None, "good", "GET", 404, ""),
+    ("method", {"prompt": "x"}, "good", "PUT", 405, ""),
+]
+
+
+@pytest.mark.parametrize("what, body, auth, method, status, message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_the_right_status_and_the_server_stays_up(endpoint, what, body, auth, method, status,
+                                                                    message):
+    headers = {"good": endpoint.headers(), "none": {"Content-Type": "application/json"},
+               "wrong": {**endpoint.headers(), "Authorization": "Bearer not-the-key"}}[auth]
+    url = endpoint.url + "/nowhere" if what == "unknown route" else endpoint.scoring_url
+    raw = body if isinstance(body, bytes) else None
+    got, answer = call(url, None if raw is not None else body, headers, method=method, raw=raw)
+    assert got == status, answer
+    if message:
+        assert message in answer["error"], answer
+    assert "Traceback" not in json.dumps(answer)
+    assert generate(endpoint)[0] == 200, "the server answers a good request afterwards"
+
+
+def test_fifty_concurrent_clients_are_all_answered_and_share_forward_passes(endpoint):
+    before = call(endpoint.scoring_url)[1]
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(lambda i: generate(endpoint, max_new_tokens=16, seed=i, temperature=1.0), range(50)))
+    assert [status for status, _ in results] == [200] * 50
+    assert all(answer["new_tokens"] == 16 for _, answer in results)
+    after = call(endpoint.scoring_url)[1]
+    rows, forwards = after["rows"] - before["rows"], after["forwards"] - before["forwards"]
+    assert rows == 50 * 16 and forwards < rows / 2, f"{forwards} forwards for {rows} rows: requests were not batched"
+    assert generate(endpoint)[0] == 200
+
+
+def test_batching_changes_speed_not_answers(model_dir):
+    """Greedy generations of prompts of different lengths, submitted together: the same text batched (rows
+    right-padded into one forward) as one at a time; and ONNX Runtime agrees with eager torch."""
+    prompts = [b"def ", b"The return value of", b"x", b"class Foo:\n    def __init__(self"]
+    requests = [GenerateRequest(p, 12, 0.0, 0, None) for p in prompts] + [ScoreRequest(b"import os\nimport sys\n" * 3)]
+    answers = {}
+    for runtime in ("onnx", "torch"):
+        for max_batch in (1, 8):
+            batcher = Batcher(load_runtime(model_dir, runtime), max_batch=max_batch, max_wait_ms=50)
+            futures = [batcher.submit(r) for r in requests]
+            answers[runtime, max_batch] = [f.result(timeout=60) for f in futures]
+            if max_batch == 8:
+                assert batcher.stats["forwards"] < len(requests) * 12, "the requests shared forward passes"
+    reference = answers["torch", 1]
+    for key, got in answers.items():
+        assert [a["text"] for a in got[:4]] == [a["text"] for a in reference[:4]], key
+        assert got[4]["log_likelihood"] == pytest.approx(reference[4]["log_likelihood"], abs=1e-3), key
+
+
+def test_the_runtimes_agree_on_logits(model_dir):
+    ids = np.random.default_rng(0).integers(0, 256, size=(3, 20), dtype=np.int64)
+    onnx, torch_ = load_runtime(model_dir, "onnx"), load_runtime(model_dir, "torch")
+    assert np.abs(onnx.forward(ids) - torch_.forward(ids)).max() <= 1e-4
+    with pytest.raises(ValueError, match="runtime: 'tensorrt' is not allowed; allowed: onnx, torch"):
+        load_runtime(model_dir, "tensorrt")
+
+
+def test_serve_from_the_command_line_and_stop_with_ctrl_c(model_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit", "serve", str(model_dir), "--runtime", "torch",
+                             "--workspace", str(tmp_path / "ws")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=PROJECT)
+    try:
+        first = proc.stdout.readline()  # printed once the endpoint answers
+        url = first.split(": ", 1)[1].split(" ")[0]
+        key = (tmp_path / "ws" / "endpoints" / "tiny" / "key").read_text()
+        assert key not in first and "key " in first
+        status, answer = call(url, {"prompt": "def ", "max_new_tokens": 4}, {"Authorization": f"Bearer {key}"})
+        assert status == 200 and answer["new_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert key not in out + err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runtime", "tensorrt"], "--runtime: 'tensorrt' is not allowed"),
+    (["--port", "80"], "--port: 80 is not allowed; allowed: 1024 to 65535"),
+    (["--max-batch", "0"], "--max-batch: 0 is not allowed"),
+])
+def test_bad_serve_arguments(model_dir, args, message):
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "serve", str(model_dir), *args], capture_output=True,
+                          text=True, cwd=PROJECT, timeout=60, env={**os.environ})
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
