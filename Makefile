@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_data.py
 	$(PY) bench/bench_doctor.py
+	$(PY) bench/bench_serving.py
 
 # Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
 lock: $(STAMP)

@@ -1,4 +1,5 @@
-"""``trainbook azure ...``: plan an Azure ML job into a folder of YAML files, submit a plan to a workspace.
+"""``trainbook azure ...``: plan an Azure ML job into a folder of YAML files, submit a plan to a workspace; plan
+an online endpoint for an exported model, deploy it.
 
 Only argparse at import time: the parser is built on every CLI call, azure.ai.ml loads when a verb runs.
 """
@@ -8,35 +9,50 @@ from __future__ import annotations
 import sys
 
 
-def _cmd_plan(args) -> int:
-    from toolkit import config as config_mod
+def _config_ref(args):
+    """The workspace of --workspace-config, if given: plans only name it in their instructions."""
     from toolkit.azure.connection import workspace_ref
-    from toolkit.azure.plan import build_plan, write_plan
 
-    cfg = config_mod.load(args.config, list(args.set or []))
-    ref = workspace_ref(args.workspace_config) if args.workspace_config else None
-    plan = build_plan(cfg, compute=args.compute, sku=args.sku, instance_count=args.instance_count,
-                      gpus_per_node=args.gpus_per_node, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
-                      idle_seconds=args.idle_seconds, low_priority=args.low_priority, image=args.image,
-                      workspace=ref, conda_file=args.conda_file)
-    out = write_plan(plan, args.out)
+    return workspace_ref(args.workspace_config) if args.workspace_config else None
+
+
+def _print_plan(plan, out, readme: str) -> int:
     print(plan.summary())
-    print(f"{'plan':<12} {out / 'submit.md'}")
+    print(f"{'plan':<12} {out / readme}")
     return 0
 
 
-def _cmd_submit(args) -> int:
+def _in_workspace(args, action, interrupted: str) -> int:
+    """``action(ref)`` on the workspace the flags name; Ctrl-C says what goes on in Azure ML (exit 130)."""
     from toolkit.azure.connection import workspace_ref
-    from toolkit.azure.submit import submit
 
     ref = workspace_ref(args.workspace_config, subscription_id=args.subscription,
                         resource_group=args.resource_group, workspace_name=args.workspace_name)
     try:
-        submit(args.plan_dir, ref, stream=not args.no_stream)
+        action(ref)
     except KeyboardInterrupt:
-        print("interrupted: the job keeps running in Azure ML (see its studio page)", file=sys.stderr)
+        print(f"interrupted: {interrupted}", file=sys.stderr)
         return 130
     return 0
+
+
+def _cmd_plan(args) -> int:
+    from toolkit import config as config_mod
+    from toolkit.azure.plan import build_plan, write_plan
+
+    cfg = config_mod.load(args.config, list(args.set or []))
+    plan = build_plan(cfg, compute=args.compute, sku=args.sku, instance_count=args.instance_count,
+                      gpus_per_node=args.gpus_per_node, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+                      idle_seconds=args.idle_seconds, low_priority=args.low_priority, image=args.image,
+                      workspace=_config_ref(args), conda_file=args.conda_file)
+    return _print_plan(plan, write_plan(plan, args.out), "submit.md")
+
+
+def _cmd_submit(args) -> int:
+    from toolkit.azure.submit import submit
+
+    return _in_workspace(args, lambda ref: submit(args.plan_dir, ref, stream=not args.no_stream),
+                         "the job keeps running in Azure ML (see its studio page)")
 
 
 def _add_plan(verbs) -> None:
@@ -67,22 +83,79 @@ def _add_plan(verbs) -> None:
 def _add_submit(verbs) -> None:
     submit = verbs.add_parser("submit", help="create a plan's compute, environment, data and job; stream its log")
     submit.add_argument("plan_dir")
-    submit.add_argument("--workspace-config", metavar="CONFIG_JSON",
-                        help="Azure ML config.json (default: ./config.json, then ./.azureml/config.json)")
-    submit.add_argument("--subscription", help="subscription id (with --resource-group and --workspace-name)")
-    submit.add_argument("--resource-group")
-    submit.add_argument("--workspace-name")
+    _add_workspace_flags(submit)
     submit.add_argument("--no-stream", action="store_true", help="return once the job is submitted")
     submit.set_defaults(func=_cmd_submit)
 
 
-AZURE_VERBS = [_add_plan, _add_submit]
+def _cmd_deploy_plan(args) -> int:
+    from toolkit.azure.deploy_plan import build_deployment_plan, write_deployment_plan
+
+    plan = build_deployment_plan(args.model, endpoint=args.endpoint, sku=args.sku, instance_count=args.instance_count,
+                                 deployment=args.deployment, runtime=args.runtime, max_batch=args.max_batch,
+                                 max_wait_ms=args.max_wait_ms, image=args.image, workspace=_config_ref(args))
+    return _print_plan(plan, write_deployment_plan(plan, args.out), "deploy.md")
+
+
+def _cmd_deploy(args) -> int:
+    from toolkit.azure.deploy import credentials_hint, deploy
+
+    def deploy_and_report(ref) -> None:
+        endpoint = deploy(args.plan_dir, ref)
+        print(f"scoring uri: {endpoint.scoring_uri}")
+        print(f"keys: {credentials_hint(endpoint.name, ref)}")
+
+    return _in_workspace(args, deploy_and_report, "Azure ML goes on creating what it started; see "
+                                                  "`az ml online-deployment list -e ENDPOINT`")
+
+
+def _add_workspace_flags(parser) -> None:
+    parser.add_argument("--workspace-config", metavar="CONFIG_JSON",
+                        help="Azure ML config.json (default: ./config.json, then ./.azureml/config.json)")
+    parser.add_argument("--subscription", help="subscription id (with --resource-group and --workspace-name)")
+    parser.add_argument("--resource-group")
+    parser.add_argument("--workspace-name")
+
+
+def _add_deploy_plan(verbs) -> None:
+    from toolkit.azure.deploy_plan import MAX_BATCH, MAX_WAIT_MS
+
+    plan = verbs.add_parser("deploy-plan", help="validate and write endpoint/deployment YAML and deploy.md for an "
+                                                "exported model")
+    plan.add_argument("model", help="an exported model folder, or a registered model name[:version]")
+    plan.add_argument("--endpoint", required=True, help="online endpoint name (3-32 letters, digits, '-')")
+    plan.add_argument("--sku", required=True, help="VM size of one instance, e.g. Standard_DS3_v2")
+    plan.add_argument("--instance-count", type=int, default=1, help="instances (default: 1; 3 for production)")
+    plan.add_argument("--deployment", default="blue", help="deployment name (default: blue)")
+    plan.add_argument("--runtime", default="onnx", help="onnx (model.onnx) or torch (model.safetensors); "
+                                                        "default: onnx")
+    plan.add_argument("--max-batch", type=int, default=16, help=f"requests batched together, 1 to {MAX_BATCH} "
+                                                                "(default: 16)")
+    plan.add_argument("--max-wait-ms", type=int, default=5,
+                      help=f"how long a request waits for its batch to fill, 0 to {MAX_WAIT_MS} ms (default: 5)")
+    plan.add_argument("--image", help="base image (default: Azure ML's minimal CPU inference image; ACPT on GPUs)")
+    plan.add_argument("--workspace-config", metavar="CONFIG_JSON",
+                      help="Azure ML config.json: fills resource group and workspace into deploy.md")
+    plan.add_argument("--out", required=True, help="plan folder to write (an earlier deployment plan is replaced)")
+    plan.set_defaults(func=_cmd_deploy_plan)
+
+
+def _add_deploy(verbs) -> None:
+    deploy = verbs.add_parser("deploy", help="create a deployment plan's endpoint and deployment, route all traffic "
+                                             "to it, print the scoring URI")
+    deploy.add_argument("plan_dir")
+    _add_workspace_flags(deploy)
+    deploy.set_defaults(func=_cmd_deploy)
+
+
+AZURE_VERBS = [_add_plan, _add_submit, _add_deploy_plan, _add_deploy]
 """Each adds one ``trainbook azure`` sub-verb; deployment verbs append theirs here."""
 
 
 def add_azure_verbs(verbs) -> None:
     """Add ``azure`` and its sub-verbs to the top-level subparsers of the trainbook CLI."""
-    azure = verbs.add_parser("azure", help="Azure ML: plan a training job as YAML files, submit it to a workspace")
+    azure = verbs.add_parser("azure", help="Azure ML: plan a training job or an online endpoint as YAML files, "
+                                           "submit or deploy it to a workspace")
     sub = azure.add_subparsers(dest="azure_verb", required=True)
     for add in AZURE_VERBS:
         add(sub)

@@ -97,3 +97,15 @@ def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
     if dropped:
         raise AzureError(f"code: {upload.ignore_file} drops files the job needs: {', '.join(dropped)}; allowed: "
                          f"rules in {where} that keep toolkit/**/*.py, configs/*.yaml and pyproject.toml")
+
+
+def require(upload: CodeUpload, rel: str, field: str, what: str) -> Path:
+    """``rel`` (relative to the code folder) must exist and be uploaded; ``what`` says what it is. Returns its
+    path."""
+    path = upload.root / rel
+    if not path.is_file():
+        raise AzureError(f"{field}: {rel!r} is missing in {str(upload.root)!r}; allowed: {what} at that path")
+    if rel not in {name for name, _ in upload.files}:
+        raise AzureError(f"{field}: {rel!r} is dropped by {upload.ignore_file}; allowed: rules in "
+                         f"{upload.ignore_file.name if upload.ignore_file else '.amlignore'} that keep it")
+    return path

@@ -1,6 +1,7 @@
-"""One Trainbook config + plan options -> the azure-ai-ml entities: AmlCompute, Environment, Data, CommandJob.
+"""One Trainbook config + plan options -> the azure-ai-ml entities: AmlCompute, Environment, Data, CommandJob;
+one exported model + deployment options -> ManagedOnlineEndpoint, Model, ManagedOnlineDeployment.
 
-Every builder takes values that were already validated (see plan.py) and only assembles SDK objects.
+Every builder takes values that were already validated (see plan.py, deploy_plan.py) and only assembles SDK objects.
 """
 
 from __future__ import annotations
@@ -92,13 +93,13 @@ def environment_version(image: str, conda_file: Path) -> str:
     return hashlib.sha256(image.encode() + b"\0" + conda_file.read_bytes()).hexdigest()[:12]
 
 
-def environment(image: str, conda_file: Path):
-    """The Environment: the ACPT image with the project's conda environment on top."""
+def environment(image: str, conda_file: Path, *, name: str = ENVIRONMENT_NAME,
+                description: str = "Trainbook: Azure Container for PyTorch + the project's environment.yml"):
+    """The Environment: an image (ACPT for training) with the project's conda environment on top."""
     from azure.ai.ml.entities import Environment
 
-    return Environment(name=ENVIRONMENT_NAME, version=environment_version(image, conda_file), image=image,
-                       conda_file=str(conda_file),
-                       description="Trainbook: Azure Container for PyTorch + the project's environment.yml")
+    return Environment(name=name, version=environment_version(image, conda_file), image=image,
+                       conda_file=str(conda_file), description=description)
 
 
 def data(asset):
@@ -135,3 +136,77 @@ def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, i
         description=f"Trainbook {cfg.name}: {cfg.engine.name} on {instance_count} x {sku.name}, world size {world}",
         tags={"trainbook_config_sha256": cfg.fingerprint(), "engine": cfg.engine.name, "world_size": str(world),
               **({"data": f"{data_asset.name}:{data_asset.version}"} if data_asset is not None else {})})
+
+
+# --- online endpoint -------------------------------------------------------------------------------------------
+# The Azure ML twin of the local online endpoint: the same toolkit/serving/score.py (init/run) behind Azure ML's
+# inference server, with the same batching knobs.
+
+# Azure ML's minimal CPU inference image ("Docker images for inference", learn.microsoft.com/azure/machine-learning/
+# concept-prebuilt-docker-images-inference, "Inference minimal base images"; Microsoft recommends `:latest`, which
+# follows its patched rebuilds). Its own Python does not matter: Azure ML builds environment.yml (python 3.11,
+# azureml-inference-server-http, onnxruntime, torch) into a conda environment on top and runs score.py there.
+# GPU sizes serve from the ACPT image (CUDA, cuDNN and NCCL built with PyTorch), like training.
+CPU_INFERENCE_IMAGE = "mcr.microsoft.com/azureml/minimal-ubuntu22.04-py39-cpu-inference:latest"
+SERVING_ENVIRONMENT_NAME = "trainbook-serving"
+SCORING_SCRIPT = "toolkit/serving/score.py"  # relative to the code folder (the project root)
+# One inference-server worker process with this many threads: concurrent requests land in the same process, where
+# score.py gathers them into batches (one model in memory, not one per worker).
+SERVER_THREADS = 16
+# A request waits at most --max-wait-ms for its batch, then runs with up to --max-batch - 1 others; 10 s leaves
+# room for a full batch on a small CPU size and a cold first call, far below Azure's 180 s maximum.
+REQUEST_TIMEOUT_MS = 10_000
+# Deprecated by Azure in favour of request_timeout_ms, still honoured by older API versions: the SDK default.
+MAX_QUEUE_WAIT_MS = 500
+# Probes (seconds). The inference server answers once score.py's init() has loaded the model: a few seconds for
+# an ONNX session or safetensors weights, longer on a small CPU size. Readiness polls quickly so traffic starts
+# soon after the load, and keeps trying for 10 + 60 x 5 s. Liveness starts later and tolerates 30 misses 10 s
+# apart before Azure restarts the container, so a slow load is never killed mid-way. Timeouts of 5 s: with all
+# threads busy in a batch, a probe waits its turn. Azure fixes a liveness probe's success threshold at 1.
+READINESS_PROBE = {"initial_delay": 10, "period": 5, "timeout": 5, "failure_threshold": 60, "success_threshold": 1}
+LIVENESS_PROBE = {"initial_delay": 30, "period": 10, "timeout": 5, "failure_threshold": 30, "success_threshold": 1}
+
+
+def serving_image(sku: Sku) -> str:
+    """The default image for a serving size: ACPT on GPU sizes, the minimal CPU inference image elsewhere."""
+    return DEFAULT_IMAGE if sku.gpus else CPU_INFERENCE_IMAGE
+
+
+def serving_variables(runtime: str, max_batch: int, max_wait_ms: int) -> dict[str, str]:
+    """What score.py and the inference server read: the runtime and batching knobs, one worker, its threads."""
+    return {"TRAINBOOK_RUNTIME": runtime, "TRAINBOOK_MAX_BATCH": str(max_batch),
+            "TRAINBOOK_MAX_WAIT_MS": str(max_wait_ms), "WORKER_COUNT": "1",
+            "GUNICORN_CMD_ARGS": f"--threads {SERVER_THREADS}"}
+
+
+def online_endpoint(name: str, *, description: str, tags: dict[str, str]):
+    """The ManagedOnlineEndpoint: key authentication, like the local endpoint."""
+    from azure.ai.ml.entities import ManagedOnlineEndpoint
+
+    return ManagedOnlineEndpoint(name=name, auth_mode="key", description=description, tags=tags)
+
+
+def model(path: Path, *, name: str, version: str | None, description: str, tags: dict[str, str]):
+    """The Model: the exported folder, uploaded as it is (a custom_model). Without a version Azure ML gives the
+    next free one."""
+    from azure.ai.ml.entities import Model
+
+    return Model(path=str(path), type="custom_model", name=name, version=version, description=description,
+                 tags=tags)
+
+
+def online_deployment(name: str, *, endpoint_name: str, model_entity, code: Path, environment_entity, sku: Sku,
+                      instance_count: int, variables: dict[str, str], tags: dict[str, str]):
+    """The ManagedOnlineDeployment: score.py from the project folder, the model, probes and request settings."""
+    from azure.ai.ml.entities import CodeConfiguration, ManagedOnlineDeployment, OnlineRequestSettings, ProbeSettings
+
+    return ManagedOnlineDeployment(
+        name=name, endpoint_name=endpoint_name, model=model_entity,
+        code_configuration=CodeConfiguration(code=str(code), scoring_script=SCORING_SCRIPT),
+        environment=environment_entity, instance_type=sku.name, instance_count=instance_count,
+        liveness_probe=ProbeSettings(**LIVENESS_PROBE), readiness_probe=ProbeSettings(**READINESS_PROBE),
+        request_settings=OnlineRequestSettings(request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                               max_concurrent_requests_per_instance=SERVER_THREADS,
+                                               max_queue_wait_ms=MAX_QUEUE_WAIT_MS),
+        environment_variables=variables, tags=tags,
+        description=f"Trainbook {model_entity.name} on {instance_count} x {sku.name}")

@@ -11,34 +11,24 @@ renamed into place, so a failed plan leaves nothing behind and a replaced plan i
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from toolkit.azure import code_upload, entities
 from toolkit.azure.connection import WorkspaceRef
 from toolkit.azure.errors import AzureError
+from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
+                                      publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_sku
 
 DEFAULT_IDLE_SECONDS = 1800
 # Azure ML compute cluster names: 3 to 24 letters, digits and '-', starting with a letter, and a '-' must be
 # followed by a letter somewhere later (learn.microsoft.com, "Create compute targets ... studio": Compute name).
 COMPUTE_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{2,23}")
-IMAGE_RE = re.compile(r"[a-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?")
-SCHEMAS = {
-    "compute.yaml": "https://azuremlschemas.azureedge.net/latest/amlCompute.schema.json",
-    "environment.yaml": "https://azuremlschemas.azureedge.net/latest/environment.schema.json",
-    "data.yaml": "https://azuremlschemas.azureedge.net/latest/data.schema.json",
-    "job.yaml": "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json",
-}
-CONDA_COPY = "environment.yml"  # the conda file travels with the plan; environment.yaml names it relatively
+SCHEMAS = {"compute.yaml": "amlCompute.schema.json", "environment.yaml": "environment.schema.json",
+           "data.yaml": "data.schema.json", "job.yaml": "commandJob.schema.json"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ OPTION_RULES: list[tuple[Callable[[Options], bool], Callable[[Options], str]]] =
                f"{o.max_nodes} (the cluster never grows past --max-nodes, the job would wait forever)"),
     (lambda o: o.idle_seconds < 0,
      lambda o: f"--idle-seconds: {o.idle_seconds} is not allowed; allowed: 0 or more"),
-    (lambda o: not IMAGE_RE.fullmatch(o.image),
+    (lambda o: not image_ok(o.image),
      lambda o: f"--image: {o.image!r} is not allowed; allowed: an image reference like {entities.DEFAULT_IMAGE}"),
 ]
 
@@ -117,16 +107,6 @@ def _local_asset(cfg):
     except (data_assets.DataAssetError, WorkspaceError) as exc:
         detail = str(exc).removeprefix("data asset: ")
         raise AzureError(f"data.asset: {detail}") from None
-
-
-def _read_conda_file(path: Path) -> None:
-    """environment.yml must be a conda file with a pip section: Azure ML builds the image from it."""
-    from toolkit.drift import EnvironmentFileError, declared_packages
-
-    try:
-        declared_packages(path, field="--conda-file")
-    except EnvironmentFileError as exc:
-        raise AzureError(str(exc)) from None
 
 
 @dataclass
@@ -197,7 +177,7 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
     upload = code_upload.scan(root)
     code_upload.check(upload, code_limit_bytes, code_limit_files)
     conda = Path(conda_file).expanduser().resolve() if conda_file is not None else root / "environment.yml"
-    _read_conda_file(conda)
+    read_conda_file(conda)
 
     job_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, asset="", workspace=""),
                                   engine=dataclasses.replace(cfg.engine, nproc=processes))
@@ -217,13 +197,8 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
 # --- writing ---------------------------------------------------------------------------------------------------
 
 
-def _plain(value) -> Any:
-    """The SDK's dicts are OrderedDicts (which yaml.safe_dump refuses); drop empty top-level sections."""
-    return {k: v for k, v in json.loads(json.dumps(value)).items() if v not in (None, {}, [])}
-
-
 def _job_dict(plan: Plan) -> dict:
-    content = _plain(plan.job._to_dict())
+    content = plain(plan.job._to_dict())
     # azure-ai-ml 1.35.2 dumps every input path with an "azureml:" prefix, which turns a local file into a
     # reference to an asset that does not exist; local inputs keep the path they were given.
     for name, given in plan.job.inputs.items():
@@ -233,31 +208,15 @@ def _job_dict(plan: Plan) -> dict:
     return content
 
 
-def _environment_dict(plan: Plan) -> dict:
-    content = _plain(plan.environment._to_dict())
-    content["conda_file"] = CONDA_COPY  # the SDK inlines the file; a path keeps it one diffable file
-    return content
-
-
 def _yaml(name: str, content: dict, create: str) -> str:
-    header = f"# Written by `trainbook azure plan`. Create it with: {create}\n"
-    return header + yaml.safe_dump({"$schema": SCHEMAS[name], **content}, sort_keys=False, width=120)
-
-
-def _az_flags(ref: WorkspaceRef | None) -> str:
-    return (f"-g {ref.resource_group} -w {ref.workspace_name}" if ref
-            else "-g <resource-group> -w <workspace-name>")
+    return yaml_text(SCHEMAS[name], content, verb="plan", create=create)
 
 
 def _submit_md(plan: Plan, out: Path) -> str:
-    flags = _az_flags(plan.workspace)
-    sub = (f"az account set --subscription <subscription id>   # {plan.workspace.masked()}, from "
-           f"{Path(plan.workspace.source).name}" if plan.workspace and plan.workspace.source != "arguments"
-           else "az account set --subscription <subscription id>")
+    flags = az_flags(plan.workspace)
+    sub = az_account_line(plan.workspace)
     data_step = f"az ml data create -f data.yaml {flags}\n" if plan.data is not None else ""
-    trainbook = (f"python -m toolkit azure submit {out} --workspace-config {plan.workspace.source}"
-                 if plan.workspace and plan.workspace.source != "arguments"
-                 else f"python -m toolkit azure submit {out} --workspace-config config.json")
+    trainbook = trainbook_command("submit", out, plan.workspace)
     return f"""# Azure ML plan: {plan.cfg.name}
 
 ```
@@ -299,18 +258,18 @@ az ml environment create -f environment.yaml {flags}
 
 def _files(plan: Plan, out: Path) -> dict[str, str]:
     """File name -> text, everything a plan folder holds except the copied conda file."""
-    flags = _az_flags(plan.workspace)
+    flags = az_flags(plan.workspace)
     files = {
         entities.CONFIG_INPUT: plan.job_cfg.to_yaml(),
-        "compute.yaml": _yaml("compute.yaml", _plain(plan.compute._to_dict()),
+        "compute.yaml": _yaml("compute.yaml", plain(plan.compute._to_dict()),
                               f"az ml compute create -f compute.yaml {flags}"),
-        "environment.yaml": _yaml("environment.yaml", _environment_dict(plan),
+        "environment.yaml": _yaml("environment.yaml", environment_dict(plan.environment),
                                   f"az ml environment create -f environment.yaml {flags}"),
         "job.yaml": _yaml("job.yaml", _job_dict(plan), f"az ml job create -f job.yaml --stream {flags}"),
         "submit.md": _submit_md(plan, out),
     }
     if plan.data is not None:
-        files["data.yaml"] = _yaml("data.yaml", _plain(plan.data._to_dict()), f"az ml data create -f data.yaml {flags}")
+        files["data.yaml"] = _yaml("data.yaml", plain(plan.data._to_dict()), f"az ml data create -f data.yaml {flags}")
     return files
 
 
@@ -322,39 +281,8 @@ def sdk_loaders() -> dict:
             "job.yaml": load_job}
 
 
-def _verify(folder: Path) -> None:
-    """Load every YAML back with the SDK's own loaders: a plan that does not load is never published."""
-    for name, load in sdk_loaders().items():
-        if (folder / name).exists():
-            load(folder / name)
-
-
-def _check_out(out: Path) -> None:
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "job.yaml").is_file()):
-        raise AzureError(f"--out: {str(out)!r} exists and is not a plan folder; allowed: a new or empty folder, or "
-                         "an earlier plan (it is replaced)")
-
-
 def write_plan(plan: Plan, out_dir: str | Path) -> Path:
     """Write the plan folder; returns its path. An earlier plan there is replaced as a whole."""
     out = Path(out_dir).expanduser().absolute()
-    _check_out(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        shutil.copyfile(plan.conda_file, tmp / CONDA_COPY)
-        for name, text in _files(plan, out).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        _verify(tmp)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return publish(out, files=_files(plan, out), copies={CONDA_COPY: plan.conda_file}, loaders=sdk_loaders(),
+                   marker="job.yaml", kind="plan")

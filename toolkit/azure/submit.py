@@ -36,16 +36,18 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def load_plan(plan_dir: str | Path) -> LoadedPlan:
-    """Read a plan folder back with azure-ai-ml's loaders (offline); a missing or hand-broken file is an
-    AzureError naming it."""
+def load_folder(plan_dir: str | Path, loaders: dict[str, Callable], required: tuple[str, ...], *,
+                kind: str = "plan", verb: str = "plan") -> tuple[Path, dict[str, Any]]:
+    """Read a plan folder back with azure-ai-ml's ``loaders`` (offline): its absolute path and file name ->
+    entity (None for an optional file that is absent). A missing or hand-broken file is an AzureError naming it;
+    ``kind`` and ``verb`` name the folder and the command that writes it."""
     folder = Path(plan_dir).expanduser().absolute()
-    missing = [name for name in REQUIRED if not (folder / name).is_file()]
+    missing = [name for name in required if not (folder / name).is_file()]
     if not folder.is_dir() or missing:
-        raise AzureError(f"plan_dir: {str(folder)!r} is not a plan folder (missing {', '.join(missing or REQUIRED)}); "
-                         "allowed: a folder written by `trainbook azure plan`")
+        raise AzureError(f"plan_dir: {str(folder)!r} is not a {kind} folder (missing "
+                         f"{', '.join(missing or required)}); allowed: a folder written by `trainbook azure {verb}`")
     loaded = {}
-    for name, load in sdk_loaders().items():
+    for name, load in loaders.items():
         if not (folder / name).is_file():
             loaded[name] = None
             continue
@@ -53,23 +55,32 @@ def load_plan(plan_dir: str | Path) -> LoadedPlan:
             loaded[name] = load(folder / name)
         except Exception as exc:  # noqa: BLE001 - the SDK raises several types for a bad file; all mean "fix it"
             raise AzureError(f"{name}: the Azure ML SDK cannot load it ({_first_line(exc)}); allowed: a file "
-                             "written by `trainbook azure plan` (plan again)") from None
+                             f"written by `trainbook azure {verb}` ({verb} again)") from None
+    return folder, loaded
+
+
+def check_local_paths(folder: Path, checks: list[tuple[str, Any]], *, action: str = "submit",
+                      verb: str = "plan") -> None:
+    """The uploads (code, data snapshot, model folder) are local paths from planning time: they must still be
+    there. ``checks``: (what to call it, the path as the YAML holds it)."""
+    for field, path in checks:
+        if isinstance(path, str) and "://" not in path and not path.startswith("azureml:"):
+            if not (folder / path).exists():  # absolute paths ignore the folder
+                raise AzureError(f"{field}: {path!r} does not exist on this machine; allowed: {action} from the "
+                                 f"machine that planned (or {verb} again)")
+
+
+def load_plan(plan_dir: str | Path) -> LoadedPlan:
+    """Read a plan folder back with azure-ai-ml's loaders (offline); a missing or hand-broken file is an
+    AzureError naming it."""
+    folder, loaded = load_folder(plan_dir, sdk_loaders(), REQUIRED)
     plan = LoadedPlan(folder, loaded["compute.yaml"], loaded["environment.yaml"], loaded["data.yaml"],
                       loaded["job.yaml"])
-    _check_local_paths(plan)
-    return plan
-
-
-def _check_local_paths(plan: LoadedPlan) -> None:
-    """The uploads (code, data snapshot) are local paths from planning time: they must still be there."""
     checks = [("job.yaml code", plan.job.code)]
     if plan.data is not None:
         checks.append(("data.yaml path", plan.data.path))
-    for field, path in checks:
-        if isinstance(path, str) and "://" not in path and not path.startswith("azureml:"):
-            if not (plan.folder / path).exists():  # absolute paths ignore the folder
-                raise AzureError(f"{field}: {path!r} does not exist on this machine; allowed: submit from the "
-                                 "machine that planned (or plan again)")
+    check_local_paths(folder, checks)
+    return plan
 
 
 # --- talking to the workspace ------------------------------------------------------------------------------------
@@ -94,7 +105,7 @@ def _explain_service_error(exc: BaseException, step: str, ref: WorkspaceRef) -> 
     return f"{step}: {_first_line(exc)}"
 
 
-def _call(step: str, ref: WorkspaceRef, action: Callable[[], Any]) -> Any:
+def call(step: str, ref: WorkspaceRef, action: Callable[[], Any]) -> Any:
     from azure.core.exceptions import AzureError as AzureCoreError
 
     try:
@@ -103,17 +114,28 @@ def _call(step: str, ref: WorkspaceRef, action: Callable[[], Any]) -> Any:
         raise AzureError(_explain_service_error(exc, step, ref)) from None
 
 
+def log_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def connect(workspace: WorkspaceRef, credential=None, log: Callable[[str], None] = log_to_stderr):
+    """An MLClient on ``workspace`` once a token was fetched (seconds when nothing is logged in) and the
+    workspace answered: nothing is created before both are known to work."""
+    credential = credential or default_credential()
+    check_credentials(credential)
+    client = ml_client(workspace, credential)
+    call("workspace", workspace, lambda: client.workspaces.get(workspace.workspace_name))
+    log(f"workspace: {workspace.describe()}")
+    return client
+
+
 def submit(plan_dir: str | Path, workspace: WorkspaceRef, *, stream: bool = True, credential=None,
            log: Callable[[str], None] | None = None):
     """Create the plan's compute, environment and data in ``workspace``, submit its job, and stream the log.
     Returns the submitted job (its ``name`` and ``studio_url``)."""
-    log = log or (lambda line: print(line, file=sys.stderr))
+    log = log or log_to_stderr
     plan = load_plan(plan_dir)
-    credential = credential or default_credential()
-    check_credentials(credential)
-    client = ml_client(workspace, credential)
-    _call("workspace", workspace, lambda: client.workspaces.get(workspace.workspace_name))
-    log(f"workspace: {workspace.describe()}")
+    client = connect(workspace, credential, log)
     steps = [
         ("compute", lambda: client.compute.begin_create_or_update(plan.compute).result(), plan.compute),
         ("environment", lambda: client.environments.create_or_update(plan.environment), plan.environment),
@@ -122,11 +144,11 @@ def submit(plan_dir: str | Path, workspace: WorkspaceRef, *, stream: bool = True
     for step, action, entity in steps:
         if entity is None:
             continue
-        created = _call(step, workspace, action)
+        created = call(step, workspace, action)
         version = getattr(created, "version", None)
         log(f"{step}: {created.name}" + (f":{version}" if version else ""))
-    job = _call("job", workspace, lambda: client.jobs.create_or_update(plan.job))
+    job = call("job", workspace, lambda: client.jobs.create_or_update(plan.job))
     log(f"job: {job.name} submitted; studio: {job.studio_url}")
     if stream:
-        _call("job", workspace, lambda: client.jobs.stream(job.name))
+        call("job", workspace, lambda: client.jobs.stream(job.name))
     return job

@@ -93,8 +93,9 @@ def _sample(logits: np.ndarray, request: GenerateRequest, rng: np.random.Generat
     if request.top_k:
         cutoff = np.partition(logits, -request.top_k)[-request.top_k]
         logits = np.where(logits < cutoff, -np.inf, logits)
-    probs = np.exp(logits - logits.max())
-    return int(rng.choice(len(probs), p=probs / probs.sum()))
+    cdf = np.cumsum(np.exp(logits - logits.max()))
+    # inverse-CDF sampling: what rng.choice(p=...) does, without its per-call validation (10x slower here)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
 
 JOBS = {GenerateRequest: _Generate, ScoreRequest: _Score}

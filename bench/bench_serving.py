@@ -1,0 +1,169 @@
+"""The local online endpoint: latency, throughput by concurrency, ONNX Runtime vs eager torch, the HTTP
+server's overhead, and batched vs unbatched throughput.
+
+    python bench/bench_serving.py [--rounds 3] [--tokens 32]
+
+The model has the demo config's shape (4 layers x 96, context 128), trained for a few steps: speed does not
+depend on what the weights learned. Every endpoint is started once; the measurements interleave them round by
+round (A B A B ...), and ratios are medians of per-round ratios with their range, as this machine is noisy.
+
+1. single requests, one at a time: client latency p50 / p95 / p99, per runtime
+2. requests/s at 1, 4 and 16 concurrent clients, per runtime
+3. the server's overhead: HTTP p50 minus an in-process call of the same service p50 (target < 5 ms)
+4. 16 clients, batched (max_batch 16) vs unbatched (max_batch 1) requests/s (target >= 2x)
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from toolkit.export import export_run  # noqa: E402
+from toolkit.serving.endpoint import serve  # noqa: E402
+from toolkit.serving.service import ScoringService  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parent.parent
+CLIENTS = (1, 4, 16)
+
+
+def train_and_export(tmp: Path) -> Path:
+    run = tmp / "run"
+    subprocess.run([sys.executable, "-m", "toolkit", "train", "demo", "--run-dir", str(run), "--set",
+                    "train.max_steps=5", "--set", "train.max_seconds=0", "--set", "profile.enabled=false",
+                    "--set", "train.eval_every=5", "--set", "train.eval_batches=1"], check=True, cwd=PROJECT,
+                   capture_output=True)
+    return export_run(run).path
+
+
+def body(tokens: int, seed: int) -> bytes:
+    return json.dumps({"prompt": "def ", "max_new_tokens": tokens, "temperature": 0.8, "top_k": 40,
+                       "seed": seed}).encode()
+
+
+class Client:
+    """One client with a kept-alive connection, as a real client library (requests.Session) would hold: the
+    benchmark measures the endpoint, not TCP set-up."""
+
+    def __init__(self, endpoint):
+        host, port = endpoint.url.removeprefix("http://").split(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        self.headers = endpoint.headers()
+
+    def __call__(self, data: bytes) -> float:
+        t0 = time.perf_counter()
+        self.connection.request("POST", "/score", body=data, headers=self.headers)
+        response = self.connection.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def latencies(call, n: int, tokens: int) -> list[float]:
+    return [call(body(tokens, i)) for i in range(n)]
+
+
+def throughput(endpoint, clients: int, tokens: int, per_client: int) -> float:
+    """Requests per second with ``clients`` threads each sending ``per_client`` requests back to back."""
+    def client(c):
+        call = Client(endpoint)
+        for i in range(per_client):
+            call(body(tokens, c * 1000 + i))
+        call.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    return clients * per_client / (time.perf_counter() - t0)
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000 if len(values) > 1 else values[0]
+
+
+def ratio_summary(pairs: list[tuple[float, float]]) -> str:
+    ratios = [a / b for a, b in pairs]
+    return f"median {statistics.median(ratios):.2f} (range {min(ratios):.2f} to {max(ratios):.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per request")
+    parser.add_argument("--singles", type=int, default=40, help="sequential requests per round for latency")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        tmp = Path(tmp)
+        model = train_and_export(tmp)
+        endpoints = {
+            ("onnx", 16): serve(model, runtime="onnx", max_batch=16, name="onnx-b16", workspace=tmp / "ws"),
+            ("torch", 16): serve(model, runtime="torch", max_batch=16, name="torch-b16", workspace=tmp / "ws"),
+            ("onnx", 1): serve(model, runtime="onnx", max_batch=1, name="onnx-b1", workspace=tmp / "ws"),
+        }
+        direct = ScoringService(model, runtime="onnx", max_batch=16, max_wait_ms=5)
+
+        def direct_call(data: bytes) -> float:
+            t0 = time.perf_counter()
+            status, _ = direct.handle("POST", None, len(data), lambda n: data[:n])
+            assert status == 200
+            return time.perf_counter() - t0
+
+        try:
+            callers = {key: Client(ep) for key, ep in endpoints.items()}
+            for call in callers.values():  # warm up: first requests pay for lazy initialisation
+                latencies(call, 3, args.tokens)
+            latencies(direct_call, 3, args.tokens)
+            single = {k: [] for k in ("onnx", "torch", "direct")}
+            rps = {(rt, c): [] for rt in ("onnx", "torch") for c in CLIENTS}
+            batched_pairs, overhead = [], []
+            for r in range(args.rounds):
+                # fresh connections each round: the server closes idle kept-alive ones after 2 s (gunicorn's default)
+                callers = {key: Client(ep) for key, ep in endpoints.items()}
+                http = latencies(callers["onnx", 16], args.singles, args.tokens)
+                inproc = latencies(direct_call, args.singles, args.tokens)
+                single["onnx"] += http
+                single["direct"] += inproc
+                overhead.append(1000 * (statistics.median(http) - statistics.median(inproc)))
+                single["torch"] += latencies(callers["torch", 16], args.singles, args.tokens)
+                for clients in CLIENTS:
+                    for rt in ("onnx", "torch"):
+                        rps[rt, clients].append(throughput(endpoints[rt, 16], clients, args.tokens, 4))
+                unbatched = throughput(endpoints["onnx", 1], 16, args.tokens, 4)
+                batched_pairs.append((rps["onnx", 16][-1], unbatched))
+                print(f"round {r + 1}/{args.rounds} done", flush=True)
+        finally:
+            for ep in endpoints.values():
+                ep.stop()
+
+    print(f"\nlocal endpoint, demo-shaped model, {args.tokens} new tokens per request, {args.rounds} rounds")
+    print(f"\n{'single requests':<22} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
+    for name, label in (("onnx", "HTTP, ONNX Runtime"), ("torch", "HTTP, eager torch"),
+                        ("direct", "in-process, ONNX")):
+        values = single[name]
+        print(f"{label:<22} {pct(values, 50):>8.1f} {pct(values, 95):>8.1f} {pct(values, 99):>8.1f}")
+    print(f"\n{'requests/s':<22} " + " ".join(f"{f'{c} client' + ('s' if c > 1 else ''):>11}" for c in CLIENTS))
+    for rt, label in (("onnx", "ONNX Runtime"), ("torch", "eager torch")):
+        print(f"{label:<22} " + " ".join(f"{statistics.median(rps[rt, c]):>11.1f}" for c in CLIENTS))
+    onnx_vs_torch = [(o, t) for o, t in zip(rps["onnx", 16], rps["torch", 16])]
+    print(f"ONNX Runtime / eager torch at 16 clients: {ratio_summary(onnx_vs_torch)}")
+    print(f"\nserver overhead at p50 (HTTP - in-process, same service): median {statistics.median(overhead):.2f} ms "
+          f"(range {min(overhead):.2f} to {max(overhead):.2f}); target < 5 ms")
+    print(f"batched / unbatched requests/s at 16 clients (ONNX): {ratio_summary(batched_pairs)}; target >= 2")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
