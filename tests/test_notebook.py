@@ -17,7 +17,8 @@ PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
 
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
-    assert {"01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb"} <= {
+    assert {"01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb",
+            "05_deployment.ipynb"} <= {
         p.name for p in guided_notebooks()}
     for path in guided_notebooks():
         nb = nbformat.read(path, as_version=4)
@@ -101,4 +102,19 @@ def test_resources_notebook_runs_the_doctor_sizes_memory_and_writes_the_azure_pl
                                                       "environment.yml", "job.yaml", "submit.md",
                                                       "trainbook-config.yaml"]
     assert "python -m toolkit.worker outputs/run" in (plan / "job.yaml").read_text()
+    nbval(executed, tmp_path)
+
+
+def test_deployment_notebook_exports_serves_and_plans(tmp_path):
+    runs = tmp_path / "runs"  # empty: the notebook trains a tiny run first
+    executed = execute(NOTEBOOKS / "05_deployment.ipynb", tmp_path,
+                       {"runs_root": str(runs), "latency_requests": 10, "max_new_tokens": 8,
+                        "plan_dir": str(tmp_path / "outputs" / "azure-plan")})
+    html, text, pngs = outputs_of(executed)
+    assert "within the 0.0001 target" in text and "tiny:1: trained in" in text, text
+    assert "no key             401" in text and "wrong key          401" in text and "empty prompt       400" in text
+    assert "endpoint stopped: True" in text and "16 concurrent clients" in text
+    assert pngs, "the latency histogram is missing"
+    plan = tmp_path / "outputs" / "azure-deploy-plan"
+    assert sorted(p.name for p in plan.iterdir()) == ["deploy.md", "deployment.yaml", "endpoint.yaml", "environment.yml"]
     nbval(executed, tmp_path)

@@ -148,3 +148,18 @@ def memory_by_stage(advices: dict, out: str | Path) -> Path:
     ax.set(ylabel="GiB per GPU (model state)", title=f"Adam model state per GPU on {gpus} GPUs")
     ax.legend(fontsize=8, ncol=5)
     return _save(fig, out)
+
+
+def latency_histogram(latencies_ms: list[float], out: str | Path, title: str = "Endpoint latency") -> Path:
+    """Client-side request latencies with p50 / p95 / p99 marked."""
+    import numpy as np
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.hist(latencies_ms, bins=min(30, max(5, len(latencies_ms) // 3)), color="tab:blue", alpha=0.8)
+    for q, style in ((50, "-"), (95, "--"), (99, ":")):
+        value = float(np.percentile(latencies_ms, q))
+        ax.axvline(value, color="tab:red", ls=style, lw=1, label=f"p{q} {value:.1f} ms")
+    ax.set(xlabel="latency (ms)", ylabel="requests", title=f"{title} ({len(latencies_ms)} requests)")
+    ax.legend()
+    return _save(fig, out)
