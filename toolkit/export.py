@@ -29,16 +29,11 @@ from typing import Callable
 import torch
 
 from toolkit.checkpoint_store import CheckpointStore, sha256_file
+from toolkit.model_format import FORMAT, MANIFEST, ExportError, read_manifest  # noqa: F401 (re-exported)
 from toolkit.rundir import RunDir
 
-MANIFEST = "trainbook-model.json"
-FORMAT = "trainbook-model-v1"
 PARITY_TARGET = 1e-4  # float32: ONNX Runtime and eager PyTorch differ only by operator order
 PARITY_SHAPES = ((4, None), (3, 17), (1, 1))  # (batch, sequence); None: the model's full context
-
-
-class ExportError(ValueError):
-    """The run cannot be exported; the message names what is missing."""
 
 
 # --- weights from a checkpoint, per engine ------------------------------------------------------------------
@@ -209,15 +204,3 @@ def _replace(new: Path, dest: Path) -> None:
     os.rename(new, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def read_manifest(model_dir: str | Path) -> dict:
-    """The manifest of an exported model folder, checked to be one."""
-    path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        raise ExportError(f"model: {str(model_dir)!r} is not an exported model folder (no {MANIFEST}); allowed: "
-                          "a folder written by `trainbook export RUN_DIR`")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ExportError(f"model: {str(model_dir)!r} has format {manifest.get('format')!r}; allowed: {FORMAT}")
-    return manifest

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.data_assets import NAME_RE, DataAssetError, parse_ref, store_snapshot
-from toolkit.export import read_manifest
+from toolkit.model_format import read_manifest
 from toolkit.workspace import Workspace
 
 

@@ -26,8 +26,8 @@ from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_online_sku
+from toolkit.model_format import FORMAT, MANIFEST
 
-MANIFEST = "trainbook-model.json"
 RUNTIMES = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
 MAX_BATCH = 256
 MAX_WAIT_MS = 1000
@@ -200,6 +200,8 @@ def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
     if not isinstance(manifest, dict):
         raise AzureError(f"MODEL: {where} holds a {type(manifest).__name__}, not an object; allowed: the manifest "
                          "the export wrote")
+    if manifest.get("format") != FORMAT:
+        raise AzureError(f"MODEL: {where} has format {manifest.get('format')!r}; allowed: {FORMAT} (export again)")
     name = registered.name if registered else manifest.get("name") or _default_name(path, manifest)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise AzureError(f"MODEL: name {name!r} of {where} is not allowed; allowed: letters, digits, '_', '-', '.', "

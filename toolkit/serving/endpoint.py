@@ -124,7 +124,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     answers; returns its handle."""
     import yaml
 
-    from toolkit.export import read_manifest
+    from toolkit.model_format import read_manifest
     from toolkit.model_registry import resolve_model_dir
     from toolkit.serving.runtimes import RUNTIMES
     from toolkit.workspace import Workspace

@@ -55,7 +55,7 @@ RUNTIMES: dict[str, Callable[[Path], object]] = {"onnx": OnnxRuntime, "torch": T
 
 def load_runtime(model_dir: str | Path, name: str):
     """The runtime ``name`` over ``model_dir`` (an exported folder); the error names the field and the choices."""
-    from toolkit.export import read_manifest
+    from toolkit.model_format import read_manifest
 
     if name not in RUNTIMES:
         raise ValueError(f"runtime: {name!r} is not allowed; allowed: {', '.join(RUNTIMES)}")
@@ -72,7 +72,7 @@ def load_runtime(model_dir: str | Path, name: str):
 def find_model_dir(root: str | Path) -> Path:
     """Azure ML mounts a registered model under AZUREML_MODEL_DIR inside a folder named as it was uploaded; a
     local endpoint points straight at the folder. Accept both."""
-    from toolkit.export import MANIFEST
+    from toolkit.model_format import MANIFEST
 
     root = Path(root)
     if (root / MANIFEST).is_file():
