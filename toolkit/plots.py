@@ -45,6 +45,8 @@ def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
         best = min(e["val_loss"] for e in evals) * scale
         ax_loss.axhline(best, color="gray", ls=":", lw=0.8)
         ax_loss.annotate(f"best {best:.3f}", (train[-1]["step"], best), ha="right", va="bottom", fontsize=8)
+    for i, ckpt in enumerate(run.events("checkpoint")):  # where a resume would restart from
+        ax_loss.axvline(ckpt["step"], color="tab:green", lw=0.8, alpha=0.5, label="checkpoint" if i == 0 else None)
     ax_loss.set(xlabel="step", ylabel=unit, title="Loss")
     ax_loss.legend()
     ax_loss.grid(alpha=0.3)

@@ -1,0 +1,234 @@
+"""The training panel: a launcher form and a live dashboard, in one line of a notebook.
+
+    panel = TrainingPanel(config="demo", engine="torch", nproc=1)   # initial values: the notebook's parameters
+    panel.show()       # the form, the buttons, the dashboard, and its static twin
+    panel.start()      # what the Start button does; panel.wait() blocks until the run ends (headless runs)
+
+Every button is one toolkit call (launch.start / handle.stop / handle.kill / launch.resume /
+tb_server.start_tensorboard); the panel holds no training logic. Training runs in its own process group, and a
+background thread tails events.jsonl, so the kernel stays free. The plot is redrawn at most every
+``plot_every_s`` seconds, so a fast run does not flood the front end. Everything the live view shows is also
+rendered as static HTML (the card and the plot as an inline PNG) through ``display_id``: a papermill-executed
+notebook keeps the final state without a live kernel.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import ipywidgets as w
+from IPython.display import HTML, display
+
+from toolkit import config as config_mod
+from toolkit import launch, plots
+from toolkit.progress import RunProgress
+from toolkit.rundir import FINAL_STATES, RunDir
+from widgets.run_progress import render_card
+
+
+def _shipped_configs() -> list[str]:
+    return sorted(p.stem for p in config_mod.CONFIG_DIR.glob("*.yaml"))
+
+
+class TrainingPanel:
+    def __init__(self, config: str = "demo", engine: str = "torch", nproc: int = 1, zero_stage: int = 0,
+                 steps: int | None = None, checkpoint_every: int = 0, profile: bool = True,
+                 overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
+        self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
+        self.config = w.Dropdown(options=sorted({*_shipped_configs(), config}), value=config, description="config")
+        self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
+        self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
+        self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
+        self.steps = w.IntText(value=steps or 0, description="steps", tooltip="0 keeps the config's max_steps")
+        self.checkpoint_every = w.IntText(value=checkpoint_every, description="ckpt every",
+                                          tooltip="checkpoint every N steps; 0 only at the end")
+        self.profile = w.Checkbox(value=profile, description="profile")
+        self.buttons = {name: w.Button(description=name, button_style=style) for name, style in
+                        (("Start", "primary"), ("Stop", ""), ("Kill", "danger"), ("Resume", ""),
+                         ("TensorBoard", "info"))}
+        for name, button in self.buttons.items():
+            button.on_click(lambda _, name=name: self._guarded(getattr(self, name.lower())))
+        self.message = w.HTML()
+        self.progress = w.FloatProgress(min=0.0, max=1.0, description="0%", layout=w.Layout(width="60%"))
+        self.card = w.HTML()
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="900px"))
+        self.links = w.HTML()
+        form = w.VBox([w.HBox([self.config, self.engine, self.nproc]),
+                       w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile])])
+        self.view = w.VBox([form, w.HBox(list(self.buttons.values())), self.message, self.progress, self.card,
+                            self.plot, self.links])
+        self.handle = None
+        self.run: RunDir | None = None
+        self.tb_server = None
+        self._changed = threading.Condition()  # notified on every event: scripts and tests wait on it
+        self._progress = RunProgress(1)
+        self._started = time.time()
+        self._png = b""
+        self._plotted_at = 0.0
+        self._watcher: threading.Thread | None = None
+        self._static = None
+        self._set_buttons()
+
+    # --- the form -------------------------------------------------------------------------------------------
+
+    def settings(self) -> list[str]:
+        """The form as config overrides (the same strings `--set` takes)."""
+        settings = [f"engine.name={self.engine.value}", f"engine.nproc={self.nproc.value}",
+                    f"engine.zero_stage={self.zero_stage.value}", f"profile.enabled={str(self.profile.value).lower()}",
+                    *self.overrides]
+        if self.steps.value:
+            settings += [f"train.max_steps={self.steps.value}", "train.max_seconds=0"]
+        if self.checkpoint_every.value:
+            settings.append(f"checkpoint.every_steps={self.checkpoint_every.value}")
+        return settings
+
+    def _guarded(self, action) -> None:
+        """Run a button's action; a bad input or state shows inline instead of a traceback in the log."""
+        try:
+            self.message.value = ""
+            action()
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            self.message.value = f"<span style='color:#d62728'>{html.escape(str(exc))}</span>"
+
+    def _set_buttons(self) -> None:
+        running = self.handle is not None and self.handle.poll() is None
+        state = self.run.read_status().get("state") if self.run else None
+        self.buttons["Start"].disabled = running
+        self.buttons["Stop"].disabled = self.buttons["Kill"].disabled = not running
+        self.buttons["Resume"].disabled = running or state not in ("killed", "failed", "completed")
+        self.buttons["TensorBoard"].disabled = self.run is None
+
+    # --- the toolkit calls behind the buttons -----------------------------------------------------------------
+
+    def start(self):
+        cfg = config_mod.load(self.config.value, self.settings())  # a ConfigError names the field
+        self._follow(launch.start(cfg, runs_root=self.runs_root), cfg.train.max_steps)
+        return self.handle
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.stop()
+
+    def kill(self) -> None:
+        """SIGKILL every training process: what a lost node looks like (Resume continues from a checkpoint)."""
+        if self.handle is not None:
+            self.handle.kill()
+
+    def resume(self):
+        if self.run is None:
+            raise ValueError("run: none yet; allowed: start or open a run first")
+        self.wait()
+        self._follow(launch.resume(self.run.path), self.run.read_config().train.max_steps, keep_history=True)
+        return self.handle
+
+    def tensorboard(self) -> str:
+        """Start TensorBoard on this run (once) and show its link; returns the URL."""
+        from toolkit.tb_server import start_tensorboard
+
+        if self.run is None:
+            raise ValueError("run: none yet; allowed: start or open a run first")
+        if self.tb_server is None:
+            self.tb_server = start_tensorboard(self.run.path)
+        url = self.tb_server.url
+        self.links.value = (f"TensorBoard: <a href='{url}' target='_blank'>{url}</a> (scalars, and the profiler's "
+                            "traces under PYTORCH_PROFILER)")
+        return url
+
+    def close(self) -> None:
+        """Stop what the panel started besides training (TensorBoard); the run itself is left alone."""
+        if self.tb_server is not None:
+            self.tb_server.stop()
+            self.tb_server = None
+
+    def open_run(self, run_dir: str | Path) -> "TrainingPanel":
+        """Show a past run's dashboard from its events.jsonl."""
+        self.run, self.handle = RunDir(run_dir), None
+        self._progress = RunProgress(self.run.read_config().train.max_steps)
+        for event in self.run.events():
+            self._progress.apply(event)
+        self._finish_progress()
+        self.refresh(force_plot=True)
+        return self
+
+    # --- following a run ------------------------------------------------------------------------------------
+
+    def _follow(self, handle, max_steps: int, keep_history: bool = False) -> None:
+        self.handle, self.run = handle, handle.run
+        if not keep_history:
+            self._progress, self._started = RunProgress(max_steps), time.time()
+        self._set_buttons()
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="trainbook-panel")
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        for event in self.handle.follow():
+            self._progress.apply(event)
+            self.refresh()
+            with self._changed:
+                self._changed.notify_all()
+        self._finish_progress()
+        self.refresh(force_plot=True)
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_until(self, predicate, timeout: float = 300.0) -> bool:
+        """Block until ``predicate(progress)`` holds (e.g. ``lambda p: p.step >= 100``) or the run ends."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self._progress) or not self._watcher.is_alive(), timeout)
+
+    def _finish_progress(self) -> None:
+        status = self.run.read_status()
+        if status.get("state") == "completed":
+            self._progress.max_steps = self._progress.step  # a time budget completes at the step it reached
+        self._progress.state = status.get("state", self._progress.state)
+        self._progress.message = self._progress.message or status.get("error") or ""
+
+    def wait(self, timeout: float | None = None) -> dict:
+        """Block until the followed run ends (headless notebooks); return its status.json."""
+        if self._watcher is not None:
+            self._watcher.join(timeout)
+        return self.run.read_status() if self.run else {}
+
+    # --- drawing ----------------------------------------------------------------------------------------------
+
+    def refresh(self, force_plot: bool = False) -> None:
+        p = self._progress
+        fraction = min(p.step / p.max_steps, 1.0) if p.max_steps else 0.0
+        self.progress.value, self.progress.description = fraction, f"{100 * fraction:.0f}%"
+        eta = ""
+        if p.state == "running" and p.step and p.train:
+            elapsed = time.time() - self._started
+            eta = f" · ETA {max(elapsed / p.step * (p.max_steps - p.step), 0):,.0f} s"
+        self.card.value = render_card(self.run.path.name if self.run else "no run", p.state, p.step, p.max_steps,
+                                      p.train, p.val, self._started, p.message) + (
+            f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
+        now = time.monotonic()
+        if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):
+            self._plotted_at = now
+            with tempfile.TemporaryDirectory() as tmp:
+                self._png = plots.training_curves(self.run.path, Path(tmp) / "curves.png").read_bytes()
+            self.plot.value = self._png
+        self._set_buttons()
+        if self._static is not None:
+            self._static.update(HTML(self.static_html()))
+
+    def static_html(self) -> str:
+        """The card and the plot as plain HTML: what a notebook shows without a live kernel."""
+        img = (f"<img src='data:image/png;base64,{base64.b64encode(self._png).decode()}' style='max-width:900px'/>"
+               if self._png else "")
+        pct = self.progress.description
+        return f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}{img}</div>"
+
+    def show(self) -> "TrainingPanel":
+        display(self.view)
+        self._static = display(HTML(self.static_html()), display_id=True)
+        return self
+
+    @property
+    def finished(self) -> bool:
+        return self.run is not None and self.run.read_status().get("state") in FINAL_STATES
