@@ -53,6 +53,10 @@ def test_training_notebook_runs_headless_and_keeps_its_results(tmp_path):
     html, text, pngs = outputs_of(executed)
     # The live card was updated in place through display_id: the stored copy shows the finished run.
     assert any("completed" in h and "40 / 40" in h for h in html), html
+    nb = nbformat.read(executed, as_version=4)
+    views = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert views, "the live panel's widget view is stored too (rendered by JupyterLab)"
     assert pngs, "loss curve picture missing"
     assert "bits per byte" in text and "aten::" in text, text
     (run_dir,) = runs.iterdir()
