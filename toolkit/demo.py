@@ -1,7 +1,9 @@
 """``make demo``: execute every guided notebook headlessly with papermill, then print the figures.
 
-Executed copies go to outputs/ (ignored by git), runs to outputs/runs/. A failing notebook stops the demo
-with the cell that failed; its partial output is still written for inspection.
+Executed copies go to outputs/ (ignored by git) as .ipynb and .html, runs to outputs/runs/. A failing notebook
+is reported (with the cell that failed; its partial output is still written) and the demo goes on with the
+next, then exits non-zero. The summary: time and status per notebook, this demo's runs, and the key figures
+the notebooks recorded (toolkit.figures).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from toolkit import figures
 from toolkit.paths import PROJECT_ROOT
 from toolkit.rundir import RunDir
 
@@ -61,6 +64,25 @@ def _fmt(value, spec):
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
+def export_html(executed: Path) -> Path:
+    """The executed notebook as one HTML file beside it (outputs, pictures and static panels included)."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed))
+    out = executed.with_suffix(".html")
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+FIGURES = [  # (key recorded by a notebook, label, format)
+    ("doctor_ok", "doctor: required checks pass", ""), ("checkpoint_blocking_ms", "checkpoint blocking, median ms", ".2f"),
+    ("resume_identical", "resume check: identical losses", ""), ("parity_max_abs_diff", "ONNX parity, max abs diff",
+                                                                 ".1e"),
+    ("endpoint_p50_ms", "endpoint p50 latency, ms", ".1f"), ("endpoint_rps_16", "endpoint requests/s, 16 clients",
+                                                               ".1f"),
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(OUTPUTS), help="where executed notebooks and runs go")
@@ -70,33 +92,48 @@ def main(argv: list[str] | None = None) -> int:
     runs = out_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     os.environ["TRAINBOOK_WORKSPACE"] = str(out_dir / "workspace")  # one workspace for every notebook and run
+    figures_file = out_dir / "figures.json"
+    figures_file.unlink(missing_ok=True)
+    os.environ[figures.ENV] = str(figures_file)
     notebooks = [nb for nb in guided_notebooks() if not args.only or any(s in nb.name for s in args.only)]
-    timings = []
+    rows, started_runs = [], {p.name for p in runs.iterdir()}
     for nb in notebooks:
         print(f"[demo] {nb.name} ...", flush=True)
         t0 = time.perf_counter()
         try:
             # the workspace comes from TRAINBOOK_WORKSPACE; each notebook takes the settings it declares
-            execute(nb, out_dir, {"runs_root": str(runs), "plan_dir": str(out_dir / "azure-plan")})
+            executed = execute(nb, out_dir, {"runs_root": str(runs), "plan_dir": str(out_dir / "azure-plan")})
+            status = "ok"
         except Exception as exc:  # papermill's PapermillExecutionError names the cell and the traceback
-            print(f"[demo] {nb.name} FAILED: {exc}\n[demo] partial output: {out_dir / nb.name}", file=sys.stderr)
-            return 1
-        timings.append((nb.name, time.perf_counter() - t0))
-        print(f"[demo] {nb.name} done in {timings[-1][1]:.0f} s -> {out_dir / nb.name}", flush=True)
+            executed, status = out_dir / nb.name, "FAILED"
+            print(f"[demo] {nb.name} FAILED: {exc}", file=sys.stderr)
+        if executed.exists():
+            export_html(executed)
+        rows.append((nb.name, time.perf_counter() - t0, status))
+        print(f"[demo] {nb.name} {status} in {rows[-1][1]:.0f} s -> {executed}", flush=True)
 
-    print("\nnotebook                         seconds")
-    for name, seconds in timings:
-        print(f"{name:<32} {seconds:7.0f}")
-    rows = run_summary(runs)
-    if rows:
-        print(f"\n{'run':<34} {'state':<10} {'steps':>6} {'val bpb':>8} {'train s':>8} {'tokens/s':>9} {'MFU':>6}")
-        for r in rows:
-            print(f"{r['run']:<34} {r['state'] or '-':<10} {_fmt(r['steps'], 'd'):>6} {_fmt(r['val_bpb'], '.3f'):>8} "
-                  f"{_fmt(r['train_s'], '.0f'):>8} {_fmt(r['tokens_per_s'], ',.0f'):>9} "
+    print(f"\n{'notebook':<32} {'seconds':>7}  status")
+    for name, seconds, status in rows:
+        print(f"{name:<32} {seconds:7.0f}  {status}")
+    print(f"{'total':<32} {sum(r[1] for r in rows):7.0f}")
+    run_rows = [r for r in run_summary(runs) if r["run"] not in started_runs]  # this demo's runs only
+    if run_rows:
+        print(f"\n{'run':<34} {'state':<10} {'steps':>6} {'val loss':>8} {'val bpb':>8} {'train s':>8} "
+              f"{'tokens/s':>9} {'MFU':>6}")
+        for r in run_rows:
+            print(f"{r['run']:<34} {r['state'] or '-':<10} {_fmt(r['steps'], 'd'):>6} {_fmt(r['val_loss'], '.3f'):>8} "
+                  f"{_fmt(r['val_bpb'], '.3f'):>8} {_fmt(r['train_s'], '.0f'):>8} {_fmt(r['tokens_per_s'], ',.0f'):>9} "
                   f"{_fmt(r['mfu'] and 100 * r['mfu'], '.1f'):>5}%")
-    (out_dir / "summary.json").write_text(json.dumps({"notebooks": timings, "runs": rows}, indent=1))
-    print(f"\nexecuted notebooks and runs: {out_dir}")
-    return 0
+    recorded = figures.read(figures_file)
+    if recorded:
+        print()
+        for key, label, spec in FIGURES:
+            if key in recorded:
+                print(f"{label:<34} {format(recorded[key], spec) if spec else recorded[key]}")
+    (out_dir / "summary.json").write_text(json.dumps({"notebooks": rows, "runs": run_rows, "figures": recorded},
+                                                     indent=1))
+    print(f"\nexecuted notebooks (.ipynb and .html) and runs: {out_dir}")
+    return 0 if all(status == "ok" for _, _, status in rows) else 1
 
 
 if __name__ == "__main__":
