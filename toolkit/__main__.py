@@ -255,6 +255,12 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _cmd_workshop_run(args) -> int:
+    from toolkit.workshop import main_run
+
+    return main_run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainbook", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -372,6 +378,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long an idle model waits to fill a batch")
     serve.add_argument("--workspace")
     serve.set_defaults(func=_cmd_serve)
+
+    workshop = verbs.add_parser("workshop", help="run the notebooks for N participants in parallel, then compare")
+    workshop_verbs = workshop.add_subparsers(dest="workshop_verb", required=True)
+    wrun = workshop_verbs.add_parser("run", help="one papermill run per parameter set, as many at once as cores")
+    wrun.add_argument("--participants", type=int, required=True)
+    wrun.add_argument("--params", required=True, help="YAML list of parameter sets, one per participant")
+    wrun.add_argument("--notebook", default="03_training", help="which notebook (default: 03_training)")
+    wrun.add_argument("--parallel", type=int, help="runs at once (default: the core count)")
+    wrun.add_argument("--out", help="report folder (default: outputs/workshop-<time>)")
+    wrun.set_defaults(func=_cmd_workshop_run)
 
     from toolkit.azure.cli import add_azure_verbs
 

@@ -165,3 +165,15 @@ def latency_histogram(latencies_ms: list[float], out: str | Path, title: str = "
     ax.set(xlabel="latency (ms)", ylabel="requests", title=f"{title} ({len(latencies_ms)} requests)")
     ax.legend()
     return _save(fig, out)
+
+
+def compare_curves(curves: dict[str, list[tuple[float, float]]], out: str | Path, title: str) -> Path:
+    """Several runs' curves on one axis: ``{label: [(step, value), ...]}``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, label=label)
+    ax.set(xlabel="step", ylabel="validation", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
