@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e . > $(VENV)/pip.log 2>&1 \
 	  || { grep -v "is ignored: it is neither" $(VENV)/pip.log | tail -40; exit 1; }
 	$(PY) -c "import torch, deepspeed, papermill, toolkit" # fail here, not in the middle of a demo
-	# DeepSpeed compiles its shared-memory comm op on first use (~35 s, cached in ~/.cache/torch_extensions):
+	# DeepSpeed compiles its shared-memory comm op on first use (~35 s, cached in .venv/torch_extensions):
 	# do it now, so the first DeepSpeed run (the doctor's, in the demo) does not pay for it.
-	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > $(VENV)/shm_op.log 2>&1 \
+	$(PY) -c "import toolkit; from deepspeed.comm.torch import build_shm_op; build_shm_op()" > $(VENV)/shm_op.log 2>&1 \
 	  || { tail -20 $(VENV)/shm_op.log; exit 1; }
 	touch $(STAMP)
 

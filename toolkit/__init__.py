@@ -5,3 +5,11 @@ that need them, so ``import toolkit`` stays fast in a notebook kernel.
 """
 
 __version__ = "0.1.0"
+
+import os as _os
+import sys as _sys
+
+# DeepSpeed JIT-compiles its ops into TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every
+# Python environment of the user: two checkouts (or CI's clone) then invalidate each other's build and each
+# recompiles (~35 s). One cache per environment; `make setup` fills it.
+_os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
