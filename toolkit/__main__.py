@@ -171,10 +171,15 @@ def _cmd_tensorboard(args) -> int:
 
     server = start_tensorboard(args.run_dir, port=args.port)
     print(f"TensorBoard for {args.run_dir}: {server.url}  (Ctrl-C stops it)")
+    return _serve_until_interrupted(server.stop)
+
+
+def _serve_until_interrupted(stop) -> int:
+    """Block until Ctrl-C or SIGTERM, then ``stop()`` what the verb started (a server in another process)."""
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
-        server.stop()
+        stop()
     return 0
 
 
@@ -248,11 +253,7 @@ def _cmd_serve(args) -> int:
     print(f"{endpoint.describe()}\n  key file (0600): {endpoint.folder / 'key'}\n  log: {endpoint.log_path}\n"
           "  try: curl -H \"Authorization: Bearer $(cat KEYFILE)\" -d '{\"prompt\": \"def \"}' " + endpoint.scoring_url
           + "\n(Ctrl-C stops it)", flush=True)
-    try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    finally:
-        endpoint.stop()
-    return 0
+    return _serve_until_interrupted(endpoint.stop)
 
 
 def _cmd_workshop_run(args) -> int:

@@ -65,14 +65,18 @@ class _Score(_Job):
     """Log-likelihood of a text: each byte predicted from the ones before it, in windows of the context size
     (a window starts afresh, so a byte past the first window sees less than block_size bytes of history)."""
 
-    def rows(self) -> list[list[int]]:
-        ids, size = list(self.request.text), self.block_size
+    def __init__(self, request: ScoreRequest, block_size: int):
+        super().__init__(request, block_size)
+        ids = list(request.text)
         # windows overlap by one byte, so every byte after the first is predicted exactly once
-        return [ids[i:i + size] for i in range(0, max(len(ids) - 1, 1), size - 1)]
+        self.windows = [ids[i:i + block_size] for i in range(0, max(len(ids) - 1, 1), block_size - 1)]
+
+    def rows(self) -> list[list[int]]:
+        return self.windows
 
     def consume(self, logits: list[np.ndarray]) -> None:
         total, count = 0.0, 0
-        for row, window in zip(logits, self.rows()):
+        for row, window in zip(logits, self.windows):
             log_probs = _log_softmax(row[: len(window) - 1])
             targets = np.asarray(window[1:])
             total += float(log_probs[np.arange(len(targets)), targets].sum())
