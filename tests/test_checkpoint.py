@@ -270,3 +270,24 @@ def test_advise_command_reads_a_run(tmp_path):
     assert "checkpoint every" in proc.stdout and "T = sqrt(2 C M) - C" in proc.stdout
     proc = cli("advise", str(run.path), "--mtbf-hours", "-1")
     assert proc.returncode == 2 and "--mtbf-hours: -1.0 is not allowed" in proc.stderr
+
+
+def test_resume_from_an_older_checkpoint_rolls_back_and_replays_the_same_losses(tmp_path, reference_runs):
+    reference = reference_runs(())
+    run_dir = tmp_path / "r"
+    shutil.copytree(reference.path, run_dir)  # a finished run (retention kept steps 20, 30, 40), rolled back to 20
+    bad = cli("resume", str(run_dir), "--from", "step_99999999")
+    assert bad.returncode == 2 and "checkpoint: 'step_99999999' is not a published checkpoint" in bad.stderr
+    assert "allowed: step_00000020, step_00000030, step_00000040" in bad.stderr, bad.stderr
+    assert CheckpointStore(run_dir).latest_name() == step_name(STEPS), "a refused roll-back changes nothing"
+
+    proc = cli("resume", str(run_dir), "--from", step_name(2 * EVERY))
+    assert proc.returncode == 0, proc.stderr
+    run = RunDir(run_dir)
+    assert [e["step"] for e in run.events("train")].count(2 * EVERY + 1) == 2, "steps 21.. ran again"
+    # the replayed steps 11..40 overwrite the first attempt's in losses_by_step: they must be the same numbers
+    assert_log_matches(run, reference)
+    names = [i.name for i in CheckpointStore(run_dir).list()]
+    superseded = [n for n in names if n.startswith("superseded-")]
+    assert len(superseded) == 2, names  # steps 30 and 40 of the first attempt: set aside, never deleted
+    assert CheckpointStore(run_dir).latest_name() == step_name(STEPS)

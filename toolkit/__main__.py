@@ -33,7 +33,7 @@ def _cmd_resume(args) -> int:
 
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
-    handle = launch.resume(args.run_dir, max_restarts=args.max_restarts)
+    handle = launch.resume(args.run_dir, max_restarts=args.max_restarts, from_checkpoint=args.from_checkpoint)
     return _follow(handle, handle.run.read_config().train.max_steps)
 
 
@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume = verbs.add_parser("resume", help="continue a stopped or killed run from its latest valid checkpoint")
     resume.add_argument("run_dir")
     resume.add_argument("--max-restarts", type=int, default=0)
+    resume.add_argument("--from", dest="from_checkpoint", metavar="CHECKPOINT",
+                        help="roll back to this checkpoint (e.g. step_00000040); newer ones are kept aside")
     resume.set_defaults(func=_cmd_resume)
 
     ckpts = verbs.add_parser("checkpoints", help="list a run's checkpoints: step, size, age, valid or not")

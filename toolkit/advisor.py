@@ -36,6 +36,7 @@ class Advice:
     lost_work_per_failure_s: float
     overhead_pct: float
     formula: str
+    step_time_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +55,12 @@ def mtbf_for_gpus(gpus: int) -> float:
     return GPU_HOURS_PER_FAILURE * 3600 / gpus
 
 
+def overhead_pct(interval_s: float, blocking_s: float, mtbf_s: float, restart_s: float) -> float:
+    """Time lost, in % of training time, when checkpointing every ``interval_s``: the blocking of each checkpoint,
+    plus per failure half an interval of recomputed work and the restart."""
+    return 100 * (blocking_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s)
+
+
 def advise(blocking_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: float = 60.0,
            step_time_s: float | None = None) -> Advice:
     for name, value in (("blocking_s", blocking_s), ("mtbf_s", mtbf_s)):
@@ -65,12 +72,12 @@ def advise(blocking_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: 
     young_daly = math.sqrt(2 * blocking_s * mtbf_s) - blocking_s if blocking_s < mtbf_s / 2 else mtbf_s
     interval = max(young_daly, persist_s, blocking_s)
     lost = interval / 2 + restart_s
-    overhead = 100 * (blocking_s / interval + lost / mtbf_s)
+    overhead = overhead_pct(interval, blocking_s, mtbf_s, restart_s)
     formula = (f"T = sqrt(2 C M) - C = sqrt(2 x {blocking_s:.4g} s x {mtbf_s:,.0f} s) - {blocking_s:.4g} s "
                f"= {young_daly:,.1f} s" + (f"; raised to the persist time {persist_s:,.1f} s" if interval > young_daly
                                           else ""))
     steps = max(1, round(interval / step_time_s)) if step_time_s else None
-    return Advice(blocking_s, persist_s, mtbf_s, restart_s, interval, steps, lost, overhead, formula)
+    return Advice(blocking_s, persist_s, mtbf_s, restart_s, interval, steps, lost, overhead, formula, step_time_s)
 
 
 def advise_for_run(run_dir, mtbf_s: float, restart_s: float = 60.0) -> Advice:

@@ -6,6 +6,7 @@
         manifest.json          step, world size, engine, config, trainer state, sha256 + size of every file
         model.pt ...           the engine's state files, and rank_00000.pt ... (RNG per rank)
       LATEST                   the name of the newest published checkpoint, replaced atomically
+      superseded-1700000000-step_00000200/   newer than a checkpoint someone rolled back to: kept, never resumed
 
 A checkpoint counts only if its manifest exists and every file it lists has the recorded size and sha256.
 """
@@ -16,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from toolkit.rundir import atomic_write_text
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 TMP_PREFIX = ".tmp-"
+SUPERSEDED_PREFIX = "superseded-"
 HASH_CHUNK = 8 << 20
 
 # Config fields that may change between a checkpoint and the run that resumes from it: they steer the loop
@@ -113,6 +116,27 @@ class CheckpointStore:
             shutil.rmtree(path, ignore_errors=True)
         return [p.name for p in doomed]
 
+    def roll_back_to(self, name: str) -> list[str]:
+        """Make ``name`` the checkpoint the next resume loads. Newer published checkpoints are renamed
+        ``superseded-<time>-step_N`` (kept, never deleted, never resumed from, outside retention); returns their
+        new names. Refuses a checkpoint that is not a valid one of this run."""
+        published = sorted(p.name for p in self.root.glob("step_*") if p.is_dir()) if self.root.is_dir() else []
+        if name not in published:
+            raise CheckpointError(f"checkpoint: {name!r} is not a published checkpoint of this run; allowed: "
+                                  f"{', '.join(published) or 'none (the run has not checkpointed)'}")
+        info = self.inspect(self.root / name)
+        if not info.valid:
+            raise CheckpointError(f"checkpoint: {name!r} is not valid ({info.reason}); allowed: a valid checkpoint")
+        stamp = int(time.time())
+        moved = []
+        for newer in (n for n in published if n > name):
+            target = f"{SUPERSEDED_PREFIX}{stamp}-{newer}"
+            os.replace(self.root / newer, self.root / target)
+            moved.append(target)
+        fsync_path(self.root)
+        atomic_write_text(self.root / LATEST, name + "\n")
+        return moved
+
     # --- reading ----------------------------------------------------------------------------------------
 
     def latest_name(self) -> str | None:
@@ -160,6 +184,10 @@ class CheckpointStore:
                 infos.append(CheckpointInfo(path.name, path, None, False, "partial write (never published)",
                                             sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
                                             path.stat().st_mtime, None))
+            elif path.name.startswith(SUPERSEDED_PREFIX):
+                info = self.inspect(path, verify)
+                info.valid, info.reason = False, "superseded by a roll-back (kept, never resumed from)"
+                infos.append(info)
             else:
                 infos.append(self.inspect(path, verify))
         return infos

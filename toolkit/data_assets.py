@@ -70,21 +70,35 @@ def _files_of(path: Path) -> list[tuple[str, Path]]:
     return files
 
 
-def _validate(name: str, path: Path, type: str) -> None:
+def registration_problems(name: str, path: str | Path, type: str) -> dict[str, str]:
+    """Every field of a registration that would be refused, as {field: message naming value and allowed}.
+    Empty when ``register`` can go ahead (it then still checks an mltable's content and folder links)."""
+    problems = {}
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise DataAssetError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
-                             "with a letter or digit, at most 255 characters")
+        problems["name"] = (f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
+                            "with a letter or digit, at most 255 characters")
     if type not in TYPES:
-        raise DataAssetError(f"type: {type!r} is not allowed; allowed: {', '.join(TYPES)}")
+        problems["type"] = f"type: {type!r} is not allowed; allowed: {', '.join(TYPES)}"
+    if not str(path).strip():
+        problems["path"] = "path: empty; allowed: an existing file or folder"
+        return problems
+    path = Path(path).expanduser()
     if not path.exists():
-        raise DataAssetError(f"path: {str(path)!r} does not exist; allowed: an existing file or folder")
-    if type == "uri_file" and not path.is_file():
-        raise DataAssetError(f"path: {str(path)!r} is not a file; allowed for type uri_file: a single file")
-    if type in ("uri_folder", "mltable") and not path.is_dir():
-        raise DataAssetError(f"path: {str(path)!r} is not a folder; allowed for type {type}: a folder")
-    if type == "mltable" and not (path / "MLTable").is_file():
-        raise DataAssetError(f"path: {str(path)!r} has no MLTable file; allowed for type mltable: a folder with an "
-                             "MLTable file describing the table")
+        problems["path"] = f"path: {str(path)!r} does not exist; allowed: an existing file or folder"
+    elif type == "uri_file" and not path.is_file():
+        problems["path"] = f"path: {str(path)!r} is not a file; allowed for type uri_file: a single file"
+    elif type in ("uri_folder", "mltable") and not path.is_dir():
+        problems["path"] = f"path: {str(path)!r} is not a folder; allowed for type {type}: a folder"
+    elif type == "mltable" and not (path / "MLTable").is_file():
+        problems["path"] = (f"path: {str(path)!r} has no MLTable file; allowed for type mltable: a folder with an "
+                            "MLTable file describing the table")
+    return problems
+
+
+def _validate(name: str, path: Path, type: str) -> None:
+    problems = registration_problems(name, path, type)
+    if problems:
+        raise DataAssetError(next(iter(problems.values())))
 
 
 def _check_mltable(folder: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Iterator
 
 from toolkit import config as config_mod
 from toolkit import paths
+from toolkit.checkpoint_store import CheckpointStore
 from toolkit.ports import free_port
 from toolkit.rundir import FINAL_STATES, RunDir
 from toolkit.supervisor import LOG_NAME, describe_exit
@@ -235,14 +236,17 @@ def train(config_path: str | Path | None = None, overrides: list[str] | None = N
     return start(config_mod.load(config_path, overrides), **kwargs)
 
 
-def resume(run_dir: str | Path, max_restarts: int = 0) -> RunHandle:
-    """Continue a stopped, killed or failed run from its latest valid checkpoint (same run directory)."""
+def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | None = None) -> RunHandle:
+    """Continue a stopped, killed or failed run from its latest valid checkpoint (same run directory), or roll
+    it back to ``from_checkpoint`` (a name such as ``step_00000040``; newer checkpoints are set aside, kept)."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
         raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run directory")
     if run.read_status().get("state") in ("queued", "running") and _alive(run.read_status().get("supervisor_pid")):
         raise RunBusyError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
                            f"{run.read_status()['supervisor_pid']}); stop it first")
+    if from_checkpoint is not None:
+        CheckpointStore(run.path).roll_back_to(from_checkpoint)
     offset = run.events_path.stat().st_size if run.events_path.exists() else 0
     run.write_status(state="queued", resumed=time.time())
     return _start_supervisor(run, max_restarts, from_offset=offset)

@@ -152,6 +152,34 @@ def memory_by_stage(advices: dict, out: str | Path) -> Path:
     return _save(fig, out)
 
 
+def checkpoint_interval(advice, out: str | Path, current_s: float | None = None) -> Path:
+    """Time lost to checkpoints and failures against the checkpoint interval (log x), the advised interval
+    marked, and the run's own interval if given: too often wastes blocking, too rarely wastes recomputation."""
+    import numpy as np
+
+    from toolkit.advisor import overhead_pct
+
+    plt = _pyplot()
+    lo, hi = max(advice.blocking_s, 1e-3), max(advice.mtbf_s, 10 * advice.interval_s)
+    intervals = np.geomspace(lo, hi, 200)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(intervals, [overhead_pct(t, advice.blocking_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+            color="tab:blue")
+    ax.axvline(advice.interval_s, color="tab:green", lw=1.5,
+               label=f"advised: every {advice.interval_s:,.0f} s ({advice.overhead_pct:.2f}% lost)")
+    if current_s:
+        current = overhead_pct(current_s, advice.blocking_s, advice.mtbf_s, advice.restart_s)
+        ax.axvline(current_s, color="tab:orange", ls="--", lw=1.5,
+                   label=f"this run: every {current_s:,.1f} s ({current:.2f}% lost)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="checkpoint interval (s)", ylabel="time lost (%)",
+           title=f"Checkpoint interval at MTBF {advice.mtbf_s / 3600:,.1f} h, restart {advice.restart_s:.0f} s")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
 def latency_histogram(latencies_ms: list[float], out: str | Path, title: str = "Endpoint latency") -> Path:
     """Client-side request latencies with p50 / p95 / p99 marked."""
     import numpy as np

@@ -1,15 +1,20 @@
-"""The doctor in a notebook: a table with pass/warn/fail colours that fills in as each check lands.
+"""The resources step in a notebook: the doctor's table, a memory estimator with sliders, Azure ML's status.
 
-The table is HTML updated through ``display_id``, so a papermill-executed notebook keeps the final table.
+The doctor table is HTML updated through ``display_id`` as each check lands; the two panels have a live view
+and a static twin (see widgets/panel.py), so a papermill-executed notebook keeps the final state of all three.
 """
 
 from __future__ import annotations
 
 import html
+import tempfile
+from pathlib import Path
 
+import ipywidgets as w
 from IPython.display import HTML, display
 
 from toolkit.doctor import CHECKS, Check, run_doctor, status_counts
+from widgets.panel import Panel, png_html
 
 STATUS_COLOURS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", "running": "#1f77b4", "waiting": "#aaa"}
 
@@ -55,3 +60,101 @@ def show_doctor(**kwargs):
         table.update(HTML(doctor_table_html(done, pending)))
 
     return run_doctor(on_check=on_check, **kwargs)
+
+
+# --- memory ----------------------------------------------------------------------------------------------------
+
+MODEL_SIZES = ("125M", "350M", "1.3B", "2.7B", "7B", "13B", "30B", "70B", "175B")
+GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+GPU_MEMORY_GIB = (16, 24, 40, 48, 80, 94, 141, 192)
+
+
+class MemoryPanel(Panel):
+    """Sliders for model size, precision, ZeRO stage, GPUs and GPU memory; the estimate follows every move.
+
+    All arithmetic is :mod:`toolkit.memory_estimate`'s; the panel shows the chosen stage's formula, whether it
+    fits, the stage the toolkit recommends, and the bars for every stage."""
+
+    def __init__(self, model_size: str = "7B", precision: str = "bf16", zero_stage: int | None = None,
+                 gpus: int = 8, gpu_memory_gib: float = 80):
+        from toolkit.memory_estimate import BYTES_PER_PARAM, STAGES, parse_count
+
+        super().__init__()
+        parse_count(model_size)  # a bad size is refused here, naming the field
+        sizes = sorted({*MODEL_SIZES, model_size}, key=parse_count)
+        slider = {"continuous_update": False, "layout": w.Layout(width="480px")}
+        self.model_size = w.SelectionSlider(options=sizes, value=model_size, description="parameters", **slider)
+        self.gpus = w.SelectionSlider(options=sorted({*GPU_COUNTS, gpus}), value=gpus, description="GPUs", **slider)
+        self.gpu_memory = w.SelectionSlider(options=sorted({*GPU_MEMORY_GIB, gpu_memory_gib}), value=gpu_memory_gib,
+                                            description="GiB / GPU", **slider)
+        self.precision = w.ToggleButtons(options=list(BYTES_PER_PARAM), value=precision, description="precision")
+        # None: follow the recommendation; a number pins the stage shown in the headline
+        self.zero_stage = w.ToggleButtons(options=[("recommended", None)] + [(f"ZeRO-{s}", s) for s in STAGES],
+                                          value=zero_stage, description="stage")
+        self.headline, self.formula = w.HTML(), w.HTML()
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
+        self._png = b""
+        for control in (self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage):
+            control.observe(lambda _: self.guarded(self.refresh), names="value")
+        self.view = w.VBox([self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage,
+                            self.headline, self.formula, self.plot, self.message])
+        self.advice = None
+        self.refresh()
+
+    def refresh(self):
+        from toolkit import plots
+        from toolkit.memory_estimate import STATE_SHARE, parse_count, recommend_stage
+
+        size = self.model_size.value
+        self.advice = advice = recommend_stage(parse_count(size), self.gpu_memory.value, self.gpus.value,
+                                               self.precision.value)
+        stage = self.zero_stage.value if self.zero_stage.value is not None else advice.stage
+        chosen = advice.estimates[stage if stage is not None else -1]
+        budget = STATE_SHARE * self.gpu_memory.value
+        fits = chosen.total_gib <= budget
+        verdict = (f"<b style='color:#2ca02c'>fits</b> in {STATE_SHARE:.0%} of {self.gpu_memory.value:g} GiB"
+                   if fits else f"<b style='color:#d62728'>does not fit</b> in {STATE_SHARE:.0%} of "
+                                f"{self.gpu_memory.value:g} GiB ({budget:.1f} GiB)")
+        use = f"ZeRO-{advice.stage}" if advice.stage is not None else "no stage fits: more GPUs or offload"
+        self.headline.value = (f"<div style='font-size:1.1em'>{size} parameters, {self.precision.value}, "
+                               f"ZeRO-{chosen.zero_stage} on {self.gpus.value} GPU{'s' if self.gpus.value > 1 else ''}: "
+                               f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
+                               f"Recommended: <b>{html.escape(use)}</b></div>")
+        self.formula.value = f"<pre style='font-size:0.85em'>{html.escape(advice.summary())}</pre>"
+        with tempfile.TemporaryDirectory() as tmp:
+            self._png = plots.memory_by_stage({size: advice}, Path(tmp) / "memory.png").read_bytes()
+        self.plot.value = self._png
+        return advice
+
+    def static_html(self) -> str:
+        return f"<div>{self.headline.value}{self.formula.value}{png_html(self._png, 820)}{self.message.value}</div>"
+
+
+# --- Azure ML ----------------------------------------------------------------------------------------------------
+
+
+class AzureStatusPanel(Panel):
+    """Is Azure ML reachable from here? The workspace (masked) and the credential check, with a retry button."""
+
+    def __init__(self, config: str | Path | None = None):
+        super().__init__()
+        self.config = config
+        self.status_html = w.HTML()
+        self.check_button = self.button("Check again", self.check, tooltip="look for config.json and a login again")
+        self.view = w.VBox([self.status_html, w.HBox([self.check_button, self.busy]), self.message])
+        self.status = None
+
+    def check(self):
+        """Look for the workspace config and a credential (a few seconds at most); returns the status."""
+        from toolkit.azure.connection import connection_status
+
+        self.status = status = connection_status(self.config)
+        colour, word = ("#2ca02c", "CONNECTED") if status.connected else ("#ff7f0e", "OFFLINE")
+        where = html.escape(status.workspace.describe()) if status.workspace else "no workspace config found"
+        self.status_html.value = (
+            f"<div><b>Azure ML</b> <span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;"
+            f"font-size:0.8em'>{word}</span> {where}<div style='color:#555'>{html.escape(status.reason)}</div></div>")
+        return status
+
+    def static_html(self) -> str:
+        return self.status_html.value + self.message.value

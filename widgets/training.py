@@ -14,7 +14,6 @@ notebook keeps the final state without a live kernel.
 
 from __future__ import annotations
 
-import base64
 import html
 import tempfile
 import threading
@@ -22,12 +21,11 @@ import time
 from pathlib import Path
 
 import ipywidgets as w
-from IPython.display import HTML, display
-
 from toolkit import config as config_mod
 from toolkit import launch, plots
 from toolkit.progress import RunProgress
 from toolkit.rundir import FINAL_STATES, RunDir
+from widgets.panel import Panel, png_html
 from widgets.run_progress import render_card
 
 
@@ -35,10 +33,11 @@ def _shipped_configs() -> list[str]:
     return sorted(p.stem for p in config_mod.CONFIG_DIR.glob("*.yaml"))
 
 
-class TrainingPanel:
+class TrainingPanel(Panel):
     def __init__(self, config: str = "demo", engine: str = "torch", nproc: int = 1, zero_stage: int = 0,
                  steps: int | None = None, checkpoint_every: int = 0, profile: bool = True,
                  overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
+        super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
         self.config = w.Dropdown(options=sorted({*_shipped_configs(), config}), value=config, description="config")
         self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
@@ -48,12 +47,9 @@ class TrainingPanel:
         self.checkpoint_every = w.IntText(value=checkpoint_every, description="ckpt every",
                                           tooltip="checkpoint every N steps; 0 only at the end")
         self.profile = w.Checkbox(value=profile, description="profile")
-        self.buttons = {name: w.Button(description=name, button_style=style) for name, style in
+        self.buttons = {name: self.button(name, getattr(self, name.lower()), style) for name, style in
                         (("Start", "primary"), ("Stop", ""), ("Kill", "danger"), ("Resume", ""),
                          ("TensorBoard", "info"))}
-        for name, button in self.buttons.items():
-            button.on_click(lambda _, name=name: self._guarded(getattr(self, name.lower())))
-        self.message = w.HTML()
         self.progress = w.FloatProgress(min=0.0, max=1.0, description="0%", layout=w.Layout(width="60%"))
         self.card = w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="900px"))
@@ -71,7 +67,6 @@ class TrainingPanel:
         self._png = b""
         self._plotted_at = 0.0
         self._watcher: threading.Thread | None = None
-        self._static = None
         self._set_buttons()
 
     # --- the form -------------------------------------------------------------------------------------------
@@ -86,14 +81,6 @@ class TrainingPanel:
         if self.checkpoint_every.value:
             settings.append(f"checkpoint.every_steps={self.checkpoint_every.value}")
         return settings
-
-    def _guarded(self, action) -> None:
-        """Run a button's action; a bad input or state shows inline instead of a traceback in the log."""
-        try:
-            self.message.value = ""
-            action()
-        except (ValueError, FileNotFoundError, RuntimeError) as exc:
-            self.message.value = f"<span style='color:#d62728'>{html.escape(str(exc))}</span>"
 
     def _set_buttons(self) -> None:
         running = self.handle is not None and self.handle.poll() is None
@@ -214,20 +201,13 @@ class TrainingPanel:
                 self._png = plots.training_curves(self.run.path, Path(tmp) / "curves.png").read_bytes()
             self.plot.value = self._png
         self._set_buttons()
-        if self._static is not None:
-            self._static.update(HTML(self.static_html()))
+        self.update_static()
 
     def static_html(self) -> str:
         """The card and the plot as plain HTML: what a notebook shows without a live kernel."""
-        img = (f"<img src='data:image/png;base64,{base64.b64encode(self._png).decode()}' style='max-width:900px'/>"
-               if self._png else "")
         pct = self.progress.description
-        return f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}{img}</div>"
-
-    def show(self) -> "TrainingPanel":
-        display(self.view)
-        self._static = display(HTML(self.static_html()), display_id=True)
-        return self
+        return (f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}"
+                f"{png_html(self._png)}{self.message.value}</div>")
 
     @property
     def finished(self) -> bool:

@@ -218,3 +218,29 @@ def ml_client(ref: WorkspaceRef, credential=None):
 
     return MLClient(credential or default_credential(), subscription_id=ref.subscription_id,
                     resource_group_name=ref.resource_group, workspace_name=ref.workspace_name)
+
+
+@dataclass(frozen=True)
+class ConnectionStatus:
+    """Where Azure ML stands from here: the workspace (if a config names one), and whether a token was issued."""
+    workspace: WorkspaceRef | None
+    connected: bool
+    reason: str  # why not, naming the missing piece; or what works
+
+    def summary(self) -> str:
+        where = f"{self.workspace.describe()}; " if self.workspace else ""
+        return f"Azure ML: {'connected' if self.connected else 'not connected, working offline'}. {where}{self.reason}"
+
+
+def connection_status(config: str | Path | None = None, credential=None) -> ConnectionStatus:
+    """Find the workspace config and get one token; never raises for a missing piece (that is the answer)."""
+    try:
+        ref = workspace_ref(config)
+    except AzureError as exc:
+        return ConnectionStatus(None, False, str(exc))
+    try:
+        check_credentials(credential)
+    except AzureError as exc:
+        return ConnectionStatus(ref, False, str(exc))
+    return ConnectionStatus(ref, True, "credentials: a token was issued; `python -m toolkit azure submit` can "
+                                       "create and run a plan")

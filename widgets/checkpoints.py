@@ -1,0 +1,138 @@
+"""The checkpoints panel: what a run has on disk, resuming from any valid checkpoint, and how often to save.
+
+    panel = CheckpointsPanel(run_dir, gpus=64).show()
+    panel.resume_from.value = "step_00000040"   # any valid checkpoint; newer ones are set aside, not deleted
+    panel.resume(); panel.wait()                # what the Resume button does; wait() returns the final status
+
+Listing verifies every file's sha256 against the manifest (toolkit.checkpoint_store), in a background thread
+when started from the button, since hashing a large checkpoint takes a while. The interval advisor is
+toolkit.advisor's Young/Daly arithmetic on the run's own measured checkpoint cost and step time.
+"""
+
+from __future__ import annotations
+
+import html
+import tempfile
+import time
+from pathlib import Path
+
+import ipywidgets as w
+
+from toolkit import launch
+from toolkit.checkpoint_store import SUPERSEDED_PREFIX, CheckpointStore
+from toolkit.progress import RunProgress
+from toolkit.rundir import RunDir
+from widgets.panel import Panel, ok_html, png_html, table_html
+from widgets.run_progress import render_card
+
+# Job sizes for the advisor's slider: a laptop to a frontier run (MTBF scales as 1 / GPUs).
+GPU_COUNTS = (1, 8, 64, 512, 2048, 8192, 16384)
+
+
+class CheckpointsPanel(Panel):
+    def __init__(self, run_dir: str | Path, gpus: int = 64, restart_s: float = 60.0, verify: bool = True):
+        super().__init__()
+        self.run = RunDir(run_dir)
+        if not self.run.config_path.is_file():
+            raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run "
+                                    "directory")
+        self.store = CheckpointStore(self.run.path)
+        self.verify = w.Checkbox(value=verify, description="verify sha256")
+        self.table = w.HTML()
+        self.refresh_button = self.button("Refresh", self.refresh_in_background, tooltip="list and verify again")
+        self.resume_from = w.Dropdown(description="resume from")
+        self.resume_button = self.button("Resume", self.resume, "primary",
+                                         "continue the run from the chosen checkpoint")
+        self.card = w.HTML()
+        self.gpus = w.SelectionSlider(options=sorted({*GPU_COUNTS, gpus}), value=gpus, description="job GPUs",
+                                      continuous_update=False, layout=w.Layout(width="420px"))
+        self.restart_s = w.BoundedFloatText(value=restart_s, min=0, max=86400, description="restart s",
+                                            tooltip="seconds from a failure to training again (scheduling, loading)")
+        for control in (self.gpus, self.restart_s):
+            control.observe(lambda _: self.guarded(self.advise), names="value")
+        self.advice_text = w.HTML()
+        self.advice_plot = w.Image(format="png", layout=w.Layout(max_width="760px"))
+        self._advice_png = b""
+        self.infos = []
+        self.advice = None
+        self.handle = None
+        self.view = w.VBox([
+            w.HTML(f"<b>Checkpoints of {html.escape(self.run.path.name)}</b>"), self.table,
+            w.HBox([self.verify, self.refresh_button, self.busy]),
+            w.HBox([self.resume_from, self.resume_button]), self.message, self.card,
+            w.HTML("<b>Interval advisor</b> (Young/Daly: T = sqrt(2 C M) - C)"), w.HBox([self.gpus, self.restart_s]),
+            self.advice_text, self.advice_plot])
+        self.refresh()
+        self.guarded(self.advise)
+
+    # --- what is on disk ------------------------------------------------------------------------------------------
+
+    def refresh(self) -> list:
+        self.infos = self.store.list(verify=self.verify.value)
+        latest = self.store.latest_name()
+        rows = [{"checkpoint": i.name + ("  <- LATEST" if i.name == latest else ""),
+                 "step": "" if i.step is None else i.step,
+                 "valid": "yes" if i.valid else "set aside" if i.name.startswith(SUPERSEDED_PREFIX) else "NO",
+                 "MB": f"{i.size_bytes / 2**20:,.2f}",
+                 "written": time.strftime("%H:%M:%S", time.localtime(i.created)) if i.created else "",
+                 "why": i.reason} for i in self.infos]
+        self.table.value = table_html(rows, empty="no checkpoints yet (set checkpoint.every_steps)",
+                                      highlight=lambda r: {"NO": "#fde0dd", "set aside": "#f3f3f3"}.get(r["valid"]))
+        valid = [i.name for i in self.infos if i.valid]
+        self.resume_from.options = [(f"{n} (LATEST)" if n == latest else n, n) for n in valid]
+        self.resume_from.value = latest if latest in valid else (valid[-1] if valid else None)
+        self.update_static()
+        return self.infos
+
+    def refresh_in_background(self) -> None:
+        self.in_background("verifying checkpoints", self.refresh, [self.refresh_button])
+
+    # --- resuming -------------------------------------------------------------------------------------------------
+
+    def resume(self):
+        """Resume from the chosen checkpoint (LATEST: a plain resume; an older one: roll back to it), and follow
+        the run in the background until it ends."""
+        chosen, latest = self.resume_from.value, self.store.latest_name()
+        if chosen is None:
+            raise ValueError("resume from: no valid checkpoint; allowed: a run that saved at least one")
+        self.handle = handle = launch.resume(self.run.path, from_checkpoint=None if chosen == latest else chosen)
+        self.message.value = ok_html(f"resumed from {chosen}" + ("" if chosen == latest else
+                                                                  " (newer checkpoints set aside as superseded-*)"))
+        progress, started = RunProgress(self.run.read_config().train.max_steps), time.time()
+
+        def follow():
+            for event in handle.follow():
+                progress.apply(event)
+                self.card.value = render_card(self.run.path.name, progress.state, progress.step, progress.max_steps,
+                                              progress.train, progress.val, started, progress.message)
+            status = self.run.read_status()
+            self.card.value = render_card(self.run.path.name, status.get("state", progress.state), progress.step,
+                                          progress.max_steps, progress.train, progress.val, started,
+                                          progress.message or status.get("error") or "")
+            self.refresh()
+            self.advise()
+            return status
+
+        self.in_background(f"training from {chosen}", follow, [self.resume_button, self.refresh_button])
+        return handle
+
+    # --- how often ------------------------------------------------------------------------------------------------
+
+    def advise(self):
+        from toolkit import plots
+        from toolkit.advisor import advise_for_run, mtbf_for_gpus
+
+        self.advice = advice = advise_for_run(self.run.path, mtbf_s=mtbf_for_gpus(self.gpus.value),
+                                              restart_s=self.restart_s.value)
+        every = self.run.read_config().checkpoint.every_steps
+        current_s = every * advice.step_time_s if every and advice.step_time_s else None
+        self.advice_text.value = f"<pre style='font-size:0.85em'>{html.escape(advice.summary())}</pre>"
+        with tempfile.TemporaryDirectory() as tmp:
+            self._advice_png = plots.checkpoint_interval(advice, Path(tmp) / "interval.png", current_s).read_bytes()
+        self.advice_plot.value = self._advice_png
+        self.update_static()
+        return advice
+
+    def static_html(self) -> str:
+        return (f"<div><b>Checkpoints of {html.escape(self.run.path.name)}</b>{self.table.value}{self.message.value}"
+                f"{self.card.value}{self.advice_text.value}{png_html(self._advice_png, 760)}</div>")

@@ -1,0 +1,127 @@
+"""What every panel shares: buttons whose errors show inline, and a static HTML twin of the live view.
+
+A panel subclass builds ``self.view`` (ipywidgets) and implements ``static_html()`` (the same figures as plain
+HTML). ``show()`` displays both; ``update_static()`` refreshes the twin through its ``display_id``, so a notebook
+executed headlessly by papermill still shows the panel's final state when it is opened without a kernel.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+import ipywidgets as w
+from IPython.display import HTML, display
+
+# What a button's action may raise for bad input or a wrong state; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError)
+
+
+def error_html(message: str) -> str:
+    return f"<span style='color:#d62728'>{html.escape(message)}</span>"
+
+
+def ok_html(message: str) -> str:
+    return f"<span style='color:#2ca02c'>{html.escape(message)}</span>"
+
+
+def png_html(png: bytes, max_width: int = 900) -> str:
+    """An inline <img> of PNG bytes (empty when there is no picture yet)."""
+    if not png:
+        return ""
+    return (f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' "
+            f"style='max-width:{max_width}px'/>")
+
+
+def table_html(rows: Sequence[dict], columns: Sequence[str] | None = None, empty: str = "nothing yet",
+               highlight: Callable[[dict], str] | None = None) -> str:
+    """A small HTML table; ``highlight(row)`` may return a CSS background for a row (e.g. invalid ones)."""
+    if not rows:
+        return f"<i style='color:#888'>{html.escape(empty)}</i>"
+    columns = list(columns or rows[0])
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        style = f" style='background:{highlight(row)}'" if highlight and highlight(row) else ""
+        cells = "".join(f"<td style='padding:2px 8px'>{html.escape(str(row.get(c, '')))}</td>" for c in columns)
+        body.append(f"<tr{style}>{cells}</tr>")
+    return f"<table style='border-collapse:collapse'><tr>{head}</tr>{''.join(body)}</table>"
+
+
+class Panel:
+    """A live view plus its static twin. Subclasses set ``self.view`` and implement ``static_html``."""
+
+    title = ""
+
+    def __init__(self) -> None:
+        self.message = w.HTML()
+        self.busy = w.HTML()  # what the background task is doing, while it does it
+        self._static = None
+        self._task: threading.Thread | None = None
+        self._task_result = None
+
+    def button(self, description: str, action: Callable[[], object], style: str = "", tooltip: str = "") -> w.Button:
+        """A button whose click runs ``action``; bad input or a wrong state is shown in ``self.message``."""
+        button = w.Button(description=description, button_style=style, tooltip=tooltip)
+        button.on_click(lambda _: self.guarded(action))
+        return button
+
+    def guarded(self, action: Callable[[], object], clear: bool = True):
+        """Run a panel action; a user error shows inline (red) instead of a traceback in the kernel log.
+        ``clear``: start from an empty message (a background task keeps what its button's click said)."""
+        try:
+            if clear:
+                self.message.value = ""
+            return action()
+        except USER_ERRORS as exc:
+            self.message.value = error_html(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
+            return None
+        finally:
+            self.update_static()
+
+    def in_background(self, what: str, action: Callable[[], object], buttons: Iterable[w.Button] = ()) -> None:
+        """Run slow work (an export, a measurement) in a thread so the kernel stays free; ``buttons`` are
+        disabled meanwhile. One task at a time: ``wait()`` blocks until it ends and returns its result."""
+        if self._task is not None and self._task.is_alive():
+            raise RuntimeError(f"panel: busy {self.busy.value or 'with another task'}; allowed: wait for it to end")
+        buttons = list(buttons)
+
+        def work() -> None:
+            try:
+                self._task_result = self.guarded(action, clear=False)
+            finally:
+                self.busy.value = ""
+                for b in buttons:
+                    b.disabled = False
+                self.update_static()
+
+        self.busy.value = f"<i style='color:#1f77b4'>{html.escape(what)}…</i>"
+        for b in buttons:
+            b.disabled = True
+        self._task_result = None
+        self._task = threading.Thread(target=work, daemon=True, name=f"trainbook-{type(self).__name__}")
+        self._task.start()
+
+    def wait(self, timeout: float | None = None):
+        """Block until the background task (if any) ends; return what its action returned (None on an error)."""
+        if self._task is not None:
+            self._task.join(timeout)
+        return self._task_result
+
+    def static_html(self) -> str:
+        raise NotImplementedError
+
+    def update_static(self) -> None:
+        if self._static is not None:
+            self._static.update(HTML(self.static_html()))
+
+    def show(self):
+        display(self.view)
+        self._static = display(HTML(self.static_html()), display_id=True)
+        return self
+
+
+def field_row(widgets: Iterable[w.Widget]) -> w.HBox:
+    return w.HBox(list(widgets), layout=w.Layout(flex_flow="row wrap"))
