@@ -128,10 +128,12 @@ class DataPanel(Panel):
         self.update_static()
         return assets
 
-    def archive(self) -> data_assets.DataAsset:
-        if not self.archive_choice.value:
+    def archive(self, ref: str | None = None) -> data_assets.DataAsset:
+        """Archive ``ref`` (default: the version chosen in the drop-down); archiving twice is harmless."""
+        ref = ref or self.archive_choice.value
+        if not ref:
             raise ValueError("version: none chosen; allowed: one of the catalogue's versions")
-        asset = data_assets.archive(self.ws, self.archive_choice.value)
+        asset = data_assets.archive(self.ws, ref)
         self.message.value = ok_html(f"archived {asset.ref}: hidden from listings and from '{asset.name}' (latest); "
                                      f"'{asset.ref}' still resolves")
         self.refresh_versions()
