@@ -96,7 +96,11 @@ def test_models_register_by_content_with_their_lineage(train_tiny, tmp_path):
     assert first.ref == "tiny:1" and first.data == "pydoc:1" and len(first.data_sha256) == 64
     assert first.run_dir == str(run.path.resolve()) and first.checkpoint == "step_00000020"
     assert register_model(ws, run.path / "model").ref == "tiny:1", "same content, same version"
-    second = register_model(ws, export_run(run.path).path, description="re-exported")
+    again = register_model(ws, export_run(run.path).path, description="re-exported")
+    assert again == first, "exporting the same checkpoint again (a new manifest time) is the same version"
+    other = _trained(train_tiny, "--set", "train.seed=2", "--set", "data.asset=pydoc", "--set",
+                     f"data.workspace={ws_dir}", name="other")
+    second = register_model(ws, export_run(other.path).path, description="other weights")
     assert second.ref == "tiny:2" and get_model(ws, "tiny").ref == "tiny:2" and get_model(ws, "tiny:1") == first
     assert (first.path / "model.onnx").is_file() and first.path != run.path / "model", "served from the snapshot"
     assert [m.ref for m in list_models(ws)] == ["tiny:2", "tiny:1"]

@@ -116,9 +116,17 @@ def test_deployment_notebook_exports_serves_and_plans(tmp_path):
                         "plan_dir": str(tmp_path / "outputs" / "azure-plan")})
     html, text, pngs = outputs_of(executed)
     assert "within the 0.0001 target" in text and "tiny:1: trained in" in text, text
+    assert "200: 'The ' -> " in text and "ms measured here, timing_ms {" in text, "the panel's prompt box answered"
     assert "no key             401" in text and "wrong key          401" in text and "empty prompt       400" in text
+    assert "max_new_tokens 0   400  max_new_tokens: 0 is not allowed" in text
+    assert "score a sentence   200  log-likelihood" in text
     assert "endpoint stopped: True" in text and "16 concurrent clients" in text
+    assert "answers: [401, 401, 400, 400, 200]" in text
     assert pngs, "the latency histogram is missing"
     plan = tmp_path / "outputs" / "azure-deploy-plan"
     assert sorted(p.name for p in plan.iterdir()) == ["deploy.md", "deployment.yaml", "endpoint.yaml", "environment.yml"]
+    # The panel's static twin, updated in place through display_id, shows the journey's final state.
+    (panel,) = [h for h in html if "<b>Deployment</b>" in h]
+    assert "within the 0.0001 target" in panel and "registered as <b>tiny:1</b>" in panel
+    assert "stopped (exit" in panel and "p50" in panel and "endpoint.yaml" in panel and "plan written in" in panel
     nbval(executed, tmp_path)

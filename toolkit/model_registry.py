@@ -11,6 +11,9 @@ from, so a served answer can be traced to the bytes it was trained on.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +58,10 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     if not NAME_RE.fullmatch(name):
         raise DataAssetError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
                              "with a letter or digit")
-    sha256, size, _, snapshot = store_snapshot(ws, model_dir.resolve(), "uri_folder")
+    _, size, _, snapshot = store_snapshot(ws, model_dir.resolve(), "uri_folder")
+    # A version is its payload (weights, graph, config, tokenizer, parity), not the manifest's export time:
+    # exporting the same checkpoint again (every notebook re-run) gives the same version.
+    sha256 = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
     data = manifest.get("data") or {}
     asset = data.get("asset") or {}
     data_ref, data_sha = asset.get("ref") or f"builtin:{data.get('name', '?')}", data.get("sha256", "")

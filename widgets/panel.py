@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 import ipywidgets as w
@@ -60,6 +61,7 @@ class Panel:
         self.busy = w.HTML()  # what the background task is doing, while it does it
         self._static = None
         self._task: threading.Thread | None = None
+        self._task_what = ""
         self._task_result = None
 
     def button(self, description: str, action: Callable[[], object], style: str = "", tooltip: str = "") -> w.Button:
@@ -83,9 +85,10 @@ class Panel:
 
     def in_background(self, what: str, action: Callable[[], object], buttons: Iterable[w.Button] = ()) -> None:
         """Run slow work (an export, a measurement) in a thread so the kernel stays free; ``buttons`` are
-        disabled meanwhile. One task at a time: ``wait()`` blocks until it ends and returns its result."""
+        disabled at once (a second click must not slip in before the thread runs) and ``what`` shows in
+        ``self.busy`` meanwhile. One task at a time: ``wait()`` blocks until it ends and returns its result."""
         if self._task is not None and self._task.is_alive():
-            raise RuntimeError(f"panel: busy {self.busy.value or 'with another task'}; allowed: wait for it to end")
+            raise RuntimeError(f"panel: busy with {self._task_what or 'another task'}; allowed: wait for it to end")
         buttons = list(buttons)
 
         def work() -> None:
@@ -95,14 +98,19 @@ class Panel:
                 self.busy.value = ""
                 for b in buttons:
                     b.disabled = False
+                self.after_task()
                 self.update_static()
 
-        self.busy.value = f"<i style='color:#1f77b4'>{html.escape(what)}…</i>"
+        self._task_what = what
+        self.busy.value = f"<i style='color:#1f77b4'>{html.escape(what)}…</i>" if what else ""
         for b in buttons:
             b.disabled = True
         self._task_result = None
         self._task = threading.Thread(target=work, daemon=True, name=f"trainbook-{type(self).__name__}")
         self._task.start()
+
+    def after_task(self) -> None:
+        """Called when a background task ends, error or not: a subclass re-derives which buttons make sense."""
 
     def wait(self, timeout: float | None = None):
         """Block until the background task (if any) ends; return what its action returned (None on an error)."""
@@ -113,13 +121,21 @@ class Panel:
     def static_html(self) -> str:
         raise NotImplementedError
 
+    def _twin(self) -> HTML:
+        return HTML(f"<div class='{self._twin_class}'>{self.static_html()}</div>")
+
     def update_static(self) -> None:
         if self._static is not None:
-            self._static.update(HTML(self.static_html()))
+            self._static.update(self._twin())
 
     def show(self):
-        display(self.view)
-        self._static = display(HTML(self.static_html()), display_id=True)
+        """Display the live view and, below it, the static twin. Where the widgets render (a live kernel in
+        JupyterLab), a style inside the view hides the twin, so nothing shows twice; where they cannot (an
+        executed copy opened later, GitHub, nbconvert's HTML), that style is absent and the twin shows."""
+        self._twin_class = f"trainbook-twin-{uuid.uuid4().hex[:12]}"
+        hide_twin = w.HTML(f"<style>.{self._twin_class} {{display: none}}</style>", layout=w.Layout(height="0px"))
+        display(w.VBox([hide_twin, self.view]))
+        self._static = display(self._twin(), display_id=True)
         return self
 
 

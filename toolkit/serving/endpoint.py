@@ -1,7 +1,7 @@
 """A local online endpoint: the exported model behind Azure ML's inference server, on 127.0.0.1, with a key.
 
     endpoint = serve("demo")                      # a registered model, or a model folder
-    requests.post(endpoint.scoring_url, json={"prompt": "def "}, headers=endpoint.headers())
+    status, answer = endpoint.request({"prompt": "def "})   # (200, {"text": ..., "timing_ms": ...}) with the key
     endpoint.stop()
 
 Like an Azure ML managed online endpoint it has a name, a scoring URL and a key (generated once per endpoint,
@@ -11,6 +11,7 @@ group; ``stop()`` ends it and everything it started.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -72,6 +73,22 @@ class LocalEndpoint:
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
 
+    def request(self, body: dict, headers: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+        """POST ``body`` as JSON to the scoring URL with this endpoint's key (or exactly ``headers``, to see what a
+        request without the key gets): (HTTP status, JSON answer). A refusal is an answer here, not an exception:
+        its ``error`` names the field, the value and what is allowed."""
+        request = urllib.request.Request(self.scoring_url, data=json.dumps(body).encode(),
+                                         headers=self.headers() if headers is None else headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            text = error.read().decode(errors="replace")
+            try:
+                return error.code, json.loads(text)
+            except json.JSONDecodeError:  # not from score.py (e.g. the server's own 404 page)
+                return error.code, {"error": text.strip() or error.reason}
+
     def describe(self) -> str:
         return (f"endpoint {self.name}: {self.scoring_url} (key {mask_key(self.key)}, {self.runtime}, "
                 f"model {self.model_dir})")
@@ -124,6 +141,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     answers; returns its handle."""
     import yaml
 
+    from toolkit.data_assets import NAME_RE
     from toolkit.model_format import read_manifest
     from toolkit.model_registry import resolve_model_dir
     from toolkit.serving.runtimes import RUNTIMES
@@ -140,6 +158,9 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     model_dir = resolve_model_dir(model, workspace).resolve()
     read_manifest(model_dir)
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
+    if not NAME_RE.fullmatch(str(name)):  # it names a folder in the workspace: no '/', no '..'
+        raise ValueError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting with a "
+                         "letter or digit")
     folder = Workspace.open(workspace).root / "endpoints" / name
     key = endpoint_key(folder)
     port = port or free_port()
