@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 import ipywidgets as w
 from IPython.display import HTML, display
 
-# What a button's action may raise for bad input or a wrong state; anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError)
+# What a button's action may raise for bad input or a wrong state (OSError: a missing or unwritable path the
+# person typed); anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, RuntimeError, KeyError)
 
 
 def error_html(message: str) -> str:
