@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.ports import free_port
+from toolkit.serving.server_main import PARENT_ENV
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
@@ -167,7 +168,8 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINBOOK_RUNTIME": runtime, "TRAINBOOK_MAX_BATCH": str(max_batch),
            "TRAINBOOK_MAX_WAIT_MS": str(max_wait_ms), "TRAINBOOK_KEY_FILE": str(folder / "key"), "WORKER_COUNT": "1",
            # gthread workers: one process, many request threads, so concurrent requests can share a batch
-           "GUNICORN_CMD_ARGS": f"--threads {threads}"}
+           "GUNICORN_CMD_ARGS": f"--threads {threads}",
+           PARENT_ENV: str(os.getpid())}  # the server stops if this process dies without stop()
     cmd = [sys.executable, "-m", "toolkit.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     with open(folder / "server.log", "wb") as log:
