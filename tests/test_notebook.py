@@ -17,7 +17,7 @@ PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
 
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
-    assert {"01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb",
+    assert {"00_overview.ipynb", "01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb",
             "05_deployment.ipynb"} <= {
         p.name for p in guided_notebooks()}
     for path in guided_notebooks():
@@ -129,4 +129,12 @@ def test_deployment_notebook_exports_serves_and_plans(tmp_path):
     (panel,) = [h for h in html if "<b>Deployment</b>" in h]
     assert "within the 0.0001 target" in panel and "registered as <b>tiny:1</b>" in panel
     assert "stopped (exit" in panel and "p50" in panel and "endpoint.yaml" in panel and "plan written in" in panel
+    nbval(executed, tmp_path)
+
+
+def test_overview_notebook_maps_the_journey(tmp_path):
+    executed = execute(NOTEBOOKS / "00_overview.ipynb", tmp_path, {"workspace": str(tmp_path / "ws")})
+    html, text, _ = outputs_of(executed)
+    assert "1 of 5 steps have something to show" in text, text  # a fresh workspace: only the machine
+    assert any("The journey" in h and "05_deployment.ipynb" in h and "to do" in h for h in html), html
     nbval(executed, tmp_path)

@@ -1,4 +1,4 @@
-"""The data, checkpoints and resources panels, driven as a person would (fill the form, click), for real:
+"""The data, checkpoints, resources and journey panels, driven as a person would (fill the form, click), for real:
 a real workspace catalogue (SQLite), real training runs, real checkpoints on disk."""
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from toolkit import data_assets, launch
 from toolkit.builtin_data import register_pydoc
 from toolkit.checkpoint_store import CheckpointStore
 from toolkit.config import ConfigError
+from toolkit.export import export_run
+from toolkit.model_registry import register_model
 from toolkit.rundir import RunDir
 from widgets.checkpoints import CheckpointsPanel
 from widgets.data import DataPanel, path_suggestions
+from widgets.journey import STEPS, JourneyPanel
 from widgets.resources import AzureStatusPanel, MemoryPanel
 
 # --- data --------------------------------------------------------------------------------------------------------
@@ -190,3 +193,29 @@ def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):
     status = panel.check()
     assert status.workspace is not None and not status.connected and "credentials" in status.reason
     assert "4444" in panel.status_html.value and "1111-2222" not in panel.status_html.value, "masked"
+
+
+# --- the journey -------------------------------------------------------------------------------------------------
+
+
+def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
+    ws_dir = tmp_path / "ws"
+    panel = JourneyPanel(ws_dir).show()
+    assert [done for done, _ in panel.statuses] == [True, False, False, False, False]  # only the machine is there
+    assert "no data registered yet" in panel.table.value and "02_data.ipynb" in panel.table.value
+
+    register_pydoc(panel.ws)
+    cfg = config_mod.load("tiny", ["train.max_steps=20", "train.max_seconds=0", "checkpoint.every_steps=10",
+                                   "profile.enabled=false", f"data.workspace={ws_dir}"])
+    handle = launch.start(cfg, runs_root=tmp_path / "runs")
+    assert handle.wait(120) == 0
+    panel.refresh_button.click()
+    assert [done for done, _ in panel.statuses] == [True, True, True, False, False]
+    assert "1 run(s), 1 completed" in panel.table.value and "pydoc:1" in panel.table.value
+
+    resumed = launch.resume(handle.path, from_checkpoint="step_00000010")
+    assert resumed.wait(120) == 0
+    register_model(panel.ws, export_run(handle.path).path)
+    assert all(done for done, _ in panel.refresh()), panel.statuses
+    assert "1 resumed" in panel.static_html() and "tiny:1" in panel.static_html()
+    assert len(panel.statuses) == len(STEPS) == 5

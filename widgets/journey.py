@@ -1,0 +1,121 @@
+"""The map of the course: the five steps, what each does in Azure ML's terms, and how far this workspace got.
+
+    JourneyPanel(workspace=None).show()     # a table with a done / to-do badge per step, and a Refresh button
+
+Each step's status is read from what the toolkit has recorded (the workspace catalogue, the run directories, the
+model registry), so it is the same whether the steps were done in the notebooks, the terminal or a batch job.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import ipywidgets as w
+
+from toolkit.rundir import RunDir
+from toolkit.workspace import Workspace
+from widgets.panel import Panel
+
+
+@dataclass(frozen=True)
+class Step:
+    notebook: str
+    title: str
+    azure_ml: str  # the guide's concept the step stands in for
+    status: Callable[[Workspace], tuple[bool, str]]  # (done, what is there)
+
+
+def _machine(ws: Workspace) -> tuple[bool, str]:
+    import psutil
+
+    return True, f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM (run the doctor to check)"
+
+
+def _data(ws: Workspace) -> tuple[bool, str]:
+    from toolkit.data_assets import list_assets
+
+    assets = list_assets(ws)
+    refs = sorted({f"{a.name}:{a.version}" for a in assets})
+    return bool(assets), (f"{len(refs)} version(s): {', '.join(refs[:6])}" if refs else "no data registered yet")
+
+
+def _runs(ws: Workspace) -> list[dict]:
+    from toolkit.launch import list_runs
+
+    return [r for r in list_runs(ws.root) if Path(r["run_dir"]).is_dir()]
+
+
+def _training(ws: Workspace) -> tuple[bool, str]:
+    runs = _runs(ws)
+    completed = [r for r in runs if r["state"] == "completed"]
+    if not runs:
+        return False, "no runs yet"
+    latest = runs[0]
+    return bool(completed), (f"{len(runs)} run(s), {len(completed)} completed; latest {Path(latest['run_dir']).name}: "
+                             f"{latest['state']} at step {latest['step']}")
+
+
+def _checkpoints(ws: Workspace) -> tuple[bool, str]:
+    from toolkit.checkpoint_store import CheckpointStore
+
+    with_checkpoints = [r for r in _runs(ws) if CheckpointStore(r["run_dir"]).latest_name()]
+    resumed = [r for r in with_checkpoints if any(e.get("resumed_from") for e in RunDir(r["run_dir"]).events("status"))]
+    return bool(resumed), (f"{len(with_checkpoints)} run(s) with checkpoints, {len(resumed)} resumed"
+                           if with_checkpoints else "no checkpoints yet")
+
+
+def _deployment(ws: Workspace) -> tuple[bool, str]:
+    from toolkit.model_registry import list_models
+
+    models = list_models(ws)
+    return bool(models), (f"{len(models)} model version(s): {', '.join(m.ref for m in models[:6])}" if models
+                          else "no model registered yet")
+
+
+STEPS = [
+    Step("01_resources.ipynb", "Resources: check the machine, size the job, plan the cluster",
+         "compute cluster, curated environment (ACPT), validating before spending GPU hours", _machine),
+    Step("02_data.ipynb", "Data: register versioned assets, tune loading",
+         "workspace, data assets (uri_file, uri_folder, mltable), data-loading advice", _data),
+    Step("03_training.ipynb", "Training: launch, follow live, profile, TensorBoard",
+         "command job with PyTorch / DeepSpeed distribution, metrics, profiler", _training),
+    Step("04_checkpoint_recovery.ipynb", "Checkpoints: kill a run, resume it exactly, pick an interval",
+         "Nebula-style fast checkpoints, automatic restarts", _checkpoints),
+    Step("05_deployment.ipynb", "Deployment: export, serve with a key, plan the online endpoint",
+         "model registry, managed online endpoint and deployment, score.py", _deployment),
+]
+
+
+class JourneyPanel(Panel):
+    def __init__(self, workspace: str | Path | None = None):
+        super().__init__()
+        self.ws = Workspace.open(workspace)
+        self.table = w.HTML()
+        self.refresh_button = self.button("Refresh", self.refresh, tooltip="read the workspace again")
+        self.view = w.VBox([self.table, self.refresh_button, self.message])
+        self.statuses: list[tuple[bool, str]] = []
+        self.refresh()
+
+    def refresh(self) -> list[tuple[bool, str]]:
+        self.statuses = [step.status(self.ws) for step in STEPS]
+        rows = []
+        for step, (done, detail) in zip(STEPS, self.statuses):
+            colour, word = ("#2ca02c", "done") if done else ("#aaa", "to do")
+            rows.append(
+                f"<tr><td style='padding:4px 8px'><a href='{html.escape(step.notebook)}'>{html.escape(step.notebook)}"
+                f"</a></td><td style='padding:4px 8px'><b>{html.escape(step.title)}</b><br><span style='color:#666;"
+                f"font-size:0.85em'>Azure ML: {html.escape(step.azure_ml)}</span></td><td style='padding:4px 8px'>"
+                f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em'>"
+                f"{word}</span></td><td style='padding:4px 8px;font-size:0.9em'>{html.escape(detail)}</td></tr>")
+        self.table.value = (f"<div><b>The journey</b> &middot; workspace <code>{html.escape(str(self.ws.root))}"
+                            "</code><table style='border-collapse:collapse'><tr><th>notebook</th><th>step</th>"
+                            f"<th>status</th><th style='text-align:left'>so far</th></tr>{''.join(rows)}</table></div>")
+        self.update_static()
+        return self.statuses
+
+    def static_html(self) -> str:
+        return self.table.value + self.message.value
