@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import select
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -55,3 +60,29 @@ def small_mount(tmp_path):
             subprocess.run(["umount", "-l", str(path)])
 
     return mount
+
+
+def assert_server_dies_with_its_starter(start_code: str) -> None:
+    """Run ``start_code`` (which binds ``server`` with ``.process`` and ``.url``) in a starter process, SIGKILL
+    the starter (no atexit, no stop(): a kernel killed from the launcher), and await the server's own exit."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; {start_code}; print(server.process.pid, server.url, flush=True); "
+                               "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT)
+    pid = None
+    try:
+        pid, url = starter.stdout.readline().split()
+        server = os.pidfd_open(int(pid))  # readable once the server process has exited: an event to wait on
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.status == 200, "the server is up while its starter lives"
+        starter.kill()
+        starter.wait()
+        readable, _, _ = select.select([server], [], [], 30)
+        assert readable, f"the server (pid {pid}) still runs 30 s after its starter was killed"
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(url, timeout=5)
+    finally:
+        starter.kill()
+        if pid is not None:  # a failed check must not leave the server running either
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid), signal.SIGKILL)

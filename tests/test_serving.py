@@ -3,10 +3,8 @@ request, 50 concurrent clients, and batching that changes speed but not answers.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import select
 import signal
 import socket
 import stat
@@ -25,7 +23,7 @@ from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_
 from toolkit.serving.runtimes import load_runtime
 from toolkit.serving.endpoint import serve
 
-from conftest import PROJECT
+from conftest import PROJECT, assert_server_dies_with_its_starter
 
 
 @pytest.fixture(scope="module")
@@ -207,25 +205,9 @@ def test_bad_serve_arguments(model_dir, args, message):
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+
 def test_an_endpoint_stops_when_the_process_that_started_it_is_killed(model_dir, tmp_path):
     """A kernel killed without endpoint.stop() must not leave a server holding its port."""
-    starter = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from toolkit.serving.endpoint import serve; "
-         f"ep = serve({str(model_dir)!r}, workspace={str(tmp_path / 'ws')!r}); "
-         "print(ep.process.pid, ep.url, flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT)
-    try:
-        pid, url = starter.stdout.readline().split()
-        server = os.pidfd_open(int(pid))  # readable once the server process has exited: an event to wait on
-        assert call(url)[0] == 200, "the endpoint is up while its starter lives"
-        starter.kill()  # SIGKILL: no atexit, no stop(), like a kernel killed from the launcher
-        starter.wait()
-        readable, _, _ = select.select([server], [], [], 30)
-        assert readable, f"the server (pid {pid}) still runs 30 s after its starter was killed"
-        with pytest.raises(urllib.error.URLError):
-            urllib.request.urlopen(url, timeout=5)
-    finally:
-        starter.kill()
-        if "pid" in locals():  # a failed check must not leave the server running either
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), signal.SIGKILL)
+    assert_server_dies_with_its_starter(
+        "from toolkit.serving.endpoint import serve; "
+        f"server = serve({str(model_dir)!r}, workspace={str(tmp_path / 'ws')!r})")

@@ -12,6 +12,8 @@ import pytest
 
 from toolkit.tb_server import TensorBoardError, start_tensorboard
 
+from conftest import assert_server_dies_with_its_starter
+
 
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=30) as response:
@@ -69,3 +71,9 @@ def test_tensorboard_serves_scalars_and_profiler_then_stops(profiled_run):
 def test_tensorboard_refuses_a_missing_run(tmp_path):
     with pytest.raises(TensorBoardError, match=r"run_dir: .*nope' is not a folder"):
         start_tensorboard(tmp_path / "nope")
+
+
+def test_tensorboard_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    (tmp_path / "tb").mkdir()
+    assert_server_dies_with_its_starter(
+        f"from toolkit.tb_server import start_tensorboard; server = start_tensorboard({str(tmp_path)!r})")

@@ -12,6 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.parent_watch import parent_env
 from toolkit.ports import free_port
 
 READY_TIMEOUT_S = 90.0
@@ -51,9 +52,10 @@ def start_tensorboard(run_dir: str | Path, port: int | None = None) -> TensorBoa
     port = port or free_port()
     log = open(logdir / "tensorboard.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+        [sys.executable, "-m", "toolkit.tb_main", "--logdir", str(logdir), "--host", "127.0.0.1",
          "--port", str(port), "--reload_interval", "5"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, **parent_env()})  # stops by itself if this process dies without stop()
     log.close()
     server = TensorBoardServer(url=f"http://127.0.0.1:{port}/", logdir=logdir, process=process)
     deadline = time.monotonic() + READY_TIMEOUT_S

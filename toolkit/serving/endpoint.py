@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.ports import free_port
-from toolkit.serving.server_main import PARENT_ENV
+from toolkit.parent_watch import parent_env
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
@@ -169,7 +169,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
            "TRAINBOOK_MAX_WAIT_MS": str(max_wait_ms), "TRAINBOOK_KEY_FILE": str(folder / "key"), "WORKER_COUNT": "1",
            # gthread workers: one process, many request threads, so concurrent requests can share a batch
            "GUNICORN_CMD_ARGS": f"--threads {threads}",
-           PARENT_ENV: str(os.getpid())}  # the server stops if this process dies without stop()
+           **parent_env()}  # the server stops if this process dies without stop()
     cmd = [sys.executable, "-m", "toolkit.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     with open(folder / "server.log", "wb") as log:

@@ -6,38 +6,15 @@ as ``azmlinfsrv`` would, with the same arguments:
 
     python -m toolkit.serving.server_main --host 127.0.0.1 --entry_script score.py --model_dir M --port P
 
-With ``TRAINBOOK_PARENT_PID`` set (``serve()`` sets it), the server also stops when that process dies: a
-kernel that is killed or crashes without ``endpoint.stop()`` must not leave a server holding its port and
-model memory (thirty workshop laptops restart kernels often).
+With ``TRAINBOOK_PARENT_PID`` set (``serve()`` sets it), the server stops when that process dies
+(toolkit.parent_watch).
 """
 
 from __future__ import annotations
 
-import os
-import select
-import signal
 import sys
-import threading
 
-PARENT_ENV = "TRAINBOOK_PARENT_PID"
-
-
-def stop_with_parent(parent_pid: int) -> None:
-    """SIGTERM this process group (gunicorn's arbiter and its workers) when ``parent_pid`` exits. Waits on a
-    pidfd (an event: readable when the process ends), in a daemon thread that gunicorn's forks do not inherit."""
-    try:
-        pidfd = os.pidfd_open(parent_pid)
-    except ProcessLookupError:  # gone already
-        os.killpg(os.getpgrp(), signal.SIGTERM)
-        return
-    except (AttributeError, OSError):  # no pidfd on this platform: the server lives until stopped, as before
-        return
-
-    def watch() -> None:
-        select.select([pidfd], [], [])
-        os.killpg(os.getpgrp(), signal.SIGTERM)
-
-    threading.Thread(target=watch, daemon=True, name="trainbook-parent-watch").start()
+from toolkit.parent_watch import stop_with_parent
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,8 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         i = argv.index("--host")
         host = argv[i + 1]
         del argv[i:i + 2]
-    if os.environ.get(PARENT_ENV):
-        stop_with_parent(int(os.environ[PARENT_ENV]))
+    stop_with_parent()
     from azureml_inference_server_http import amlserver
 
     amlserver.DEFAULT_HOST = host  # read by amlserver.run() when it starts gunicorn
