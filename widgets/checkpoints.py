@@ -12,7 +12,6 @@ toolkit.advisor's Young/Daly arithmetic on the run's own measured checkpoint cos
 from __future__ import annotations
 
 import html
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,10 +19,9 @@ import ipywidgets as w
 
 from toolkit import launch
 from toolkit.checkpoint_store import SUPERSEDED_PREFIX, CheckpointStore
-from toolkit.progress import RunProgress
 from toolkit.rundir import RunDir
-from widgets.panel import Panel, ok_html, png_html, table_html
-from widgets.run_progress import render_card
+from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html, table_html
+from widgets.run_progress import follow_run
 
 # Job sizes for the advisor's slider: a laptop to a frontier run (MTBF scales as 1 / GPUs).
 GPU_COUNTS = (1, 8, 64, 512, 2048, 8192, 16384)
@@ -98,17 +96,10 @@ class CheckpointsPanel(Panel):
         self.handle = handle = launch.resume(self.run.path, from_checkpoint=None if chosen == latest else chosen)
         self.message.value = ok_html(f"resumed from {chosen}" + ("" if chosen == latest else
                                                                   " (newer checkpoints set aside as superseded-*)"))
-        progress, started = RunProgress(self.run.read_config().train.max_steps), time.time()
 
         def follow():
-            for event in handle.follow():
-                progress.apply(event)
-                self.card.value = render_card(self.run.path.name, progress.state, progress.step, progress.max_steps,
-                                              progress.train, progress.val, started, progress.message)
-            status = self.run.read_status()
-            self.card.value = render_card(self.run.path.name, status.get("state", progress.state), progress.step,
-                                          progress.max_steps, progress.train, progress.val, started,
-                                          progress.message or status.get("error") or "")
+            status = follow_run(handle, self.run.read_config().train.max_steps,
+                                show=lambda text: setattr(self.card, "value", text))
             self.refresh()
             self.advise()
             return status
@@ -126,9 +117,8 @@ class CheckpointsPanel(Panel):
                                               restart_s=self.restart_s.value)
         every = self.run.read_config().checkpoint.every_steps
         current_s = every * advice.step_time_s if every and advice.step_time_s else None
-        self.advice_text.value = f"<pre style='font-size:0.85em'>{html.escape(advice.summary())}</pre>"
-        with tempfile.TemporaryDirectory() as tmp:
-            self._advice_png = plots.checkpoint_interval(advice, Path(tmp) / "interval.png", current_s).read_bytes()
+        self.advice_text.value = pre_html(advice.summary())
+        self._advice_png = plot_png(plots.checkpoint_interval, advice, current_s=current_s)
         self.advice_plot.value = self._advice_png
         self.update_static()
         return advice

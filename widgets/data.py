@@ -12,8 +12,6 @@ large folder and the advisor's timed training steps run in a background thread: 
 
 from __future__ import annotations
 
-import html
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import ipywidgets as w
 
 from toolkit import data_assets
 from toolkit.workspace import Workspace
-from widgets.panel import Panel, error_html, ok_html, png_html, table_html
+from widgets.panel import Panel, error_html, ok_html, plot_png, png_html, pre_html, table_html
 
 PICKER_ENTRIES = 200  # suggestions shown by the path box: enough to browse, few enough to stay responsive
 
@@ -153,9 +151,8 @@ class DataPanel(Panel):
         cfg = pin_data_asset(config_mod.load(self.config_name, [f"data.asset={self.advisor_asset.value}",
                                                                 f"data.workspace={self.ws.root}"]))
         self.report = report = tune(cfg, steps=self.tune_steps)
-        self.advice_text.value = f"<pre style='font-size:0.85em'>{html.escape(report.summary())}</pre>"
-        with tempfile.TemporaryDirectory() as tmp:
-            self._advice_png = plots.loader_trials(report, Path(tmp) / "loader.png").read_bytes()
+        self.advice_text.value = pre_html(report.summary())
+        self._advice_png = plot_png(plots.loader_trials, report)
         self.advice_plot.value = self._advice_png
         self.update_static()
         return report

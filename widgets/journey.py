@@ -18,7 +18,7 @@ import ipywidgets as w
 
 from toolkit.rundir import RunDir
 from toolkit.workspace import Workspace
-from widgets.panel import Panel
+from widgets.panel import Panel, badge_html
 
 
 @dataclass(frozen=True)
@@ -104,13 +104,12 @@ class JourneyPanel(Panel):
         self.statuses = [step.status(self.ws) for step in STEPS]
         rows = []
         for step, (done, detail) in zip(STEPS, self.statuses):
-            colour, word = ("#2ca02c", "done") if done else ("#aaa", "to do")
             rows.append(
                 f"<tr><td style='padding:4px 8px'><a href='{html.escape(step.notebook)}'>{html.escape(step.notebook)}"
                 f"</a></td><td style='padding:4px 8px'><b>{html.escape(step.title)}</b><br><span style='color:#666;"
                 f"font-size:0.85em'>Azure ML: {html.escape(step.azure_ml)}</span></td><td style='padding:4px 8px'>"
-                f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em'>"
-                f"{word}</span></td><td style='padding:4px 8px;font-size:0.9em'>{html.escape(detail)}</td></tr>")
+                f"{badge_html('done', '#2ca02c') if done else badge_html('to do', '#aaa')}</td>"
+                f"<td style='padding:4px 8px;font-size:0.9em'>{html.escape(detail)}</td></tr>")
         self.table.value = (f"<div><b>The journey</b> &middot; workspace <code>{html.escape(str(self.ws.root))}"
                             "</code><table style='border-collapse:collapse'><tr><th>notebook</th><th>step</th>"
                             f"<th>status</th><th style='text-align:left'>so far</th></tr>{''.join(rows)}</table></div>")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import html
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import ipywidgets as w
 from IPython.display import HTML, display
@@ -27,6 +29,24 @@ def error_html(message: str) -> str:
 
 def ok_html(message: str) -> str:
     return f"<span style='color:#2ca02c'>{html.escape(message)}</span>"
+
+
+def badge_html(text: str, colour: str) -> str:
+    """A small coloured label (a status: pass, completed, done...)."""
+    return (f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em'>"
+            f"{html.escape(text)}</span>")
+
+
+def pre_html(text: str) -> str:
+    """A toolkit summary (fixed-width text) as HTML."""
+    return f"<pre style='font-size:0.85em'>{html.escape(text)}</pre>"
+
+
+def plot_png(draw: Callable[..., Path], *args, **kwargs) -> bytes:
+    """The PNG bytes of a toolkit.plots function (they write files, for the CLI and reports): drawn into a
+    temporary file and read back, for a widget and the static twin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return draw(*args, out=Path(tmp) / "plot.png", **kwargs).read_bytes()
 
 
 def png_html(png: bytes, max_width: int = 900) -> str:

@@ -7,21 +7,19 @@ and a static twin (see widgets/panel.py), so a papermill-executed notebook keeps
 from __future__ import annotations
 
 import html
-import tempfile
 from pathlib import Path
 
 import ipywidgets as w
 from IPython.display import HTML, display
 
 from toolkit.doctor import CHECKS, Check, run_doctor, status_counts
-from widgets.panel import Panel, png_html
+from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html
 
 STATUS_COLOURS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", "running": "#1f77b4", "waiting": "#aaa"}
 
 
 def _badge(status: str) -> str:
-    return (f"<span style='background:{STATUS_COLOURS[status]};color:white;border-radius:4px;padding:1px 6px;"
-            f"font-size:0.8em'>{status.upper()}</span>")
+    return badge_html(status.upper(), STATUS_COLOURS[status])
 
 
 def doctor_table_html(checks: list[Check], pending: list[str] = (), title: str = "Machine health") -> str:
@@ -120,9 +118,8 @@ class MemoryPanel(Panel):
                                f"ZeRO-{chosen.zero_stage} on {self.gpus.value} GPU{'s' if self.gpus.value > 1 else ''}: "
                                f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
                                f"Recommended: <b>{html.escape(use)}</b></div>")
-        self.formula.value = f"<pre style='font-size:0.85em'>{html.escape(advice.summary())}</pre>"
-        with tempfile.TemporaryDirectory() as tmp:
-            self._png = plots.memory_by_stage({size: advice}, Path(tmp) / "memory.png").read_bytes()
+        self.formula.value = pre_html(advice.summary())
+        self._png = plot_png(plots.memory_by_stage, {size: advice})
         self.plot.value = self._png
         return advice
 
@@ -149,11 +146,10 @@ class AzureStatusPanel(Panel):
         from toolkit.azure.connection import connection_status
 
         self.status = status = connection_status(self.config)
-        colour, word = ("#2ca02c", "CONNECTED") if status.connected else ("#ff7f0e", "OFFLINE")
+        badge = badge_html("CONNECTED", "#2ca02c") if status.connected else badge_html("OFFLINE", "#ff7f0e")
         where = html.escape(status.workspace.describe()) if status.workspace else "no workspace config found"
-        self.status_html.value = (
-            f"<div><b>Azure ML</b> <span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;"
-            f"font-size:0.8em'>{word}</span> {where}<div style='color:#555'>{html.escape(status.reason)}</div></div>")
+        self.status_html.value = (f"<div><b>Azure ML</b> {badge} {where}"
+                                  f"<div style='color:#555'>{html.escape(status.reason)}</div></div>")
         return status
 
     def static_html(self) -> str:

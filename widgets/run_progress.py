@@ -8,6 +8,7 @@ import time
 from IPython.display import HTML, display
 
 from toolkit.progress import RunProgress
+from widgets.panel import badge_html
 
 STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",
                  "killed": "#ff7f0e"}
@@ -32,28 +33,30 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: dict, v
     note = f"<div style='color:#d62728;margin-top:4px'>{html.escape(message)}</div>" if message else ""
     return (
         f"<div style='border:1px solid #ddd;border-radius:6px;padding:8px;max-width:820px'>"
-        f"<b>{html.escape(name)}</b> <span style='background:{colour};color:white;border-radius:4px;"
-        f"padding:1px 6px;font-size:0.8em'>{state}</span>"
+        f"<b>{html.escape(name)}</b> {badge_html(state, colour)}"
         f"<div style='background:#eee;border-radius:3px;height:8px;margin:6px 0'>"
         f"<div style='background:{colour};width:{pct:.1f}%;height:8px;border-radius:3px'></div></div>"
         f"<table><tr>{row}</tr></table>{note}</div>")
 
 
-def follow_run(handle, max_steps: int) -> dict:
-    """Display and update the card until the run ends; return the run's final status.json."""
+def follow_run(handle, max_steps: int, show=None) -> dict:
+    """Update the card until the run ends; return the run's final status.json. ``show(html)`` receives each
+    card (a panel's widget); without it the card is displayed here and updated through ``display_id``."""
     started, progress = time.time(), RunProgress(max_steps)
 
-    def card_html(state=None, message=None):
+    def card_html(state=None, message=None) -> str:
         p = progress
-        return HTML(render_card(handle.path.name, state or p.state, p.step, p.max_steps, p.train, p.val, started,
-                                message if message is not None else p.message))
+        return render_card(handle.path.name, state or p.state, p.step, p.max_steps, p.train, p.val, started,
+                           message if message is not None else p.message)
 
-    card = display(card_html(), display_id=True)
+    if show is None:
+        card = display(HTML(card_html()), display_id=True)
+        show = lambda text: card.update(HTML(text))  # noqa: E731
     for event in handle.follow():
         progress.apply(event)
-        card.update(card_html())
+        show(card_html())
     status = handle.run.read_status()
     if status.get("state") == "completed":
         progress.max_steps = progress.step  # a run stopped by its time budget is complete at the step it reached
-    card.update(card_html(status.get("state"), progress.message or (status.get("error") or "")))
+    show(card_html(status.get("state"), progress.message or (status.get("error") or "")))
     return status

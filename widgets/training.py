@@ -15,7 +15,6 @@ notebook keeps the final state without a live kernel.
 from __future__ import annotations
 
 import html
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from toolkit import config as config_mod
 from toolkit import launch, plots
 from toolkit.progress import RunProgress
 from toolkit.rundir import FINAL_STATES, RunDir
-from widgets.panel import Panel, png_html
+from widgets.panel import Panel, plot_png, png_html
 from widgets.run_progress import render_card
 
 
@@ -197,8 +196,7 @@ class TrainingPanel(Panel):
         now = time.monotonic()
         if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):
             self._plotted_at = now
-            with tempfile.TemporaryDirectory() as tmp:
-                self._png = plots.training_curves(self.run.path, Path(tmp) / "curves.png").read_bytes()
+            self._png = plot_png(plots.training_curves, self.run.path)
             self.plot.value = self._png
         self._set_buttons()
         self.update_static()
