@@ -8,7 +8,10 @@
       LATEST                   the name of the newest published checkpoint, replaced atomically
       superseded-1700000000-step_00000200/   newer than a checkpoint someone rolled back to: kept, never resumed
 
-A checkpoint counts only if its manifest exists and every file it lists has the recorded size and sha256.
+A checkpoint counts only if its manifest exists and is well-formed, the folder holds exactly the files it lists
+(no links, no extra files), every file has the recorded size and sha256, and no ``.pt`` file would import anything
+but tensors and plain data when loaded (toolkit.safe_load). A run directory may be a copy from elsewhere: LATEST
+and manifests are read as untrusted text, so no name in them leads outside the run's checkpoints folder.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -28,6 +32,8 @@ LATEST = "LATEST"
 TMP_PREFIX = ".tmp-"
 SUPERSEDED_PREFIX = "superseded-"
 HASH_CHUNK = 8 << 20
+STEP_RE = re.compile(r"step_\d{8,}")  # what step_name() writes; the only names LATEST may hold
+ENGINES = ("torch", "deepspeed")
 
 # Config fields that may change between a checkpoint and the run that resumes from it: they steer the loop
 # (how long, how often to log or save), not what a step computes.
@@ -107,10 +113,17 @@ class CheckpointStore:
                 removed.append(path.name)
         return removed
 
+    def published(self) -> list[Path]:
+        """Published checkpoint folders, oldest first: real folders (not links) named step_NNNNNNNN."""
+        if not self.root.is_dir():
+            return []
+        return sorted((p for p in self.root.iterdir() if STEP_RE.fullmatch(p.name) and p.is_dir()
+                       and not p.is_symlink()), key=lambda p: p.name)
+
     def apply_retention(self, keep_last: int) -> list[str]:
         """Delete the oldest published checkpoints beyond keep_last, never the one LATEST names."""
         latest = self.latest_name()
-        published = sorted((p for p in self.root.glob("step_*") if p.is_dir()), key=lambda p: p.name)
+        published = self.published()
         doomed = [p for p in published[:-keep_last] if p.name != latest] if len(published) > keep_last else []
         for path in doomed:
             shutil.rmtree(path, ignore_errors=True)
@@ -120,7 +133,7 @@ class CheckpointStore:
         """Make ``name`` the checkpoint the next resume loads. Newer published checkpoints are renamed
         ``superseded-<time>-step_N`` (kept, never deleted, never resumed from, outside retention); returns their
         new names. Refuses a checkpoint that is not a valid one of this run."""
-        published = sorted(p.name for p in self.root.glob("step_*") if p.is_dir()) if self.root.is_dir() else []
+        published = [p.name for p in self.published()]
         if name not in published:
             raise CheckpointError(f"checkpoint: {name!r} is not a published checkpoint of this run; allowed: "
                                   f"{', '.join(published) or 'none (the run has not checkpointed)'}")
@@ -140,37 +153,57 @@ class CheckpointStore:
     # --- reading ----------------------------------------------------------------------------------------
 
     def latest_name(self) -> str | None:
+        """The checkpoint LATEST names, if it names one the way step_name() writes it (never a path)."""
+        text = self.latest_text()
+        return text if text is not None and STEP_RE.fullmatch(text) else None
+
+    def latest_text(self) -> str | None:
         try:
-            return (self.root / LATEST).read_text().strip() or None
-        except FileNotFoundError:
+            return (self.root / LATEST).read_text(errors="replace").strip()[:200] or None
+        except (FileNotFoundError, IsADirectoryError):
             return None
 
     def inspect(self, path: Path, verify: bool = True) -> CheckpointInfo:
-        """Is this folder a usable checkpoint? Checks the manifest and (verify=True) every file's sha256."""
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
-        created = path.stat().st_mtime if path.exists() else None
+        """Is this folder a usable checkpoint? Checks the manifest, the folder's files against it and
+        (verify=True) every file's sha256 and what each .pt file would import."""
+        size = sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) \
+            if path.is_dir() and not path.is_symlink() else 0
+        created = path.lstat().st_mtime if path.exists() or path.is_symlink() else None
 
         def bad(reason, manifest=None, step=None):
             return CheckpointInfo(path.name, path, step, False, reason, size, created, manifest)
 
+        if path.is_symlink():
+            return bad(f"is a link to {os.readlink(path)!r}; allowed: a folder inside the run's checkpoints/")
         if not path.is_dir():
             return bad("folder does not exist")
         try:
             manifest = json.loads((path / MANIFEST).read_text())
         except FileNotFoundError:
             return bad("no manifest.json (the write never finished)")
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             return bad(f"manifest.json is not valid JSON ({exc})")
-        step = manifest.get("step")
-        for name, meta in manifest.get("files", {}).items():
+        problem = manifest_problem(manifest, path.name)
+        if problem:
+            return bad(f"manifest.json: {problem}")
+        step = manifest["step"]
+        problem = _folder_problem(path, manifest["files"])
+        if problem:
+            return bad(problem, manifest, step)
+        for name, meta in manifest["files"].items():
             file = path / name
-            if not file.is_file():
-                return bad(f"{name} is missing", manifest, step)
             if file.stat().st_size != meta["size"]:
                 return bad(f"{name} has {file.stat().st_size} bytes, manifest says {meta['size']} (truncated?)",
                            manifest, step)
             if verify and sha256_file(file) != meta["sha256"]:
                 return bad(f"{name} fails its sha256 check (corrupted)", manifest, step)
+        if verify:
+            from toolkit import safe_load
+
+            for name in sorted(n for n in manifest["files"] if n.endswith(".pt")):
+                names = safe_load.disallowed_globals(path / name)
+                if names:
+                    return bad(safe_load.unsafe_reason(path / name, names), manifest, step)
         return CheckpointInfo(path.name, path, step, True, "ok", size, created, manifest)
 
     def list(self, verify: bool = True) -> list[CheckpointInfo]:
@@ -195,20 +228,84 @@ class CheckpointStore:
     def find_resume_point(self) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
         """The newest valid checkpoint (LATEST first, then older ones), and the invalid ones passed over."""
         skipped = []
-        latest = self.latest_name()
+        latest, text = self.latest_name(), self.latest_text()
         if latest is not None:
             info = self.inspect(self.root / latest)
             if info.valid:
                 return info, skipped
             skipped.append(info)
-        candidates = sorted((p for p in self.root.glob("step_*") if p.is_dir() and p.name != latest),
-                            key=lambda p: p.name, reverse=True) if self.root.is_dir() else []
-        for path in candidates:
+        elif text is not None:  # LATEST names something that is not a checkpoint name: never followed
+            skipped.append(CheckpointInfo(LATEST, self.root / LATEST, None, False,
+                                          f"LATEST holds {text!r}; allowed: a checkpoint name such as "
+                                          f"{step_name(100)}", 0, None, None))
+        for path in reversed([p for p in self.published() if p.name != latest]):
             info = self.inspect(path)
             if info.valid:
                 return info, skipped
             skipped.append(info)
         return None, skipped
+
+
+def manifest_problem(manifest, folder_name: str) -> str | None:
+    """What is wrong with a checkpoint manifest read from disk (None if nothing): every field the loaders use,
+    with the right type, and file names that stay inside the checkpoint folder."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}; allowed: a JSON object"
+    step, trainer, files = manifest.get("step"), manifest.get("trainer"), manifest.get("files")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step: {step!r}; allowed: an integer of 0 or more"
+    if STEP_RE.fullmatch(folder_name) and folder_name != step_name(step):
+        return f"step: {step} does not match the folder name {folder_name!r}"
+    world = manifest.get("world_size")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        return f"world_size: {world!r}; allowed: an integer of 1 or more"
+    if manifest.get("engine", "torch") not in ENGINES:
+        return f"engine: {manifest.get('engine')!r}; allowed: {', '.join(ENGINES)}"
+    if not isinstance(manifest.get("config", {}), dict):
+        return f"config: {type(manifest['config']).__name__}; allowed: a JSON object"
+    if not isinstance(trainer, dict) or trainer.get("step") != step or \
+            not isinstance(trainer.get("train_seconds"), (int, float)) or \
+            not isinstance(trainer.get("horizon"), int):
+        return f"trainer: {trainer!r}; allowed: an object with step (= {step}), horizon and train_seconds"
+    if not isinstance(files, dict) or not files:
+        return f"files: {files!r}; allowed: an object of file name -> size and sha256"
+    for name, meta in files.items():
+        if not _inside(name) or name == MANIFEST:
+            return f"files: {name!r} is not allowed; allowed: a relative path inside the checkpoint folder"
+        if not isinstance(meta, dict) or isinstance(meta.get("size"), bool) or not isinstance(meta.get("size"), int) \
+                or not isinstance(meta.get("sha256"), str):
+            return f"files.{name}: {meta!r}; allowed: an object with size (integer) and sha256 (hex string)"
+    return None
+
+
+def _inside(name) -> bool:
+    """A relative path that stays inside its folder: no absolute path, no '..', no empty or odd parts."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    parts = name.split("/")
+    return not name.startswith("/") and all(part not in ("", ".", "..") for part in parts)
+
+
+def _folder_problem(path: Path, files: dict) -> str | None:
+    """The folder must hold exactly the listed files and the manifest: no link (it could lead anywhere), and no
+    unlisted file (it would be loaded without having been verified)."""
+    found = set()
+    for folder, dirnames, filenames in os.walk(path):
+        here = Path(folder)
+        for name in dirnames + filenames:
+            entry = here / name
+            rel = entry.relative_to(path).as_posix()
+            if entry.is_symlink():
+                return f"{rel} is a link; allowed: regular files only"
+            if name in filenames:
+                found.add(rel)
+    missing = sorted(set(files) - found)
+    if missing:
+        return f"{missing[0]} is missing"
+    extra = sorted(found - set(files) - {MANIFEST})
+    if extra:
+        return f"{extra[0]} is not listed in manifest.json; allowed: only the files the manifest lists"
+    return None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

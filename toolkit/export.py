@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from toolkit import safe_load
 from toolkit.checkpoint_store import CheckpointStore, sha256_file
 from toolkit.model_format import FORMAT, MANIFEST, ExportError, read_manifest  # noqa: F401 (re-exported)
 from toolkit.rundir import RunDir
@@ -39,7 +40,7 @@ PARITY_SHAPES = ((4, None), (3, 17), (1, 1))  # (batch, sequence); None: the mod
 # --- weights from a checkpoint, per engine ------------------------------------------------------------------
 
 def _torch_weights(folder: Path, manifest: dict) -> dict:
-    return torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+    return safe_load.load(folder / "model.pt", map_location="cpu")
 
 
 def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
@@ -47,12 +48,13 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
 
     if manifest.get("zero_stage", 0) == 0:  # no ZeRO partitions: the module's weights are saved whole
         (states,) = sorted((folder / DS_TAG).glob("mp_rank_*_model_states.pt"))[:1]
-        weights = torch.load(states, map_location="cpu", weights_only=False)["module"]
+        weights = safe_load.load(states, map_location="cpu")["module"]
         return {k: v.float() for k, v in weights.items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     # Reassembles the fp32 master weights from every rank's optimizer partition (stages 1-3).
-    return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
+    with safe_load.weights_only_everywhere():  # DeepSpeed's reader unpickles with weights_only=False
+        return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
 
 
 WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weights, "deepspeed": _deepspeed_weights}

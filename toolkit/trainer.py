@@ -27,6 +27,7 @@ from toolkit.lineage import collect_lineage
 from toolkit.metrics import MetricsSink
 from toolkit.models import MODELS
 from toolkit.rng import restore_rng
+from toolkit import safe_load
 from toolkit.rundir import RunDir
 
 # Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
@@ -186,7 +187,7 @@ class Trainer:
             return {}
         check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size)
         self.engine.load_checkpoint_state(info.path)
-        rank_state = torch.load(info.path / f"rank_{self.topo.rank:05d}.pt", weights_only=False)
+        rank_state = safe_load.load(info.path / f"rank_{self.topo.rank:05d}.pt")
         restore_rng(rank_state["rng"])
         trainer = info.manifest["trainer"]
         self.step, self.train_seconds = trainer["step"], trainer["train_seconds"]

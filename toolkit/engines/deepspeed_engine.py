@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from toolkit import safe_load
 from toolkit.engines import adamw_param_groups
 
 
@@ -46,7 +47,7 @@ class _CapturingCheckpointEngine:
         self.files[path] = state_dict
 
     def load(self, path, map_location=None):
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return safe_load.load(path, map_location=map_location)
 
     def commit(self, info):
         return True
@@ -119,8 +120,15 @@ class DeepSpeedEngine:
         return {str(Path(path).relative_to(folder)): state for path, state in capture.files.items()}
 
     def load_checkpoint_state(self, folder) -> None:
-        path, _ = self.engine.load_checkpoint(str(folder), tag=DS_TAG, load_optimizer_states=True,
-                                              load_lr_scheduler_states=False)
+        # DeepSpeed's loader unpickles with weights_only=False; a copied run directory must not run code.
+        capture = _CapturingCheckpointEngine()  # its load() is toolkit.safe_load's
+        default, self.engine.checkpoint_engine = self.engine.checkpoint_engine, capture
+        try:
+            with safe_load.weights_only_everywhere():
+                path, _ = self.engine.load_checkpoint(str(folder), tag=DS_TAG, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False)
+        finally:
+            self.engine.checkpoint_engine = default
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {folder}/{DS_TAG}")
 

@@ -7,6 +7,7 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from toolkit import safe_load
 from toolkit.engines import adamw_param_groups
 
 
@@ -57,10 +58,9 @@ class TorchEngine:
         return {"model.pt": self.module.state_dict(), "optimizer.pt": self.optimizer.state_dict()}
 
     def load_checkpoint_state(self, folder) -> None:
-        # weights_only=False: the optimizer state holds Python objects; these are our own files (sha256-checked)
-        self.module.load_state_dict(torch.load(folder / "model.pt", map_location=self.device, weights_only=False))
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=self.device,
-                                                  weights_only=False))
+        # A run directory may be a copy from elsewhere: tensors and plain data only (toolkit.safe_load).
+        self.module.load_state_dict(safe_load.load(folder / "model.pt", map_location=self.device))
+        self.optimizer.load_state_dict(safe_load.load(folder / "optimizer.pt", map_location=self.device))
 
     def train(self):
         self.model.train()

@@ -1,0 +1,104 @@
+"""A run directory copied from elsewhere is data, not code: a checkpoint whose pickles would run code (with a
+manifest whose hashes match them: a manifest proves nothing about who wrote the files) is listed as invalid, and
+`export`, `resume` and every engine's loader refuse it without running anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit import safe_load
+from toolkit.checkpoint_store import MANIFEST, describe_files
+from toolkit.rundir import RunDir
+
+from conftest import PROJECT, cli
+from unit.test_untrusted_checkpoints import RunsCode
+
+ONE_CHECKPOINT = ("--set", "train.max_steps=10", "--set", "checkpoint.every_steps=10")
+
+# Builds the run's engine in a process of its own (DeepSpeed needs a process group) and loads a checkpoint folder
+# straight into it, past the listing's checks: the loaders themselves must refuse code.
+LOAD_INTO_ENGINE = """
+import os, sys
+from pathlib import Path
+from toolkit import distributed
+from toolkit.engines import build_engine
+from toolkit.models import MODELS
+from toolkit.rundir import RunDir
+from toolkit.safe_load import UnsafeCheckpointError
+os.environ.update(distributed.single_process_env())
+cfg = RunDir(sys.argv[1]).read_config()
+engine = build_engine(MODELS[cfg.model.name].build(cfg.model), cfg, distributed.setup(cfg.engine))
+try:
+    engine.load_checkpoint_state(Path(sys.argv[2]))
+except UnsafeCheckpointError as exc:
+    print("refused:", exc)
+    sys.exit(3)
+"""
+
+
+def plant(folder: Path, name: str, marker: Path) -> None:
+    """Put a code-running object into checkpoint file ``name`` and make the manifest agree with the new bytes."""
+    import torch
+
+    state = safe_load.load(folder / name)
+    state["planted"] = RunsCode(marker)
+    torch.save(state, folder / name)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"].update(describe_files(folder, [name]))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def load_into_engine(run: RunDir, folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", LOAD_INTO_ENGINE, str(run.path), str(folder)], capture_output=True,
+                          text=True, timeout=300, cwd=PROJECT)
+
+
+def test_a_planted_pickle_is_refused_by_checkpoints_export_resume_and_the_torch_loader(train_tiny, tmp_path):
+    proc, run = train_tiny(*ONE_CHECKPOINT)
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = (run.path / "checkpoints").glob("step_*")
+    marker = tmp_path / "code-ran"
+    plant(folder, "rank_00000.pt", marker)
+
+    listing = cli("checkpoints", str(run.path)).stdout
+    assert "INVALID: rank_00000.pt: loading it would import posix.system" in listing, listing
+
+    exported = cli("export", str(run.path))
+    assert exported.returncode != 0 and "posix.system" in exported.stderr, exported.stderr
+    assert not (run.path / "model").exists()
+
+    run.write_status(state="failed")
+    resumed = cli("resume", str(run.path))
+    invalid = run.events("checkpoint_invalid")
+    assert invalid and "posix.system" in invalid[-1]["reason"], (resumed.stderr, invalid)
+
+    plant(folder, "model.pt", marker)  # the engine's own files, loaded directly
+    loaded = load_into_engine(run, folder)
+    assert loaded.returncode == 3 and "model.pt: loading it would import posix.system" in loaded.stdout, \
+        loaded.stdout + loaded.stderr
+    assert not marker.exists(), "a planted pickle ran"
+
+
+@pytest.mark.slow
+def test_deepspeed_files_are_loaded_without_running_code(train_tiny, tmp_path):
+    from toolkit.export import WEIGHT_READERS
+
+    proc, run = train_tiny("--engine", "deepspeed", "--set", "engine.zero_stage=2", *ONE_CHECKPOINT)
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = (run.path / "checkpoints").glob("step_*")
+    marker = tmp_path / "code-ran"
+    (optim,) = [p.relative_to(folder).as_posix() for p in folder.glob("ds/*optim_states.pt")]
+    plant(folder, optim, marker)
+
+    assert "INVALID" in cli("checkpoints", str(run.path)).stdout
+    manifest = json.loads((folder / MANIFEST).read_text())
+    with pytest.raises(Exception, match="Weights only load failed"):  # DeepSpeed's own reader, forced safe
+        WEIGHT_READERS["deepspeed"](folder, manifest)
+    loaded = load_into_engine(run, folder)
+    assert loaded.returncode == 3 and "posix.system" in loaded.stdout, loaded.stdout + loaded.stderr[-2000:]
+    assert not marker.exists(), "a planted pickle ran"
