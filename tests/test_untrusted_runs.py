@@ -102,3 +102,36 @@ def test_deepspeed_files_are_loaded_without_running_code(train_tiny, tmp_path):
     loaded = load_into_engine(run, folder)
     assert loaded.returncode == 3 and "posix.system" in loaded.stdout, loaded.stdout + loaded.stderr[-2000:]
     assert not marker.exists(), "a planted pickle ran"
+
+
+@pytest.fixture
+def bystander():
+    """An unrelated program in a process group of its own: what a recycled pid in status.json points at."""
+    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_kill_refuses_a_finished_run_and_a_group_that_is_not_the_runs(train_tiny, bystander):
+    proc, run = train_tiny("--set", "train.max_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    run.write_status(worker_pgid=bystander.pid)  # the finished run's group id, now some other program's
+
+    refused = cli("kill", str(run.path))
+    assert refused.returncode == 2 and "has completed; nothing was signalled" in refused.stderr, refused.stderr
+
+    run.write_status(state="running")  # a stale or copied status.json that still says running
+    refused = cli("kill", str(run.path))
+    assert refused.returncode == 2 and f"process group {bystander.pid} in status.json is not this run's" \
+        in refused.stderr, refused.stderr
+    assert bystander.poll() is None, "kill signalled a process that is not the run's"
+
+
+def test_resume_is_not_blocked_by_a_recycled_supervisor_pid(train_tiny, bystander):
+    proc, run = train_tiny("--set", "train.max_steps=5", "--set", "checkpoint.every_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    run.write_status(state="running", supervisor_pid=bystander.pid)  # a crash left "running" behind
+    resumed = cli("resume", str(run.path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert bystander.poll() is None

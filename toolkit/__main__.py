@@ -402,12 +402,13 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean "bad input", printed as one line; anything else is a bug and keeps its traceback."""
     from toolkit.checkpoint_store import CheckpointError
     from toolkit.data_assets import DataAssetError
-    from toolkit.launch import RunBusyError
+    from toolkit.launch import NotThisRunError, RunBusyError
     from toolkit.workspace import WorkspaceError
     from toolkit.tb_server import TensorBoardError
     from toolkit.serving.endpoint import EndpointError
 
-    return (ConfigError, FileExistsError, FileNotFoundError, CheckpointError, RunBusyError, TensorBoardError,
+    return (ConfigError, FileExistsError, FileNotFoundError, CheckpointError, RunBusyError, NotThisRunError,
+            TensorBoardError,
             DataAssetError, WorkspaceError, EndpointError, ValueError)
 
 

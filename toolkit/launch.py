@@ -6,6 +6,7 @@ or a DeepSpeed launcher cannot take the caller down, and one ``killpg`` stops ev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from toolkit import config as config_mod
-from toolkit import paths
+from toolkit import paths, run_processes
 from toolkit.checkpoint_store import CheckpointStore
 from toolkit.ports import free_port
 from toolkit.rundir import FINAL_STATES, RunDir
@@ -71,6 +72,10 @@ class RunBusyError(RuntimeError):
     """The run directory already has a live supervisor."""
 
 
+class NotThisRunError(RuntimeError):
+    """A signal refused: the run has finished, or the process status.json names is no longer the run's."""
+
+
 class RunHandle:
     """A training job: its run directory, its supervisor process, and (through status.json) its ranks."""
 
@@ -111,7 +116,8 @@ class RunHandle:
         try:
             return self.wait(grace_s)
         except subprocess.TimeoutExpired:
-            kill_training(self.run, signal.SIGKILL)
+            with contextlib.suppress(NotThisRunError):  # it ended meanwhile
+                kill_training(self.run, signal.SIGKILL)
             os.killpg(self.process.pid, signal.SIGKILL)
             return self.wait()
 
@@ -144,11 +150,20 @@ class RunHandle:
 
 
 def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
-    """Send ``sig`` to a run's training process group (as recorded in status.json)."""
+    """Send ``sig`` to a run's training process group (as recorded in status.json). Returns False when no
+    training process is running; refuses (NotThisRunError) a finished run, or a group that is not the run's."""
     run = run if isinstance(run, RunDir) else RunDir(run)
-    pgid = run.read_status().get("worker_pgid")
-    if not pgid:
+    status = run.read_status()
+    if status.get("state") in FINAL_STATES:
+        raise NotThisRunError(f"run_dir: {str(run.path)!r} has {status['state']}; nothing was signalled (allowed: "
+                              "a run that is running)")
+    pgid = status.get("worker_pgid")
+    if not isinstance(pgid, int) or pgid <= 1 or not run_processes.group_members(pgid):
         return False
+    if not run_processes.group_is_runs(pgid, status.get("run_token")):
+        raise NotThisRunError(f"run_dir: process group {pgid} in status.json is not this run's training (none of "
+                              "its processes carries the run's token: the run ended and the id was reused, or the "
+                              "run directory was copied); nothing was signalled")
     try:
         os.killpg(pgid, sig)
         return True
@@ -157,10 +172,13 @@ def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
 
 
 def _start_supervisor(run: RunDir, max_restarts: int, from_offset: int = 0) -> RunHandle:
+    token = run_processes.new_token()  # inherited by the supervisor, the launcher and every rank
+    run.write_status(run_token=token)
     with open(run.path / LOG_NAME, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "toolkit.supervisor", str(run.path), "--max-restarts", str(max_restarts)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, run_processes.TOKEN_ENV: token})
     run.write_status(supervisor_pid=process.pid, max_restarts=max_restarts)
     return RunHandle(run, process, from_offset)
 
@@ -242,21 +260,14 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     run = RunDir(run_dir)
     if not run.config_path.is_file():
         raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run directory")
-    if run.read_status().get("state") in ("queued", "running") and _alive(run.read_status().get("supervisor_pid")):
+    status = run.read_status()
+    if status.get("state") in ("queued", "running") and \
+            run_processes.carries_token(status.get("supervisor_pid"), status.get("run_token")):
         raise RunBusyError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
-                           f"{run.read_status()['supervisor_pid']}); stop it first")
+                           f"{status['supervisor_pid']}); stop it first")
     if from_checkpoint is not None:
         CheckpointStore(run.path).roll_back_to(from_checkpoint)
     offset = run.events_path.stat().st_size if run.events_path.exists() else 0
     run.write_status(state="queued", resumed=time.time())
     return _start_supervisor(run, max_restarts, from_offset=offset)
 
-
-def _alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
