@@ -92,8 +92,16 @@ class CheckpointStore:
     def tmp_folder(self, step: int) -> Path:
         return self.root / f"{TMP_PREFIX}{step_name(step)}"
 
+    def check_own_folder(self) -> None:
+        """Refuse to write or delete through a checkpoints/ that is a link (a copied run directory could point it
+        at any folder, whose step_* entries retention would then delete)."""
+        if self.root.is_symlink():
+            raise CheckpointError(f"checkpoint: {self.root} is a link to {os.readlink(self.root)!r}; allowed: a "
+                                  "real folder inside the run directory (nothing was written or deleted)")
+
     def publish(self, step: int, manifest: dict) -> Path:
         """Write the manifest into the finished temporary folder, rename it into place, then move LATEST."""
+        self.check_own_folder()
         tmp, final = self.tmp_folder(step), self.root / step_name(step)
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
         fsync_path(tmp)
@@ -106,6 +114,7 @@ class CheckpointStore:
 
     def discard_partial(self) -> list[str]:
         """Remove temporary folders of writes that can no longer finish (called before training starts)."""
+        self.check_own_folder()
         removed = []
         if self.root.is_dir():
             for path in self.root.glob(f"{TMP_PREFIX}*"):
@@ -122,6 +131,7 @@ class CheckpointStore:
 
     def apply_retention(self, keep_last: int) -> list[str]:
         """Delete the oldest published checkpoints beyond keep_last, never the one LATEST names."""
+        self.check_own_folder()
         latest = self.latest_name()
         published = self.published()
         doomed = [p for p in published[:-keep_last] if p.name != latest] if len(published) > keep_last else []
@@ -133,6 +143,7 @@ class CheckpointStore:
         """Make ``name`` the checkpoint the next resume loads. Newer published checkpoints are renamed
         ``superseded-<time>-step_N`` (kept, never deleted, never resumed from, outside retention); returns their
         new names. Refuses a checkpoint that is not a valid one of this run."""
+        self.check_own_folder()
         published = [p.name for p in self.published()]
         if name not in published:
             raise CheckpointError(f"checkpoint: {name!r} is not a published checkpoint of this run; allowed: "

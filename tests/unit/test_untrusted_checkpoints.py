@@ -147,3 +147,18 @@ def test_a_good_checkpoint_is_valid(tmp_path):
     folder = write_checkpoint(tmp_path / "run", 10, good_files())
     info, skipped = CheckpointStore(tmp_path / "run").find_resume_point()
     assert info.valid and info.path == folder and not skipped, info.reason
+
+
+def test_nothing_is_written_or_deleted_through_a_linked_checkpoints_folder(tmp_path):
+    elsewhere = tmp_path / "someone-elses"
+    for step in (1, 2, 3):
+        write_checkpoint(elsewhere, step, good_files())
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(elsewhere / "checkpoints", target_is_directory=True)
+    store = CheckpointStore(run)
+    for call in (lambda: store.apply_retention(1), store.discard_partial, lambda: store.roll_back_to(step_name(1))):
+        with pytest.raises(Exception, match="is a link to"):
+            call()
+    assert sorted(p.name for p in (elsewhere / "checkpoints").iterdir()) == [
+        "LATEST", step_name(1), step_name(2), step_name(3)]
