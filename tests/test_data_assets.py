@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -24,6 +25,12 @@ from conftest import cli
 @pytest.fixture
 def ws(tmp_path):
     return Workspace.open(tmp_path / "ws")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Token files go to the user cache: each test (and every process it starts) gets its own."""
+    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
 
 
 def test_workspace_is_created_with_the_current_schema(tmp_path):
@@ -70,8 +77,13 @@ def test_folders_hash_names_and_contents(ws, tmp_path):
     assert (v1.path / "sub" / "b.bin").read_bytes() == b"\x01" * 50
     (folder / "a.bin").rename(folder / "renamed.bin")
     assert data_assets.register(ws, "images", folder).ref == "images:2", "a rename is new content"
-    listing = json.loads((data_assets.get(ws, "images:2").path / ".listing.json").read_text())
-    assert sorted(e["name"] for e in listing) == ["renamed.bin", "sub/b.bin"]
+    v2 = data_assets.get(ws, "images:2")
+    listing_bytes = (ws.datastore / "listings" / f"{v2.sha256}.json").read_bytes()
+    assert hashlib.sha256(listing_bytes).hexdigest() == v2.sha256, "the listing's own hash is the content hash"
+    kind, listing = json.loads(listing_bytes)
+    assert kind == "uri_folder" and sorted(e["name"] for e in listing) == ["renamed.bin", "sub/b.bin"]
+    in_snapshot = sorted(p.relative_to(v2.path).as_posix() for p in v2.path.rglob("*") if p.is_file())
+    assert in_snapshot == ["renamed.bin", "sub/b.bin"], "a snapshot holds exactly the user's files"
 
 
 def test_archive_hides_but_keeps_resolving(ws, tmp_path):
@@ -282,6 +294,8 @@ def test_text_assets_are_tokenized_once_into_a_memory_mapped_file(ws, tmp_path):
     corpus = data_mod.load_corpus(cfg)
     cache = data_mod.token_file(asset)
     assert cache.read_bytes() == b"A" * 500 + b"\n\n" + b"B" * 500  # file-name order, joined once
+    assert cache.is_relative_to(tmp_path / "cache") and asset.sha256 in cache.name, "keyed by content, in the cache"
+    assert sorted(p.name for p in asset.path.iterdir()) == ["a.txt", "b.txt"], "nothing written into the snapshot"
     mtime = cache.stat().st_mtime_ns
     data_mod.load_corpus(cfg)
     assert cache.stat().st_mtime_ns == mtime, "the token file is built once per asset version"

@@ -27,6 +27,12 @@ def ws(tmp_path):
     return Workspace.open(tmp_path / "ws")
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Token files go to the user cache: each test (and every process it starts) gets its own."""
+    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.mark.parametrize("which", ["pydoc", "digits"])
 def test_a_snapshot_read_in_place_has_the_registered_identity(ws, which):
     asset = BUILTINS[which](ws)
@@ -34,16 +40,49 @@ def test_a_snapshot_read_in_place_has_the_registered_identity(ws, which):
     assert (opened.type, opened.sha256, opened.size_bytes) == (asset.type, asset.sha256, asset.size_bytes)
 
 
-def test_a_plain_folder_is_read_in_name_order(tmp_path):
-    folder = tmp_path / "texts"
+def _texts(folder, files: dict[str, bytes]):
     folder.mkdir()
-    (folder / "b.txt").write_bytes(b"B" * 300)
-    (folder / "a.txt").write_bytes(b"A" * 300)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def test_a_plain_folder_is_read_in_name_order(tmp_path):
+    folder = _texts(tmp_path / "texts", {"b.txt": b"B" * 300, "a.txt": b"A" * 300})
     asset = data_assets.open_path(folder)
     assert asset.type == "uri_folder" and asset.file_count == 2
     assert data_mod.token_file(asset).read_bytes() == b"A" * 300 + b"\n\n" + b"B" * 300
     (folder / "a.txt").write_bytes(b"C" * 300)
     assert data_assets.open_path(folder).sha256 != asset.sha256, "the hash follows the contents"
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt"], "nothing is written into the data"
+
+
+def test_two_files_of_one_folder_train_on_their_own_tokens(tmp_path):
+    from toolkit import config as config_mod
+
+    texts = {"one.txt": b"first file " * 40, "two.txt": b"SECOND FILE, other bytes " * 30}
+    folder = _texts(tmp_path / "texts", texts)
+    token_files = {}
+    for name, data in texts.items():  # one after the other as data.path, as two runs would
+        cfg = config_mod.load("tiny", [f"data.path={folder / name}", "model.block_size=16"])
+        corpus = data_mod.load_corpus(cfg)
+        assert bytes(corpus.splits["train"].numpy()) + bytes(corpus.splits["val"].numpy()) == data, name
+        assert corpus.asset["sha256"] == data_assets.open_path(folder / name).sha256
+        token_files[name] = data_mod.token_file(data_assets.open_path(folder / name))
+        assert token_files[name].read_bytes() == data
+    assert token_files["one.txt"] != token_files["two.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["one.txt", "two.txt"], "nothing is written into the data"
+
+
+def test_a_file_changed_after_hashing_is_refused_not_cached(tmp_path):
+    folder = _texts(tmp_path / "texts", {"a.txt": b"A" * 300, "b.txt": b"B" * 300})
+    asset = data_assets.open_path(folder)
+    (folder / "b.txt").write_bytes(b"X" * 300)  # changed between hashing (lineage) and reading (training)
+    with pytest.raises(data_assets.DataAssetError, match=r"b\.txt.* changed after it was hashed"):
+        data_mod.token_file(asset)
+    assert not (tmp_path / "cache").exists() or not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    fresh = data_assets.open_path(folder)
+    assert data_mod.token_file(fresh).read_bytes() == b"A" * 300 + b"\n\n" + b"X" * 300
 
 
 def test_a_read_only_input_gets_its_token_file_in_the_cache(tmp_path, monkeypatch, small_mount):

@@ -140,6 +140,10 @@ def _cmd_data(args) -> int:
         _print_asset(data_assets.get(ws, args.ref))
     elif args.data_verb == "archive":
         print(f"archived {data_assets.archive(ws, args.ref).ref}")
+    elif args.data_verb == "verify":
+        report = data_assets.verify(ws, args.ref, repair=args.repair, progress=True)
+        print(json.dumps(report.as_dict(), indent=1) if args.json else report.summary())
+        return 0 if report.ok else 1
     elif args.data_verb == "tune":
         from toolkit import config as config_mod
         from toolkit.data_tuning import tune
@@ -303,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--restart-seconds", type=float, default=60.0, help="time from failure to training again")
     adv.set_defaults(func=_cmd_advise)
 
-    data = verbs.add_parser("data", help="register, list, show and archive data assets in the workspace")
+    data = verbs.add_parser("data", help="register, list, show, verify and archive data assets in the workspace")
     data.add_argument("--workspace", help="workspace folder (default: $TRAINBOOK_WORKSPACE or ./.trainbook)")
     data_verbs = data.add_subparsers(dest="data_verb", required=True)
     reg = data_verbs.add_parser("register", help="snapshot a file or folder as the next version of NAME")
@@ -320,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("ref")
     arc = data_verbs.add_parser("archive", help="hide NAME:VERSION from listings (still resolvable)")
     arc.add_argument("ref")
+    verify = data_verbs.add_parser("verify", help="re-hash every blob and check each version's snapshot against "
+                                   "its listing; exit 1 if anything is wrong")
+    verify.add_argument("ref", nargs="?", help="NAME (every version) or NAME:VERSION (default: the whole datastore)")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument("--repair", action="store_true",
+                        help="rebuild snapshots whose listing and blobs are intact (e.g. made by an older Trainbook)")
     tune = data_verbs.add_parser("tune", help="measure DataLoader settings against the model's step time")
     tune.add_argument("ref", help="the data asset, NAME or NAME:VERSION")
     tune.add_argument("--config", default="demo", help="the model and batch to measure with (default: demo)")

@@ -130,26 +130,36 @@ DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "digits": _load_digits}
 
 
 TOKENIZER = "bytes-v1"  # part of the cache key: a different tokenizer gets its own token file
+SEPARATOR = b"\n\n"  # between two files of a folder asset
 
 
 def token_file(asset) -> Path:
-    """Tokenize a text asset once per version: its bytes, concatenated in file-name order, in one flat file
-    next to the snapshot (keyed by the asset's hash and the tokenizer), written atomically. A read-only input
-    (a job's mounted data) gets its token file in the user cache instead."""
-    from toolkit.data_assets import folder_files
+    """Tokenize a text asset once per content: its files' bytes in file-name order, joined by SEPARATOR, in one
+    flat file in the user cache keyed by the content hash and the tokenizer (never beside the data: not in a
+    snapshot, not in the user's folder), written atomically. Each file is hashed as it is copied, and bytes that
+    are not the ones the asset was hashed as are refused, so the tokens are always what the lineage names."""
+    import uuid
 
-    folder = asset.path.parent if asset.type == "uri_file" else asset.path
-    cache = folder / f".tokens-{TOKENIZER}.u8"
-    if not cache.exists() and not os.access(folder, os.W_OK):
-        cache = paths.cache_dir() / "tokens" / f"{asset.sha256}-{TOKENIZER}.u8"
-        cache.parent.mkdir(parents=True, exist_ok=True)
-    if not cache.exists():
-        files = [asset.path] if asset.type == "uri_file" else folder_files(asset)
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as out:
-            for i, path in enumerate(files):
-                out.write((b"\n\n" if i else b"") + path.read_bytes())
+    from toolkit.data_assets import asset_files, check_unchanged, read_hashed
+
+    if not asset.sha256:
+        raise ValueError(f"data: {asset.source!r} was opened without hashing; a token file needs its content hash")
+    cache = paths.cache_dir() / "tokens" / f"{asset.sha256}-{TOKENIZER}.u8"
+    if cache.exists():
+        return cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    files = asset_files(asset)
+    tmp = cache.with_name(f".{cache.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        read = {}
+        with open(tmp, "xb") as out:
+            for i, (name, path) in enumerate(sorted(files)):
+                out.write(SEPARATOR if i else b"")
+                read[name] = read_hashed(path, out)
+        check_unchanged(asset, [{"name": name, "sha256": read[name][0], "size": read[name][1]} for name, _ in files])
         os.replace(tmp, cache)
+    finally:
+        tmp.unlink(missing_ok=True)
     return cache
 
 

@@ -4,6 +4,20 @@
 datastore (content-addressed: one blob per distinct file, hard-linked where the filesystem allows), and
 records ``pydoc:1``. Registering identical content again returns the existing version; changed content gets
 the next one. A version never changes under a run, and archived versions stay resolvable by exact reference.
+
+This module owns the datastore's layout:
+
+    datastore/
+      blobs/<sha256>              each distinct file once, read-only; its name is the sha256 of its bytes
+      listings/<content>.json     an asset's [type, listing]; the sha256 of these bytes is its content hash
+      snapshots/<content>/        exactly the user's files (hard links to their blobs), nothing else
+
+Every file is written under a '.tmp' name and renamed into place: nothing in the store is ever opened for
+writing, so no write can reach a blob through one of its links, and a killed registration leaves only '.tmp'
+leftovers. A snapshot holds the user's files and nothing else, so a job reading it in place (Azure ML mounts the
+uploaded snapshot) hashes it to the registered asset. Older Trainbooks kept the listing inside the snapshot
+(``.listing.json``): :func:`verify` reports such snapshots, and ``verify(repair=True)`` or registering the same
+content again rebuilds them.
 """
 
 from __future__ import annotations
@@ -13,19 +27,24 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
 
 from toolkit.checkpoint_store import HASH_CHUNK, sha256_file
 from toolkit.workspace import Workspace
 
 TYPES = ("uri_file", "uri_folder", "mltable")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 SMALL_BLOB_BYTES = 1 << 20
 SNAPSHOT_THREADS = 4
+BLOBS, LISTINGS, SNAPSHOTS = "blobs", "listings", "snapshots"
+TMP_SUFFIX = ".tmp"  # the only names a killed registration leaves behind; harmless, safe to delete
+OLD_LISTING = ".listing.json"  # where Trainbook before the listings/ folder kept a listing: inside the snapshot
 
 
 class DataAssetError(ValueError):
@@ -46,6 +65,9 @@ class DataAsset:
     tags: dict
     archived: bool
     path: Path  # the immutable snapshot: a file for uri_file, a folder otherwise
+    # every file's name, sha256 and size as hashed, when this object did the hashing (open_path); a registered
+    # asset's listing stays in the datastore (see verify)
+    listing: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def ref(self) -> str:
@@ -53,8 +75,10 @@ class DataAsset:
 
 
 def _files_of(path: Path) -> list[tuple[str, Path]]:
-    """(relative name, path) of every file under a folder, sorted. A symbolic link is snapshotted as the file it
-    points to if that lies inside the folder; one pointing outside is refused, never followed."""
+    """(relative name, path) of every file under a folder: THE rule for which files make up a folder asset, at
+    registration and when a folder (a snapshot, say) is read in place. Every file counts, dot-files too: a
+    snapshot holds nothing but the user's files. A symbolic link is taken as the file it points to if that
+    lies inside the folder; one pointing outside is refused, never followed. The order is the content hash's."""
     root = path.resolve()
     files = []
     for p in sorted(path.rglob("*")):
@@ -85,6 +109,12 @@ def registration_problems(name: str, path: str | Path, type: str) -> dict[str, s
     path = Path(path).expanduser()
     if not path.exists():
         problems["path"] = f"path: {str(path)!r} does not exist; allowed: an existing file or folder"
+    elif type == "uri_file" and path.is_symlink() and path.is_file():
+        # Refused, as a folder refuses links that leave it: followed, the asset's file would silently take the
+        # target's name (the name is part of its identity) and the source would not be what was typed.
+        target = str(path.resolve())
+        problems["path"] = (f"path: {str(path)!r} is a symbolic link to {target!r}; allowed for type uri_file: a "
+                            f"regular file (register {target!r} itself)")
     elif type == "uri_file" and not path.is_file():
         problems["path"] = f"path: {str(path)!r} is not a file; allowed for type uri_file: a single file"
     elif type in ("uri_folder", "mltable") and not path.is_dir():
@@ -102,20 +132,56 @@ def _validate(name: str, path: Path, type: str) -> None:
 
 
 def _check_mltable(folder: Path) -> None:
-    from toolkit.mltable import MLTableError, load_mltable
+    from toolkit.mltable import MLTableError, MLTablePathError, load_mltable
 
     try:
         load_mltable(folder)
+    except MLTablePathError as exc:  # a path leaving the folder: the rows could change after registration
+        raise DataAssetError(f"path: {str(folder)!r}: {exc}") from None
     except (MLTableError, ValueError, KeyError, TypeError, OSError) as exc:
         raise DataAssetError(f"path: {str(folder)!r}: its files do not match its MLTable ({exc}); allowed: an "
                              "MLTable whose paths exist and whose columns convert to the declared types") from None
 
 
-def _link_or_copy(src: Path, dest: Path) -> None:
+# --- the store: blobs, listings, snapshots ----------------------------------------------------------------------
+
+
+def _tmp_path(folder: Path, stem: str) -> Path:
+    return folder / f".{stem}.{uuid.uuid4().hex}{TMP_SUFFIX}"
+
+
+def read_hashed(path: Path, out=None) -> tuple[str, int]:
+    """(sha256, size) of a file from one read, its bytes also written to ``out`` as they go (a copy that is
+    exactly what was hashed, even if the file changes meanwhile)."""
+    hasher, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+            if out is not None:
+                out.write(chunk)
+    return hasher.hexdigest(), size
+
+
+def _intact(path: Path, sha256: str) -> bool:
+    """A regular file in the store whose bytes hash to ``sha256``."""
     try:
-        os.link(src, dest)
-    except OSError:  # another filesystem, or links not allowed: a copy is as good, just bigger
-        shutil.copy2(src, dest)
+        return stat.S_ISREG(path.lstat().st_mode) and sha256_file(path) == sha256
+    except FileNotFoundError:
+        return False
+
+
+def _publish_file(dest: Path, data: bytes) -> None:
+    """``data`` as the read-only file ``dest``, through a fresh temporary name: a file already at ``dest`` is
+    replaced, never opened, so nothing is written through a link to it."""
+    tmp = _tmp_path(dest.parent, dest.name)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, dest)  # killed before this line: only a .tmp file is left, never a wrong file
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _store_blob(path: Path, blobs: Path) -> str:
@@ -131,40 +197,165 @@ def _copy_into_store(path: Path, blobs: Path) -> str:
     """Copy one file into the content-addressed store; returns its sha256.
 
     Small files are read once: hashed from memory and written from the same bytes, so the blob is what was
-    hashed even if the source changes meanwhile. Large files are hashed while copied, then checked again.
+    hashed even if the source changes meanwhile. Large files are hashed while copied, then checked again. A
+    blob already stored is reused only if its bytes still hash to its name; a damaged one is replaced.
     """
     if path.stat().st_size <= SMALL_BLOB_BYTES:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        blob = blobs / digest
-        if not blob.exists():
-            tmp = blobs / f".{digest}.{uuid.uuid4().hex}.tmp"
-            tmp.write_bytes(data)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, blob)  # killed before this line: only a .tmp file is left, never a wrong blob
+        if not _intact(blobs / digest, digest):
+            _publish_file(blobs / digest, data)
         return digest
-    tmp = blobs / f".{uuid.uuid4().hex}.tmp"
-    hasher = hashlib.sha256()
-    with open(path, "rb") as src, open(tmp, "wb") as dst:
-        while chunk := src.read(HASH_CHUNK):
-            hasher.update(chunk)
-            dst.write(chunk)
-    digest = hasher.hexdigest()
-    blob = blobs / digest
-    if blob.exists():
-        tmp.unlink()
-    else:
-        if sha256_file(tmp) != digest:
-            tmp.unlink()
-            raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, blob)
+    tmp = _tmp_path(blobs, "blob")
+    try:
+        with open(tmp, "xb") as dst:
+            digest, _ = read_hashed(path, dst)
+        blob = blobs / digest
+        if not _intact(blob, digest):
+            if sha256_file(tmp) != digest:
+                raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, blob)
+    finally:
+        tmp.unlink(missing_ok=True)
     return digest
+
+
+def _listing_bytes(type: str, listing: list[dict]) -> bytes:
+    return json.dumps([type, listing], sort_keys=True).encode()
 
 
 def content_hash(type: str, listing: list[dict]) -> str:
     """An asset's identity: its type and every file's name, hash and size (a rename is a new version too)."""
-    return hashlib.sha256(json.dumps([type, listing], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(_listing_bytes(type, listing)).hexdigest()
+
+
+def _store_listing(ws: Workspace, type: str, listing: list[dict]) -> str:
+    """Keep [type, listing] as listings/<content hash>.json (its own bytes hash to its name); returns the hash."""
+    data = _listing_bytes(type, listing)
+    content = hashlib.sha256(data).hexdigest()
+    path = ws.datastore / LISTINGS / f"{content}.json"
+    if not _intact(path, content):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _publish_file(path, data)
+    return content
+
+
+def _checked_listing(listing) -> list[dict]:
+    """A listing read from disk, refused unless every entry is a plain relative name with a hash and a size: a
+    copied workspace is untrusted, and a name like '../x' would place a file outside its snapshot."""
+    def fine(entry) -> bool:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        pure = PurePosixPath(name) if isinstance(name, str) and name else None
+        return (pure is not None and str(pure) == name and not pure.is_absolute() and ".." not in pure.parts
+                and "\\" not in name and isinstance(entry.get("sha256"), str)
+                and SHA256_RE.fullmatch(entry["sha256"]) is not None
+                and isinstance(entry.get("size"), int) and entry["size"] >= 0)
+
+    if not isinstance(listing, list) or not all(fine(e) for e in listing) or \
+            len({e["name"] for e in listing}) != len(listing):
+        raise ValueError("not a listing of distinct relative file names with sha256 and size")
+    return listing
+
+
+def _read_listing(path: Path, type: str, content: str, wrapped: bool) -> list[dict] | None:
+    """The listing in ``path`` if its bytes are the asset's (content_hash(type, listing) == content), else None.
+    ``wrapped``: the file holds [type, listing] (listings/); otherwise a bare listing (an old snapshot's)."""
+    try:
+        parsed = json.loads(path.read_bytes())
+        listing = _checked_listing(parsed[1] if wrapped and parsed[0] == type else None if wrapped else parsed)
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+    return listing if content_hash(type, listing) == content else None
+
+
+def _store_tree(folder: Path) -> dict[str, os.stat_result]:
+    """Everything in a store folder that is not a directory (files, links, anything else), never following a
+    link: what is physically there, to compare with a listing."""
+    found = {}
+    for parent, dirs, files in os.walk(folder):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(parent, d))]:
+            path = os.path.join(parent, name)
+            found[Path(path).relative_to(folder).as_posix()] = os.lstat(path)
+    return found
+
+
+def _snapshot_problems(folder: Path, listing: list[dict], blobs: Path) -> list[tuple[str, str]]:
+    """(file, what is wrong) for every way a snapshot folder differs from its listing. A file that is a hard link
+    to its own blob is taken as intact here: blobs are checked by hash on their own. Any other file is hashed."""
+    if not folder.is_dir() or folder.is_symlink():
+        return [("", f"the snapshot folder {str(folder)!r} is missing")]
+    present = _store_tree(folder)
+    expected = {entry["name"]: entry for entry in listing}
+    problems = [(name, "is in the snapshot but not in its listing") for name in sorted(present.keys() - expected)]
+    for name, entry in expected.items():
+        found = present.get(name)
+        if found is None:
+            problems.append((name, "is missing from the snapshot"))
+        elif not stat.S_ISREG(found.st_mode):
+            problems.append((name, "is a symbolic link or special file, not the registered file"))
+        elif not _same_file(found, blobs / entry["sha256"]) and \
+                (found.st_size != entry["size"] or sha256_file(folder / name) != entry["sha256"]):
+            problems.append((name, f"changed: its bytes are not the registered ones (sha256 {entry['sha256']})"))
+    return sorted(problems)
+
+
+def _same_file(found: os.stat_result, blob: Path) -> bool:
+    try:
+        other = blob.lstat()
+    except FileNotFoundError:
+        return False
+    return (found.st_dev, found.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:  # links not allowed here: a copy is as good, just bigger ('xb': never onto an existing file)
+        with open(src, "rb") as s, open(dest, "xb") as d:
+            shutil.copyfileobj(s, d, HASH_CHUNK)
+        os.chmod(dest, 0o444)
+
+
+def _remove(path: Path) -> None:
+    """Delete a store entry this module made (a snapshot set aside, a temporary folder), never through a link."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _publish_snapshot(ws: Workspace, content: str, listing: list[dict]) -> Path:
+    """snapshots/<content>: the listing's files linked from their (already verified) blobs. An intact snapshot
+    is reused; a damaged one (or one made by an older Trainbook) is rebuilt and swapped in."""
+    blobs = ws.datastore / BLOBS
+    snapshot = ws.datastore / SNAPSHOTS / content
+    if not _snapshot_problems(snapshot, listing, blobs):
+        return snapshot
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_path(snapshot.parent, content)
+    try:
+        for entry in listing:
+            dest = tmp / entry["name"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(blobs / entry["sha256"], dest)
+        if snapshot.exists() or snapshot.is_symlink():
+            # Readers holding its files open keep them; for a moment the path is missing, never half-built.
+            aside = _tmp_path(snapshot.parent, f"{content}.damaged")
+            try:
+                os.rename(snapshot, aside)
+            except FileNotFoundError:  # another process set it aside first
+                pass
+            else:
+                _remove(aside)
+        try:
+            os.rename(tmp, snapshot)
+        except OSError:  # another process published the same content first: theirs is identical
+            pass
+    finally:
+        if tmp.exists():
+            _remove(tmp)
+    return snapshot
 
 
 def store_snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
@@ -172,26 +363,15 @@ def store_snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, in
     files = [(source.name, source)] if type == "uri_file" else _files_of(source)
     if type == "mltable":
         _check_mltable(source)
-    blobs = ws.datastore / "blobs"
+    blobs = ws.datastore / BLOBS
     blobs.mkdir(parents=True, exist_ok=True)
     # File I/O releases the GIL: a few threads overlap the many small reads and writes of a folder asset.
     with ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS) as pool:
         digests = list(pool.map(lambda item: _store_blob(item[1], blobs), files))
     listing = [{"name": rel, "sha256": digest, "size": (blobs / digest).stat().st_size}
                for (rel, _), digest in zip(files, digests)]
-    content = content_hash(type, listing)
-    snapshot = ws.datastore / "snapshots" / content
-    if not snapshot.exists():
-        tmp = snapshot.with_name(f".{content}.{uuid.uuid4().hex}.tmp")
-        for entry in listing:
-            dest = tmp / entry["name"]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(blobs / entry["sha256"], dest)
-        (tmp / LISTING).write_text(json.dumps(listing, indent=1))
-        try:
-            os.rename(tmp, snapshot)
-        except OSError:  # another process published the same content first: theirs is identical
-            shutil.rmtree(tmp, ignore_errors=True)
+    content = _store_listing(ws, type, listing)
+    snapshot = _publish_snapshot(ws, content, listing)
     os.sync()  # one flush for all new blobs and links before the catalogue commits (fsync per file: ~10x slower)
     rel_snapshot = snapshot.relative_to(ws.root).as_posix()
     if type == "uri_file":
@@ -219,6 +399,11 @@ def register(ws: Workspace, name: str, path: str | Path, type: str = "uri_folder
         existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? "
                                 "ORDER BY version DESC LIMIT 1", (name, sha256, type)).fetchone()
         if existing is not None:
+            if existing["snapshot"] != snapshot:  # recorded elsewhere (a damaged row): serve the one just checked
+                conn.execute("UPDATE data_assets SET snapshot = ? WHERE name = ? AND version = ?",
+                             (snapshot, name, existing["version"]))
+                existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?",
+                                        (name, existing["version"])).fetchone()
             return _row_to_asset(ws, existing)
         version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM data_assets WHERE name = ?",
                                (name,)).fetchone()[0]
@@ -290,36 +475,240 @@ def archive(ws: Workspace, ref: str) -> DataAsset:
     return get(ws, asset.ref)
 
 
-LISTING = ".listing.json"
 
 
 def open_path(path: str | Path, hash: bool = True) -> DataAsset:
     """A file or folder read in place, without the catalogue: how a job sees its data input (Azure ML mounts the
     asset's uploaded snapshot). The type follows the contents: a file is uri_file, a folder with an MLTable file
-    is mltable, any other folder uri_folder. A snapshot folder keeps its listing, so the hash (and the run's
-    lineage) is the registered asset's own."""
+    is mltable, any other folder uri_folder. The files are hashed by the registration's own rule, so a snapshot
+    read in place has the registered asset's hash (and the run's lineage names it)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise DataAssetError(f"data.path: {str(path)!r} does not exist; allowed: an existing file or folder")
     type = "uri_file" if path.is_file() else "mltable" if (path / "MLTable").is_file() else "uri_folder"
-    if not hash:  # only the type is wanted (a check before launch): no need to read the data
-        listing = []
-    elif type == "uri_file":
-        listing = [{"name": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}]
-    elif (path / LISTING).is_file():
-        listing = json.loads((path / LISTING).read_text())
-    else:
-        listing = [{"name": rel, "sha256": sha256_file(p), "size": p.stat().st_size} for rel, p in _files_of(path)
-                   if not rel.startswith(".")]
+    listing = []
+    if hash:  # else only the type is wanted (a check before launch): no need to read the data
+        for rel, file in ([(path.name, path)] if type == "uri_file" else _files_of(path)):
+            digest, size = read_hashed(file)
+            listing.append({"name": rel, "sha256": digest, "size": size})
     return DataAsset(name=path.name, version=0, type=type, sha256=content_hash(type, listing) if hash else "",
                      size_bytes=sum(e["size"] for e in listing), file_count=len(listing), created=path.stat().st_mtime,
-                     source=str(path), description="", tags={}, archived=False, path=path)
+                     source=str(path), description="", tags={}, archived=False, path=path, listing=tuple(listing))
 
 
-def folder_files(asset: DataAsset) -> list[Path]:
-    """The files of a folder asset in name order, from its listing (a snapshot) or by walking it (a plain folder)."""
-    if (asset.path / LISTING).is_file():
-        names = [entry["name"] for entry in json.loads((asset.path / LISTING).read_text())]
-    else:
-        names = [rel for rel, _ in _files_of(asset.path) if not rel.startswith(".")]
-    return [asset.path / name for name in sorted(names)]
+def asset_files(asset: DataAsset) -> list[tuple[str, Path]]:
+    """(name in the listing, path) of every file of an asset as it is on disk now, in content-hash order: its one
+    file, or a folder's files by the registration's rule."""
+    return [(asset.path.name, asset.path)] if asset.type == "uri_file" else _files_of(asset.path)
+
+
+def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
+    """Refuse bytes read from ``asset`` (``listing``: each file's name, sha256 and size as read, in
+    :func:`asset_files` order) that are not the ones it was hashed as, naming the file where the asset carries
+    its listing. What a run caches must be what its lineage records."""
+    where = asset.ref if asset.version else repr(asset.source)
+    if asset.listing:
+        hashed = {entry["name"]: entry["sha256"] for entry in asset.listing}
+        read = {entry["name"]: entry["sha256"] for entry in listing}
+        for name in sorted(hashed.keys() | read.keys()):
+            if hashed.get(name) != read.get(name):
+                state = "appeared" if name not in hashed else "disappeared" if name not in read else "changed"
+                file = asset.path if asset.type == "uri_file" else asset.path / name
+                raise DataAssetError(f"data: {str(file)!r} {state} after it was hashed for {where}; nothing was "
+                                     "cached; allowed: data that stays the same while a run reads it (start the "
+                                     "run again to hash the new content)")
+    if content_hash(asset.type, listing) == asset.sha256:
+        return
+    if asset.version:  # a registered asset: its snapshot was tampered with; verify names the file
+        raise DataAssetError(f"data: the files of {where} at {str(asset.path)!r} are not the bytes it was registered "
+                             f"with; nothing was cached; `trainbook data verify {asset.ref}` names the file")
+    raise DataAssetError(f"data: the files of {where} changed after they were hashed; nothing was cached; allowed: "
+                         "data that stays the same while a run reads it")
+
+
+# --- verify -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Problem:
+    asset: str | None  # name:version, or None for the store itself
+    file: str | None  # the file inside the asset, or the entry of the store
+    message: str
+
+    def __str__(self) -> str:
+        where = " ".join(x for x in (self.asset, self.file and repr(self.file)) if x)
+        return f"{where}: {self.message}" if where else self.message
+
+
+@dataclass
+class VerifyReport:
+    assets: list[str]  # the versions checked
+    blobs: int  # blobs re-hashed
+    bytes: int
+    problems: list[Problem] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # '.tmp' entries of interrupted registrations
+    repaired: list[str] = field(default_factory=list)  # versions whose snapshot was rebuilt from their blobs
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        head = (f"checked {len(self.assets)} asset version(s) and {self.blobs} blob(s) ({self.bytes:,} bytes): "
+                + (f"{len(self.problems)} problem(s)" if self.problems else "no problems"))
+        lines = [head, *(f"  {p}" for p in self.problems)]
+        if self.repaired:
+            lines.append(f"repaired (snapshot rebuilt from intact blobs): {', '.join(self.repaired)}")
+        if self.leftovers:
+            lines.append(f"{len(self.leftovers)} '.tmp' leftover(s) of interrupted registrations: harmless, safe to "
+                         "delete")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def _rows_to_verify(ws: Workspace, ref: str | None) -> list:
+    """Every version (archived too), every version of NAME, or NAME:VERSION."""
+    query, args = "SELECT * FROM data_assets", ()
+    if ref is not None:
+        name, version = parse_ref(ref)
+        query, args = (query + " WHERE name = ?", (name,)) if version is None else \
+            (query + " WHERE name = ? AND version = ?", (name, version))
+    conn = ws.connect()
+    try:
+        rows = conn.execute(query + " ORDER BY name, version", args).fetchall()
+    finally:
+        conn.close()
+    if ref is not None and not rows:
+        get(ws, ref)  # refuses the reference, naming the versions that exist
+    return rows
+
+
+def _asset_listing(ws: Workspace, row) -> tuple[list[dict] | None, list[str], bool]:
+    """A version's listing, what is wrong with it, and whether it was found inside the snapshot folder (where
+    an older Trainbook kept it) rather than in listings/."""
+    content, type = row["sha256"], row["type"]
+    if not SHA256_RE.fullmatch(content):
+        return None, [f"its content hash {content!r} is not a sha256; the catalogue row is damaged"], False
+    listing = _read_listing(ws.datastore / LISTINGS / f"{content}.json", type, content, wrapped=True)
+    if listing is not None:
+        return listing, [], False
+    old = _read_listing(_snapshot_folder(ws, row) / OLD_LISTING, type, content, wrapped=False)
+    if old is not None:
+        return old, ["made by an older Trainbook: its listing is kept inside the snapshot folder, so the folder is "
+                     "not exactly the registered files; `trainbook data verify --repair` rebuilds it"], True
+    return None, [f"no listing in {LISTINGS}/ hashes to {content}: its files cannot be checked; register its source "
+                  "again"], False
+
+
+def _snapshot_folder(ws: Workspace, row) -> Path:
+    path = ws.root / row["snapshot"]
+    return path.parent if row["type"] == "uri_file" else path
+
+
+def _blob_states(blobs: Path, names: set[str], progress: bool) -> tuple[dict[str, str | None], int]:
+    """({blob: None if its bytes hash to its name, else what is wrong}, bytes hashed), with a progress bar on
+    large stores."""
+    from tqdm import tqdm
+
+    sizes = {name: (blobs / name).lstat().st_size if (blobs / name).is_file() else 0 for name in names}
+
+    def check(name: str) -> tuple[str, str | None]:
+        path = blobs / name
+        if path.is_symlink():
+            return name, "is a link, not a file"
+        if not path.is_file():
+            return name, "is missing from the blob store"
+        return name, None if sha256_file(path) == name else "no longer hashes to its name: its bytes changed"
+
+    states = {}
+    with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, desc="verify", delay=2.0,
+              disable=not progress, leave=False) as bar, ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS) as pool:
+        for name, state in pool.map(check, sorted(names)):
+            states[name] = state
+            bar.update(sizes[name])
+    return states, sum(sizes.values())
+
+
+def _store_entries(ws: Workspace) -> tuple[set[str], list[Problem], list[str]]:
+    """(blob names, unexpected entries, '.tmp' leftovers) of the whole datastore."""
+    patterns = {BLOBS: SHA256_RE, LISTINGS: re.compile(r"[0-9a-f]{64}\.json"), SNAPSHOTS: SHA256_RE}
+    blobs, odd, leftovers = set(), [], []
+    for kind, pattern in patterns.items():
+        folder = ws.datastore / kind
+        for name in sorted(os.listdir(folder)) if folder.is_dir() else []:
+            if name.endswith(TMP_SUFFIX):
+                leftovers.append(f"{kind}/{name}")
+            elif not pattern.fullmatch(name):
+                odd.append(Problem(None, f"{kind}/{name}", "unexpected entry in the datastore"))
+            elif kind == BLOBS:
+                blobs.add(name)
+    return blobs, odd, leftovers
+
+
+def verify(ws: Workspace, ref: str | None = None, repair: bool = False, progress: bool = False) -> VerifyReport:
+    """Re-hash every blob (its bytes must hash to its name) and check each asset version's snapshot against its
+    listing: files missing, extra, changed, or not linked to the right blob. ``ref``: NAME (every version) or
+    NAME:VERSION; default the whole datastore. ``repair`` rebuilds the snapshots of versions whose listing and
+    blobs are intact (those of older Trainbooks, or damaged); a damaged blob needs its source registered again."""
+    rows = _rows_to_verify(ws, ref)
+    listings = {(row["name"], row["version"]): _asset_listing(ws, row) for row in rows}
+    used = {entry["sha256"] for listing, _, _ in listings.values() for entry in listing or []}
+    stored, problems, leftovers = _store_entries(ws) if ref is None else (set(), [], [])
+    states, hashed = _blob_states(ws.datastore / BLOBS, stored | used, progress)
+    problems += [Problem(None, f"{BLOBS}/{name}", state) for name, state in sorted(states.items())
+                 if state and name not in used]  # a damaged blob no version uses (a model's, or an orphan)
+    report = VerifyReport([f"{row['name']}:{row['version']}" for row in rows], len(states), hashed,
+                          leftovers=leftovers)
+    for row in rows:
+        listing, found, old_layout = listings[(row["name"], row["version"])]
+        asset_problems = _version_problems(ws, row, listing, found, old_layout, states)
+        repaired = _repair(ws, row, listing, states) if asset_problems and repair else None
+        if repaired is not None:
+            asset_problems = _version_problems(ws, repaired, listing, [], False, states)
+            if not asset_problems:
+                report.repaired.append(f"{row['name']}:{row['version']}")
+        problems += asset_problems
+    report.problems = problems
+    return report
+
+
+def _version_problems(ws: Workspace, row, listing: list[dict] | None, found: list[str], old_layout: bool,
+                      states: dict[str, str | None]) -> list[Problem]:
+    ref = f"{row['name']}:{row['version']}"
+    problems = [Problem(ref, None, message) for message in found]
+    if listing is None:
+        return problems
+    if (row["file_count"], row["size_bytes"]) != (len(listing), sum(e["size"] for e in listing)):
+        problems.append(Problem(ref, None, f"the catalogue says {row['file_count']} file(s), {row['size_bytes']:,} "
+                                           "bytes; its listing disagrees"))
+    folder = _snapshot_folder(ws, row)
+    if folder.resolve() != (ws.datastore / SNAPSHOTS / row["sha256"]).resolve():
+        problems.append(Problem(ref, None, f"its snapshot {row['snapshot']!r} is not {SNAPSHOTS}/{row['sha256']}"))
+    for entry in listing:
+        state = states.get(entry["sha256"])
+        if state:
+            problems.append(Problem(ref, entry["name"], f"its blob {entry['sha256']} {state}; register its source "
+                                                        "again (that replaces the blob)"))
+    for name, message in _snapshot_problems(folder, listing, ws.datastore / BLOBS):
+        if old_layout and name == OLD_LISTING and not any(e["name"] == OLD_LISTING for e in listing):
+            message += " (the older Trainbook's own listing)"
+        problems.append(Problem(ref, name or None, message))
+    return problems
+
+
+def _repair(ws: Workspace, row, listing: list[dict] | None, states: dict[str, str | None]):
+    """Rebuild a version's snapshot (and its listing file) from its blobs if every one of them is intact;
+    returns the version's catalogue row as it is now, or None when it cannot be repaired."""
+    if listing is None or any(states.get(e["sha256"]) for e in listing):
+        return None
+    content = _store_listing(ws, row["type"], listing)
+    snapshot = _publish_snapshot(ws, content, listing)
+    os.sync()
+    rel = snapshot.relative_to(ws.root).as_posix() + ("/" + listing[0]["name"] if row["type"] == "uri_file" else "")
+    with ws.transaction() as conn:
+        conn.execute("UPDATE data_assets SET snapshot = ? WHERE name = ? AND version = ?",
+                     (rel, row["name"], row["version"]))
+        return conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?",
+                            (row["name"], row["version"])).fetchone()

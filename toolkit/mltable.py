@@ -6,16 +6,45 @@ Only the part of the format Trainbook writes and reads is supported: ``paths`` o
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
 import yaml
 
 SCHEMA_URL = "https://azuremlschemas.azureedge.net/latest/MLTable.schema.json"
 PANDAS_TYPES = {"int": "int64", "float": "float64", "string": "string", "boolean": "bool"}
+SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # https:, azureml:, file:, and a Windows drive (C:)
+ALLOWED_PATHS = ("allowed: a file inside the folder, relative to it (no absolute path, no '..', no URL, no link "
+                 "leaving the folder)")
 
 
 class MLTableError(ValueError):
     pass
+
+
+class MLTablePathError(MLTableError):
+    """A ``paths`` entry that leaves the MLTable's folder: the table could change without its folder changing."""
+
+
+def path_problem(entry) -> str | None:
+    """Why a ``paths`` entry's file may not be read, judged on its text alone (links are checked on disk)."""
+    file = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(file, str) or not file.strip() or SCHEME_RE.match(file) or "\\" in file \
+            or file.startswith("~") or PurePosixPath(file).is_absolute() or ".." in PurePosixPath(file).parts:
+        return f"paths entry {entry!r} is not allowed; {ALLOWED_PATHS}"
+    return None
+
+
+def _file_inside(folder: Path, entry) -> Path:
+    """The file a ``paths`` entry names, refused unless it lies inside ``folder`` (a copied folder is untrusted:
+    an absolute path, '..', a URL or a link out of it would read other data than the folder's)."""
+    problem = path_problem(entry)
+    target = (folder / entry["file"]).resolve() if problem is None else None
+    if target is not None and not target.is_relative_to(folder.resolve()):
+        problem = f"paths entry {entry!r} is not allowed; {ALLOWED_PATHS}; it leads to {str(target)!r}"
+    if problem is not None:
+        raise MLTablePathError(f"{folder / 'MLTable'}: {problem}")
+    return target
 
 
 def write_mltable(folder: Path, frame, csv_name: str = "data.csv") -> Path:
@@ -45,6 +74,9 @@ def load_mltable(folder: str | Path):
     import pandas as pd
 
     folder = Path(folder)
+    if (folder / "MLTable").resolve().parent != folder.resolve():
+        raise MLTablePathError(f"{folder / 'MLTable'}: is a link out of its folder; allowed: an MLTable file "
+                               "inside the folder it describes")
     try:
         spec = yaml.safe_load((folder / "MLTable").read_text())
     except FileNotFoundError:
@@ -52,11 +84,11 @@ def load_mltable(folder: str | Path):
     if not isinstance(spec, dict) or spec.get("type", "mltable") != "mltable" or not spec.get("paths"):
         raise MLTableError(f"{folder / 'MLTable'}: expected 'type: mltable' and a list of 'paths'")
     read = next((t["read_delimited"] for t in spec.get("transformations", []) if "read_delimited" in t), {})
-    frames = []
     for entry in spec["paths"]:
-        if "file" not in entry:
+        if not isinstance(entry, dict) or "file" not in entry:
             raise MLTableError(f"{folder / 'MLTable'}: paths entry {entry!r} is not supported; allowed: 'file'")
-        frames.append(pd.read_csv(folder / entry["file"], sep=read.get("delimiter", ",")))
+    files = [_file_inside(folder, entry) for entry in spec["paths"]]  # every path checked before any is read
+    frames = [pd.read_csv(file, sep=read.get("delimiter", ",")) for file in files]
     frame = pd.concat(frames, ignore_index=True)
     for t in spec.get("transformations", []):
         for column in t.get("convert_column_types", []):

@@ -14,6 +14,6 @@ def runs_root() -> Path:
 
 
 def cache_dir() -> Path:
-    """Per-user cache (measured matmul peak, token files of read-only inputs): $TRAINBOOK_CACHE, else
+    """Per-user cache (measured matmul peak, token files keyed by content hash): $TRAINBOOK_CACHE, else
     ~/.cache/trainbook."""
     return Path(os.environ.get("TRAINBOOK_CACHE", Path.home() / ".cache" / "trainbook"))

@@ -2,7 +2,8 @@
 
     .trainbook/
       catalogue.sqlite     data assets, runs and models, schema versioned by PRAGMA user_version
-      datastore/           immutable, content-addressed snapshots of registered data
+      datastore/           immutable, content-addressed snapshots of registered data (blobs/, listings/,
+                           snapshots/: the layout is toolkit.data_assets' to define and check)
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, so several processes registering at once serialise on
 the database lock: nothing is lost and no version number is handed out twice.
