@@ -7,7 +7,7 @@ as ``azmlinfsrv`` would, with the same arguments:
 
     python -m toolkit.serving.server_main --host 127.0.0.1 --entry_script score.py --model_dir M --port P
 
-and two more gunicorn settings (added to GUNICORN_CMD_ARGS):
+and more gunicorn settings (added to GUNICORN_CMD_ARGS):
 
 ``--no-control-socket``
     gunicorn 25.1+ opens a control socket at $XDG_RUNTIME_DIR/gunicorn.ctl (else ~/.gunicorn/gunicorn.ctl):
@@ -18,8 +18,12 @@ and two more gunicorn settings (added to GUNICORN_CMD_ARGS):
     header hold all 32 threads forever, and a connection that sends nothing holds one for 5 s. This worker
     reads every request in its event loop without blocking (:class:`RequestScan` finds where it ends) and gives
     a thread only a complete request. A client that has not sent its head within HEADER_TIMEOUT_S, or its body
-    within BODY_TIMEOUT_S of the head, gets 408; the connection's graceful close, which gunicorn does on its
-    event loop for up to 2 s per client, lingers in the event loop too.
+    within BODY_TIMEOUT_S of the head, gets 408. A graceful close (gunicorn's blocks its event loop for up to
+    2 s per connection whose client does not close) lingers without blocking.
+``--worker-connections 1000``
+    what a slow client costs now: one open connection of at most WORKER_CONNECTIONS, for at most the timeouts
+    above (the soft limit on open files is raised to fit). A client that opens them all still delays others
+    by up to HEADER_TIMEOUT_S: limiting connections per client address would be the next step.
 
 Settings (serve() sets them): TRAINBOOK_HEADER_TIMEOUT_S, TRAINBOOK_BODY_TIMEOUT_S. With
 ``TRAINBOOK_PARENT_PID`` set, the server stops when that process dies (toolkit.parent_watch).
@@ -32,6 +36,7 @@ import http as http_status
 import json
 import os
 import re
+import resource
 import selectors
 import socket
 import sys
@@ -45,7 +50,9 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 from toolkit.parent_watch import stop_with_parent
 from toolkit.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, body_too_large
 
-GUNICORN_ARGS = ["--no-control-socket", "--worker-class", "toolkit.serving.server_main.WholeRequestWorker"]
+WORKER_CONNECTIONS = 1000  # gunicorn's default: open connections (reading, waiting or kept alive) at once
+GUNICORN_ARGS = ["--no-control-socket", "--worker-class", "toolkit.serving.server_main.WholeRequestWorker",
+                 "--worker-connections", str(WORKER_CONNECTIONS)]
 READ_CHUNK = 64 * 1024
 MAX_CHUNK_LINE = 1024  # a chunk-size line with extensions; gunicorn's own limit is larger
 MAX_CHUNKED_BYTES = 2 * MAX_BODY_BYTES  # a chunked body as sent, framing included
@@ -209,7 +216,10 @@ class WholeRequestWorker(ThreadWorker):
         try:
             sock, address = listener.accept()
         except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+            if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: wait for one to close, do not crash
+                self.log.warning("cannot accept a connection: %s", e)
+                self.set_accept_enabled(False)  # the event loop enables it again on its next turn
+            elif e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 raise
             return
         self.nr_conns += 1
@@ -333,6 +343,15 @@ class WholeRequestWorker(ThreadWorker):
                 self._end_linger(sock)
 
 
+def _enough_descriptors(needed: int = WORKER_CONNECTIONS + 100) -> None:
+    """Raise the soft limit on open files (often 1,024) so that gunicorn reaches its own connection limit before
+    the system's: a worker that runs out of descriptors cannot accept, and every open connection holds one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard),
+                                                    hard))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     host = "127.0.0.1"
@@ -341,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         host = argv[i + 1]
         del argv[i:i + 2]
     stop_with_parent()
+    _enough_descriptors()
     from azureml_inference_server_http import amlserver
 
     amlserver.DEFAULT_HOST = host  # read by amlserver.run() when it starts gunicorn
