@@ -3,6 +3,7 @@ request, 50 concurrent clients, and batching that changes speed but not answers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,27 +14,23 @@ import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from toolkit.export import export_run
 from toolkit.serving.batcher import Batcher
 from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, GenerateRequest, ScoreRequest
 from toolkit.serving.runtimes import load_runtime
-from toolkit.serving.endpoint import serve
+from toolkit.serving.endpoint import PlainHTTPWarning, serve
 
 from conftest import PROJECT, assert_server_dies_with_its_starter
+from served_model import exported_tiny_model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    run_dir = root / "run"
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "tiny", "--run-dir", str(run_dir), "--set",
-                           "train.max_steps=30"], capture_output=True, text=True, cwd=PROJECT, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return export_run(run_dir).path
+    return exported_tiny_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +73,8 @@ def test_generation_and_scoring_follow_the_contract(endpoint):
 
 def test_liveness_and_readiness(endpoint):
     assert call(endpoint.url + "/") == (200, "Healthy")  # the inference server's own liveness route
-    status, ready = call(endpoint.scoring_url)  # readiness: no key needed, as for Azure ML's probes
+    assert call(endpoint.scoring_url) == (200, {"ready": True})  # readiness: no key needed, as for Azure ML's probes
+    status, ready = call(endpoint.scoring_url, headers=endpoint.headers())  # the key's holder sees the details
     assert status == 200 and ready["ready"] and ready["runtime"] == "onnx" and ready["max_batch"] == 16
 
 
@@ -106,7 +104,7 @@ BAD_REQUESTS = [
     ("wrong key", {"prompt": "x"}, "wrong", None, 401, "Authorization: key not valid"),
     ("not JSON", b"{prompt: 'x'", "good", None, 400, "body: not valid JSON"),
     ("not UTF-8", b"\xff\xfe\x00", "good", None, 400, "body: not"),
-    ("a list", [1, 2], "good", None, 400, "body: a JSON list"),
+    ("a list", [1, 2], "good", None, 400, "body: a JSON array"),
     ("unknown task", {"task": "translate", "prompt": "x"}, "good", None, 400, "task: 'translate' is not allowed"),
     ("unknown field", {"prompt": "x", "beam": 4}, "good", None, 400, "beam: unknown field"),
     ("prompt not a string", {"prompt": 42}, "good", None, 400, "prompt: 42 is not allowed"),
@@ -138,12 +136,12 @@ def test_bad_requests_get_the_right_status_and_the_server_stays_up(endpoint, wha
 
 
 def test_fifty_concurrent_clients_are_all_answered_and_share_forward_passes(endpoint):
-    before = call(endpoint.scoring_url)[1]
+    before = call(endpoint.scoring_url, headers=endpoint.headers())[1]
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(lambda i: generate(endpoint, max_new_tokens=16, seed=i, temperature=1.0), range(50)))
     assert [status for status, _ in results] == [200] * 50
     assert all(answer["new_tokens"] == 16 for _, answer in results)
-    after = call(endpoint.scoring_url)[1]
+    after = call(endpoint.scoring_url, headers=endpoint.headers())[1]
     rows, forwards = after["rows"] - before["rows"], after["forwards"] - before["forwards"]
     assert rows == 50 * 16 and forwards < rows / 2, f"{forwards} forwards for {rows} rows: requests were not batched"
     assert generate(endpoint)[0] == 200
@@ -211,3 +209,46 @@ def test_an_endpoint_stops_when_the_process_that_started_it_is_killed(model_dir,
     assert_server_dies_with_its_starter(
         "from toolkit.serving.endpoint import serve; "
         f"server = serve({str(model_dir)!r}, workspace={str(tmp_path / 'ws')!r})")
+
+
+def unix_socket_paths(pid: int) -> set[str]:
+    """The filesystem paths of the Unix sockets process ``pid`` holds open."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    paths = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith("/"):
+            paths.add(fields[7])
+    return paths
+
+
+def test_endpoints_share_no_control_socket(model_dir, tmp_path, monkeypatch):
+    """gunicorn's control socket lived at one path per user (~/.gunicorn/gunicorn.ctl, or in $XDG_RUNTIME_DIR): a
+    second endpoint replaced the first's, and it could add workers under the one batcher. No endpoint opens one,
+    wherever it would be: neither server holds any Unix socket with a path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    with serve(model_dir, workspace=tmp_path / "ws", name="first") as first, \
+            serve(model_dir, workspace=tmp_path / "ws", name="second") as second:
+        pids = [first.process.pid, second.process.pid]
+        pids += [int(child) for pid in pids for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        assert [path for path in home.rglob("*") if path.is_socket()] == []
+        assert set().union(*map(unix_socket_paths, pids)) == set()
+        assert generate(first)[0] == generate(second)[0] == 200
+
+
+def test_binding_beyond_loopback_warns_that_the_key_travels_in_plain_http(tmp_path):
+    """Checked before anything starts: here the model does not exist, so nothing is ever bound."""
+    with pytest.warns(PlainHTTPWarning, match="0.0.0.0: .*plain HTTP.*key"), pytest.raises(Exception):
+        serve(tmp_path / "no-model", host="0.0.0.0", workspace=tmp_path / "ws")
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "serve", str(tmp_path / "no-model"), "--host", "0.0.0.0",
+                           "--workspace", str(tmp_path / "ws")], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=60)
+    assert proc.returncode != 0 and "plain HTTP" in proc.stderr, proc.stderr

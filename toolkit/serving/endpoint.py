@@ -6,11 +6,13 @@
 
 Like an Azure ML managed online endpoint it has a name, a scoring URL and a key (generated once per endpoint,
 stored with 0600 permissions in the workspace, never printed in full). The server runs in its own process
-group; ``stop()`` ends it and everything it started.
+group; ``stop()`` ends it and everything it started. It speaks plain HTTP: bound to any address but loopback,
+``serve()`` warns (PlainHTTPWarning) that the key can be read on the network.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -20,11 +22,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.ports import free_port
 from toolkit.parent_watch import parent_env
+from toolkit.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
@@ -33,6 +37,23 @@ DEFAULT_THREADS = 32  # concurrent requests one server process accepts; the batc
 
 class EndpointError(RuntimeError):
     """The endpoint did not start; the message carries the end of its log."""
+
+
+class PlainHTTPWarning(UserWarning):
+    """The endpoint listens beyond this machine, and its key travels unencrypted."""
+
+
+def plain_http_warning(host: str) -> str | None:
+    """What to warn about when binding ``host``; None for loopback, which only this machine can reach."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a host name may resolve to any interface
+    if loopback:
+        return None
+    return (f"--host {host}: the endpoint is reachable from other machines over plain HTTP, so its key and every "
+            "request and answer can be read on the network. Keep the default 127.0.0.1, or put the endpoint "
+            "behind a TLS proxy on a network you trust.")
 
 
 def mask_key(key: str) -> str:
@@ -137,9 +158,11 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", host: str = "127.0.0.1",
           max_batch: int = 16, max_wait_ms: float = 5.0, threads: int = DEFAULT_THREADS, name: str | None = None,
-          workspace: str | Path | None = None, ready_timeout: float = READY_TIMEOUT_S) -> LocalEndpoint:
+          workspace: str | Path | None = None, ready_timeout: float = READY_TIMEOUT_S,
+          header_timeout: float = HEADER_TIMEOUT_S, body_timeout: float = BODY_TIMEOUT_S) -> LocalEndpoint:
     """Start a local endpoint for ``model`` (a model folder or a registered NAME[:VERSION]) and wait until it
-    answers; returns its handle."""
+    answers; returns its handle. A client gets 408 if its request head has not arrived ``header_timeout``
+    seconds after it connected, or its body ``body_timeout`` seconds after the head."""
     import yaml
 
     from toolkit.data_assets import NAME_RE
@@ -156,6 +179,11 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
         raise ValueError(f"--max-batch: {max_batch} is not allowed; allowed: 1 to 256")
     if not 0 <= max_wait_ms <= 1000:
         raise ValueError(f"--max-wait-ms: {max_wait_ms} is not allowed; allowed: 0 to 1000")
+    for option, seconds in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
+        if not 0.5 <= seconds <= 3600:
+            raise ValueError(f"{option}: {seconds} is not allowed; allowed: 0.5 to 3600 seconds")
+    if warning := plain_http_warning(host):
+        warnings.warn(warning, PlainHTTPWarning, stacklevel=2)
     model_dir = resolve_model_dir(model, workspace).resolve()
     read_manifest(model_dir)
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
@@ -167,8 +195,10 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     port = port or free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINBOOK_RUNTIME": runtime, "TRAINBOOK_MAX_BATCH": str(max_batch),
            "TRAINBOOK_MAX_WAIT_MS": str(max_wait_ms), "TRAINBOOK_KEY_FILE": str(folder / "key"), "WORKER_COUNT": "1",
-           # gthread workers: one process, many request threads, so concurrent requests can share a batch
+           # one process, many request threads, so concurrent requests can share a batch (server_main adds the
+           # worker class that gives threads only whole requests, and turns gunicorn's control socket off)
            "GUNICORN_CMD_ARGS": f"--threads {threads}",
+           "TRAINBOOK_HEADER_TIMEOUT_S": str(header_timeout), "TRAINBOOK_BODY_TIMEOUT_S": str(body_timeout),
            **parent_env()}  # the server stops if this process dies without stop()
     cmd = [sys.executable, "-m", "toolkit.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]

@@ -4,7 +4,8 @@
     {"task": "score", "text": "The quick brown fox"}                                       -> log-likelihood
 
 Every refusal is a :class:`RequestError` whose message names the field, the value and what is allowed; the
-service answers it with HTTP 400 (or 413 for a body over the size limit).
+service answers it with HTTP 400 (or 413 for a body over the size limit). The local endpoint's HTTP layer
+answers 408 to a client too slow to send its request within HEADER_TIMEOUT_S / BODY_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ import json
 from dataclasses import dataclass
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_HEAD_BYTES = 16 * 1024  # request line and headers; a scoring request needs a few hundred bytes
+HEADER_TIMEOUT_S = 20.0  # from connecting (or from the first byte of a kept-alive connection's next request)
+BODY_TIMEOUT_S = 30.0  # from the end of the headers to the end of the body: a total, not a per-read, limit
 MAX_PROMPT_BYTES = 4096
 MAX_TEXT_BYTES = 16 * 1024
 MAX_NEW_TOKENS = 512
 MAX_TEMPERATURE = 5.0
+_MAX_INT_DIGITS = 40  # longer integer literals are never valid here; converting them costs quadratic time
+_SHOWN_CHARS = 40  # how much of a refused value a message repeats
 
 
 class RequestError(ValueError):
@@ -41,24 +47,65 @@ class ScoreRequest:
     text: bytes
 
 
+class _LongNumber:
+    """An integer literal too long to be any valid value: kept as its digit count, never converted."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+
+def _number(digits: str) -> int | _LongNumber:
+    return _LongNumber(digits) if len(digits) > _MAX_INT_DIGITS else int(digits)
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """JSON objects with one value per name: two values for one field would be read differently by different
+    parsers, so neither is chosen."""
+    seen: dict = {}
+    for name, value in pairs:
+        if name in seen:
+            raise RequestError(f"{shown(name, quote=False)}: given twice; allowed: each field once")
+        seen[name] = value
+    return seen
+
+
+def shown(value, quote: bool = True) -> str:
+    """A refused value as a message repeats it: short, printable, and never a cost (no huge repr, no
+    conversion of a huge integer, no recursion into a nested structure)."""
+    if isinstance(value, _LongNumber):
+        return f"a {value.digits:,}-digit number"
+    if isinstance(value, (list, dict)):
+        kind = "array" if isinstance(value, list) else "object"
+        return f"a JSON {kind} of {len(value):,} item{'' if len(value) == 1 else 's'}"
+    if isinstance(value, str):
+        text = repr(value) if quote else value.encode("unicode_escape").decode("ascii")
+        return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}… ({len(value):,} characters)"
+    return repr(value)
+
+
 def _int(body: dict, name: str, default, low: int, high: int) -> int | None:
     value = body.get(name, default)
     if value is None and default is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise RequestError(f"{name}: {value!r} is not allowed; allowed: an integer from {low} to {high:,}")
+        raise RequestError(f"{name}: {shown(value)} is not allowed; allowed: an integer from {low} to {high:,}")
     return value
 
 
 def _text(body: dict, name: str, limit: int) -> bytes:
     value = body.get(name)
+    allowed = f"allowed: a string of 1 to {limit:,} UTF-8 bytes"
     if not isinstance(value, str):
-        raise RequestError(f"{name}: {value!r} is not allowed; allowed: a string of 1 to {limit:,} UTF-8 bytes")
-    data = value.encode("utf-8")
+        raise RequestError(f"{name}: {shown(value)} is not allowed; {allowed}")
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON can spell a lone surrogate ("\ud800"), which is no character
+        raise RequestError(f"{name}: {value[exc.start]!r} at character {exc.start:,} is a lone surrogate, not "
+                           f"text; {allowed}") from None
     if not data:
-        raise RequestError(f"{name}: empty; allowed: a string of 1 to {limit:,} UTF-8 bytes")
+        raise RequestError(f"{name}: empty; {allowed}")
     if len(data) > limit:
-        raise RequestError(f"{name}: {len(data):,} bytes is over the limit; allowed: 1 to {limit:,} UTF-8 bytes")
+        raise RequestError(f"{name}: {len(data):,} bytes is over the limit; {allowed}")
     return data
 
 
@@ -66,8 +113,8 @@ def _generate(body: dict) -> GenerateRequest:
     temperature = body.get("temperature", 1.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
             not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise RequestError(f"temperature: {temperature!r} is not allowed; allowed: a number from 0 (greedy) to "
-                           f"{MAX_TEMPERATURE:g}")
+        raise RequestError(f"temperature: {shown(temperature)} is not allowed; allowed: a number from 0 (greedy) "
+                           f"to {MAX_TEMPERATURE:g}")
     return GenerateRequest(prompt=_text(body, "prompt", MAX_PROMPT_BYTES),
                            max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
                            temperature=float(temperature), top_k=_int(body, "top_k", 0, 0, 256),
@@ -82,25 +129,43 @@ TASKS = {"generate": (_generate, {"task", "prompt", "max_new_tokens", "temperatu
          "score": (_score, {"task", "text"})}
 
 
-def parse(body: bytes) -> GenerateRequest | ScoreRequest:
-    """A request body (bytes) to a validated request, or a RequestError saying what is wrong."""
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(f"body: {len(body):,} bytes is over the limit; allowed: up to {MAX_BODY_BYTES:,}", 413)
+def body_too_large(size: int | str) -> RequestError:
+    """The one refusal of an oversized body, whoever notices it first (the HTTP layer or the service);
+    ``size`` may be a Content-Length's digits, however many."""
+    size = int(size) if len(str(size)) <= _MAX_INT_DIGITS else _LongNumber(size)
+    shown_size = f"{size:,} bytes" if isinstance(size, int) else shown(size)
+    return RequestError(f"body: {shown_size} is over the limit; allowed: up to {MAX_BODY_BYTES:,}", 413)
+
+
+def _json(body: bytes):
     try:
-        data = json.loads(body)
+        text = body.decode("utf-8")  # RFC 8259: JSON between systems is UTF-8 (json.loads would guess UTF-16/32)
     except UnicodeDecodeError:
         raise RequestError("body: not UTF-8; allowed: a JSON object") from None
+    try:
+        return json.loads(text, parse_int=_number, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise RequestError(f"body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
                            "allowed: a JSON object") from None
+    except RecursionError:
+        raise RequestError("body: JSON nested too deeply; allowed: a JSON object of strings and numbers") from None
+
+
+def parse(body: bytes) -> GenerateRequest | ScoreRequest:
+    """A request body (bytes) to a validated request, or a RequestError saying what is wrong."""
+    if len(body) > MAX_BODY_BYTES:
+        raise body_too_large(len(body))
+    data = _json(body)
     if not isinstance(data, dict):
-        raise RequestError(f"body: a JSON {type(data).__name__}; allowed: a JSON object such as "
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
+        raise RequestError(f"body: a JSON {kind}; allowed: a JSON object such as "
                            '{"prompt": "def ", "max_new_tokens": 32}')
     task = data.get("task", "generate")
-    if task not in TASKS:
-        raise RequestError(f"task: {task!r} is not allowed; allowed: {', '.join(TASKS)}")
+    if not isinstance(task, str) or task not in TASKS:
+        raise RequestError(f"task: {shown(task)} is not allowed; allowed: {', '.join(TASKS)}")
     build, fields = TASKS[task]
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise RequestError(f"{unknown[0]}: unknown field for task {task!r}; allowed: {', '.join(sorted(fields))}")
+        raise RequestError(f"{shown(unknown[0], quote=False)}: unknown field for task {task!r}; allowed: "
+                           f"{', '.join(sorted(fields))}")
     return build(data)

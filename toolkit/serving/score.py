@@ -15,6 +15,8 @@ Settings come from environment variables (the deployment's environment_variables
 from __future__ import annotations
 
 import os
+import select
+import socket
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from azureml_inference_server_http.api.aml_request import rawhttp  # noqa: E402
 from azureml_inference_server_http.api.aml_response import AMLResponse  # noqa: E402
 
+from toolkit.serving.protocol import RequestError  # noqa: E402
 from toolkit.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.serving.service import ScoringService  # noqa: E402
 
@@ -46,11 +49,35 @@ def init() -> None:
 def run(request):
     def read_body(limit: int) -> bytes:
         chunks, size = [], 0
-        while size < limit and (chunk := request.stream.read(limit - size)):
-            chunks.append(chunk)
-            size += len(chunk)
+        try:
+            while size < limit and (chunk := request.stream.read(limit - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+        except Exception as exc:  # the server decodes the framing (chunks, trailers) as we read: the client's error
+            raise RequestError(f"body: could not be read ({str(exc)[:80] or type(exc).__name__}); allowed: a body "
+                               "framed by Content-Length or valid chunked encoding (RFC 9112)") from None
         return b"".join(chunks)
 
     status, payload = service.handle(request.method, request.headers.get("Authorization"), request.content_length,
-                                     read_body)
+                                     read_body, hung_up(request.environ.get("gunicorn.socket")))
     return AMLResponse(payload, status, json_str=True)
+
+
+def hung_up(sock: socket.socket | None):
+    """A check whether the client closed the connection ``sock`` while its request waits (None: no socket to
+    look at). A closed connection reads as end-of-file; a pipelined next request is data, not a hang-up.
+    A client that half-closes its side after the request counts as gone: HTTP/1.1 clients do not do that."""
+    if sock is None:
+        return None
+
+    def gone() -> bool:
+        poller = select.poll()  # select() fails on descriptors past 1024
+        poller.register(sock, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        try:
+            return sock.recv(1, socket.MSG_PEEK) == b""  # readable: returns at once
+        except OSError:
+            return True
+
+    return gone

@@ -13,11 +13,21 @@ import time
 from typing import Callable
 
 from toolkit.serving.batcher import Batcher
-from toolkit.serving.protocol import MAX_BODY_BYTES, RequestError, parse
+from toolkit.serving.protocol import MAX_BODY_BYTES, RequestError, body_too_large, parse
 from toolkit.serving.runtimes import describe, load_runtime
 
 REQUEST_TIMEOUT_S = 120.0
+CLIENT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still connected
 log = logging.getLogger("trainbook.serving")
+
+
+def authorised(key: str | None, authorization: str | None) -> bool:
+    """``Authorization: Bearer <key>``. The scheme name is case-insensitive (RFC 7235 section 2.1); the key is
+    compared in constant time. ``key`` None: no check (Azure ML checks keys before requests reach us)."""
+    if key is None:
+        return True
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 class ScoringService:
@@ -25,37 +35,53 @@ class ScoringService:
                  key: str | None = None):
         self.runtime = load_runtime(model_dir, runtime)
         self.batcher = Batcher(self.runtime, max_batch=max_batch, max_wait_ms=max_wait_ms)
-        self.key = key  # None: no key check here (Azure ML's endpoint checks keys before requests reach us)
-        self.info = {**describe(self.runtime), "max_batch": max_batch, "max_wait_ms": max_wait_ms}
-
-    def _authorised(self, authorization: str | None) -> bool:
-        if self.key is None:
-            return True
-        scheme, _, token = (authorization or "").partition(" ")
-        return scheme == "Bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode())
+        self.key = key
+        self.info = {**describe(self.runtime), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
+                     "max_rows_per_forward": self.batcher.max_rows}
 
     def handle(self, method: str, authorization: str | None, content_length: int | None,
-               read_body: Callable[[int], bytes]) -> tuple[int, dict]:
-        """One request. ``read_body(n)`` reads at most n bytes, so an oversized body is never held in memory."""
+               read_body: Callable[[int], bytes], client_gone: Callable[[], bool] | None = None
+               ) -> tuple[int, dict]:
+        """One request. ``read_body(n)`` reads at most n bytes, so an oversized body is never held in memory;
+        ``client_gone()`` says whether the client has hung up (its work is then dropped)."""
         started = time.perf_counter()
-        if method == "GET":  # readiness: the model is loaded and the batcher runs (no key: probes have none)
-            return 200, {"ready": True, **self.info, **self.batcher.stats}
+        key_ok = authorised(self.key, authorization)
+        if method == "GET":  # readiness; the details (run, data asset, step, load) only for the key's holder
+            return 200, {"ready": True, **self.info, **self.batcher.stats} if key_ok else {"ready": True}
         if method != "POST":
             return 405, {"error": f"method: {method} is not allowed; allowed: GET (readiness), POST (score)"}
-        if not self._authorised(authorization):
+        if not key_ok:
             reason = "missing" if not authorization else "not valid"
             return 401, {"error": f"Authorization: key {reason}; allowed: 'Authorization: Bearer <endpoint key>'"}
-        if content_length is not None and content_length > MAX_BODY_BYTES:
-            return 413, {"error": f"body: {content_length:,} bytes is over the limit; allowed: up to "
-                                  f"{MAX_BODY_BYTES:,}"}
         try:
+            if content_length is not None and content_length > MAX_BODY_BYTES:
+                raise body_too_large(content_length)
             request = parse(read_body(MAX_BODY_BYTES + 1))
         except RequestError as exc:
             return exc.status, {"error": str(exc)}
+        future = self.batcher.submit(request, deadline=started + REQUEST_TIMEOUT_S)
         try:
-            result = self.batcher.submit(request).result(timeout=REQUEST_TIMEOUT_S)
+            result = self._wait(future, client_gone)
+        except TimeoutError:
+            return 503, {"error": f"no answer within {REQUEST_TIMEOUT_S:g} s: the endpoint is overloaded; "
+                                  "try again later"}
         except Exception:  # the model failed: logged with its traceback here, a plain message to the client
             log.exception("scoring failed")
             return 500, {"error": "the model failed on this request; see the endpoint log"}
+        if result is None:
+            return 499, {"error": "the client closed the connection before the answer"}  # nobody reads this
         result["timing_ms"]["server"] = round(1000 * (time.perf_counter() - started), 3)
         return 200, result
+
+    @staticmethod
+    def _wait(future, client_gone: Callable[[], bool] | None) -> dict | None:
+        """The answer; None if the client hung up first (the work is cancelled: the batcher drops it)."""
+        while True:
+            try:
+                return future.result(timeout=CLIENT_CHECK_S if client_gone else None)
+            except TimeoutError:
+                if future.done():  # answered just now, or the batcher's deadline passed (its TimeoutError)
+                    return future.result()
+                if client_gone():
+                    future.cancel()
+                    return None
