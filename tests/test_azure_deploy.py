@@ -322,6 +322,17 @@ def test_environment_yml_needs_the_inference_server(serving):
         _plan(serving)
 
 
+def test_a_deployment_plan_refuses_to_upload_an_endpoint_key(serving):
+    """The deployment's code upload is the project folder too: a local endpoint's key must not go with it."""
+    from toolkit.serving.endpoint import endpoint_key
+
+    endpoint_key(serving.root / "notebooks" / ".trainbook" / "endpoints" / "tb-demo")
+    with pytest.raises(AzureError, match=r"^code: .* would upload secret-looking files: "
+                                         r"notebooks/.trainbook/endpoints/tb-demo/key \(a Trainbook workspace .*"
+                                         r"exclude them in .amlignore \(add '.trainbook/'"):
+        _plan(serving)
+
+
 def test_an_earlier_deployment_plan_is_replaced_whole_and_other_folders_are_never_touched(tmp_path, serving):
     from toolkit import config
     from toolkit.azure.plan import build_plan, write_plan
