@@ -353,8 +353,8 @@ def test_the_project_upload_leaves_out_workspaces_and_azure_config_at_any_depth(
 
 
 def _advice(message: str) -> list[str]:
-    """The ignore lines a refusal says to add ("add 'a', 'b/': such a line ...")."""
-    return [rule.strip(" '") for rule in message.split("(add ")[1].split(": such a line")[0].split(",")]
+    """The ignore lines a refusal says to add ("add 'a', '/b/'; a line without ...")."""
+    return [rule.strip(" '") for rule in message.split("(add ")[1].split("; a line without")[0].split(",")]
 
 
 def test_secret_looking_files_that_would_be_uploaded_are_named_and_refused(tmp_path):
@@ -373,7 +373,7 @@ def test_secret_looking_files_that_would_be_uploaded_are_named_and_refused(tmp_p
                               "file (often holds credentials)), id_rsa (an SSH key), notebooks/.env (an environment")
     assert "notebooks/deploy.pem (a private key or certificate)" in message
     assert "scratch/ws/catalogue.sqlite (a Trainbook workspace" in message
-    assert "scratch/ws/endpoints/demo/key (a Trainbook workspace" in message
+    assert "scratch/ws/endpoints/demo/key (a Trainbook workspace" in message and "'/scratch/ws/'" in message
     assert "allowed: exclude them in .amlignore (add " in message and "or move them out of the project" in message
     with (root / ".amlignore").open("a") as ignore:
         ignore.write("\n".join(_advice(message)) + "\n")
@@ -393,7 +393,7 @@ def test_an_upload_filtered_by_gitignore_is_checked_for_secrets_too(tmp_path):
     assert "notebooks/.trainbook/endpoints/demo/key (a Trainbook workspace (endpoint keys, catalogue, data))" in message
     assert "notebooks/config.json (an Azure ML workspace config with a subscription_id)" in message
     assert "configs/config.json" not in message and SUBSCRIPTION not in message
-    assert "exclude them in .gitignore (add '.azureml/', '.trainbook/', 'config.json': such a line" in message
+    assert "exclude them in .gitignore (add '.azureml/', '.trainbook/', 'config.json'; a line without" in message
 
 
 # --- plan folders ----------------------------------------------------------------------------------------------

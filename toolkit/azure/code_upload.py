@@ -121,8 +121,8 @@ def _check_secrets(upload: CodeUpload, where: str) -> None:
         more = f" and {len(secrets) - 10} more" if len(secrets) > 10 else ""
         rules = ", ".join(dict.fromkeys(rule for _, _, rule in secrets))
         raise AzureError(f"code: {str(upload.root)!r} would upload secret-looking files: {named}{more}; allowed: "
-                         f"exclude them in {where} (add {rules}: such a line matches at any depth), or move them "
-                         "out of the project folder")
+                         f"exclude them in {where} (add {rules}; a line without a leading '/' matches at any "
+                         "depth), or move them out of the project folder")
 
 
 def _workspace_folders(files: set[str]) -> set[str]:
@@ -145,13 +145,13 @@ def _azure_config(path: Path) -> bool:
 
 
 def _secret_kind(root: Path, rel: str, workspaces: set[str]) -> tuple[str, str] | None:
-    """(what it is, the ignore line that drops it at any depth) if the uploaded file ``rel`` looks secret."""
+    """(what it is, the ignore line that drops it) if the uploaded file ``rel`` looks secret."""
     *folders, name = rel.split("/")
     for depth, folder in enumerate(folders):
         if folder in SECRET_FOLDERS:
             return SECRET_FOLDERS[folder], f"'{folder}/'"
-        if "/".join(folders[:depth + 1]) in workspaces:
-            return SECRET_FOLDERS[".trainbook"], f"'{folder}/'"
+        if (workspace := "/".join(folders[:depth + 1])) in workspaces:
+            return SECRET_FOLDERS[".trainbook"], f"'/{workspace}/'"  # that folder only: its name may be common
     if name == "config.json" and _azure_config(root / rel):
         return "an Azure ML workspace config with a subscription_id", "'config.json'"
     return next(((what, f"'{name}'") for pattern, what in SECRET_NAMES if pattern.fullmatch(name)), None)
