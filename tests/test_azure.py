@@ -319,6 +319,83 @@ def test_files_the_job_needs_dropped_by_an_ignore_file_are_named_with_the_ignore
         _plan_project(tmp_path)  # not a project folder at all
 
 
+def _project_copy(dest: Path) -> Path:
+    """This project as a clone holds it (what .gitignore leaves out is not copied), with its own .amlignore."""
+    shutil.copytree(PROJECT, dest, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "runs",
+                                                                 "outputs", ".trainbook", ".pytest_cache", "results",
+                                                                 ".ipynb_checkpoints", "build"))
+    return dest
+
+
+def _notebook_secrets(root: Path) -> list[str]:
+    """What running the notebooks from notebooks/ (JupyterLab's kernel folder) leaves there: a workspace with an
+    endpoint key, made by the real code, and the Azure ML config.json downloaded beside them."""
+    from toolkit.serving.endpoint import endpoint_key
+    from toolkit.workspace import Workspace
+
+    workspace = Workspace.open(root / "notebooks" / ".trainbook")
+    endpoint_key(workspace.root / "endpoints" / "demo")
+    for folder in ("notebooks", ".azureml"):
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "config.json").write_text(json.dumps({"subscription_id": SUBSCRIPTION,
+                                                                "resource_group": "rg", "workspace_name": "ws"}))
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
+                  and (".trainbook" in p.parts or ".azureml" in p.parts or p.name == "config.json"))
+
+
+def test_the_project_upload_leaves_out_workspaces_and_azure_config_at_any_depth(tmp_path):
+    root = _project_copy(tmp_path / "proj")
+    planted = _notebook_secrets(root)
+    assert "notebooks/.trainbook/endpoints/demo/key" in planted and "notebooks/config.json" in planted
+    uploaded = {rel for rel, _ in _plan_project(root).code.files}
+    assert "notebooks/05_deployment.ipynb" in uploaded and "toolkit/azure/code_upload.py" in uploaded
+    assert sorted(uploaded & set(planted)) == []
+
+
+def _advice(message: str) -> list[str]:
+    """The ignore lines a refusal says to add ("add 'a', '/b/'; a line without ...")."""
+    return [rule.strip(" '") for rule in message.split("(add ")[1].split("; a line without")[0].split(",")]
+
+
+def test_secret_looking_files_that_would_be_uploaded_are_named_and_refused(tmp_path):
+    from toolkit.serving.endpoint import endpoint_key
+    from toolkit.workspace import Workspace
+
+    root = _project_copy(tmp_path / "proj")
+    for rel in ("notebooks/deploy.pem", "notebooks/.env", "id_rsa", "configs/.env.local"):
+        (root / rel).write_text("secret")
+    workspace = Workspace.open(root / "scratch" / "ws")  # TRAINBOOK_WORKSPACE=scratch/ws: not named .trainbook
+    endpoint_key(workspace.root / "endpoints" / "demo")
+    with pytest.raises(AzureError) as caught:
+        _plan_project(root)
+    message = str(caught.value)
+    assert message.startswith(f"code: '{root}' would upload secret-looking files: configs/.env.local (an environment "
+                              "file (often holds credentials)), id_rsa (an SSH key), notebooks/.env (an environment")
+    assert "notebooks/deploy.pem (a private key or certificate)" in message
+    assert "scratch/ws/catalogue.sqlite (a Trainbook workspace" in message
+    assert "scratch/ws/endpoints/demo/key (a Trainbook workspace" in message and "'/scratch/ws/'" in message
+    assert "allowed: exclude them in .amlignore (add " in message and "or move them out of the project" in message
+    with (root / ".amlignore").open("a") as ignore:
+        ignore.write("\n".join(_advice(message)) + "\n")
+    uploaded = {rel for rel, _ in _plan_project(root).code.files}  # the advice is enough
+    assert not [rel for rel in uploaded if rel.startswith("scratch/") or rel.endswith((".pem", ".env", "id_rsa"))]
+
+
+def test_an_upload_filtered_by_gitignore_is_checked_for_secrets_too(tmp_path):
+    root = _project(tmp_path / "proj")
+    (root / ".gitignore").write_text("venv/\n")
+    _notebook_secrets(root)
+    (root / "configs" / "config.json").write_text(json.dumps({"lr": 0.1}))  # a config.json of other things is data
+    with pytest.raises(AzureError) as caught:
+        _plan_project(root)
+    message = str(caught.value)
+    assert ".azureml/config.json (Azure ML's config folder)" in message
+    assert "notebooks/.trainbook/endpoints/demo/key (a Trainbook workspace (endpoint keys, catalogue, data))" in message
+    assert "notebooks/config.json (an Azure ML workspace config with a subscription_id)" in message
+    assert "configs/config.json" not in message and SUBSCRIPTION not in message
+    assert "exclude them in .gitignore (add '.azureml/', '.trainbook/', 'config.json'; a line without" in message
+
+
 # --- plan folders ----------------------------------------------------------------------------------------------
 
 

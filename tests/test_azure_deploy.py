@@ -8,6 +8,7 @@ scoring script being finished."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def _model(folder: Path, config_name: str | None = "tiny", **manifest) -> Path:
     (folder / "config.yaml").write_text((f"name: {config_name}\n" if config_name else "") + "model:\n  name: gpt\n")
     content = {"format": "trainbook-model-v1", "model": "gpt", "run_dir": "/runs/tiny", "checkpoint": "step_00000040",
                "step": 40, "data": {"name": "pydoc", "sha256": "ab" * 32},
-               "files": {name: {"sha256": "0" * 64, "size": (folder / name).stat().st_size} for name in EXPORT_FILES},
+               "files": {name: {"sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest(),
+                                "size": (folder / name).stat().st_size} for name in EXPORT_FILES},
                **manifest}
     (folder / "trainbook-model.json").write_text(json.dumps({k: v for k, v in content.items() if v is not None}))
     return folder
@@ -130,7 +132,7 @@ def test_deployment_plan_files_load_back_through_the_sdk_with_the_planned_values
 def test_an_export_as_written_is_named_after_its_run_and_azure_ml_numbers_it(tmp_path, serving):
     from azure.ai.ml import load_online_deployment
 
-    for folder, name in ((_model(tmp_path / "export"), "tiny"),  # toolkit.export's manifest: no name, no version
+    for folder, name in ((_model(tmp_path / "exported"), "tiny"),  # toolkit.export's manifest: no name, no version
                          (_model(tmp_path / "nameless", config_name=None), "gpt"),  # no run name: the model's
                          (_model(tmp_path / "zero", version=0, description="my tiny model"), "tiny")):
         out = write_deployment_plan(_plan(serving, folder), tmp_path / f"plan-{folder.name}")
@@ -166,7 +168,7 @@ def test_a_model_registered_in_the_local_workspace_deploys_under_its_name_and_ve
     registry = pytest.importorskip("toolkit.model_registry")
     from toolkit.workspace import Workspace
 
-    registered = registry.register_model(Workspace.open(None), _model(tmp_path / "export"))
+    registered = registry.register_model(Workspace.open(None), _model(tmp_path / "exported"))
     plan = _plan(serving, registered.ref)
     assert plan.model.path == Path(registered.path).resolve()
     assert (plan.deployment.model.name, plan.deployment.model.version) == (registered.name, str(registered.version))
@@ -265,7 +267,8 @@ def _broken_models(root: Path) -> list[tuple[Path, list[str], str]]:
     case("no-safetensors", lambda f: (f / "model.safetensors").unlink(),
          "MODEL: '{folder}' has no model.safetensors, which --runtime torch loads", "--runtime", "torch")
     case("no-manifest", lambda f: (f / "trainbook-model.json").unlink(),
-         "MODEL: '{folder}' has no trainbook-model.json; allowed: a model folder exported by Trainbook")
+         "MODEL: '{folder}' is not an exported model folder (no trainbook-model.json); allowed: a folder written by "
+         "`trainbook export RUN_DIR`")
     case("bad-json", lambda f: (f / "trainbook-model.json").write_text("{not json"),
          "trainbook-model.json' cannot be read")
     case("a-list", lambda f: (f / "trainbook-model.json").write_text("[]"), "holds a list, not an object")
@@ -274,9 +277,14 @@ def _broken_models(root: Path) -> list[tuple[Path, list[str], str]]:
     case("lacks-tokenizer", lambda f: (f / "tokenizer.json").unlink(),
          "MODEL: '{folder}' lacks tokenizer.json, listed in trainbook-model.json")
     case("torn", lambda f: (f / "model.onnx").write_bytes(b"cut"),
-         "MODEL: '{folder}' has files of another size than trainbook-model.json lists: model.onnx (3 bytes, listed "
-         "as 22)")
+         "MODEL: '{folder}' has model.onnx of 3 bytes, trainbook-model.json lists 22; allowed: the files as exported")
+    case("changed", lambda f: (f / "model.onnx").write_bytes(b"Placeholder model.onnx"),  # same size, other bytes
+         "MODEL: '{folder}' has model.onnx whose sha256 differs from trainbook-model.json")
+    case("unlisted", lambda f: (f / "model.onnx.data").write_bytes(b"weights"),
+         "MODEL: '{folder}' holds model.onnx.data, which trainbook-model.json does not list")
     case("files-not-names", lambda f: _model(f, files="model.onnx"), "MODEL: files 'model.onnx' in ")
+    case("names-leave", lambda f: _model(f, files={"../secret": {"size": 1, "sha256": "0" * 64}}),
+         "lists '../secret'; allowed: plain file names inside the folder")
     return cases
 
 
@@ -311,6 +319,17 @@ def test_environment_yml_needs_the_inference_server(serving):
     conda = serving.root / "environment.yml"
     conda.write_text(conda.read_text().replace("      - azureml-inference-server-http\n", ""))
     with pytest.raises(AzureError, match="^environment.yml: .* has no azureml-inference-server-http in its pip list"):
+        _plan(serving)
+
+
+def test_a_deployment_plan_refuses_to_upload_an_endpoint_key(serving):
+    """The deployment's code upload is the project folder too: a local endpoint's key must not go with it."""
+    from toolkit.serving.endpoint import endpoint_key
+
+    endpoint_key(serving.root / "notebooks" / ".trainbook" / "endpoints" / "tb-demo")
+    with pytest.raises(AzureError, match=r"^code: .* would upload secret-looking files: "
+                                         r"notebooks/.trainbook/endpoints/tb-demo/key \(a Trainbook workspace .*"
+                                         r"exclude them in .amlignore \(add '.trainbook/'"):
         _plan(serving)
 
 

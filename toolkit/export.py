@@ -9,7 +9,10 @@
       parity.json            max |eager PyTorch - ONNX Runtime| on held-out inputs, per shape
 
 Weights come from the run's newest valid checkpoint, whatever the engine: torch's state dict, or DeepSpeed's
-ZeRO files consolidated to fp32. The folder is assembled beside its destination and renamed into place.
+ZeRO files consolidated to fp32. The folder is assembled beside its destination (a hidden, locked staging folder),
+fsynced and swapped into place in one step (see toolkit.model_format): after a crash at any point ``model/`` is
+the previous complete export or the new one, never missing or partial. ``--out`` is checked first: only a
+missing or empty folder or an earlier export is replaced.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 import shutil
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ import torch
 
 from toolkit import safe_load
 from toolkit.checkpoint_store import CheckpointStore, sha256_file
-from toolkit.model_format import FORMAT, MANIFEST, ExportError, read_manifest  # noqa: F401 (re-exported)
+from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder, staging_folder
+from toolkit.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
 from toolkit.rundir import RunDir
 
 PARITY_TARGET = 1e-4  # float32: ONNX Runtime and eager PyTorch differ only by operator order
@@ -153,56 +155,47 @@ def _parity(model, model_name: str, cfg, corpus, onnx_path: Path) -> dict:
 
 
 def export_run(run_dir: str | Path, out: str | Path | None = None) -> ExportResult:
-    """Write ``RUN_DIR/model/`` (or ``out``) from the run's newest valid checkpoint; see the module docstring."""
+    """Write ``RUN_DIR/model/`` (or ``out``) from the run's newest valid checkpoint; see the module docstring.
+    ``out`` must be missing, empty or an earlier export: that is checked before any work."""
+    run = RunDir(run_dir)
+    out = Path(out) if out else run.path / "model"
+    check_replaceable(out)
+    model, cfg, info = load_trained_model(run_dir)
+    with staging_folder(out) as tmp:
+        manifest, parity = _write_export(model, cfg, info, run, tmp)
+        publish_folder(tmp, out)
+    return ExportResult(out, manifest, parity)
+
+
+def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]:
+    """Every file of the model folder into ``tmp``, the manifest last; returns (manifest, parity)."""
     from safetensors.torch import save_model
 
     from toolkit.data import TOKENIZER, load_corpus
     from toolkit.lineage import package_versions
 
-    model, cfg, info = load_trained_model(run_dir)
-    run = RunDir(run_dir)
-    out = Path(out) if out else run.path / "model"
     corpus = load_corpus(cfg)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.mkdir(parents=True)
-    try:
-        save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
-        shutil.copyfile(run.config_path, tmp / "config.yaml")
-        (tmp / "tokenizer.json").write_text(json.dumps(
-            {"type": TOKENIZER, "vocab_size": 256, "encode": "UTF-8 bytes, id = byte value",
-             "decode": "ids as bytes, UTF-8 with replacement"} if cfg.model.name == "gpt" else
-            {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
-        example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
-        opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
-        parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
-        (tmp / "parity.json").write_text(json.dumps(parity, indent=1))
-        lineage = json.loads(run.lineage_path.read_text()) if run.lineage_path.exists() else {}
-        files = sorted(p.name for p in tmp.iterdir())
-        manifest = {
-            "format": FORMAT, "model": cfg.model.name, "parameters": sum(p.numel() for p in model.parameters()),
-            "run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
-            "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
-            "data": lineage.get("data", {}), "config_sha256": cfg.fingerprint(), "onnx_opset": opset,
-            "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
-            "block_size": getattr(cfg.model, "block_size", None), "parity_max_abs_diff": parity["max_abs_diff"],
-            "exported": time.time(), "packages": package_versions(),
-            "files": {name: {"sha256": sha256_file(tmp / name), "size": (tmp / name).stat().st_size} for name in files},
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        _replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ExportResult(out, manifest, parity)
-
-
-def _replace(new: Path, dest: Path) -> None:
-    """Put ``new`` at ``dest``; an older export there is moved aside first and removed after, so at every moment
-    ``dest`` is either the old complete folder or the new one."""
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.old")
-        os.rename(dest, old)
-    os.rename(new, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
+    shutil.copyfile(run.config_path, tmp / "config.yaml")
+    (tmp / "tokenizer.json").write_text(json.dumps(
+        {"type": TOKENIZER, "vocab_size": 256, "encode": "UTF-8 bytes, id = byte value",
+         "decode": "ids as bytes, UTF-8 with replacement"} if cfg.model.name == "gpt" else
+        {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
+    example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
+    opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
+    parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
+    (tmp / "parity.json").write_text(json.dumps(parity, indent=1))
+    lineage = json.loads(run.lineage_path.read_text()) if run.lineage_path.exists() else {}
+    files = sorted(p.name for p in tmp.iterdir())
+    manifest = {
+        "format": FORMAT, "model": cfg.model.name, "parameters": sum(p.numel() for p in model.parameters()),
+        "run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
+        "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
+        "data": lineage.get("data", {}), "config_sha256": cfg.fingerprint(), "onnx_opset": opset,
+        "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
+        "block_size": getattr(cfg.model, "block_size", None), "parity_max_abs_diff": parity["max_abs_diff"],
+        "exported": time.time(), "packages": package_versions(),
+        "files": {name: {"sha256": sha256_file(tmp / name), "size": (tmp / name).stat().st_size} for name in files},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest, parity

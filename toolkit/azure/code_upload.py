@@ -1,5 +1,6 @@
 """What ``code:`` would upload: the project folder filtered the way azure-ai-ml filters it, checked against the
-snapshot limit and against the files the job cannot run without.
+snapshot limit, against the files the job cannot run without, and against secrets (a code snapshot is readable by
+everyone with access to the Azure ML workspace, and kept with every job).
 
 The SDK's own helpers decide what is ignored (``get_ignore_file``: ``.amlignore`` if present, else ``.gitignore``,
 only in the root folder; ``traverse_directory``: which files of a folder survive it), so this check and the real
@@ -8,7 +9,9 @@ upload agree.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,16 @@ SNAPSHOT_LIMIT_BYTES = 300 * 10**6
 SNAPSHOT_LIMIT_FILES = 2000
 MB = 10**6  # the SDK reports upload sizes in 10**6 bytes; so do we
 NEEDED = ("toolkit/**/*.py", "configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.worker` imports and reads
+# Secret-looking files, by name: (pattern over the basename, what it is). Endpoint keys are files named `key`
+# (toolkit.serving.endpoint); the rest are the usual private-key and environment files.
+SECRET_NAMES = ((re.compile(r"key"), "an endpoint key"), (re.compile(r".*\.(pem|key)"), "a private key or certificate"),
+                (re.compile(r"id_(rsa|dsa|ecdsa|ed25519)(\.pub)?"), "an SSH key"),
+                (re.compile(r"\.env(\..+)?"), "an environment file (often holds credentials)"))
+# Folders whose every file is a secret or private: Trainbook workspaces (keys, the catalogue, data) and the Azure ML
+# config folder that MLClient.from_config reads.
+SECRET_FOLDERS = {".trainbook": "a Trainbook workspace (endpoint keys, catalogue, data)",
+                  ".azureml": "Azure ML's config folder"}
+CONFIG_JSON_LIMIT = 1 << 20  # an Azure config.json is a few hundred bytes; a bigger one is not it
 # Two names no sensible per-file rule matches: if both are ignored inside a folder, a folder rule ignores it whole.
 _PROBES = ("zz-probe.trainbook", "zz-probe-dir/zz-probe.trainbook")
 
@@ -97,6 +110,58 @@ def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
     if dropped:
         raise AzureError(f"code: {upload.ignore_file} drops files the job needs: {', '.join(dropped)}; allowed: "
                          f"rules in {where} that keep toolkit/**/*.py, configs/*.yaml and pyproject.toml")
+    _check_secrets(upload, where)
+
+
+def _check_secrets(upload: CodeUpload, where: str) -> None:
+    """Refuse an upload holding secret-looking files, naming each and the ignore rule that drops it."""
+    secrets = secret_files(upload)
+    if secrets:
+        named = ", ".join(f"{rel} ({what})" for rel, what, _ in secrets[:10])
+        more = f" and {len(secrets) - 10} more" if len(secrets) > 10 else ""
+        rules = ", ".join(dict.fromkeys(rule for _, _, rule in secrets))
+        raise AzureError(f"code: {str(upload.root)!r} would upload secret-looking files: {named}{more}; allowed: "
+                         f"exclude them in {where} (add {rules}; a line without a leading '/' matches at any "
+                         "depth), or move them out of the project folder")
+
+
+def _workspace_folders(files: set[str]) -> set[str]:
+    """Folders holding a Trainbook workspace catalogue, whatever their name (TRAINBOOK_WORKSPACE may be anything)."""
+    from toolkit.workspace import Workspace
+
+    catalogue = Workspace(Path()).db_path.name  # the workspace's own name for its catalogue, read without opening one
+    return {rel.rpartition("/")[0] for rel in files if "/" in rel and rel.rpartition("/")[2] == catalogue}
+
+
+def _azure_config(path: Path) -> bool:
+    """A config.json that names an Azure subscription (what MLClient.from_config reads)."""
+    try:
+        if path.stat().st_size > CONFIG_JSON_LIMIT:
+            return False
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(content, dict) and "subscription_id" in content
+
+
+def _secret_kind(root: Path, rel: str, workspaces: set[str]) -> tuple[str, str] | None:
+    """(what it is, the ignore line that drops it) if the uploaded file ``rel`` looks secret."""
+    *folders, name = rel.split("/")
+    for depth, folder in enumerate(folders):
+        if folder in SECRET_FOLDERS:
+            return SECRET_FOLDERS[folder], f"'{folder}/'"
+        if (workspace := "/".join(folders[:depth + 1])) in workspaces:
+            return SECRET_FOLDERS[".trainbook"], f"'/{workspace}/'"  # that folder only: its name may be common
+    if name == "config.json" and _azure_config(root / rel):
+        return "an Azure ML workspace config with a subscription_id", "'config.json'"
+    return next(((what, f"'{name}'") for pattern, what in SECRET_NAMES if pattern.fullmatch(name)), None)
+
+
+def secret_files(upload: CodeUpload) -> list[tuple[str, str, str]]:
+    """(path, what it is, the ignore line that drops it) for every uploaded file that looks like a secret."""
+    workspaces = _workspace_folders({rel for rel, _ in upload.files})
+    found = ((rel, _secret_kind(upload.root, rel, workspaces)) for rel, _ in upload.files)
+    return [(rel, *kind) for rel, kind in found if kind]
 
 
 def require(upload: CodeUpload, rel: str, field: str, what: str) -> Path:

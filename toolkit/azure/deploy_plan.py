@@ -26,7 +26,7 @@ from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_online_sku
-from toolkit.model_format import FORMAT, MANIFEST
+from toolkit.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
 
 RUNTIMES = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
 MAX_BATCH = 256
@@ -172,56 +172,35 @@ def _default_name(path: Path, manifest: dict) -> str | None:
     return name or manifest.get("model")
 
 
-def _listed_files(listed, where: str) -> dict[str, int | None]:
-    """The manifest's files, as a list of names or as {name: {"size": bytes, ...}}: name -> size (None: unknown)."""
-    if isinstance(listed, list) and all(isinstance(f, str) for f in listed):
-        return dict.fromkeys(listed)
-    if isinstance(listed, dict):
-        return {name: info.get("size") if isinstance(info, dict) else None for name, info in listed.items()}
-    raise AzureError(f"MODEL: files {listed!r} in {where} is not allowed; allowed: the file names in the folder "
-                     "(a list, or an object keyed by name)")
+def _verified_manifest(path: Path, runtime: str) -> dict:
+    """The manifest of the folder the plan uploads as the model, once every file matches it (the owner of the
+    check is toolkit.model_format); the weights ``runtime`` loads are named first, with the other runtime as the
+    way out."""
+    try:
+        read_manifest(path)
+        weights = RUNTIMES[runtime]
+        if not (path / weights).is_file():
+            other = next(r for r in RUNTIMES if r != runtime)
+            raise AzureError(f"MODEL: {str(path)!r} has no {weights}, which --runtime {runtime} loads; allowed: a "
+                             f"folder with {weights}, or --runtime {other}")
+        return verify_model_folder(path)
+    except ExportError as exc:
+        raise AzureError(f"MODEL: {str(exc).removeprefix('model: ')}") from None
 
 
 def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
-    """Check an exported model folder: its manifest, the files it lists, and the weights ``runtime`` loads. Name
-    and version: the local registration's if MODEL named one, else the manifest's, else the run config's name and
-    no version (Azure ML numbers it)."""
+    """Check an exported model folder: its manifest, every file it lists (size and sha256), and the weights
+    ``runtime`` loads. Name and version: the local registration's if MODEL named one, else the manifest's, else
+    the run config's name and no version (Azure ML numbers it)."""
     from toolkit.data_assets import NAME_RE
 
-    manifest_path = path / MANIFEST
-    where = repr(str(manifest_path))
-    if not manifest_path.is_file():
-        raise AzureError(f"MODEL: {str(path)!r} has no {MANIFEST}; allowed: {MODEL_WHAT}")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as exc:
-        raise AzureError(f"MODEL: {where} cannot be read ({exc}); allowed: the manifest the export wrote (export "
-                         "again)") from None
-    if not isinstance(manifest, dict):
-        raise AzureError(f"MODEL: {where} holds a {type(manifest).__name__}, not an object; allowed: the manifest "
-                         "the export wrote")
-    if manifest.get("format") != FORMAT:
-        raise AzureError(f"MODEL: {where} has format {manifest.get('format')!r}; allowed: {FORMAT} (export again)")
+    manifest = _verified_manifest(path, runtime)
+    where = repr(str(path / MANIFEST))
     name = registered.name if registered else manifest.get("name") or _default_name(path, manifest)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise AzureError(f"MODEL: name {name!r} of {where} is not allowed; allowed: letters, digits, '_', '-', '.', "
                          "starting with a letter or digit, at most 255 characters")
     version = _manifest_version(registered.version if registered else manifest.get("version"), where)
-    listed = _listed_files(manifest.get("files") or [], where)
-    weights = RUNTIMES[runtime]
-    if not (path / weights).is_file():
-        other = next(r for r in RUNTIMES if r != runtime)
-        raise AzureError(f"MODEL: {str(path)!r} has no {weights}, which --runtime {runtime} loads; allowed: a "
-                         f"folder with {weights}, or --runtime {other}")
-    missing = [f for f in listed if not (path / f).is_file()]
-    if missing:
-        raise AzureError(f"MODEL: {str(path)!r} lacks {', '.join(missing)}, listed in {MANIFEST}; allowed: a "
-                         "complete export (export again)")
-    torn = [f"{f} ({(path / f).stat().st_size} bytes, listed as {size})" for f, size in listed.items()
-            if isinstance(size, int) and (path / f).stat().st_size != size]
-    if torn:
-        raise AzureError(f"MODEL: {str(path)!r} has files of another size than {MANIFEST} lists: {', '.join(torn)}; "
-                         "allowed: a complete export (export again)")
     description = str((registered.description if registered else "") or manifest.get("description")
                       or f"Trainbook model {name} ({manifest.get('format', '?')})")
     return ModelFolder(path, manifest, name, version, description)

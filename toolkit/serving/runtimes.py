@@ -54,13 +54,14 @@ RUNTIMES: dict[str, Callable[[Path], object]] = {"onnx": OnnxRuntime, "torch": T
 
 
 def load_runtime(model_dir: str | Path, name: str):
-    """The runtime ``name`` over ``model_dir`` (an exported folder); the error names the field and the choices."""
-    from toolkit.model_format import read_manifest
+    """The runtime ``name`` over ``model_dir`` (an exported folder, every file checked against its manifest:
+    a changed byte is refused, naming the file); the error names the field and the choices."""
+    from toolkit.model_format import verify_model_folder
 
     if name not in RUNTIMES:
         raise ValueError(f"runtime: {name!r} is not allowed; allowed: {', '.join(RUNTIMES)}")
     model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
+    manifest = verify_model_folder(model_dir)
     if manifest["model"] != "gpt":
         raise ValueError(f"model: {manifest['model']!r} cannot be served as text; allowed: gpt")
     runtime = RUNTIMES[name](model_dir)
