@@ -250,13 +250,23 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    from toolkit.serving.endpoint import serve
+    import shlex
+    import warnings
 
-    endpoint = serve(args.model, port=args.port, runtime=args.runtime, host=args.host, max_batch=args.max_batch,
-                     max_wait_ms=args.max_wait_ms, workspace=args.workspace)
+    from toolkit.serving.endpoint import PlainHTTPWarning, serve
+
+    with warnings.catch_warnings(record=True) as caught:  # one plain line, before any error that follows it
+        warnings.simplefilter("always", PlainHTTPWarning)
+        try:
+            endpoint = serve(args.model, port=args.port, runtime=args.runtime, host=args.host,
+                             max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, workspace=args.workspace)
+        finally:
+            for warning in caught:
+                print(f"warning: {warning.message}", file=sys.stderr, flush=True)
+    key_file = shlex.quote(str(endpoint.folder / "key"))
     print(f"{endpoint.describe()}\n  key file (0600): {endpoint.folder / 'key'}\n  log: {endpoint.log_path}\n"
-          "  try: curl -H \"Authorization: Bearer $(cat KEYFILE)\" -d '{\"prompt\": \"def \"}' " + endpoint.scoring_url
-          + "\n(Ctrl-C stops it)", flush=True)
+          f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{{\"prompt\": \"def \"}}' "
+          + endpoint.scoring_url + "\n(Ctrl-C stops it)", flush=True)
     return _serve_until_interrupted(endpoint.stop)
 
 

@@ -8,7 +8,6 @@ A batch is addressed by its step number: batch ``i`` of rank ``r`` is drawn from
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass

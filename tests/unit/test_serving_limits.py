@@ -8,7 +8,7 @@ import pytest
 from toolkit.serving.batcher import share_rows
 from toolkit.serving.endpoint import plain_http_warning
 from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_HEAD_BYTES
-from toolkit.serving.server_main import RequestScan
+from toolkit.serving.http_worker import RequestScan
 from toolkit.serving.service import authorised
 
 READY = RequestScan.READY
