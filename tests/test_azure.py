@@ -533,3 +533,21 @@ def test_submit_with_a_token_but_no_reachable_workspace_names_the_workspace(cpu_
     assert message.startswith(("workspace: management.azure.com is unreachable", "credentials: refused by Azure"))
     assert "workspace ws-train in resource group rg-train" in message and SUBSCRIPTION not in message
     assert lines == []
+
+
+def test_submit_checks_the_code_again_for_secrets_added_after_planning(tmp_path, workspace_config, no_credentials):
+    root = _project_copy(tmp_path / "proj")
+    plan = write_plan(_plan_project(root), tmp_path / "plan")
+    (root / "notebooks" / "deploy.pem").write_text("a key saved after the plan was written")
+    proc = cli("azure", "submit", str(plan), "--workspace-config", str(workspace_config), timeout=60)
+    assert proc.returncode == 2 and "notebooks/deploy.pem (a private key or certificate)" in proc.stderr, proc.stderr
+    assert "credentials" not in proc.stderr, "checked before anything is sent"
+
+
+def test_a_plan_refuses_a_data_asset_whose_snapshot_changed_since_registration(pydoc_asset):
+    snapshot_file = pydoc_asset.path  # a uri_file: the snapshot's one file, a hard link to its blob
+    snapshot_file.chmod(0o644)
+    snapshot_file.write_bytes(snapshot_file.read_bytes()[:-1] + b"!")  # through the link: the blob changes too
+    cfg = config.load("tiny", [f"data.asset={pydoc_asset.ref}"])
+    with pytest.raises(AzureError, match=rf"data.asset: {pydoc_asset.ref} does not match its registration"):
+        build_plan(cfg, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1)

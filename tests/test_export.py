@@ -123,3 +123,16 @@ def test_a_folder_that_is_not_an_export_is_refused(tmp_path):
     (tmp_path / "weights").mkdir()
     with pytest.raises(ExportError, match="is not an exported model folder"):
         read_manifest(tmp_path / "weights")
+
+
+def test_a_tampered_export_is_neither_registered_nor_served(train_tiny, tmp_path):
+    run = _trained(train_tiny)
+    model = export_run(run.path).path
+    weights = bytearray((model / "model.safetensors").read_bytes())
+    weights[-1] ^= 0x01  # one bit of one weight: the manifest's sha256 no longer matches
+    (model / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(ExportError, match="model.safetensors"):
+        register_model(Workspace.open(tmp_path / "ws"), model)
+    assert list_models(Workspace.open(tmp_path / "ws")) == []
+    served = cli("serve", str(model), "--workspace", str(tmp_path / "ws"))
+    assert served.returncode == 2 and "model.safetensors" in served.stderr, served.stderr

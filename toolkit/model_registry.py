@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.data_assets import NAME_RE, DataAssetError, parse_ref, store_snapshot
-from toolkit.model_format import read_manifest
+from toolkit.model_format import read_manifest, verify_model_folder
 from toolkit.workspace import Workspace
 
 
@@ -53,12 +53,16 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     import yaml
 
     model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    name = name or yaml.safe_load((model_dir / "config.yaml").read_text()).get("name", manifest["model"])
-    if not NAME_RE.fullmatch(name):
+    manifest = read_manifest(model_dir)  # is it an export at all (cheap), before anything is copied
+    if name is None:
+        config = yaml.safe_load((model_dir / "config.yaml").read_text())
+        name = str(config.get("name") if isinstance(config, dict) else manifest["model"])
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise DataAssetError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
                              "with a letter or digit")
     _, size, _, snapshot = store_snapshot(ws, model_dir.resolve(), "uri_folder")
+    # The snapshot is what will be served: its bytes must be the ones its manifest (and so the version) names.
+    manifest = verify_model_folder(ws.root / snapshot)
     # A version is its payload (weights, graph, config, tokenizer, parity), not the manifest's export time:
     # exporting the same checkpoint again (every notebook re-run) gives the same version.
     sha256 = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()

@@ -16,7 +16,7 @@ from toolkit.azure.connection import WorkspaceRef
 from toolkit.azure.deploy_plan import sdk_loaders
 from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import az_flags
-from toolkit.azure.submit import call, check_local_paths, connect, load_folder, log_to_stderr
+from toolkit.azure.submit import call, check_local_paths, connect, load_folder, log_to_stderr, recheck_code
 
 REQUIRED = ("endpoint.yaml", "deployment.yaml")
 
@@ -43,6 +43,7 @@ def load_deployment_plan(plan_dir: str | Path) -> LoadedDeploymentPlan:
     check_local_paths(folder, [("deployment.yaml model.path", model_path),
                                ("deployment.yaml code_configuration.code", deployment.code_configuration.code)],
                       action="deploy", verb="deploy-plan")
+    recheck_code(folder, deployment.code_configuration.code)
     return plan
 
 

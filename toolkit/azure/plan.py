@@ -103,10 +103,18 @@ def _local_asset(cfg):
     from toolkit.workspace import Workspace, WorkspaceError
 
     try:
-        return data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
+        ws = Workspace.open(cfg.data.workspace or None)
+        asset = data_assets.get(ws, cfg.data.asset)
     except (data_assets.DataAssetError, WorkspaceError) as exc:
         detail = str(exc).removeprefix("data asset: ")
         raise AzureError(f"data.asset: {detail}") from None
+    # The snapshot goes up as it is on disk: its bytes must be the registered ones, or the job's lineage (which
+    # hashes what it reads) would name different data than the catalogue.
+    report = data_assets.verify(ws, asset.ref)
+    if not report.ok:
+        raise AzureError(f"data.asset: {asset.ref} does not match its registration ({report.problems[0]}); allowed: "
+                         f"an asset that `trainbook data verify {asset.ref}` finds intact (try --repair)")
+    return asset
 
 
 @dataclass

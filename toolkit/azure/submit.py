@@ -80,7 +80,17 @@ def load_plan(plan_dir: str | Path) -> LoadedPlan:
     if plan.data is not None:
         checks.append(("data.yaml path", plan.data.path))
     check_local_paths(folder, checks)
+    recheck_code(folder, plan.job.code)
     return plan
+
+
+def recheck_code(folder: Path, code) -> None:
+    """The code folder is uploaded as it is now, not as it was planned: check it again (limits, and no secret
+    such as a workspace or an endpoint key added since)."""
+    from toolkit.azure import code_upload
+
+    if isinstance(code, str) and "://" not in code and not code.startswith("azureml:"):
+        code_upload.check(code_upload.scan(folder / code))
 
 
 # --- talking to the workspace ------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     import yaml
 
     from toolkit.data_assets import NAME_RE
-    from toolkit.model_format import read_manifest
+    from toolkit.model_format import verify_model_folder
     from toolkit.model_registry import resolve_model_dir
     from toolkit.serving.runtimes import RUNTIMES
     from toolkit.workspace import Workspace
@@ -185,7 +185,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     if warning := plain_http_warning(host):
         warnings.warn(warning, PlainHTTPWarning, stacklevel=2)
     model_dir = resolve_model_dir(model, workspace).resolve()
-    read_manifest(model_dir)
+    verify_model_folder(model_dir)  # a tampered file is named here, not lost in the server's log
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
     if not NAME_RE.fullmatch(str(name)):  # it names a folder in the workspace: no '/', no '..'
         raise ValueError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting with a "
