@@ -10,7 +10,7 @@
 
 Weights come from the run's newest valid checkpoint, whatever the engine: torch's state dict, or DeepSpeed's
 ZeRO files consolidated to fp32. The folder is assembled beside its destination (a hidden, locked staging folder),
-fsynced and swapped into place in one step (see toolkit.model_format): after a crash at any point ``model/`` is
+fsynced and swapped into place in one step (see toolkit.fsio): after a crash at any point ``model/`` is
 the previous complete export or the new one, never missing or partial. ``--out`` is checked first: only a
 missing or empty folder or an earlier export is replaced.
 """
@@ -31,7 +31,8 @@ import torch
 
 from toolkit import safe_load
 from toolkit.checkpoint_store import CheckpointStore, sha256_file
-from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder, staging_folder
+from toolkit.fsio import staging_folder
+from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
 from toolkit.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
 from toolkit.rundir import RunDir
 
