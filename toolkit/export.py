@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -177,7 +176,7 @@ def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]
 
     corpus = load_corpus(cfg)
     save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
-    shutil.copyfile(run.config_path, tmp / "config.yaml")
+    (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file
     (tmp / "tokenizer.json").write_text(json.dumps(
         {"type": TOKENIZER, "vocab_size": 256, "encode": "UTF-8 bytes, id = byte value",
          "decode": "ids as bytes, UTF-8 with replacement"} if cfg.model.name == "gpt" else

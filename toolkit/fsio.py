@@ -2,6 +2,8 @@
 
     atomic_write_text(path, text)         a file replaced in one rename, fsynced first
     fsync_path(path)                      a file's or folder's bytes and names on disk
+    read_regular_file(path, ...)          the bytes of a file from an untrusted folder: never through a link, never
+                                          waiting on a FIFO
     check_replaceable(out, marker, ...)   may a folder be written at ``out``: missing, empty, or an earlier one of
                                           its kind (it holds ``marker``); never a link
     staging_folder(out)                   a hidden, locked folder beside ``out`` to assemble the new one in
@@ -49,6 +51,30 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+FILE_TYPES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def read_regular_file(path: Path, *, field: str, error: type[Exception]) -> bytes:
+    """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
+    (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
+    O_NONBLOCK). Refusals are ``error``, naming ``field`` and the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise error(f"{field}: {str(path)!r} is a symbolic link to {os.readlink(path)!r}; allowed: a regular "
+                        "file (a link is never followed: it could lead anywhere)") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise error(f"{field}: {str(path)!r} is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular "
+                    "file; allowed: a regular file")
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 # --- which folder may be replaced ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from toolkit import config as config_mod
-from toolkit.fsio import atomic_write_text
+from toolkit.fsio import atomic_write_text, read_regular_file
 
 STATES = ("queued", "running", "completed", "failed", "killed")
 FINAL_STATES = ("completed", "failed", "killed")
@@ -65,7 +65,10 @@ class RunDir:
         return run
 
     def read_config(self) -> config_mod.Config:
-        return config_mod.from_dict(yaml.safe_load(self.config_path.read_text()))
+        """The run's config, validated. A run directory may be a copy from elsewhere: config.yaml must be the
+        run's own regular file, never a link that reads a config from anywhere."""
+        text = read_regular_file(self.config_path, field="config.yaml", error=config_mod.ConfigError)
+        return config_mod.from_dict(yaml.safe_load(text))
 
     def read_status(self) -> dict:
         try:
