@@ -67,7 +67,8 @@ def cpu_plan(tmp_path) -> Path:
 
 
 def _leftovers(folder: Path) -> list[str]:
-    return [p.name for p in folder.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    """Staging folders a plan left beside its --out (toolkit.fsio names them .NAME.<hex>.tmp or .old)."""
+    return [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
 
 
 # --- plans round-trip through the SDK -------------------------------------------------------------------------
@@ -414,6 +415,27 @@ def test_an_earlier_plan_is_replaced_whole_and_a_foreign_folder_is_never_touched
     with pytest.raises(AzureError, match="--out: .* exists and is not a plan folder"):
         write_plan(ds_plan, foreign)
     assert [p.name for p in foreign.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("target", ["an earlier plan", "an unrelated folder"])
+def test_a_plan_out_that_is_a_link_is_refused_and_its_target_left_whole(tmp_path, capsys, target):
+    real = tmp_path / "real"
+    if target == "an earlier plan":
+        write_plan(build_plan(config.load("tiny"), compute="cpu-a", sku="Standard_D4s_v3", instance_count=1), real)
+    else:
+        real.mkdir()
+        (real / "mine.txt").write_text("keep")
+    before = {p.name: p.read_bytes() for p in real.iterdir()}
+    link = tmp_path / "plan"
+    link.symlink_to(real)
+    code = main(["azure", "plan", "tiny", "--compute", "cpu-a", "--sku", "Standard_D4s_v3", "--instance-count", "1",
+                 "--out", str(link)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"error: --out: '{link}' is a symbolic link; allowed: a real folder path (a link is "
+                                 "never written through or replaced)\n"), err
+    assert link.is_symlink() and os.readlink(link) == str(real), "the link itself is left as it was"
+    assert {p.name: p.read_bytes() for p in real.iterdir()} == before, "its target is left whole"
+    assert _leftovers(tmp_path) == [], "no staging folder left"
 
 
 # --- connection -------------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ import pytest
 
 from conftest import PROJECT, cli
 from toolkit.export import export_run
-from toolkit.model_format import (MANIFEST, ExportError, publish_folder, read_manifest, staging_folder,
-                                  verify_model_folder)
+from toolkit.fsio import staging_folder
+from toolkit.model_format import MANIFEST, ExportError, publish_folder, read_manifest, verify_model_folder
 from toolkit.rundir import RunDir
 from toolkit.serving.runtimes import load_runtime
 
@@ -155,7 +155,8 @@ RE_EXPORT = r"""
 import json, shutil, sys
 from pathlib import Path
 from toolkit.checkpoint_store import sha256_file
-from toolkit.model_format import MANIFEST, publish_folder, staging_folder
+from toolkit.fsio import staging_folder
+from toolkit.model_format import MANIFEST, publish_folder
 source, out, tag = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 print("ready", flush=True)
 sys.stdin.readline()  # "go": the test starts its clock

@@ -200,7 +200,7 @@ def _cmd_doctor(args) -> int:
         print(f"{sweep}\n")
     print(report.table().splitlines()[-1])
     if args.json:
-        from toolkit.rundir import atomic_write_text
+        from toolkit.fsio import atomic_write_text
 
         atomic_write_text(Path(args.json), json.dumps(report.to_dict(), indent=1))
     return 0 if report.ok else 1

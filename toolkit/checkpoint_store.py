@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.rundir import atomic_write_text
+from toolkit.fsio import atomic_write_text, fsync_path
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -56,14 +56,6 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(HASH_CHUNK):  # hashlib releases the GIL on large chunks: training keeps going
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def describe_files(folder: Path, names) -> dict:

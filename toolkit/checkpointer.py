@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from toolkit.checkpoint_store import CheckpointStore, describe_files, fsync_path
+from toolkit.checkpoint_store import CheckpointStore, describe_files
+from toolkit.fsio import atomic_write_text, fsync_path
 from toolkit.rng import capture_rng
-from toolkit.rundir import atomic_write_text
 
 PEER_TIMEOUT_S = 600.0  # how long rank 0 waits for the other ranks' files before giving the checkpoint up
 DONE_SUFFIX = ".done.json"

@@ -10,7 +10,7 @@
 
 Weights come from the run's newest valid checkpoint, whatever the engine: torch's state dict, or DeepSpeed's
 ZeRO files consolidated to fp32. The folder is assembled beside its destination (a hidden, locked staging folder),
-fsynced and swapped into place in one step (see toolkit.model_format): after a crash at any point ``model/`` is
+fsynced and swapped into place in one step (see toolkit.fsio): after a crash at any point ``model/`` is
 the previous complete export or the new one, never missing or partial. ``--out`` is checked first: only a
 missing or empty folder or an earlier export is replaced.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ import torch
 
 from toolkit import safe_load
 from toolkit.checkpoint_store import CheckpointStore, sha256_file
-from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder, staging_folder
+from toolkit.fsio import staging_folder
+from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
 from toolkit.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
 from toolkit.rundir import RunDir
 
@@ -176,7 +176,7 @@ def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]
 
     corpus = load_corpus(cfg)
     save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
-    shutil.copyfile(run.config_path, tmp / "config.yaml")
+    (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file
     (tmp / "tokenizer.json").write_text(json.dumps(
         {"type": TOKENIZER, "vocab_size": 256, "encode": "UTF-8 bytes, id = byte value",
          "decode": "ids as bytes, UTF-8 with replacement"} if cfg.model.name == "gpt" else

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from toolkit.rundir import atomic_write_text
+from toolkit.fsio import atomic_write_text
 
 ENV = "TRAINBOOK_FIGURES"
 

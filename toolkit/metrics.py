@@ -9,7 +9,8 @@ import json
 import os
 import time
 
-from toolkit.rundir import EventLog, RunDir, atomic_write_text
+from toolkit.fsio import atomic_write_text
+from toolkit.rundir import EventLog, RunDir
 
 STATUS_EVERY_S = 2.0  # status.json is for people and supervisors: refreshing it faster buys nothing
 

@@ -2,28 +2,23 @@
 
     read_manifest(folder)          the manifest, checked to be a Trainbook model's (cheap: one small file)
     verify_model_folder(folder)    every byte against the manifest: what a server loads must be what was exported
-    check_replaceable(out, ...)    may a folder be written at ``out``: missing, empty, or an earlier one of its kind
-    staging_folder(out)            a hidden, locked folder beside ``out`` to assemble the new one in
-    publish_folder(tmp, out, ...)  fsync it, then swap it in at ``out`` in one step
+    check_replaceable(out)         may an export be written at ``out``: missing, empty, or an earlier export
+    publish_folder(tmp, out)       swap an export assembled in a toolkit.fsio.staging_folder in at ``out``
 
 Kept apart from :mod:`toolkit.export` (which imports torch) so that servers, planners and registries can read
-and check model folders without paying for torch. The publishing half is not specific to models: a plan folder
-follows the same rule (a marker file says what a folder is) and can be published the same way.
+and check model folders without paying for torch. Publishing itself (staging, fsync, the one-step swap) is
+toolkit.fsio's; this module only says what makes a folder an export (its manifest).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import re
-import shutil
-import stat
-import uuid
 from pathlib import Path
 
-from toolkit.checkpoint_store import fsync_path, sha256_file
+from toolkit import fsio
+from toolkit.checkpoint_store import sha256_file
 
 MANIFEST = "trainbook-model.json"
 FORMAT = "trainbook-model-v1"
@@ -124,177 +119,16 @@ def verify_model_folder(model_dir: str | Path) -> dict:
     return manifest
 
 
-# --- publishing: which folder may be replaced, and replacing it in one step --------------------------------------
+# --- publishing: the model folder's rule for toolkit.fsio -------------------------------------------------------
 
-def check_replaceable(out: Path, *, marker: str = MANIFEST, kind: str = "model", field: str = "--out",
-                      error: type[Exception] = ExportError) -> None:
-    """``out`` may be written: it is missing, an empty folder, or an earlier ``kind`` folder (it holds ``marker``
-    as a regular file); never a link, a file or someone else's folder (replacing deletes what is there)."""
-    try:
-        mode = os.lstat(out).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(mode):
-        raise error(f"{field}: {str(out)!r} is a symbolic link; allowed: a real folder path (a link is never "
-                    "written through or replaced)")
-    if stat.S_ISDIR(mode):
-        with os.scandir(out) as entries:
-            names = {entry.name: entry for entry in entries}
-        if not names or (marker in names and names[marker].is_file(follow_symlinks=False)):
-            return
-    raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder; allowed: a new or empty folder, or an "
-                f"earlier {kind} folder (it holds {marker}; it is replaced)")
+MODEL_FOLDER = {"marker": MANIFEST, "kind": "model", "error": ExportError}  # an export says so by its manifest
 
 
-def _staging_names(out: Path) -> re.Pattern:
-    # .NAME.<hex>.tmp: being assembled (or, after a swap, the previous folder being removed); .NAME.<hex>.old:
-    # what exports before the one-step swap left when killed between their two renames.
-    return re.compile(re.escape(f".{out.name}.") + r"[0-9a-f]{8,32}\.(tmp|old)")
+def check_replaceable(out: Path) -> None:
+    """``out`` may receive an export: it is missing, empty, or an earlier export (:func:`fsio.check_replaceable`)."""
+    fsio.check_replaceable(out, **MODEL_FOLDER)
 
 
-def _lock(folder: Path) -> int | None:
-    """An fd holding an exclusive lock on ``folder``, or None if another process holds it. The kernel drops the
-    lock when its holder dies, however it dies: an unlocked staging folder belongs to nobody."""
-    import fcntl
-
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def remove_stale_staging(out: Path) -> list[str]:
-    """Remove the staging folders that killed publishers of ``out`` left (hidden names, nobody holds their lock);
-    returns their names. Only our own names, only real folders: never a link, never anything else."""
-    pattern, removed = _staging_names(out), []
-    if not out.parent.is_dir():
-        return removed
-    for entry in os.scandir(out.parent):
-        if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
-            continue
-        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to open: leave it
-            fd = _lock(Path(entry.path))
-            if fd is None:
-                continue  # a live publisher is assembling it
-            try:
-                shutil.rmtree(entry.path)
-                removed.append(entry.name)
-            finally:
-                os.close(fd)
-    return removed
-
-
-@contextlib.contextmanager
-def staging_folder(out: Path):
-    """A new hidden folder beside ``out`` (same filesystem, so it can be swapped in), locked while this process
-    assembles it, and gone when the block ends: published by :func:`publish_folder`, or removed. Stale ones of
-    killed publishers are removed first."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
-    tmp, fd = _new_locked_folder(out)
-    try:
-        yield tmp
-    finally:  # published: the name is gone or holds what was replaced; not published: the work is dropped
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.close(fd)
-
-
-def _new_locked_folder(out: Path) -> tuple[Path, int]:
-    import fcntl
-
-    for _ in range(100):
-        tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:16]}.tmp"
-        tmp.mkdir()
-        try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            continue  # a cleaner took it for stale in the instant before we opened it: take another name
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
-                return tmp, fd  # locked, and still the folder at that name
-        os.close(fd)
-    raise OSError(f"{out.parent}: cannot make a staging folder that stays (other processes keep removing them)")
-
-
-def fsync_tree(folder: Path) -> None:
-    """Every file in ``folder`` and the folder itself on disk: after the swap, a power cut cannot leave a
-    published folder whose names are there and whose bytes are not."""
-    for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False):
-            fsync_path(Path(entry.path))
-    fsync_path(folder)
-
-
-RENAME_EXCHANGE = 2  # <linux/fs.h>
-AT_FDCWD = -100
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one step (Linux renameat2 RENAME_EXCHANGE: no moment where either is missing).
-    False where libc, the kernel or the filesystem cannot; other failures raise."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28+; absent on macOS and older C libraries
-    if renameat2 is None:
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # no syscall, or a filesystem without the flag
-        return False
-    raise OSError(code, os.strerror(code), str(a), None, str(b))
-
-
-def replace_in_two_steps(new: Path, dest: Path) -> Path:
-    """The fallback where :func:`exchange` is unavailable: move ``dest`` aside, then ``new`` in. Between the two
-    renames (microseconds) ``dest`` is missing; a crash there leaves the previous folder complete under a hidden
-    ``.NAME.<hex>.old`` and the new one under its staging name. Returns where the previous folder went."""
-    old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:16]}.old")
-    os.rename(dest, old)
-    try:
-        os.rename(new, dest)
-    except BaseException:
-        os.rename(old, dest)  # the previous folder goes back rather than stay hidden
-        raise
-    return old
-
-
-def swap_in(new: Path, dest: Path) -> Path | None:
-    """Put the folder ``new`` at ``dest`` in one step; returns the path now holding the previous ``dest`` (to
-    remove), or None if there was none. FileExistsError: ``dest`` was missing and something appeared there first
-    (check it again before swapping it out)."""
-    if not os.path.lexists(dest):
-        try:
-            os.rename(new, dest)  # atomic; fails if a folder with content appeared there meanwhile
-        except OSError as exc:
-            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                raise FileExistsError(exc.errno, f"{dest} appeared while {new} was published") from None
-            raise
-        return None
-    if exchange(new, dest):
-        return new
-    return replace_in_two_steps(new, dest)
-
-
-def publish_folder(tmp: Path, out: Path, *, marker: str = MANIFEST, kind: str = "model", field: str = "--out",
-                   error: type[Exception] = ExportError) -> None:
-    """Make the assembled folder ``tmp`` (from :func:`staging_folder`) the folder ``out``: fsync every file and
-    the folder, check once more that ``out`` may be replaced (it may have changed during the work), swap in one
-    step, fsync the parent (the swap itself is durable), then remove the previous folder."""
-    fsync_tree(tmp)
-    rule = {"marker": marker, "kind": kind, "field": field, "error": error}
-    check_replaceable(out, **rule)
-    try:
-        previous = swap_in(tmp, out)
-    except FileExistsError:  # a concurrent publisher put its folder there between the check and the rename
-        check_replaceable(out, **rule)
-        previous = swap_in(tmp, out)
-    fsync_path(out.parent)
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True)
+def publish_folder(tmp: Path, out: Path) -> None:
+    """Swap the export assembled in ``tmp`` (an :func:`fsio.staging_folder`) in at ``out`` in one step."""
+    fsio.publish_folder(tmp, out, **MODEL_FOLDER)

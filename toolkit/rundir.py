@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,23 +19,10 @@ from pathlib import Path
 import yaml
 
 from toolkit import config as config_mod
+from toolkit.fsio import atomic_write_text, read_regular_file
 
 STATES = ("queued", "running", "completed", "failed", "killed")
 FINAL_STATES = ("completed", "failed", "killed")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``: readers never see half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class EventLog:
@@ -80,7 +65,10 @@ class RunDir:
         return run
 
     def read_config(self) -> config_mod.Config:
-        return config_mod.from_dict(yaml.safe_load(self.config_path.read_text()))
+        """The run's config, validated. A run directory may be a copy from elsewhere: config.yaml must be the
+        run's own regular file, never a link that reads a config from anywhere."""
+        text = read_regular_file(self.config_path, field="config.yaml", error=config_mod.ConfigError)
+        return config_mod.from_dict(yaml.safe_load(text))
 
     def read_status(self) -> dict:
         try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.model_format import (FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder,
-                                  remove_stale_staging, replace_in_two_steps, staging_folder, verify_model_folder)
+from toolkit.fsio import remove_stale_staging, replace_in_two_steps, staging_folder
+from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder, verify_model_folder
 
 FILES = ("model.onnx", "model.safetensors", "config.yaml", "tokenizer.json", "parity.json")
 

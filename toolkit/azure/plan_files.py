@@ -2,22 +2,22 @@
 YAML files with their create command on top, the `az` lines that name the workspace, and publishing the folder
 atomically after every YAML loaded back through the SDK's own loader.
 
-A folder is assembled next to its destination and renamed into place, so a failed plan leaves nothing behind and
-a replaced plan is never half old, half new.
+A folder is assembled in a staging folder next to its destination, fsynced and swapped into place in one step
+(toolkit.fsio, as exports are), so a failed or killed plan leaves nothing behind and a replaced plan is never
+missing, nor half old, half new. ``--out`` is never a link, and only an earlier plan of the same kind is replaced.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+from toolkit import fsio
 from toolkit.azure.connection import WorkspaceRef
 from toolkit.azure.errors import AzureError
 
@@ -93,13 +93,6 @@ def trainbook_command(verb: str, out: Path, ref: WorkspaceRef | None) -> str:
 # --- publishing ----------------------------------------------------------------------------------------------------
 
 
-def check_out(out: Path, marker: str, kind: str) -> None:
-    """``out`` is new, empty, or an earlier plan of the same kind (it holds ``marker``), never anything else."""
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / marker).is_file()):
-        raise AzureError(f"--out: {str(out)!r} exists and is not a {kind} folder; allowed: a new or empty folder, "
-                         f"or an earlier {kind} (it is replaced)")
-
-
 def verify(folder: Path, loaders: dict[str, Callable]) -> None:
     """Load every YAML back with the SDK's own loaders: a plan that does not load is never published."""
     for name, load in loaders.items():
@@ -113,24 +106,13 @@ def publish(out_dir: str | Path, *, files: dict[str, str], copies: dict[str, Pat
     with ``loaders``; an earlier ``kind`` there (a folder holding ``marker``) is replaced as a whole. Returns the
     folder's path."""
     out = Path(out_dir).expanduser().absolute()
-    check_out(out, marker, kind)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    rule = {"marker": marker, "kind": kind, "error": AzureError}  # new, empty or an earlier ``kind``; never a link
+    fsio.check_replaceable(out, **rule)  # before any work; checked again just before the swap
+    with fsio.staging_folder(out) as tmp:
         for name, source in copies.items():
             shutil.copyfile(source, tmp / name)
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         verify(tmp, loaders)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        fsio.publish_folder(tmp, out, **rule)
     return out

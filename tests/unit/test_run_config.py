@@ -1,0 +1,51 @@
+"""A run directory's config.yaml is read as untrusted: only a regular file inside the run counts, never a link
+(a copied run could point it at any file) nor anything else that is not a file. Real files, no subprocess."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from toolkit import config as config_mod
+from toolkit.rundir import RunDir
+
+
+def _run(tmp_path) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    return run
+
+
+def test_a_config_yaml_that_links_outside_the_run_is_refused_naming_it(tmp_path):
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text(config_mod.load("tiny").to_yaml())
+    run = _run(tmp_path)
+    run.config_path.symlink_to(outside)
+    with pytest.raises(config_mod.ConfigError) as caught:
+        run.read_config()
+    assert str(caught.value) == (f"config.yaml: '{run.config_path}' is a symbolic link to '{outside}'; allowed: a "
+                                 "regular file (a link is never followed: it could lead anywhere)")
+
+
+def test_a_config_yaml_that_is_a_folder_is_refused_naming_it(tmp_path):
+    run = _run(tmp_path)
+    run.config_path.mkdir()
+    with pytest.raises(config_mod.ConfigError, match=f"^config.yaml: '{run.config_path}' is a directory, not a "
+                                                     "regular file; allowed: a regular file$"):
+        run.read_config()
+
+
+@pytest.mark.timeout(10)  # before the fix, reading a FIFO waited forever for a writer
+def test_a_config_yaml_that_is_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    run = _run(tmp_path)
+    os.mkfifo(run.config_path)
+    with pytest.raises(config_mod.ConfigError, match="is a FIFO, not a regular file"):
+        run.read_config()
+
+
+def test_a_regular_config_yaml_still_reads(tmp_path):
+    cfg = config_mod.load("tiny")
+    run = _run(tmp_path)
+    run.config_path.write_text(cfg.to_yaml())
+    assert run.read_config() == cfg

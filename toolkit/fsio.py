@@ -1,0 +1,261 @@
+"""Atomic file and folder writes: the one owner of "readers see the old bytes or the new, never half, never none".
+
+    atomic_write_text(path, text)         a file replaced in one rename, fsynced first
+    fsync_path(path)                      a file's or folder's bytes and names on disk
+    read_regular_file(path, ...)          the bytes of a file from an untrusted folder: never through a link, never
+                                          waiting on a FIFO
+    check_replaceable(out, marker, ...)   may a folder be written at ``out``: missing, empty, or an earlier one of
+                                          its kind (it holds ``marker``); never a link
+    staging_folder(out)                   a hidden, locked folder beside ``out`` to assemble the new one in
+    publish_folder(tmp, out, ...)         fsync it, then swap it in at ``out`` in one step
+
+A folder of a kind is recognised by its marker file (an export's manifest, a plan's job.yaml): replacing deletes
+what is there, so only a folder that says it is one of ours is ever replaced. Standard library only, and the
+heavier modules (ctypes, fcntl) are imported where used: servers, planners and the trainer all call this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+
+# --- files ---------------------------------------------------------------------------------------------------------
+
+
+def fsync_path(path: Path) -> None:
+    """``path`` (a file, or a folder: its entries) on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``: readers never see half, and
+    a link at ``path`` is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+FILE_TYPES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def read_regular_file(path: Path, *, field: str, error: type[Exception]) -> bytes:
+    """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
+    (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
+    O_NONBLOCK). Refusals are ``error``, naming ``field`` and the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise error(f"{field}: {str(path)!r} is a symbolic link to {os.readlink(path)!r}; allowed: a regular "
+                        "file (a link is never followed: it could lead anywhere)") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise error(f"{field}: {str(path)!r} is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular "
+                    "file; allowed: a regular file")
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+# --- which folder may be replaced ----------------------------------------------------------------------------------
+
+
+def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exception], field: str = "--out") -> None:
+    """``out`` may be written: it is missing, an empty folder, or an earlier ``kind`` folder (it holds ``marker``
+    as a regular file); never a link, a file or someone else's folder (replacing deletes what is there). Refusals
+    are ``error``, naming ``field``."""
+    try:
+        mode = os.lstat(out).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise error(f"{field}: {str(out)!r} is a symbolic link; allowed: a real folder path (a link is never "
+                    "written through or replaced)")
+    if stat.S_ISDIR(mode):
+        with os.scandir(out) as entries:
+            names = {entry.name: entry for entry in entries}
+        if not names or (marker in names and names[marker].is_file(follow_symlinks=False)):
+            return
+    raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder; allowed: a new or empty folder, or an "
+                f"earlier {kind} folder (it holds {marker}; it is replaced)")
+
+
+# --- staging: where a folder is assembled ---------------------------------------------------------------------------
+
+
+def _staging_names(out: Path) -> re.Pattern:
+    # .NAME.<hex>.tmp: being assembled (or, after a swap, the previous folder being removed); .NAME.<hex>.old:
+    # what a publisher without the one-step swap leaves when killed between its two renames.
+    return re.compile(re.escape(f".{out.name}.") + r"[0-9a-f]{8,32}\.(tmp|old)")
+
+
+def _lock(folder: Path) -> int | None:
+    """An fd holding an exclusive lock on ``folder``, or None if another process holds it. The kernel drops the
+    lock when its holder dies, however it dies: an unlocked staging folder belongs to nobody."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_staging(out: Path) -> list[str]:
+    """Remove the staging folders that killed publishers of ``out`` left (hidden names, nobody holds their lock);
+    returns their names. Only our own names, only real folders: never a link, never anything else."""
+    pattern, removed = _staging_names(out), []
+    if not out.parent.is_dir():
+        return removed
+    for entry in os.scandir(out.parent):
+        if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to open: leave it
+            fd = _lock(Path(entry.path))
+            if fd is None:
+                continue  # a live publisher is assembling it
+            try:
+                shutil.rmtree(entry.path)
+                removed.append(entry.name)
+            finally:
+                os.close(fd)
+    return removed
+
+
+@contextlib.contextmanager
+def staging_folder(out: Path):
+    """A new hidden folder beside ``out`` (same filesystem, so it can be swapped in), locked while this process
+    assembles it, and gone when the block ends: published by :func:`publish_folder`, or removed. Stale ones of
+    killed publishers are removed first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out)
+    tmp, fd = _new_locked_folder(out)
+    try:
+        yield tmp
+    finally:  # published: the name is gone or holds what was replaced; not published: the work is dropped
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)
+
+
+def _new_locked_folder(out: Path) -> tuple[Path, int]:
+    import fcntl
+
+    for _ in range(100):
+        tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:16]}.tmp"
+        tmp.mkdir()
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue  # a cleaner took it for stale in the instant before we opened it: take another name
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                return tmp, fd  # locked, and still the folder at that name
+        os.close(fd)
+    raise OSError(f"{out.parent}: cannot make a staging folder that stays (other processes keep removing them)")
+
+
+# --- publishing: replacing a folder in one step ---------------------------------------------------------------------
+
+
+def fsync_tree(folder: Path) -> None:
+    """Every file in ``folder`` and the folder itself on disk: after the swap, a power cut cannot leave a
+    published folder whose names are there and whose bytes are not."""
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            fsync_path(Path(entry.path))
+    fsync_path(folder)
+
+
+RENAME_EXCHANGE = 2  # <linux/fs.h>
+AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux renameat2 RENAME_EXCHANGE: no moment where either is missing).
+    False where libc, the kernel or the filesystem cannot; other failures raise."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28+; absent on macOS and older C libraries
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # no syscall, or a filesystem without the flag
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def replace_in_two_steps(new: Path, dest: Path) -> Path:
+    """The fallback where :func:`exchange` is unavailable: move ``dest`` aside, then ``new`` in. Between the two
+    renames (microseconds) ``dest`` is missing; a crash there leaves the previous folder complete under a hidden
+    ``.NAME.<hex>.old`` and the new one under its staging name. Returns where the previous folder went."""
+    old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:16]}.old")
+    os.rename(dest, old)
+    try:
+        os.rename(new, dest)
+    except BaseException:
+        os.rename(old, dest)  # the previous folder goes back rather than stay hidden
+        raise
+    return old
+
+
+def swap_in(new: Path, dest: Path) -> Path | None:
+    """Put the folder ``new`` at ``dest`` in one step; returns the path now holding the previous ``dest`` (to
+    remove), or None if there was none. FileExistsError: ``dest`` was missing and something appeared there first
+    (check it again before swapping it out)."""
+    if not os.path.lexists(dest):
+        try:
+            os.rename(new, dest)  # atomic; fails if a folder with content appeared there meanwhile
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise FileExistsError(exc.errno, f"{dest} appeared while {new} was published") from None
+            raise
+        return None
+    if exchange(new, dest):
+        return new
+    return replace_in_two_steps(new, dest)
+
+
+def publish_folder(tmp: Path, out: Path, *, marker: str, kind: str, error: type[Exception],
+                   field: str = "--out") -> None:
+    """Make the assembled folder ``tmp`` (from :func:`staging_folder`) the folder ``out``: fsync every file and
+    the folder, check once more that ``out`` may be replaced (:func:`check_replaceable`: it may have changed
+    during the work), swap in one step, fsync the parent (the swap itself is durable), then remove the previous
+    folder."""
+    fsync_tree(tmp)
+    rule = {"marker": marker, "kind": kind, "error": error, "field": field}
+    check_replaceable(out, **rule)
+    try:
+        previous = swap_in(tmp, out)
+    except FileExistsError:  # a concurrent publisher put its folder there between the check and the rename
+        check_replaceable(out, **rule)
+        previous = swap_in(tmp, out)
+    fsync_path(out.parent)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
