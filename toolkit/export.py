@@ -185,7 +185,7 @@ def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]
     opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
     parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
     (tmp / "parity.json").write_text(json.dumps(parity, indent=1))
-    lineage = json.loads(run.lineage_path.read_text()) if run.lineage_path.exists() else {}
+    lineage = run.read_lineage()
     files = sorted(p.name for p in tmp.iterdir())
     manifest = {
         "format": FORMAT, "model": cfg.model.name, "parameters": sum(p.numel() for p in model.parameters()),

@@ -260,6 +260,7 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     run = RunDir(run_dir)
     if not run.config_path.is_file():
         raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run directory")
+    run.read_config()  # a config the run could not start with is refused here, before anything changes
     status = run.read_status()
     if status.get("state") in ("queued", "running") and \
             run_processes.carries_token(status.get("supervisor_pid"), status.get("run_token")):

@@ -71,10 +71,21 @@ class RunDir:
         return config_mod.from_dict(yaml.safe_load(text))
 
     def read_status(self) -> dict:
+        return self._read_json(self.status_path, "status.json")
+
+    def read_lineage(self) -> dict:
+        return self._read_json(self.lineage_path, "lineage.json")
+
+    @staticmethod
+    def _read_json(path: Path, field: str) -> dict:
+        """A JSON object of the run's own (a link is refused, not followed); {} when the file is not there yet."""
         try:
-            return json.loads(self.status_path.read_text())
+            data = json.loads(read_regular_file(path, field=field, error=ValueError))
         except FileNotFoundError:
             return {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{field}: {str(path)!r} holds a JSON {type(data).__name__}; allowed: a JSON object")
+        return data
 
     def write_status(self, **fields) -> dict:
         """Merge ``fields`` into status.json (one writer at a time: rank 0, or the launcher once it has exited)."""

@@ -49,3 +49,18 @@ def test_a_regular_config_yaml_still_reads(tmp_path):
     run = _run(tmp_path)
     run.config_path.write_text(cfg.to_yaml())
     assert run.read_config() == cfg
+
+
+@pytest.mark.parametrize("name, read", [("status.json", RunDir.read_status), ("lineage.json", RunDir.read_lineage)])
+def test_status_and_lineage_are_read_only_as_the_runs_own_json_objects(tmp_path, name, read):
+    run = _run(tmp_path)
+    assert read(run) == {}, "not written yet"
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text('{"state": "running", "worker_pgid": 1}')
+    (run.path / name).symlink_to(outside)
+    with pytest.raises(ValueError, match=f"{name}: .* is a symbolic link"):
+        read(run)
+    (run.path / name).unlink()
+    (run.path / name).write_text("[1, 2]")
+    with pytest.raises(ValueError, match=f"{name}: .* holds a JSON list; allowed: a JSON object"):
+        read(run)
