@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.fsio import atomic_write_text, fsync_path
+from toolkit.fsio import atomic_write_text, fsync_path, swap_in
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -97,10 +97,12 @@ class CheckpointStore:
         tmp, final = self.tmp_folder(step), self.root / step_name(step)
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
         fsync_path(tmp)
-        if final.exists():  # a re-run of the same step (after a restart): the new one replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        # A re-run of the same step (after a restart) replaces the earlier folder in one step: at no moment is
+        # there no step_N (the earlier one, now at the temporary name, is removed after; or at the next start).
+        previous = swap_in(tmp, final)
         fsync_path(self.root)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
         atomic_write_text(self.root / LATEST, final.name + "\n")
         return final
 
