@@ -404,10 +404,10 @@ def test_an_earlier_plan_is_replaced_whole_and_a_foreign_folder_is_never_touched
     out = tmp_path / "plan"
     torch_plan = build_plan(config.load("tiny"), compute="gpu-a", sku=IB_SKU, instance_count=1)
     write_plan(torch_plan, out)
-    (out / "stale.txt").write_text("from an older plan")
+    (out / "data.yaml").write_text("from an older plan that had a data input")
     ds_plan = build_plan(config.load("tiny", DEEPSPEED), compute="gpu-a", sku=IB_SKU, instance_count=1)
     write_plan(ds_plan, out)
-    assert not (out / "stale.txt").exists() and "deepspeed" in (out / "trainbook-config.yaml").read_text()
+    assert not (out / "data.yaml").exists() and "deepspeed" in (out / "trainbook-config.yaml").read_text()
     assert _leftovers(tmp_path) == []
     foreign = tmp_path / "notes"
     foreign.mkdir()
@@ -436,6 +436,19 @@ def test_a_plan_out_that_is_a_link_is_refused_and_its_target_left_whole(tmp_path
     assert link.is_symlink() and os.readlink(link) == str(real), "the link itself is left as it was"
     assert {p.name: p.read_bytes() for p in real.iterdir()} == before, "its target is left whole"
     assert _leftovers(tmp_path) == [], "no staging folder left"
+
+
+def test_a_plan_out_holding_a_job_yaml_beside_other_files_is_not_replaced(tmp_path, capsys):
+    """A job.yaml of one's own (any Azure ML project has one) does not make a folder an earlier plan."""
+    mine = tmp_path / "project"
+    (mine / "src").mkdir(parents=True)
+    (mine / "job.yaml").write_text("command: python train.py\n")
+    (mine / "src" / "train.py").write_text("print('years of work')\n")
+    code = main(["azure", "plan", "tiny", "--compute", "cpu-a", "--sku", "Standard_D4s_v3", "--instance-count", "1",
+                 "--out", str(mine)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--out: '{mine}' holds 'src', which a plan folder does not" in err, err
+    assert (mine / "src" / "train.py").read_text() == "print('years of work')\n"
 
 
 # --- connection -------------------------------------------------------------------------------------------------

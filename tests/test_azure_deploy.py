@@ -338,9 +338,12 @@ def test_an_earlier_deployment_plan_is_replaced_whole_and_other_folders_are_neve
     from toolkit.azure.plan import build_plan, write_plan
 
     out = write_deployment_plan(_plan(serving), tmp_path / "plan")
-    (out / "stale.txt").write_text("from an older plan")
+    (out / "notes.txt").write_text("someone's notes, written into the plan folder")
+    with pytest.raises(AzureError, match="holds 'notes.txt', which a deployment plan folder does not"):
+        write_deployment_plan(_plan(serving, runtime="torch"), out)  # replacing would delete them
+    (out / "notes.txt").unlink()
     write_deployment_plan(_plan(serving, runtime="torch"), out)
-    assert not (out / "stale.txt").exists() and "TRAINBOOK_RUNTIME: torch" in (out / "deployment.yaml").read_text()
+    assert "TRAINBOOK_RUNTIME: torch" in (out / "deployment.yaml").read_text()
     assert _leftovers(tmp_path) == []
     training = write_plan(build_plan(config.load("tiny"), compute="cpu-a", sku="Standard_D4s_v3", instance_count=1,
                                      project_root=serving.root), tmp_path / "training-plan")

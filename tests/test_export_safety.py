@@ -4,6 +4,8 @@ folder is checked byte for byte against its manifest. One real tiny training run
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import select
@@ -20,7 +22,7 @@ import pytest
 from conftest import PROJECT, cli
 from toolkit.export import export_run
 from toolkit.fsio import staging_folder
-from toolkit.model_format import MANIFEST, ExportError, publish_folder, read_manifest, verify_model_folder
+from toolkit.model_format import FORMAT, MANIFEST, ExportError, publish_folder, read_manifest, verify_model_folder
 from toolkit.rundir import RunDir
 from toolkit.serving.runtimes import load_runtime
 
@@ -51,8 +53,9 @@ def test_export_refuses_an_out_that_is_not_an_export_before_any_work(trained, tm
     (mine / "thesis.tex").write_text("years of work")
     proc = cli("export", str(trained.path), "--out", str(mine))
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == (f"error: --out: '{mine}' exists and is not a model folder; allowed: a new or empty folder, "
-                           f"or an earlier model folder (it holds {MANIFEST}; it is replaced)\n")
+    assert proc.stderr == (f"error: --out: '{mine}' exists and is not a model folder (no {MANIFEST}); allowed: a new "
+                           f"or empty folder, or an earlier model folder (it holds {MANIFEST} and only the files that "
+                           "lists; it is replaced)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"], "nothing written beside it either"
     assert [p.name for p in mine.iterdir()] == ["thesis.tex"] and (mine / "thesis.tex").read_text() == "years of work"
 
@@ -121,9 +124,12 @@ print(samples, missing, flush=True)
 
 
 def _publish(out: Path, files: dict[str, bytes]) -> None:
+    """A small folder in the export format (a manifest listing its files), published the way exports are."""
     with staging_folder(out) as tmp:
-        for name, data in {**files, MANIFEST: b"{}"}.items():
+        for name, data in files.items():
             (tmp / name).write_bytes(data)
+        listed = {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
+        (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": listed}))
         publish_folder(tmp, out)
 
 

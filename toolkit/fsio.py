@@ -25,6 +25,7 @@ import stat
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Callable
 
 # --- files ---------------------------------------------------------------------------------------------------------
 
@@ -80,10 +81,13 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception]) -> byte
 # --- which folder may be replaced ----------------------------------------------------------------------------------
 
 
-def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exception], field: str = "--out") -> None:
-    """``out`` may be written: it is missing, an empty folder, or an earlier ``kind`` folder (it holds ``marker``
-    as a regular file); never a link, a file or someone else's folder (replacing deletes what is there). Refusals
-    are ``error``, naming ``field``."""
+def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exception], may_hold: Callable[[Path], set],
+                      field: str = "--out") -> None:
+    """``out`` may be written: it is missing, an empty folder, or an earlier ``kind`` folder, never a link, a file
+    or someone else's folder (replacing deletes what is there). An earlier folder holds ``marker`` and nothing but
+    regular files named in ``may_hold(out)`` (which reads the marker, raising ``error`` if it is not one of ours):
+    a folder that merely contains a file of the marker's name, beside other files, is not replaced. Refusals are
+    ``error``, naming ``field``."""
     try:
         mode = os.lstat(out).st_mode
     except FileNotFoundError:
@@ -91,13 +95,23 @@ def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exceptio
     if stat.S_ISLNK(mode):
         raise error(f"{field}: {str(out)!r} is a symbolic link; allowed: a real folder path (a link is never "
                     "written through or replaced)")
-    if stat.S_ISDIR(mode):
-        with os.scandir(out) as entries:
-            names = {entry.name: entry for entry in entries}
-        if not names or (marker in names and names[marker].is_file(follow_symlinks=False)):
-            return
-    raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder; allowed: a new or empty folder, or an "
-                f"earlier {kind} folder (it holds {marker}; it is replaced)")
+    allowed = (f"allowed: a new or empty folder, or an earlier {kind} folder (it holds {marker} and only the files "
+               "that lists; it is replaced)")
+    if not stat.S_ISDIR(mode):
+        raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder; {allowed}")
+    with os.scandir(out) as scan:
+        entries = {entry.name: entry for entry in scan}
+    if not entries:
+        return
+    if marker not in entries or not entries[marker].is_file(follow_symlinks=False):
+        raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder (no {marker}); {allowed}")
+    try:
+        known = set(may_hold(out)) | {marker}
+    except error as exc:
+        raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder ({exc}); {allowed}") from None
+    for name, entry in sorted(entries.items()):
+        if name not in known or not entry.is_file(follow_symlinks=False):
+            raise error(f"{field}: {str(out)!r} holds {name!r}, which a {kind} folder does not; {allowed}")
 
 
 # --- staging: where a folder is assembled ---------------------------------------------------------------------------
@@ -243,13 +257,13 @@ def swap_in(new: Path, dest: Path) -> Path | None:
 
 
 def publish_folder(tmp: Path, out: Path, *, marker: str, kind: str, error: type[Exception],
-                   field: str = "--out") -> None:
+                   may_hold: Callable[[Path], set], field: str = "--out") -> None:
     """Make the assembled folder ``tmp`` (from :func:`staging_folder`) the folder ``out``: fsync every file and
     the folder, check once more that ``out`` may be replaced (:func:`check_replaceable`: it may have changed
     during the work), swap in one step, fsync the parent (the swap itself is durable), then remove the previous
     folder."""
     fsync_tree(tmp)
-    rule = {"marker": marker, "kind": kind, "error": error, "field": field}
+    rule = {"marker": marker, "kind": kind, "error": error, "may_hold": may_hold, "field": field}
     check_replaceable(out, **rule)
     try:
         previous = swap_in(tmp, out)

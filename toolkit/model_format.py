@@ -121,7 +121,13 @@ def verify_model_folder(model_dir: str | Path) -> dict:
 
 # --- publishing: the model folder's rule for toolkit.fsio -------------------------------------------------------
 
-MODEL_FOLDER = {"marker": MANIFEST, "kind": "model", "error": ExportError}  # an export says so by its manifest
+def _export_files(folder: Path) -> set[str]:
+    """What an earlier export may hold: the files its (readable, well-formed) manifest lists."""
+    return set(listed_files(read_manifest(folder), str(folder / MANIFEST)))
+
+
+# An export says so by its manifest, and holds nothing its manifest does not list.
+MODEL_FOLDER = {"marker": MANIFEST, "kind": "model", "error": ExportError, "may_hold": _export_files}
 
 
 def check_replaceable(out: Path) -> None:

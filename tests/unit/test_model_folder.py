@@ -122,8 +122,9 @@ def test_anything_else_is_refused_naming_out_the_folder_and_what_is_allowed(tmp_
     mine = tmp_path / "notes"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
-    assert _refusal(mine) == (f"--out: '{mine}' exists and is not a model folder; allowed: a new or empty folder, or "
-                              f"an earlier model folder (it holds {MANIFEST}; it is replaced)")
+    assert _refusal(mine) == (f"--out: '{mine}' exists and is not a model folder (no {MANIFEST}); allowed: a new or "
+                              f"empty folder, or an earlier model folder (it holds {MANIFEST} and only the files that "
+                              "lists; it is replaced)")
     (tmp_path / "a-file").write_text("x")
     assert "exists and is not a model folder" in _refusal(tmp_path / "a-file")
     faked = tmp_path / "faked"
@@ -158,7 +159,8 @@ def _publish(out: Path, tag: str) -> None:
 def test_publishing_replaces_an_earlier_folder_whole_and_leaves_nothing_behind(tmp_path):
     out = tmp_path / "model"
     _publish(out, "first")
-    (out / "stale.txt").write_text("from an older export")
+    (out / "model.onnx.data").write_text("an older exporter's external weights")  # listed by that export
+    _manifest(out, files=[*FILES, "model.onnx.data"])
     _publish(out, "second")
     assert sorted(p.name for p in out.iterdir()) == sorted([*FILES, MANIFEST])
     assert (out / "config.yaml").read_text() == "second config.yaml" and verify_model_folder(out)
@@ -210,3 +212,20 @@ def test_the_two_rename_fallback_keeps_the_previous_folder_until_the_new_one_is_
     assert (out / "config.yaml").read_bytes().startswith(b"new")
     assert (old / "config.yaml").read_bytes().startswith(b"old")
     assert remove_stale_staging(out) == [old.name] and verify_model_folder(out)
+
+
+def test_a_folder_with_a_stray_manifest_beside_other_files_is_not_an_export(tmp_path):
+    """A file named like the manifest does not make a folder ours: only a readable manifest listing everything the
+    folder holds does (replacing the folder deletes what is in it)."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / "important.txt").write_text("precious")
+    (victim / MANIFEST).write_text("{}")
+    assert "exists and is not a model folder (model: " in _refusal(victim)
+    earlier = _export(tmp_path / "earlier")
+    (earlier / "notes.txt").write_text("mine, written into an export folder")
+    assert "holds 'notes.txt', which a model folder does not" in _refusal(earlier)
+    (earlier / "notes.txt").unlink()
+    (earlier / "sub").mkdir()
+    assert "holds 'sub', which a model folder does not" in _refusal(earlier)
+    assert (victim / "sub" / "important.txt").read_text() == "precious"

@@ -401,8 +401,12 @@ def sdk_loaders() -> dict:
     return {"endpoint.yaml": _quietly(load_online_endpoint), "deployment.yaml": _quietly(load_online_deployment)}
 
 
+# Every file a deployment plan folder holds: what an earlier one is.
+DEPLOYMENT_PLAN_FILES = frozenset({"endpoint.yaml", "deployment.yaml", "deploy.md", CONDA_COPY})
+
+
 def write_deployment_plan(plan: DeploymentPlan, out_dir: str | Path) -> Path:
     """Write the deployment plan folder; returns its path. An earlier deployment plan there is replaced whole."""
     out = Path(out_dir).expanduser().absolute()
     return publish(out, files=_files(plan, out), copies={CONDA_COPY: plan.conda_file}, loaders=sdk_loaders(),
-                   marker="deployment.yaml", kind="deployment plan")
+                   marker="deployment.yaml", kind="deployment plan", may_hold=DEPLOYMENT_PLAN_FILES)

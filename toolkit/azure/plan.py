@@ -289,8 +289,13 @@ def sdk_loaders() -> dict:
             "job.yaml": load_job}
 
 
+# Every file a plan folder may hold (data.yaml only when the job has a data input): what an earlier plan is.
+PLAN_FILES = frozenset({"compute.yaml", "environment.yaml", "data.yaml", "job.yaml", "submit.md", CONDA_COPY,
+                        entities.CONFIG_INPUT})
+
+
 def write_plan(plan: Plan, out_dir: str | Path) -> Path:
     """Write the plan folder; returns its path. An earlier plan there is replaced as a whole."""
     out = Path(out_dir).expanduser().absolute()
     return publish(out, files=_files(plan, out), copies={CONDA_COPY: plan.conda_file}, loaders=sdk_loaders(),
-                   marker="job.yaml", kind="plan")
+                   marker="job.yaml", kind="plan", may_hold=PLAN_FILES)

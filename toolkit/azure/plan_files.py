@@ -101,12 +101,13 @@ def verify(folder: Path, loaders: dict[str, Callable]) -> None:
 
 
 def publish(out_dir: str | Path, *, files: dict[str, str], copies: dict[str, Path], loaders: dict[str, Callable],
-            marker: str, kind: str) -> Path:
+            marker: str, kind: str, may_hold: frozenset[str]) -> Path:
     """Write ``files`` (name -> text) and ``copies`` (name -> source file) as the folder ``out_dir``, verified
-    with ``loaders``; an earlier ``kind`` there (a folder holding ``marker``) is replaced as a whole. Returns the
-    folder's path."""
+    with ``loaders``; an earlier ``kind`` there (a folder holding ``marker`` and only names of ``may_hold``) is
+    replaced as a whole. Returns the folder's path."""
     out = Path(out_dir).expanduser().absolute()
-    rule = {"marker": marker, "kind": kind, "error": AzureError}  # new, empty or an earlier ``kind``; never a link
+    # new, empty or an earlier ``kind``; never a link, never a folder holding anything a plan does not write
+    rule = {"marker": marker, "kind": kind, "error": AzureError, "may_hold": lambda _: may_hold}
     fsio.check_replaceable(out, **rule)  # before any work; checked again just before the swap
     with fsio.staging_folder(out) as tmp:
         for name, source in copies.items():
