@@ -135,3 +135,21 @@ def test_resume_is_not_blocked_by_a_recycled_supervisor_pid(train_tiny, bystande
     resumed = cli("resume", str(run.path))
     assert resumed.returncode == 0, resumed.stderr
     assert bystander.poll() is None
+
+
+def test_resume_refuses_when_a_live_supervisor_of_the_run_cannot_be_ruled_out(train_tiny):
+    """A run started before run tokens existed (or whose supervisor's environment cannot be read) has no token to
+    compare: resume then fails closed while a process whose command line is that run's supervisor is alive."""
+    proc, run = train_tiny("--set", "train.max_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    supervisor = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "toolkit.supervisor",
+                                   str(run.path)], stdin=subprocess.PIPE)
+    try:
+        status = {**run.read_status(), "state": "running", "supervisor_pid": supervisor.pid}
+        del status["run_token"]  # as an older Trainbook wrote it
+        run.status_path.write_text(json.dumps(status))
+        refused = cli("resume", str(run.path))
+        assert refused.returncode == 2 and "is still running" in refused.stderr, refused.stderr
+    finally:
+        supervisor.kill()
+        supervisor.wait()

@@ -263,7 +263,7 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     run.read_config()  # a config the run could not start with is refused here, before anything changes
     status = run.read_status()
     if status.get("state") in ("queued", "running") and \
-            run_processes.carries_token(status.get("supervisor_pid"), status.get("run_token")):
+            run_processes.may_be_runs(status.get("supervisor_pid"), status.get("run_token"), run.path):
         raise RunBusyError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
                            f"{status['supervisor_pid']}); stop it first")
     if from_checkpoint is not None:

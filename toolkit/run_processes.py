@@ -30,6 +30,34 @@ def carries_token(pid: int, token: str | None) -> bool:
         return False
 
 
+def may_be_runs(pid, token: str | None, run_dir) -> bool:
+    """For refusing to start a second supervisor: True unless ``pid`` is provably not this run's supervisor. It is
+    not if it is dead, carries another token, or (when its environment cannot be read, or the run predates
+    tokens) its command line is readable and is not ``toolkit.supervisor RUN_DIR``."""
+    import psutil
+
+    try:
+        process = psutil.Process(int(pid))
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+    except (psutil.NoSuchProcess, ValueError, TypeError):
+        return False
+    except psutil.Error:
+        return True
+    try:
+        found = process.environ().get(TOKEN_ENV)
+        if token and found is not None:
+            return found == token
+    except psutil.Error:
+        pass
+    try:
+        command = process.cmdline()
+    except psutil.Error:
+        return True  # cannot tell: assume it is (starting a second supervisor would corrupt the run)
+    return "toolkit.supervisor" in command and any(os.path.abspath(arg) == os.path.abspath(run_dir)
+                                                   for arg in command)
+
+
 def group_members(pgid: int) -> list[int]:
     """The live processes of process group ``pgid``."""
     import psutil

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 FORCE_ENV = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+FORCE_NO_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 class UnsafeCheckpointError(ValueError):
@@ -53,16 +54,19 @@ def weights_only_everywhere():
     imports DeepSpeed: use it around DeepSpeed's own loaders, which need it anyway)."""
     import torch
 
-    previous = os.environ.get(FORCE_ENV)
+    # torch refuses to run with both switches set: a user's TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set aside here.
+    previous = {name: os.environ.get(name) for name in (FORCE_ENV, FORCE_NO_ENV)}
     os.environ[FORCE_ENV] = "1"
+    os.environ.pop(FORCE_NO_ENV, None)
     try:
         with torch.serialization.safe_globals(_resolve(ALLOWED_NAMES)):
             yield
     finally:
-        if previous is None:
-            os.environ.pop(FORCE_ENV, None)
-        else:
-            os.environ[FORCE_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def load(path: str | Path, map_location=None):

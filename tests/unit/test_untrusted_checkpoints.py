@@ -162,3 +162,14 @@ def test_nothing_is_written_or_deleted_through_a_linked_checkpoints_folder(tmp_p
             call()
     assert sorted(p.name for p in (elsewhere / "checkpoints").iterdir()) == [
         "LATEST", step_name(1), step_name(2), step_name(3)]
+
+
+def test_the_guard_works_for_users_who_set_the_opposite_switch(tmp_path, monkeypatch):
+    marker = tmp_path / "code-ran"
+    torch.save({"x": RunsCode(marker)}, tmp_path / "states.pt")
+    monkeypatch.setenv(safe_load.FORCE_NO_ENV, "1")  # torch refuses to load at all when both are set
+    with safe_load.weights_only_everywhere():
+        with pytest.raises(Exception, match="Weights only load failed"):
+            torch.load(tmp_path / "states.pt", weights_only=False)
+    assert os.environ[safe_load.FORCE_NO_ENV] == "1" and safe_load.FORCE_ENV not in os.environ
+    assert not marker.exists()
