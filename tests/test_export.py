@@ -136,3 +136,18 @@ def test_a_tampered_export_is_neither_registered_nor_served(train_tiny, tmp_path
     assert list_models(Workspace.open(tmp_path / "ws")) == []
     served = cli("serve", str(model), "--workspace", str(tmp_path / "ws"))
     assert served.returncode == 2 and "model.safetensors" in served.stderr, served.stderr
+
+
+def test_a_registered_snapshot_swapped_for_another_export_is_not_served_as_that_version(train_tiny, tmp_path):
+    """Replacing a snapshot's files and manifest together (nothing written through a link, every hash consistent)
+    still does not pass: the catalogue names the version's payload, and the manifest must be that payload."""
+    import shutil
+
+    ws = Workspace.open(tmp_path / "ws")
+    first = register_model(ws, export_run(_trained(train_tiny).path).path)
+    other = export_run(_trained(train_tiny, "--set", "train.seed=2", name="other").path).path
+    for name in ("model.onnx", "model.safetensors", MANIFEST):
+        (first.path / name).unlink()
+        shutil.copyfile(other / name, first.path / name)
+    with pytest.raises(DataAssetError, match=r"tiny:1's snapshot .* is not the registered version"):
+        resolve_model_dir("tiny:1", tmp_path / "ws")

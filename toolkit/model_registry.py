@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.data_assets import NAME_RE, DataAssetError, parse_ref, store_snapshot
-from toolkit.model_format import read_manifest, verify_model_folder
+from toolkit.model_format import ExportError, read_manifest, verify_model_folder
 from toolkit.workspace import Workspace
 
 
@@ -46,6 +46,14 @@ def _row(ws: Workspace, row) -> RegisteredModel:
     return RegisteredModel(**{k: row[k] for k in row.keys() if k != "snapshot"}, path=ws.root / row["snapshot"])
 
 
+def payload_hash(manifest: dict) -> str:
+    """A model version's identity: its payload (weights, graph, config, tokenizer, parity, as the manifest lists
+    them), not the manifest's export time: exporting the same checkpoint again (every notebook re-run) gives the
+    same version. The catalogue keeps it; the manifest names every file's sha256; so the bytes served can be
+    traced to the version asked for."""
+    return hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
+
+
 def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None,
                    description: str = "") -> RegisteredModel:
     """Snapshot an exported model folder and record it as the next version of ``name`` (default: the run's
@@ -63,9 +71,7 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     _, size, _, snapshot = store_snapshot(ws, model_dir.resolve(), "uri_folder")
     # The snapshot is what will be served: its bytes must be the ones its manifest (and so the version) names.
     manifest = verify_model_folder(ws.root / snapshot)
-    # A version is its payload (weights, graph, config, tokenizer, parity), not the manifest's export time:
-    # exporting the same checkpoint again (every notebook re-run) gives the same version.
-    sha256 = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
+    sha256 = payload_hash(manifest)
     data = manifest.get("data") or {}
     asset = data.get("asset") or {}
     data_ref, data_sha = asset.get("ref") or f"builtin:{data.get('name', '?')}", data.get("sha256", "")
@@ -99,9 +105,19 @@ def get_model(ws: Workspace, ref: str) -> RegisteredModel:
             known = [f"{r['name']}:{r['version']}" for r in conn.execute("SELECT name, version FROM models ORDER BY "
                                                                           "name, version")]
             raise DataAssetError(f"model: {ref!r} is not registered; registered: {', '.join(known) or 'none'}")
-        return _row(ws, row)
+        model = _row(ws, row)
     finally:
         conn.close()
+    # Cheap (one small file): the snapshot's manifest must still be the registered version's. Its files are then
+    # checked against the manifest by whoever loads them (toolkit.model_format.verify_model_folder).
+    try:
+        registered = payload_hash(read_manifest(model.path)) == model.sha256
+    except (ExportError, KeyError, TypeError):
+        registered = False
+    if not registered:
+        raise DataAssetError(f"model: {model.ref}'s snapshot {str(model.path)!r} is not the registered version (its "
+                             "manifest lists other files); allowed: a model as registered (register its export again)")
+    return model
 
 
 def list_models(ws: Workspace) -> list[RegisteredModel]:
