@@ -25,13 +25,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.fsio import atomic_write_text, fsync_path, swap_in
+from toolkit.fsio import atomic_write_text, fsync_path, read_regular_file, swap_in
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 TMP_PREFIX = ".tmp-"
 SUPERSEDED_PREFIX = "superseded-"
 HASH_CHUNK = 8 << 20
+LATEST_MAX_BYTES = 256  # a checkpoint name and a newline
+MANIFEST_MAX_BYTES = 16 << 20  # the config and a few files per rank: kilobytes; far beyond any real manifest
 STEP_RE = re.compile(r"step_\d{8,}")  # what step_name() writes; the only names LATEST may hold
 ENGINES = ("torch", "deepspeed")
 
@@ -163,10 +165,14 @@ class CheckpointStore:
         return text if text is not None and STEP_RE.fullmatch(text) else None
 
     def latest_text(self) -> str | None:
+        """What LATEST holds (a copied run may make it a link, a FIFO or a huge file: described, never followed)."""
         try:
-            return (self.root / LATEST).read_text(errors="replace").strip()[:200] or None
-        except (FileNotFoundError, IsADirectoryError):
+            data = read_regular_file(self.root / LATEST, field=LATEST, error=CheckpointError, limit=LATEST_MAX_BYTES)
+        except FileNotFoundError:
             return None
+        except (CheckpointError, OSError) as exc:
+            return f"<unreadable: {exc}>"
+        return data.decode(errors="replace").strip() or None
 
     def inspect(self, path: Path, verify: bool = True) -> CheckpointInfo:
         """Is this folder a usable checkpoint? Checks the manifest, the folder's files against it and
@@ -183,9 +189,12 @@ class CheckpointStore:
         if not path.is_dir():
             return bad("folder does not exist")
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
+            manifest = json.loads(read_regular_file(path / MANIFEST, field=MANIFEST, error=CheckpointError,
+                                                    limit=MANIFEST_MAX_BYTES))
         except FileNotFoundError:
             return bad("no manifest.json (the write never finished)")
+        except CheckpointError as exc:
+            return bad(str(exc))
         except (ValueError, OSError) as exc:
             return bad(f"manifest.json is not valid JSON ({exc})")
         problem = manifest_problem(manifest, path.name)
@@ -302,6 +311,8 @@ def _folder_problem(path: Path, files: dict) -> str | None:
             rel = entry.relative_to(path).as_posix()
             if entry.is_symlink():
                 return f"{rel} is a link; allowed: regular files only"
+            if not (entry.is_dir() or entry.is_file()):  # a FIFO or a device would block or never end a read
+                return f"{rel} is not a regular file; allowed: regular files only"
             if name in filenames:
                 found.add(rel)
     missing = sorted(set(files) - found)

@@ -58,10 +58,11 @@ FILE_TYPES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK
               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
-def read_regular_file(path: Path, *, field: str, error: type[Exception]) -> bytes:
+def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: int | None = None) -> bytes:
     """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
     (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
-    O_NONBLOCK). Refusals are ``error``, naming ``field`` and the path."""
+    O_NONBLOCK); with ``limit``, at most that many bytes (a small metadata file grown to gigabytes is refused,
+    not read). Refusals are ``error``, naming ``field`` and the path."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -75,7 +76,10 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception]) -> byte
         raise error(f"{field}: {str(path)!r} is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular "
                     "file; allowed: a regular file")
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise error(f"{field}: {str(path)!r} is over {limit:,} bytes; allowed: the small file Trainbook writes there")
+    return data
 
 
 # --- which folder may be replaced ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from toolkit.checkpoint_store import sha256_file
 
 MANIFEST = "trainbook-model.json"
 FORMAT = "trainbook-model-v1"
+MANIFEST_MAX_BYTES = 1 << 20  # a few files and the run's lineage: kilobytes
 WHAT = "a folder written by `trainbook export RUN_DIR`"
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -34,11 +35,12 @@ def read_manifest(model_dir: str | Path) -> dict:
     """The manifest of an exported model folder, checked to be one (its files are not read: see
     :func:`verify_model_folder`)."""
     path = Path(model_dir) / MANIFEST
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise ExportError(f"model: {str(model_dir)!r} is not an exported model folder (no {MANIFEST}); allowed: "
                           f"{WHAT}")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+    try:  # a model folder from elsewhere may make its manifest a link, a FIFO or a huge file: refused, not read
+        manifest = json.loads(fsio.read_regular_file(path, field="model", error=ExportError,
+                                                     limit=MANIFEST_MAX_BYTES).decode("utf-8"))
     except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ExportError(f"model: {str(path)!r} cannot be read ({exc}); allowed: the manifest the export wrote "
                           "(export again)") from None

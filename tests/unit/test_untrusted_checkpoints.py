@@ -173,3 +173,29 @@ def test_the_guard_works_for_users_who_set_the_opposite_switch(tmp_path, monkeyp
             torch.load(tmp_path / "states.pt", weights_only=False)
     assert os.environ[safe_load.FORCE_NO_ENV] == "1" and safe_load.FORCE_ENV not in os.environ
     assert not marker.exists()
+
+
+def test_fifos_and_huge_metadata_are_refused_without_blocking_or_reading_them(tmp_path):
+    run = tmp_path / "run"
+    folder = write_checkpoint(run, 10, good_files())
+    store = CheckpointStore(run)
+    latest = run / "checkpoints" / "LATEST"
+    latest.unlink()
+    os.mkfifo(latest)  # a read would wait forever for a writer
+    info, skipped = store.find_resume_point()
+    assert info.path == folder and "not a regular file" in skipped[0].reason, skipped[0].reason
+    latest.unlink()
+    latest.write_bytes(b"step_00000010" + b" " * 10_000)
+    assert store.latest_name() is None and "over 256 bytes" in store.latest_text()
+
+    manifest = folder / MANIFEST
+    manifest.rename(tmp_path / "real-manifest.json")
+    os.mkfifo(manifest)
+    assert "not a regular file" in store.inspect(folder).reason
+    manifest.unlink()
+    (tmp_path / "real-manifest.json").rename(manifest)
+    os.mkfifo(folder / "listed.pt")  # a listed file that is a FIFO would hang its sha256
+    data = json.loads(manifest.read_text())
+    data["files"]["listed.pt"] = {"size": 0, "sha256": "0" * 64}
+    manifest.write_text(json.dumps(data))
+    assert "listed.pt is not a regular file" in store.inspect(folder).reason
