@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.fsio import atomic_write_text, fsync_path, read_regular_file, swap_in
+from toolkit.fsio import atomic_write_text, file_entry_ok, fsync_path, name_inside, read_regular_file, swap_in
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -284,20 +284,11 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
     if not isinstance(files, dict) or not files:
         return f"files: {files!r}; allowed: an object of file name -> size and sha256"
     for name, meta in files.items():
-        if not _inside(name) or name == MANIFEST:
+        if not name_inside(name) or name == MANIFEST:
             return f"files: {name!r} is not allowed; allowed: a relative path inside the checkpoint folder"
-        if not isinstance(meta, dict) or isinstance(meta.get("size"), bool) or not isinstance(meta.get("size"), int) \
-                or not isinstance(meta.get("sha256"), str):
+        if not file_entry_ok(meta):
             return f"files.{name}: {meta!r}; allowed: an object with size (integer) and sha256 (hex string)"
     return None
-
-
-def _inside(name) -> bool:
-    """A relative path that stays inside its folder: no absolute path, no '..', no empty or odd parts."""
-    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
-        return False
-    parts = name.split("/")
-    return not name.startswith("/") and all(part not in ("", ".", "..") for part in parts)
 
 
 def _folder_problem(path: Path, files: dict) -> str | None:

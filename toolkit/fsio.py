@@ -82,6 +82,27 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
     return data
 
 
+# --- names and entries in a manifest or listing read from disk ----------------------------------------------------
+
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def name_inside(name) -> bool:
+    """A relative path that stays inside its folder, as a manifest or listing from elsewhere may spell it: no
+    absolute path, no '..', no empty or '.' part, no backslash or NUL (a name that leaves the folder would make a
+    reader hash, load or write a file anywhere)."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name or name.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def file_entry_ok(entry) -> bool:
+    """``{"size": bytes, "sha256": hex}`` as a manifest or listing records a file."""
+    size = entry.get("size") if isinstance(entry, dict) else None
+    return (isinstance(size, int) and not isinstance(size, bool) and size >= 0
+            and isinstance(entry.get("sha256"), str) and SHA256_RE.fullmatch(entry["sha256"]) is not None)
+
+
 # --- which folder may be replaced ----------------------------------------------------------------------------------
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from toolkit import fsio
@@ -24,7 +23,6 @@ MANIFEST = "trainbook-model.json"
 FORMAT = "trainbook-model-v1"
 MANIFEST_MAX_BYTES = 1 << 20  # a few files and the run's lineage: kilobytes
 WHAT = "a folder written by `trainbook export RUN_DIR`"
-SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class ExportError(ValueError):
@@ -55,15 +53,8 @@ def read_manifest(model_dir: str | Path) -> dict:
 # --- verification: what is served is what was exported -----------------------------------------------------------
 
 def _plain_name(name) -> bool:
-    """A file directly in the folder: no separator, no '..', not hidden (a listed name never leaves the folder)."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and not name.startswith(".")
-            and "/" not in name and "\\" not in name and "\0" not in name)
-
-
-def _entry_ok(info) -> bool:
-    size = info.get("size") if isinstance(info, dict) else None
-    return (isinstance(size, int) and not isinstance(size, bool) and size >= 0
-            and isinstance(info.get("sha256"), str) and bool(SHA256_RE.fullmatch(info["sha256"])))
+    """A file directly in the folder (an export is flat) and not hidden: fsio.name_inside, without a '/'."""
+    return fsio.name_inside(name) and "/" not in name and not name.startswith(".")
 
 
 def listed_files(manifest: dict, where: str) -> dict[str, dict]:
@@ -76,7 +67,7 @@ def listed_files(manifest: dict, where: str) -> dict[str, dict]:
         if not _plain_name(name):
             raise ExportError(f"model: {where} lists {name!r}; allowed: plain file names inside the folder (no '/', "
                               "'..' or leading '.')")
-        if not _entry_ok(info):
+        if not fsio.file_entry_ok(info):
             raise ExportError(f"model: {where} lists {name!r} as {info!r}; allowed: {{\"size\": bytes, \"sha256\": "
                               "64 hex digits}")
     return files
