@@ -8,10 +8,13 @@ has a timeout), and goes only to 127.0.0.1. Add a case to ``corpus()`` to keep a
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -21,10 +24,11 @@ from pathlib import Path
 import pytest
 
 from toolkit.serving.batcher import Batcher
-from toolkit.serving.endpoint import serve
+from toolkit.serving.endpoint import LocalEndpoint, serve
 from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_TEXT_BYTES, RequestError, ScoreRequest, parse
 from toolkit.serving.runtimes import load_runtime
 
+from conftest import PROJECT
 from served_model import exported_tiny_model
 
 HEADER_TIMEOUT, BODY_TIMEOUT = 2.0, 3.0  # short, so that slow clients' fate shows within the test
@@ -408,3 +412,90 @@ def test_well_formed_requests_of_every_framing_are_served(endpoint):
         assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), "the client is told to send its body"
         sock.sendall(body)
         assert read_responses(sock, 1)[0][0] == 200, "after 100-continue"
+
+
+# -------------------------------------------------------------------------- a flood under a low open-file limit
+
+SERVER_OPEN_FILES = 256  # the server's open-file limit, soft and hard, as under `ulimit -n 256`: serve() cannot
+# raise it, so a flood of held connections (FLOOD_HELD, more than the limit) really runs the server out
+FLOOD_HELD = 600
+FLOOD_S = 6.0
+FLOOD_LOG_LIMIT = 32 * 1024  # one line per refusal and per failed accept grew a server's log by 7.7 MB in 15 s
+GOOD_REQUEST_LINES = ("POST /score", "run() output is HTTP Response")  # what each good request logs
+
+
+@contextlib.contextmanager
+def endpoint_under_file_limit(model_dir: Path, workspace: Path, limit: int):
+    """A local endpoint started by a process whose open-file limit (soft and hard) is ``limit``; the server
+    inherits it. The starter stops the server when its stdin closes (and the server stops if the starter dies)."""
+    code = ("import json, resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+            "from toolkit.serving.endpoint import serve; "
+            f"ep = serve({str(model_dir)!r}, workspace={str(workspace)!r}, header_timeout={HEADER_TIMEOUT}, "
+            f"body_timeout={BODY_TIMEOUT}); "
+            "print(json.dumps({'url': ep.url, 'key': ep.key, 'folder': str(ep.folder)}), flush=True); "
+            "sys.stdin.read(); ep.stop()")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, cwd=PROJECT)
+    try:
+        info = json.loads(starter.stdout.readline() or "null")
+        assert info, "the endpoint did not start"
+        # a client's handle on the starter's server: request() and log_path, never stop()
+        yield LocalEndpoint("flooded", info["url"], info["key"], "onnx", model_dir, Path(info["folder"]), starter)
+    finally:
+        starter.stdin.close()
+        try:
+            starter.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            starter.kill()  # its server stops with it (parent watch)
+            starter.wait()
+
+
+def flood_bare_lf(host_port: tuple[str, int], until: float, held: int, opened: list) -> None:
+    """Connections that each send a request with bare-LF line ends (refused at once with 400) and never close,
+    up to ``held`` open at a time (the oldest closed beyond): every refused one lingers on the server. Appends
+    to ``opened`` the number of connections made."""
+    socks: list[socket.socket] = []
+    try:
+        while time.monotonic() < until:
+            with contextlib.suppress(OSError):  # the server's backlog may be full for a moment
+                sock = socket.create_connection(host_port, timeout=5)
+                socks.append(sock)
+                sock.sendall(b"GET / HTTP/1.1\nHost: x\n\n")
+            if len(socks) > held:
+                socks.pop(0).close()
+    finally:
+        opened.append(len(socks))
+        for sock in socks:
+            sock.close()
+
+
+def test_a_flood_of_refused_connections_held_open_cannot_exhaust_descriptors(model_dir, tmp_path):
+    """Refused connections whose clients never close, more at once than the server's open-file limit: the
+    server keeps answering good requests, and the flood costs a few log lines, not one per refusal or per
+    failed accept."""
+    with endpoint_under_file_limit(model_dir, tmp_path / "ws", SERVER_OPEN_FILES) as endpoint:
+        log_before = endpoint.log_path.stat().st_size
+        until, held_at_the_end = time.monotonic() + FLOOD_S, []
+        flooders = [threading.Thread(target=flood_bare_lf, args=(address(endpoint), until, FLOOD_HELD // 2,
+                                                                 held_at_the_end)) for _ in range(2)]
+        for flooder in flooders:
+            flooder.start()
+        try:
+            answers = []
+            while time.monotonic() < until:
+                answers.append(good(endpoint))
+        finally:
+            for flooder in flooders:
+                flooder.join()
+        assert sum(held_at_the_end) > SERVER_OPEN_FILES, "the flood held more connections than the server can"
+        assert answers and all(status == 200 for status, _ in answers), answers
+        assert good(endpoint)[0] == 200
+        with endpoint.log_path.open("rb") as log:
+            log.seek(log_before)
+            text = log.read().decode(errors="replace")
+        assert "Traceback" not in text and "Booting worker" not in text, "the worker ran on, without an error"
+        flood_lines = "\n".join(line for line in text.splitlines() if not any(g in line for g in GOOD_REQUEST_LINES))
+        assert len(flood_lines) < FLOOD_LOG_LIMIT, (f"the flood logged {len(flood_lines):,} characters: "
+                                                    f"{flood_lines.count('Too many open files')} 'Too many open "
+                                                    f"files', {flood_lines.count(' 400 ')} refusals")

@@ -252,3 +252,47 @@ def test_binding_beyond_loopback_warns_that_the_key_travels_in_plain_http(tmp_pa
                            "--workspace", str(tmp_path / "ws")], capture_output=True, text=True, cwd=PROJECT,
                           timeout=60)
     assert proc.returncode != 0 and "plain HTTP" in proc.stderr, proc.stderr
+
+
+REQUEST_TIMEOUT = 1.0  # tiny, so that waiting past it shows within the test
+LONG = {"prompt": "def ", "max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}  # hundreds of ms each, one at a time
+
+
+def test_requests_queued_behind_long_generations_get_503_at_the_request_timeout(model_dir, tmp_path):
+    """One request at a time (max_batch=1) and twelve long generations at once: more work than fits the timeout.
+    Each is answered, 200 or 503 naming the limit, in about the timeout; then the server answers as before."""
+    import time
+
+    with serve(model_dir, workspace=tmp_path / "ws", max_batch=1, request_timeout=REQUEST_TIMEOUT) as endpoint:
+        def timed(seed: int):
+            started = time.perf_counter()
+            status, answer = call(endpoint.scoring_url, {**LONG, "seed": seed}, endpoint.headers())
+            return status, answer, time.perf_counter() - started
+
+        with ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(timed, range(12)))
+        refused = [(answer, seconds) for status, answer, seconds in results if status == 503]
+        assert refused and all(status in (200, 503) for status, _, _ in results), results
+        for answer, seconds in refused:
+            assert f"no answer within {REQUEST_TIMEOUT:g} s" in answer["error"], answer
+            assert REQUEST_TIMEOUT <= seconds < REQUEST_TIMEOUT + 10, "refused at the limit, not before, not long after"
+        assert generate(endpoint)[0] == 200
+
+
+def test_an_in_process_request_waits_no_longer_than_its_timeout(model_dir):
+    """The service's own wait honours the deadline, whatever the batcher is busy with: here work submitted
+    without a deadline (Batcher.submit's default), which no scheduling drops. A request queued behind it gets its
+    503 while that work still runs; its job is cancelled, and the service answers afterwards."""
+    from toolkit.serving.service import ScoringService
+
+    service = ScoringService(model_dir, max_batch=1, request_timeout=0.5)
+    ahead = [service.batcher.submit(GenerateRequest(b"def ", MAX_NEW_TOKENS, 1.0, 0, seed)) for seed in range(12)]
+    body = json.dumps({"prompt": "def ", "max_new_tokens": 4}).encode()
+    status, answer = service.handle("POST", None, len(body), lambda n: body[:n])
+    assert (status, answer) == (503, {"error": "no answer within 0.5 s: the endpoint is overloaded; try again later"})
+    assert not ahead[-1].done(), "answered before the work ahead of it was done, not after"
+    for future in ahead:
+        future.cancel()
+    assert service.handle("POST", None, len(body), lambda n: body[:n])[0] == 200
+    with pytest.raises(ValueError, match="request_timeout: 0 is not allowed; allowed: seconds, above 0"):
+        ScoringService(model_dir, request_timeout=0)

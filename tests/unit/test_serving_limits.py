@@ -1,14 +1,17 @@
-"""The endpoint's pure rules: where an HTTP request ends (so a thread only gets whole requests), how rows are
-shared in one forward, who holds the key, and when binding an address deserves a warning."""
+"""The endpoint's pure rules: where an HTTP request ends (so a thread only gets whole requests), how many
+connections fit the open-file limit, how often a flood is logged, how rows are shared in one forward, who holds
+the key, and when binding an address deserves a warning."""
 
 from __future__ import annotations
+
+import resource
 
 import pytest
 
 from toolkit.serving.batcher import share_rows
 from toolkit.serving.endpoint import plain_http_warning
 from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_HEAD_BYTES
-from toolkit.serving.http_worker import RequestScan
+from toolkit.serving.http_worker import DESCRIPTOR_SPARE, LogThrottle, RequestScan, connection_limit
 from toolkit.serving.service import authorised
 
 READY = RequestScan.READY
@@ -91,6 +94,29 @@ def test_expect_100_continue_is_answered_while_the_body_is_awaited():
     assert outcomes == [None] and scanner.send_continue
     scanner, _ = scan(b"POST /score HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
     assert not scanner.send_continue, "HTTP/1.0 clients do not know 100 Continue (RFC 9110 10.1.1)"
+
+
+def test_connections_fit_the_open_file_limit():
+    assert connection_limit(1000, 1100, 40) == 1000
+    assert connection_limit(1000, 1024, 40) == 1024 - 40 - DESCRIPTOR_SPARE, "ulimit -n 1024: fewer connections"
+    assert connection_limit(1000, 30, 40) == 1, "no room at all: one connection, not none or a negative count"
+    assert connection_limit(1000, resource.RLIM_INFINITY, 40) == 1000
+
+
+def test_a_flood_is_logged_as_a_few_lines_and_a_count():
+    lines: list[str] = []
+    throttle = LogThrottle(lambda message, *args: lines.append(message % args), window_s=10, burst=2,
+                           summary="%d more refused in %g s")
+    for i in range(1000):
+        throttle(i / 1000, "refused %d", i)
+    assert lines == ["refused 0", "refused 1"]
+    throttle.flush(9.9)
+    assert len(lines) == 2, "the count waits for the window's end"
+    throttle.flush(10.0)
+    assert lines[2:] == ["998 more refused in 10 s"]
+    throttle(30.0, "refused %d", 1000)
+    throttle.flush(40.0)
+    assert lines[3:] == ["refused 1000"], "a quiet window ends without a count"
 
 
 @pytest.mark.parametrize("wants, budget, first, given", [

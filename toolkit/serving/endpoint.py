@@ -28,7 +28,7 @@ from pathlib import Path
 
 from toolkit.ports import free_port
 from toolkit.parent_watch import parent_env
-from toolkit.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from toolkit.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
@@ -159,10 +159,12 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", host: str = "127.0.0.1",
           max_batch: int = 16, max_wait_ms: float = 5.0, threads: int = DEFAULT_THREADS, name: str | None = None,
           workspace: str | Path | None = None, ready_timeout: float = READY_TIMEOUT_S,
-          header_timeout: float = HEADER_TIMEOUT_S, body_timeout: float = BODY_TIMEOUT_S) -> LocalEndpoint:
+          header_timeout: float = HEADER_TIMEOUT_S, body_timeout: float = BODY_TIMEOUT_S,
+          request_timeout: float = REQUEST_TIMEOUT_S) -> LocalEndpoint:
     """Start a local endpoint for ``model`` (a model folder or a registered NAME[:VERSION]) and wait until it
     answers; returns its handle. A client gets 408 if its request head has not arrived ``header_timeout``
-    seconds after it connected, or its body ``body_timeout`` seconds after the head."""
+    seconds after it connected, or its body ``body_timeout`` seconds after the head; 503 if its answer is not
+    ready ``request_timeout`` seconds after the request came (the model is busy with others)."""
     import yaml
 
     from toolkit.data_assets import NAME_RE
@@ -179,7 +181,8 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
         raise ValueError(f"--max-batch: {max_batch} is not allowed; allowed: 1 to 256")
     if not 0 <= max_wait_ms <= 1000:
         raise ValueError(f"--max-wait-ms: {max_wait_ms} is not allowed; allowed: 0 to 1000")
-    for option, seconds in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
+    for option, seconds in (("header_timeout", header_timeout), ("body_timeout", body_timeout),
+                            ("request_timeout", request_timeout)):
         if not 0.5 <= seconds <= 3600:
             raise ValueError(f"{option}: {seconds} is not allowed; allowed: 0.5 to 3600 seconds")
     if warning := plain_http_warning(host):
@@ -199,6 +202,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
            # worker class that gives threads only whole requests, and turns gunicorn's control socket off)
            "GUNICORN_CMD_ARGS": f"--threads {threads}",
            "TRAINBOOK_HEADER_TIMEOUT_S": str(header_timeout), "TRAINBOOK_BODY_TIMEOUT_S": str(body_timeout),
+           "TRAINBOOK_REQUEST_TIMEOUT_S": str(request_timeout),
            **parent_env()}  # the server stops if this process dies without stop()
     cmd = [sys.executable, "-m", "toolkit.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]

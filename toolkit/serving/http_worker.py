@@ -7,8 +7,11 @@ thread only a complete request. A client that has not sent its head within HEADE
 BODY_TIMEOUT_S of the head, gets 408. A graceful close (gunicorn's blocks its event loop for up to 2 s per
 connection whose client does not close) lingers without blocking.
 
-What a slow client costs now: one open connection of at most WORKER_CONNECTIONS, for at most the timeouts above
-(the soft limit on open files is raised to fit). A client that opens them all still delays others by up to
+What a slow client costs now: one open connection of at most WORKER_CONNECTIONS, for at most the timeouts above.
+Every open socket counts as a connection, lingering ones too (at most a quarter of the connections linger; beyond
+that the oldest closes at once), and the limit fits the open-file limit, so the worker does not run out of
+descriptors: a server started under a low ``ulimit -n`` takes fewer connections instead. A flood of refused
+requests costs a few log lines, not one each. A client that opens every connection still delays others by up to
 HEADER_TIMEOUT_S: limiting connections per client address would be the next step.
 
 It builds on gunicorn's gthread internals (TConn, the poller, murder_pending), pinned by constraints.txt; the
@@ -43,6 +46,12 @@ MAX_CHUNKED_BYTES = 2 * MAX_BODY_BYTES  # a chunked body as sent, framing includ
 THREAD_IO_TIMEOUT_S = 10.0  # a thread's socket reads and writes: it only reads what is already buffered
 LINGER_S = 2.0  # gunicorn's own graceful-close time
 LINGER_MAX_BYTES = 1024 * 1024  # read and dropped after a refusal, so the refusal is not lost to a reset
+# at most 1/LINGER_SHARE of the connections linger: refused clients that never close cannot hold them all
+LINGER_SHARE = 4
+DESCRIPTOR_SPARE = 16  # left free beyond the connections and what the worker holds open when it starts serving
+ACCEPT_PAUSE_S = 0.5  # out of descriptors all the same (something else took them): wait before trying again
+LOG_WINDOW_S = 10.0
+REFUSALS_LOGGED = 20  # refusals logged one by one per LOG_WINDOW_S; the rest as one count
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 TRANSFER_CODINGS = {b"chunked", b"identity", b"gzip", b"deflate", b"compress"}  # the ones gunicorn knows
 BARE_LF = re.compile(rb"(?<!\r)\n")
@@ -166,6 +175,50 @@ class RequestScan:
         return None
 
 
+class LogThrottle:
+    """One kind of log line at most ``burst`` times per ``window_s`` seconds; the rest are counted, and the count
+    is logged once the window is over (:meth:`flush` runs at every turn of the event loop), so a flood of bad
+    clients costs a few lines, not one per event."""
+
+    def __init__(self, log, window_s: float, burst: int, summary: str):
+        self.log, self.window_s, self.burst = log, window_s, burst
+        self.summary = summary  # formatted with (lines not logged, window_s)
+        self.window_end: float | None = None
+        self.logged = self.skipped = 0
+
+    def __call__(self, now: float, message: str, *args) -> None:
+        self.flush(now)
+        if self.window_end is None:
+            self.window_end = now + self.window_s
+        if self.logged < self.burst:
+            self.logged += 1
+            self.log(message, *args)
+        else:
+            self.skipped += 1
+
+    def flush(self, now: float) -> None:
+        if self.window_end is not None and now >= self.window_end:
+            if self.skipped:
+                self.log(self.summary, self.skipped, self.window_s)
+            self.window_end, self.logged, self.skipped = None, 0, 0
+
+
+def connection_limit(wanted: int, open_files_limit: int, open_now: int) -> int:
+    """Connections one worker may hold at once: ``wanted``, or fewer when the open-file limit leaves less room
+    (each connection is a descriptor) beside the ``open_now`` the worker already holds."""
+    if open_files_limit == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, open_files_limit - open_now - DESCRIPTOR_SPARE))
+
+
+def open_descriptors() -> int:
+    """Files this process holds open (Linux and macOS list them in /dev/fd)."""
+    try:
+        return len(os.listdir("/dev/fd"))
+    except OSError:
+        return 0
+
+
 class _Conn(TConn):
     """A connection whose reads in a pool thread are bounded; a graceful close is handed to the worker's
     event loop instead of blocking it (gunicorn lingers up to 2 s per closed connection, in its event loop)."""
@@ -194,15 +247,42 @@ class WholeRequestWorker(ThreadWorker):
         self.header_timeout = float(os.environ.get("TRAINBOOK_HEADER_TIMEOUT_S", HEADER_TIMEOUT_S))
         self.body_timeout = float(os.environ.get("TRAINBOOK_BODY_TIMEOUT_S", BODY_TIMEOUT_S))
         self.reading: dict[_Conn, RequestScan] = {}
-        self.lingering: dict[socket.socket, list] = {}  # socket -> [deadline, bytes drained]
+        self.lingering: dict[socket.socket, list] = {}  # socket -> [deadline, bytes drained], oldest first
+        self.max_lingering = max(1, self.worker_connections // LINGER_SHARE)
+        self.accept_paused_until = 0.0
+        self.refusals_log = LogThrottle(self.log.info, LOG_WINDOW_S, REFUSALS_LOGGED,
+                                        "%d more requests refused before they reached the application in %g s")
+        self.accept_log = LogThrottle(self.log.warning, LOG_WINDOW_S, 1,
+                                      "cannot accept a connection (out of descriptors) %d more times in %g s")
+
+    def run(self):
+        """Serve, with no more connections than the open-file limit has room for: measured now, when the
+        application (the model) is loaded and holds what it needs."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        open_now = open_descriptors()
+        limit = connection_limit(self.cfg.worker_connections, soft, open_now)
+        if limit < self.cfg.worker_connections:
+            self.log.warning("at most %d connections at once, not %d: the open-file limit is %d and %d files are "
+                             "open (raise it with `ulimit -n`)", limit, self.cfg.worker_connections, soft, open_now)
+        self.worker_connections = limit
+        self.max_keepalived = limit - self.cfg.threads
+        self.max_lingering = max(1, limit // LINGER_SHARE)
+        super().run()
+
+    def set_accept_enabled(self, enabled):
+        if enabled and time.monotonic() < self.accept_paused_until:
+            return  # out of descriptors a moment ago: trying again at once would spin (the event loop asks again)
+        super().set_accept_enabled(enabled)
 
     def accept(self, listener):
         try:
             sock, address = listener.accept()
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: wait for one to close, do not crash
-                self.log.warning("cannot accept a connection: %s", e)
-                self.set_accept_enabled(False)  # the event loop enables it again on its next turn
+                self.accept_log(time.monotonic(), "cannot accept a connection: %s (%d connections open)", e,
+                                self.nr_conns)
+                self.set_accept_enabled(False)
+                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
             elif e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 raise
             return
@@ -267,11 +347,11 @@ class WholeRequestWorker(ThreadWorker):
     def _refuse(self, conn: _Conn, status: int, message: str) -> None:
         """Answer a request that never reaches the application, then close."""
         body = json.dumps({"error": message}).encode()
-        self.log.info("%s: %s %s", conn.client, status, message)
+        self.refusals_log(time.monotonic(), "%s: %s %s", conn.client, status, message)
         self._send(conn.sock, (f"HTTP/1.1 {status} {http_status.HTTPStatus(status).phrase}\r\n"
                                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                                "Connection: close\r\n\r\n").encode() + body)
-        self.nr_conns -= 1
+        self.nr_conns -= 1  # the connection ends here; its socket counts again while it lingers
         self._linger(conn.sock)
 
     @staticmethod
@@ -284,17 +364,24 @@ class WholeRequestWorker(ThreadWorker):
 
     def _linger(self, sock: socket.socket) -> None:
         """Close gracefully (RFC 9112 9.6), as util.close_graceful does but without blocking: stop writing, then
-        read and drop what the client still sends until it closes, LINGER_S passes or LINGER_MAX_BYTES came."""
+        read and drop what the client still sends until it closes, LINGER_S passes or LINGER_MAX_BYTES came.
+        A lingering socket holds a descriptor, so it counts as a connection; when max_lingering already linger,
+        the oldest closes at once (it has had the most time)."""
         try:
             sock.setblocking(False)
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             util.close(sock)
             return
+        if len(self.lingering) >= self.max_lingering:
+            self._end_linger(next(iter(self.lingering)))
+        self.nr_conns += 1
         self.lingering[sock] = [time.monotonic() + LINGER_S, 0]
         self.poller.register(sock, selectors.EVENT_READ, self._drain)
 
     def _drain(self, sock: socket.socket) -> None:
+        if sock not in self.lingering:  # closed earlier in this turn of the event loop, to make room
+            return
         try:
             data = sock.recv(READ_CHUNK)
         except (BlockingIOError, InterruptedError):
@@ -309,6 +396,7 @@ class WholeRequestWorker(ThreadWorker):
         del self.lingering[sock]
         self.poller.unregister(sock)
         util.close(sock)
+        self.nr_conns -= 1
 
     def murder_pending(self):
         """Called by the event loop at least once a second: refuse requests past their time, end lingering."""
@@ -325,11 +413,14 @@ class WholeRequestWorker(ThreadWorker):
         for sock, (deadline, _) in list(self.lingering.items()):
             if now >= deadline or not self.alive:
                 self._end_linger(sock)
+        self.refusals_log.flush(now)
+        self.accept_log.flush(now)
 
 
 def enough_descriptors(needed: int = WORKER_CONNECTIONS + 100) -> None:
     """Raise the soft limit on open files (often 1,024) so that gunicorn reaches its own connection limit before
-    the system's: a worker that runs out of descriptors cannot accept, and every open connection holds one."""
+    the system's: a worker that runs out of descriptors cannot accept, and every open connection holds one.
+    Where the hard limit is lower, the worker takes fewer connections (WholeRequestWorker.run)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard),

@@ -5,7 +5,8 @@
 
 Every refusal is a :class:`RequestError` whose message names the field, the value and what is allowed; the
 service answers it with HTTP 400 (or 413 for a body over the size limit). The local endpoint's HTTP layer
-answers 408 to a client too slow to send its request within HEADER_TIMEOUT_S / BODY_TIMEOUT_S.
+answers 408 to a client too slow to send its request within HEADER_TIMEOUT_S / BODY_TIMEOUT_S; a request not
+answered within REQUEST_TIMEOUT_S gets 503.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; a scoring request needs a few hundred bytes
 HEADER_TIMEOUT_S = 20.0  # from connecting (or from the first byte of a kept-alive connection's next request)
 BODY_TIMEOUT_S = 30.0  # from the end of the headers to the end of the body: a total, not a per-read, limit
+REQUEST_TIMEOUT_S = 120.0  # from a whole request to its answer, waiting for the model included
 MAX_PROMPT_BYTES = 4096
 MAX_TEXT_BYTES = 16 * 1024
 MAX_NEW_TOKENS = 512

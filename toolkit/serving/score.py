@@ -8,6 +8,7 @@ Settings come from environment variables (the deployment's environment_variables
     TRAINBOOK_RUNTIME        onnx (default) or torch
     TRAINBOOK_MAX_BATCH      requests batched into one forward pass (default 16; 1 turns batching off)
     TRAINBOOK_MAX_WAIT_MS    how long an idle model waits for a batch to fill (default 5)
+    TRAINBOOK_REQUEST_TIMEOUT_S  seconds a request may wait for its answer before it gets 503 (default 120)
     TRAINBOOK_KEY_FILE       local endpoint only: the key requests must carry; on Azure ML the endpoint
                              checks keys before a request reaches this script
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from azureml_inference_server_http.api.aml_request import rawhttp  # noqa: E402
 from azureml_inference_server_http.api.aml_response import AMLResponse  # noqa: E402
 
-from toolkit.serving.protocol import RequestError  # noqa: E402
+from toolkit.serving.protocol import REQUEST_TIMEOUT_S, RequestError  # noqa: E402
 from toolkit.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.serving.service import ScoringService  # noqa: E402
 
@@ -41,6 +42,7 @@ def init() -> None:
         runtime=os.environ.get("TRAINBOOK_RUNTIME", "onnx"),
         max_batch=int(os.environ.get("TRAINBOOK_MAX_BATCH", "16")),
         max_wait_ms=float(os.environ.get("TRAINBOOK_MAX_WAIT_MS", "5")),
+        request_timeout=float(os.environ.get("TRAINBOOK_REQUEST_TIMEOUT_S", REQUEST_TIMEOUT_S)),
         key=Path(key_file).read_text().strip() if key_file else None,
     )
 

@@ -17,9 +17,11 @@ and more gunicorn settings (added to GUNICORN_CMD_ARGS):
     a pool thread only ever gets a request that has fully arrived; slow or idle clients time out with 408
     (see toolkit.serving.http_worker).
 ``--worker-connections 1000``
-    open connections at once (the soft limit on open files is raised to fit).
+    open connections at once (the soft limit on open files is raised to fit; when the hard limit is lower, the
+    worker takes as many as fit).
 
-Settings (serve() sets them): TRAINBOOK_HEADER_TIMEOUT_S, TRAINBOOK_BODY_TIMEOUT_S. With
+Settings (serve() sets them): TRAINBOOK_HEADER_TIMEOUT_S, TRAINBOOK_BODY_TIMEOUT_S, and score.py's (among them
+TRAINBOOK_REQUEST_TIMEOUT_S). With
 ``TRAINBOOK_PARENT_PID`` set, the server stops when that process dies (toolkit.parent_watch).
 """
 

@@ -13,10 +13,9 @@ import time
 from typing import Callable
 
 from toolkit.serving.batcher import Batcher
-from toolkit.serving.protocol import MAX_BODY_BYTES, RequestError, body_too_large, parse
+from toolkit.serving.protocol import MAX_BODY_BYTES, REQUEST_TIMEOUT_S, RequestError, body_too_large, parse
 from toolkit.serving.runtimes import describe, load_runtime
 
-REQUEST_TIMEOUT_S = 120.0
 CLIENT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still connected
 log = logging.getLogger("trainbook.serving")
 
@@ -32,10 +31,14 @@ def authorised(key: str | None, authorization: str | None) -> bool:
 
 class ScoringService:
     def __init__(self, model_dir, runtime: str = "onnx", max_batch: int = 16, max_wait_ms: float = 5.0,
-                 key: str | None = None):
+                 key: str | None = None, request_timeout: float = REQUEST_TIMEOUT_S):
         self.runtime = load_runtime(model_dir, runtime)
         self.batcher = Batcher(self.runtime, max_batch=max_batch, max_wait_ms=max_wait_ms)
         self.key = key
+        if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or \
+                not request_timeout > 0:
+            raise ValueError(f"request_timeout: {request_timeout!r} is not allowed; allowed: seconds, above 0")
+        self.request_timeout = request_timeout
         self.info = {**describe(self.runtime), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
                      "max_rows_per_forward": self.batcher.max_rows}
 
@@ -59,11 +62,12 @@ class ScoringService:
             request = parse(read_body(MAX_BODY_BYTES + 1))
         except RequestError as exc:
             return exc.status, {"error": str(exc)}
-        future = self.batcher.submit(request, deadline=started + REQUEST_TIMEOUT_S)
+        deadline = started + self.request_timeout
+        future = self.batcher.submit(request, deadline=deadline)
         try:
-            result = self._wait(future, client_gone)
+            result = self._wait(future, deadline, client_gone)
         except TimeoutError:
-            return 503, {"error": f"no answer within {REQUEST_TIMEOUT_S:g} s: the endpoint is overloaded; "
+            return 503, {"error": f"no answer within {self.request_timeout:g} s: the endpoint is overloaded; "
                                   "try again later"}
         except Exception:  # the model failed: logged with its traceback here, a plain message to the client
             log.exception("scoring failed")
@@ -74,14 +78,21 @@ class ScoringService:
         return 200, result
 
     @staticmethod
-    def _wait(future, client_gone: Callable[[], bool] | None) -> dict | None:
-        """The answer; None if the client hung up first (the work is cancelled: the batcher drops it)."""
+    def _wait(future, deadline: float, client_gone: Callable[[], bool] | None) -> dict | None:
+        """The answer; None if the client hung up first; TimeoutError once ``deadline`` (a time.perf_counter()
+        value) has passed. The wait keeps the deadline itself: the batcher checks it only for work in the batch,
+        and what is ahead in the queue may have none. Work nobody waits for is cancelled: the batcher drops it."""
         while True:
+            left = deadline - time.perf_counter()
             try:
-                return future.result(timeout=CLIENT_CHECK_S if client_gone else None)
+                return future.result(timeout=max(0.0, min(left, CLIENT_CHECK_S) if client_gone else left))
             except TimeoutError:
                 if future.done():  # answered just now, or the batcher's deadline passed (its TimeoutError)
                     return future.result()
-                if client_gone():
-                    future.cancel()
-                    return None
+            timed_out = time.perf_counter() >= deadline
+            if timed_out or client_gone is not None and client_gone():
+                if not future.cancel():  # answered in the meantime
+                    return future.result()
+                if timed_out:
+                    raise TimeoutError("no answer within the request deadline")
+                return None
