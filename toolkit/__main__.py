@@ -259,7 +259,8 @@ def _cmd_serve(args) -> int:
         warnings.simplefilter("always", PlainHTTPWarning)
         try:
             endpoint = serve(args.model, port=args.port, runtime=args.runtime, host=args.host,
-                             max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, workspace=args.workspace)
+                             max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, workspace=args.workspace,
+                             request_timeout=args.request_timeout)
         finally:
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr, flush=True)
@@ -277,6 +278,7 @@ def _cmd_workshop_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from toolkit.serving.protocol import REQUEST_TIMEOUT_S  # a plain module of limits: no server imported
     parser = argparse.ArgumentParser(prog="trainbook", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
 
@@ -399,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--max-batch", type=int, default=16, help="requests per forward pass (1: no batching)")
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long an idle model waits to fill a batch")
+    serve.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                       help=f"seconds a request may wait for its answer before a 503 (default {REQUEST_TIMEOUT_S:g})")
     serve.add_argument("--workspace")
     serve.set_defaults(func=_cmd_serve)
 
