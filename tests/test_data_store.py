@@ -163,20 +163,60 @@ def test_a_tampered_blob_is_replaced_by_the_next_registration_of_its_content(ws,
     assert not any(p.asset == "blobby:1" for p in data_assets.verify(ws).problems)
 
 
-def test_training_refuses_a_registered_snapshot_that_was_tampered_with(ws, tmp_path, monkeypatch):
+def _one_file_asset(ws, tmp_path):
+    """(source folder, asset, blob) of an asset of one file."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"A" * 100)
+    blob = ws.datastore / "blobs" / hashlib.sha256(b"A" * 100).hexdigest()
+    return folder, data_assets.register(ws, "src", folder), blob
+
+
+def test_a_blob_changed_in_size_behind_its_read_only_mode_is_replaced_by_the_next_registration(ws, tmp_path):
+    folder, asset, blob = _one_file_asset(ws, tmp_path)
+    blob.chmod(0o644)
+    blob.write_bytes(b'[{"name": "what the older Trainbook wrote through a hard link"}]')
+    blob.chmod(0o444)  # the mode as it was: only the size tells, and a registration reads no intact-looking blob
+    assert data_assets.register(ws, "src", folder).ref == "src:1"
+    assert _bad_blobs(ws) == [] and (asset.path / "a.txt").read_bytes() == b"A" * 100
+    assert data_assets.verify(ws).ok
+
+
+def test_a_writable_blob_is_checked_and_made_read_only_again_in_place(ws, tmp_path):
+    folder, asset, blob = _one_file_asset(ws, tmp_path)
+    blob.chmod(0o644)  # writable: no longer taken as intact without reading it
+    inode = blob.stat().st_ino
+    data_assets.register(ws, "src", folder)
+    assert blob.stat().st_mode & 0o777 == 0o444, "read-only again, so the next registration need not read it"
+    assert blob.stat().st_ino == inode == (asset.path / "a.txt").stat().st_ino, "intact: kept, links unchanged"
+    assert _bad_blobs(ws) == [] and data_assets.verify(ws).ok
+
+
+def test_training_reads_only_the_registered_files_and_refuses_one_that_was_replaced(ws, tmp_path, monkeypatch):
     from toolkit import data as data_mod
 
     monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "texts"
     folder.mkdir()
     (folder / "a.txt").write_bytes(b"A" * 400)
+    (folder / "b.txt").write_bytes(b"B" * 400)
     asset = data_assets.register(ws, "texts", folder)
     (asset.path / "planted.txt").write_bytes(b"not registered")
-    with pytest.raises(DataAssetError, match=r"texts:1 .* not the bytes it was registered with.*data verify texts:1"):
-        data_mod.token_file(asset)
+    replaced = asset.path / "b.txt"
+    replaced.unlink()
+    replaced.write_bytes(b"X" * 400)  # a registered file's place taken by other bytes (its blob is intact)
+    with pytest.raises(DataAssetError, match=r"b\.txt' of texts:1 is not the file registered as 'b\.txt'.*"
+                                             r"data verify texts:1.*--repair"):
+        data_mod.token_file(data_assets.open_asset(ws, "texts:1"))
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "nothing was cached"
-    (asset.path / "planted.txt").unlink()
-    assert data_mod.token_file(asset).read_bytes() == b"A" * 400
+    with pytest.raises(DataAssetError, match="texts:1 was looked up without its listing; .*data_assets.open_asset"):
+        data_mod.token_file(data_assets.get(ws, "texts:1"))  # never a walk of the snapshot instead
+    replaced.unlink()
+    replaced.write_bytes(b"B" * 400)
+    # read by its listing: a file that is not in it is never read (data verify still reports it)
+    tokens = data_mod.token_file(data_assets.open_asset(ws, "texts:1"))
+    assert tokens.read_bytes() == b"A" * 400 + b"\n\n" + b"B" * 400
+    assert [p.file for p in data_assets.verify(ws).problems] == ["planted.txt"]
 
 
 def _as_old_layout(ws, asset) -> None:

@@ -135,8 +135,10 @@ SEPARATOR = b"\n\n"  # between two files of a folder asset
 def token_file(asset) -> Path:
     """Tokenize a text asset once per content: its files' bytes in file-name order, joined by SEPARATOR, in one
     flat file in the user cache keyed by the content hash and the tokenizer (never beside the data: not in a
-    snapshot, not in the user's folder), written atomically. Each file is hashed as it is copied, and bytes that
-    are not the ones the asset was hashed as are refused, so the tokens are always what the lineage names."""
+    snapshot, not in the user's folder), written atomically. The files are the asset's listing for a registered
+    version (from :func:`toolkit.data_assets.open_asset`), never a walk of its snapshot. Each file is hashed as it
+    is copied, and bytes that are not the ones the asset was hashed as are refused, so the tokens are always what
+    the lineage names."""
     import uuid
 
     from toolkit.data_assets import asset_files, check_unchanged, read_hashed
@@ -193,7 +195,8 @@ def load_corpus(cfg) -> Corpus:
     elif cfg.data.asset:
         from toolkit.workspace import Workspace
 
-        asset = data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
+        # open_asset, not get: the listing comes along, so only the registered files are read
+        asset = data_assets.open_asset(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
     else:
         return DATASETS[cfg.data.dataset](cfg)
     corpus = ASSET_LOADERS[asset.type](asset, cfg)

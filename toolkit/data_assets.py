@@ -16,12 +16,13 @@ Every file is written under a '.tmp' name and renamed into place: nothing in the
 writing, so no write can reach a blob through one of its links, and a killed registration leaves only '.tmp'
 leftovers. A snapshot holds the user's files and nothing else, so a job reading it in place (Azure ML mounts the
 uploaded snapshot) hashes it to the registered asset. Older Trainbooks kept the listing inside the snapshot
-(``.listing.json``): :func:`verify` reports such snapshots, and ``verify(repair=True)`` or registering the same
-content again rebuilds them.
+(``.listing.json``): :func:`verify` reports such snapshots; the first read (:func:`open_asset`, as training
+does), ``verify(repair=True)`` or registering the same content again rebuilds them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ import stat
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from toolkit.checkpoint_store import HASH_CHUNK, sha256_file
@@ -65,8 +66,8 @@ class DataAsset:
     tags: dict
     archived: bool
     path: Path  # the immutable snapshot: a file for uri_file, a folder otherwise
-    # every file's name, sha256 and size as hashed, when this object did the hashing (open_path); a registered
-    # asset's listing stays in the datastore (see verify)
+    # every file's name, sha256 and size: as hashed when this object did the hashing (open_path), as registered
+    # from open_asset; empty from get and list_assets (a registered asset's listing stays in the datastore)
     listing: tuple = field(default=(), compare=False, repr=False)
 
     @property
@@ -171,6 +172,31 @@ def _intact(path: Path, sha256: str) -> bool:
         return False
 
 
+def _reusable_blob(blob: Path, sha256: str, size: int) -> bool:
+    """Whether a registration may link an existing blob instead of storing the bytes again.
+
+    Re-hashing every blob on every registration doubled the time to register content that is already stored, so
+    a blob is taken as intact without reading it when its lstat shows what this module leaves: a regular file of
+    the expected size with no write permission. That heals what a registration can see cheaply: a blob missing,
+    replaced by a link, truncated or grown (the older Trainbook's write through a hard link), or made writable
+    (how anyone but root edits one). A blob rewritten in place at the same size with its mode put back, or bit
+    rot, is what `data verify` finds: it re-hashes every blob. Any other blob is re-hashed here; an intact one is
+    made read-only again (so the next check is cheap), a damaged one is replaced."""
+    try:
+        found = blob.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+        return False
+    if not found.st_mode & 0o222:
+        return True
+    if not _intact(blob, sha256):
+        return False
+    with contextlib.suppress(PermissionError):  # another user's blob stays as it is, checked by hash each time
+        os.chmod(blob, stat.S_IMODE(found.st_mode) & ~0o222)  # metadata only: no byte of any link to it changes
+    return True
+
+
 def _publish_file(dest: Path, data: bytes) -> None:
     """``data`` as the read-only file ``dest``, through a fresh temporary name: a file already at ``dest`` is
     replaced, never opened, so nothing is written through a link to it."""
@@ -198,20 +224,21 @@ def _copy_into_store(path: Path, blobs: Path) -> str:
 
     Small files are read once: hashed from memory and written from the same bytes, so the blob is what was
     hashed even if the source changes meanwhile. Large files are hashed while copied, then checked again. A
-    blob already stored is reused only if its bytes still hash to its name; a damaged one is replaced.
+    blob already stored is reused only if it still looks as it was left (:func:`_reusable_blob`); a damaged one
+    is replaced.
     """
     if path.stat().st_size <= SMALL_BLOB_BYTES:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        if not _intact(blobs / digest, digest):
+        if not _reusable_blob(blobs / digest, digest, len(data)):
             _publish_file(blobs / digest, data)
         return digest
     tmp = _tmp_path(blobs, "blob")
     try:
         with open(tmp, "xb") as dst:
-            digest, _ = read_hashed(path, dst)
+            digest, size = read_hashed(path, dst)
         blob = blobs / digest
-        if not _intact(blob, digest):
+        if not _reusable_blob(blob, digest, size):
             if sha256_file(tmp) != digest:
                 raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
             os.chmod(tmp, 0o444)
@@ -272,11 +299,18 @@ def _read_listing(path: Path, type: str, content: str, wrapped: bool) -> list[di
 def _store_tree(folder: Path) -> dict[str, os.stat_result]:
     """Everything in a store folder that is not a directory (files, links, anything else), never following a
     link: what is physically there, to compare with a listing."""
-    found = {}
-    for parent, dirs, files in os.walk(folder):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(parent, d))]:
-            path = os.path.join(parent, name)
-            found[Path(path).relative_to(folder).as_posix()] = os.lstat(path)
+    found, pending = {}, [("", str(folder))]
+    while pending:  # scandir and plain strings: every registration of known content checks its whole snapshot
+        prefix, path = pending.pop()
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append((f"{prefix}{entry.name}/", entry.path))
+                    else:
+                        found[prefix + entry.name] = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # swapped out by a rebuild while read: what is gone is reported missing
+            continue
     return found
 
 
@@ -295,7 +329,7 @@ def _snapshot_problems(folder: Path, listing: list[dict], blobs: Path) -> list[t
         elif not stat.S_ISREG(found.st_mode):
             problems.append((name, "is a symbolic link or special file, not the registered file"))
         elif not _same_file(found, blobs / entry["sha256"]) and \
-                (found.st_size != entry["size"] or sha256_file(folder / name) != entry["sha256"]):
+                (found.st_size != entry["size"] or not _intact(folder / name, entry["sha256"])):
             problems.append((name, f"changed: its bytes are not the registered ones (sha256 {entry['sha256']})"))
     return sorted(problems)
 
@@ -333,6 +367,32 @@ def _publish_snapshot(ws: Workspace, content: str, listing: list[dict]) -> Path:
     if not _snapshot_problems(snapshot, listing, blobs):
         return snapshot
     snapshot.parent.mkdir(parents=True, exist_ok=True)
+    # One rebuild at a time, checked again under the lock: two processes finding the same damaged (or older)
+    # snapshot, say two ranks starting on it, would otherwise each swap one in, and the second would set aside
+    # the first one's snapshot while that one's process reads it.
+    with _locked(snapshot.parent):
+        if _snapshot_problems(snapshot, listing, blobs):
+            _rebuild_snapshot(blobs, snapshot, listing)
+    return snapshot
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on a store folder, held until the block ends (the kernel drops it if the process dies:
+    a killed holder never blocks anyone). Nothing is written: the folder is only opened to lock it."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _rebuild_snapshot(blobs: Path, snapshot: Path, listing: list[dict]) -> None:
+    """Link the listing's files from their blobs into a fresh folder and swap it in for ``snapshot``."""
+    content = snapshot.name
     tmp = _tmp_path(snapshot.parent, content)
     try:
         for entry in listing:
@@ -355,7 +415,6 @@ def _publish_snapshot(ws: Workspace, content: str, listing: list[dict]) -> Path:
     finally:
         if tmp.exists():
             _remove(tmp)
-    return snapshot
 
 
 def store_snapshot(ws: Workspace, source: Path, type: str) -> tuple[str, int, int, str]:
@@ -423,8 +482,9 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
     return name, int(version) if sep else None
 
 
-def get(ws: Workspace, ref: str) -> DataAsset:
-    """``name:version`` (archived ones included: old runs stay reproducible) or ``name`` (latest not archived)."""
+def _row(ws: Workspace, ref: str):
+    """The catalogue row of ``name:version`` (archived ones included: old runs stay reproducible) or ``name``
+    (latest not archived); refuses an unknown reference, naming the versions that exist."""
     name, version = parse_ref(ref)
     conn = ws.connect()
     try:
@@ -438,9 +498,58 @@ def get(ws: Workspace, ref: str) -> DataAsset:
                 "SELECT name, version FROM data_assets WHERE name = ? ORDER BY version", (name,))]
             raise DataAssetError(f"data asset: {ref!r} is not registered; "
                                  + (f"versions of {name}: {', '.join(known)}" if known else "no asset has that name"))
-        return _row_to_asset(ws, row)
+        return row
     finally:
         conn.close()
+
+
+def get(ws: Workspace, ref: str) -> DataAsset:
+    """``name:version`` (archived ones included: old runs stay reproducible) or ``name`` (latest not archived).
+    Its description only; to read its files, :func:`open_asset`."""
+    return _row_to_asset(ws, _row(ws, ref))
+
+
+def open_asset(ws: Workspace, ref: str) -> DataAsset:
+    """A registered version ready to be read, as training reads it: :func:`get` with the version's listing
+    attached, so :func:`asset_files` names exactly the registered files and never walks the snapshot (a file
+    that is not in the listing is never read). A snapshot not in the current layout (made by an older Trainbook,
+    whose listing inside it is accepted only if it hashes to the registered content; or missing, a rebuild
+    having been killed) is rebuilt first through the repair path, from intact blobs only: the next reader, a job
+    mounting the snapshot included, finds exactly the user's files."""
+    row = _row(ws, ref)
+    listing, found, old_layout = _asset_listing(ws, row)
+    if listing is None:
+        raise DataAssetError(f"data asset: {row['name']}:{row['version']} cannot be read: {found[0]}")
+    folder = _snapshot_folder(ws, row)
+    why = "is missing or not a folder" if folder.is_symlink() or not folder.is_dir() else \
+        "was made by an older Trainbook" if old_layout or _holds_old_listing(folder, listing) else None
+    if why:
+        row = _rebuild_for_use(ws, row, listing, why)
+    return replace(_row_to_asset(ws, row), listing=tuple(listing))
+
+
+def _holds_old_listing(folder: Path, listing: list[dict]) -> bool:
+    """Whether a snapshot folder still holds an older Trainbook's own listing (and so, often, its token cache): a
+    rebuild put the listing in listings/ but was killed before the snapshot was swapped. No file is read."""
+    return os.path.lexists(folder / OLD_LISTING) and all(entry["name"] != OLD_LISTING for entry in listing)
+
+
+def _rebuild_for_use(ws: Workspace, row, listing: list[dict], why: str):
+    """Rebuild a version's snapshot in the current layout before it is read (its blobs re-hashed first: only
+    intact ones are linked); returns its row. One that cannot be rebuilt is refused, saying which stored file is
+    damaged and what to do: the user's bytes did not change, the store's copy of them did."""
+    ref = f"{row['name']}:{row['version']}"
+    states, _ = _blob_states(ws.datastore / BLOBS, {entry["sha256"] for entry in listing}, progress=True)
+    repaired = _repair(ws, row, listing, states)
+    if repaired is not None:
+        return repaired
+    entry = next(entry for entry in listing if states[entry["sha256"]])
+    raise DataAssetError(
+        f"data asset: {ref} cannot be read: its snapshot {why} and cannot be rebuilt, because the datastore's copy of "
+        f"{entry['name']!r} (blob {entry['sha256']}) {states[entry['sha256']]}; nothing was read. "
+        f"`trainbook data verify --repair` rebuilds every version it can and names each damaged file; to replace "
+        f"the damaged copy, register the source of {ref} again (`trainbook data register {row['name']} "
+        f"{row['source']}`)")
 
 
 def list_assets(ws: Workspace, name: str | None = None, include_archived: bool = False,
@@ -497,9 +606,34 @@ def open_path(path: str | Path, hash: bool = True) -> DataAsset:
 
 
 def asset_files(asset: DataAsset) -> list[tuple[str, Path]]:
-    """(name in the listing, path) of every file of an asset as it is on disk now, in content-hash order: its one
-    file, or a folder's files by the registration's rule."""
-    return [(asset.path.name, asset.path)] if asset.type == "uri_file" else _files_of(asset.path)
+    """(name in the listing, path) of every file of an asset, in content-hash order. A registered version's come
+    from its listing (:func:`open_asset` attaches it), never from walking its snapshot: nothing but the registered
+    files is read, whatever else the folder holds. A file or folder opened in place is walked by the
+    registration's rule."""
+    if not asset.version:
+        return [(asset.path.name, asset.path)] if asset.type == "uri_file" else _files_of(asset.path)
+    if not asset.listing:
+        raise DataAssetError(f"data asset: {asset.ref} was looked up without its listing; read a registered "
+                             "version through data_assets.open_asset")
+    folder = asset.path.parent if asset.type == "uri_file" else asset.path
+    return [(entry["name"], _registered_file(asset, folder, entry["name"])) for entry in asset.listing]
+
+
+def _registered_file(asset: DataAsset, folder: Path, name: str) -> Path:
+    """The snapshot's file ``name``, refused unless it is a regular file inside the folder: a copied workspace is
+    untrusted, and a link or a fifo in a snapshot must not be followed or block the reader."""
+    path = folder / name
+    try:
+        inside = path.parent.resolve() == folder.resolve() / PurePosixPath(name).parent
+        regular = inside and stat.S_ISREG(path.lstat().st_mode)
+        state = "is a link, or not a regular file, where the registered file belongs"
+    except FileNotFoundError:
+        regular, state = False, "is missing"
+    if not regular:
+        raise DataAssetError(f"data: {str(path)!r} of {asset.ref} {state}; nothing was read; `trainbook data verify "
+                             f"{asset.ref}` names the damage and `trainbook data verify --repair` rebuilds the "
+                             "snapshot from intact blobs")
+    return path
 
 
 def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
@@ -512,14 +646,19 @@ def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
         read = {entry["name"]: entry["sha256"] for entry in listing}
         for name in sorted(hashed.keys() | read.keys()):
             if hashed.get(name) != read.get(name):
-                state = "appeared" if name not in hashed else "disappeared" if name not in read else "changed"
                 file = asset.path if asset.type == "uri_file" else asset.path / name
+                if asset.version:  # read by its listing: a snapshot file whose bytes are not the stored ones
+                    raise DataAssetError(
+                        f"data: {str(file)!r} of {where} is not the file registered as {name!r} (sha256 "
+                        f"{hashed[name]}); nothing was cached; `trainbook data verify {where}` names the damage and "
+                        "`trainbook data verify --repair` rebuilds the snapshot from intact blobs")
+                state = "appeared" if name not in hashed else "disappeared" if name not in read else "changed"
                 raise DataAssetError(f"data: {str(file)!r} {state} after it was hashed for {where}; nothing was "
                                      "cached; allowed: data that stays the same while a run reads it (start the "
                                      "run again to hash the new content)")
     if content_hash(asset.type, listing) == asset.sha256:
         return
-    if asset.version:  # a registered asset: its snapshot was tampered with; verify names the file
+    if asset.version:  # unreachable through open_asset (its listing hashes to the registration): a backstop
         raise DataAssetError(f"data: the files of {where} at {str(asset.path)!r} are not the bytes it was registered "
                              f"with; nothing was cached; `trainbook data verify {asset.ref}` names the file")
     raise DataAssetError(f"data: the files of {where} changed after they were hashed; nothing was cached; allowed: "
@@ -591,15 +730,18 @@ def _asset_listing(ws: Workspace, row) -> tuple[list[dict] | None, list[str], bo
     content, type = row["sha256"], row["type"]
     if not SHA256_RE.fullmatch(content):
         return None, [f"its content hash {content!r} is not a sha256; the catalogue row is damaged"], False
-    listing = _read_listing(ws.datastore / LISTINGS / f"{content}.json", type, content, wrapped=True)
+    current, inside = ws.datastore / LISTINGS / f"{content}.json", _snapshot_folder(ws, row) / OLD_LISTING
+    listing = _read_listing(current, type, content, wrapped=True)
+    old = None if listing is not None else _read_listing(inside, type, content, wrapped=False)
+    if listing is None and old is None:  # looked again: a rebuild stores the listing, then swaps out the old one
+        listing = _read_listing(current, type, content, wrapped=True)
     if listing is not None:
         return listing, [], False
-    old = _read_listing(_snapshot_folder(ws, row) / OLD_LISTING, type, content, wrapped=False)
     if old is not None:
         return old, ["made by an older Trainbook: its listing is kept inside the snapshot folder, so the folder is "
                      "not exactly the registered files; `trainbook data verify --repair` rebuilds it"], True
-    return None, [f"no listing in {LISTINGS}/ hashes to {content}: its files cannot be checked; register its source "
-                  "again"], False
+    return None, [f"no listing in {LISTINGS}/ (nor an older Trainbook's {OLD_LISTING} in its snapshot) hashes to "
+                  f"{content}: its files cannot be checked; register its source again"], False
 
 
 def _snapshot_folder(ws: Workspace, row) -> Path:
