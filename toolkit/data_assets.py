@@ -35,12 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from toolkit import fsio
 from toolkit.checkpoint_store import HASH_CHUNK, sha256_file
 from toolkit.workspace import Workspace
 
 TYPES = ("uri_file", "uri_folder", "mltable")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
-SHA256_RE = re.compile(r"[0-9a-f]{64}")
+SHA256_RE = fsio.SHA256_RE
 SMALL_BLOB_BYTES = 1 << 20
 SNAPSHOT_THREADS = 4
 BLOBS, LISTINGS, SNAPSHOTS = "blobs", "listings", "snapshots"
@@ -272,12 +273,7 @@ def _checked_listing(listing) -> list[dict]:
     """A listing read from disk, refused unless every entry is a plain relative name with a hash and a size: a
     copied workspace is untrusted, and a name like '../x' would place a file outside its snapshot."""
     def fine(entry) -> bool:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        pure = PurePosixPath(name) if isinstance(name, str) and name else None
-        return (pure is not None and str(pure) == name and not pure.is_absolute() and ".." not in pure.parts
-                and "\\" not in name and isinstance(entry.get("sha256"), str)
-                and SHA256_RE.fullmatch(entry["sha256"]) is not None
-                and isinstance(entry.get("size"), int) and entry["size"] >= 0)
+        return isinstance(entry, dict) and fsio.name_inside(entry.get("name")) and fsio.file_entry_ok(entry)
 
     if not isinstance(listing, list) or not all(fine(e) for e in listing) or \
             len({e["name"] for e in listing}) != len(listing):

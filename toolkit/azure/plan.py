@@ -104,7 +104,7 @@ def _local_asset(cfg):
 
     try:
         ws = Workspace.open(cfg.data.workspace or None)
-        asset = data_assets.get(ws, cfg.data.asset)
+        asset = data_assets.open_asset(ws, cfg.data.asset)  # an older Trainbook's snapshot is upgraded here
     except (data_assets.DataAssetError, WorkspaceError) as exc:
         detail = str(exc).removeprefix("data asset: ")
         raise AzureError(f"data.asset: {detail}") from None
