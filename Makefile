@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: setup demo test test-fast bench lock clean
+.PHONY: setup demo test test-unit test-fast bench lock clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Pure logic only (no subprocess, no training): seconds.
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
