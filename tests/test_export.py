@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -57,8 +58,12 @@ def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoi
 
 def test_export_replaces_an_older_export_whole_and_the_cli_reports_parity(train_tiny, tmp_path):
     run = _trained(train_tiny)
-    export_run(run.path)
-    (run.path / "model" / "stale.txt").write_text("from an older export")
+    older = export_run(run.path).path
+    # an older exporter's extra file (ONNX external weights), listed by its manifest: replaced with the folder
+    (older / "model.onnx.data").write_bytes(b"external weights")
+    manifest = json.loads((older / MANIFEST).read_text())
+    manifest["files"]["model.onnx.data"] = {"size": 16, "sha256": hashlib.sha256(b"external weights").hexdigest()}
+    (older / MANIFEST).write_text(json.dumps(manifest))
     proc = cli("export", str(run.path), "--register", "--workspace", str(tmp_path / "ws"))
     assert proc.returncode == 0, proc.stderr
     assert "parity        max |torch - onnxruntime|" in proc.stdout and "registered    tiny:1" in proc.stdout
