@@ -153,10 +153,11 @@ def test_a_reader_spinning_beside_re_exports_never_finds_the_model_folder_missin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.stop"], "no staging folder left"
 
 
-# A re-export child for the crash test: the export's own staging and publishing (toolkit.model_format, which
-# export_run calls) over the files of a real export, with parity.json and the manifest made its own so that no two
-# re-exports are alike and a mix of two would fail the check. Building the files again (ONNX, ~8 s) would change
-# nothing in what a kill can leave behind; one real `trainbook export` is killed mid-build too.
+# A re-export child for the crash test: the export's own staging and publishing (toolkit.fsio through
+# toolkit.model_format, which export_run calls) over the files of a real export, with parity.json and the manifest
+# made its own so that no two re-exports are alike and a mix of two would fail the check. Building the files again
+# (ONNX, ~8 s) would change nothing in what a kill can leave behind; one real `trainbook export` is killed
+# mid-build too.
 RE_EXPORT = r"""
 import json, shutil, sys
 from pathlib import Path
