@@ -153,3 +153,13 @@ def test_resume_refuses_when_a_live_supervisor_of_the_run_cannot_be_ruled_out(tr
     finally:
         supervisor.kill()
         supervisor.wait()
+
+
+def test_a_handle_kill_that_comes_after_the_runs_end_is_a_no_op(tmp_path):
+    """What notebook 04 does when the run finishes between its step-K event and the kill: False, not an error
+    (the command line, asked to kill a finished run, refuses it: see above)."""
+    from toolkit import config as config_mod, launch
+
+    handle = launch.start(config_mod.load("tiny", ["train.max_steps=3"]), run_dir=tmp_path / "run")
+    assert handle.wait() == 0
+    assert handle.kill() is False

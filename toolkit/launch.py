@@ -103,9 +103,15 @@ class RunHandle:
         """Simulate a hardware failure: signal every training process (all ranks and their launcher).
 
         The supervisor survives and, with --max-restarts, restarts from the latest valid checkpoint.
-        Returns False when no training process was running.
+        Returns False when no training process was running, the run having ended first included (a notebook
+        that kills at step K races the run's own end); still refuses a process group that is not the run's.
         """
-        return kill_training(self.run, sig)
+        try:
+            return kill_training(self.run, sig)
+        except NotThisRunError:
+            if self.run.read_status().get("state") in FINAL_STATES:
+                return False
+            raise
 
     def stop(self, grace_s: float = 15.0) -> int:
         """Stop the run for good: SIGTERM to the supervisor (which passes it to the ranks), then SIGKILL."""
