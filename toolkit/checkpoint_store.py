@@ -16,7 +16,6 @@ and manifests are read as untrusted text, so no name in them leads outside the r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,13 +24,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.fsio import atomic_write_text, file_entry_ok, fsync_path, name_inside, read_regular_file, swap_in
+from toolkit.fsio import (HASH_CHUNK, atomic_write_text, file_entry_ok, fsync_path,  # noqa: F401 (re-exported)
+                          name_inside, read_regular_file, sha256_file, swap_in)
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 TMP_PREFIX = ".tmp-"
 SUPERSEDED_PREFIX = "superseded-"
-HASH_CHUNK = 8 << 20
 LATEST_MAX_BYTES = 256  # a checkpoint name and a newline
 MANIFEST_MAX_BYTES = 16 << 20  # the config and a few files per rank: kilobytes; far beyond any real manifest
 STEP_RE = re.compile(r"step_\d{8,}")  # what step_name() writes; the only names LATEST may hold
@@ -50,14 +49,6 @@ class CheckpointError(RuntimeError):
 
 def step_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):  # hashlib releases the GIL on large chunks: training keeps going
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def describe_files(folder: Path, names) -> dict:

@@ -141,7 +141,8 @@ def token_file(asset) -> Path:
     the lineage names."""
     import uuid
 
-    from toolkit.data_assets import asset_files, check_unchanged, read_hashed
+    from toolkit.data_assets import asset_files, check_unchanged
+    from toolkit.fsio import read_hashed
 
     if not asset.sha256:
         raise ValueError(f"data: {asset.source!r} was opened without hashing; a token file needs its content hash")

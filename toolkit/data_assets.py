@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from toolkit import fsio
-from toolkit.checkpoint_store import HASH_CHUNK, sha256_file
+from toolkit.fsio import HASH_CHUNK, read_hashed, sha256_file
 from toolkit.workspace import Workspace
 
 TYPES = ("uri_file", "uri_folder", "mltable")
@@ -150,19 +150,6 @@ def _check_mltable(folder: Path) -> None:
 
 def _tmp_path(folder: Path, stem: str) -> Path:
     return folder / f".{stem}.{uuid.uuid4().hex}{TMP_SUFFIX}"
-
-
-def read_hashed(path: Path, out=None) -> tuple[str, int]:
-    """(sha256, size) of a file from one read, its bytes also written to ``out`` as they go (a copy that is
-    exactly what was hashed, even if the file changes meanwhile)."""
-    hasher, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            hasher.update(chunk)
-            size += len(chunk)
-            if out is not None:
-                out.write(chunk)
-    return hasher.hexdigest(), size
 
 
 def _intact(path: Path, sha256: str) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -80,6 +81,28 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
     if limit is not None and len(data) > limit:
         raise error(f"{field}: {str(path)!r} is over {limit:,} bytes; allowed: the small file Trainbook writes there")
     return data
+
+
+# --- hashing ---------------------------------------------------------------------------------------------------------
+
+HASH_CHUNK = 8 << 20  # hashlib releases the GIL on large chunks: training (or serving) goes on meanwhile
+
+
+def read_hashed(path: Path, out=None) -> tuple[str, int]:
+    """(sha256, size) of a file from one read, its bytes also written to ``out`` as they go (a copy that is
+    exactly what was hashed, even if the file changes meanwhile)."""
+    hasher, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+            if out is not None:
+                out.write(chunk)
+    return hasher.hexdigest(), size
+
+
+def sha256_file(path: Path) -> str:
+    return read_hashed(path)[0]
 
 
 # --- names and entries in a manifest or listing read from disk ----------------------------------------------------

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from toolkit import fsio
-from toolkit.checkpoint_store import sha256_file
+from toolkit.fsio import sha256_file
 
 MANIFEST = "trainbook-model.json"
 FORMAT = "trainbook-model-v1"
