@@ -161,7 +161,7 @@ def test_a_reader_spinning_beside_re_exports_never_finds_the_model_folder_missin
 RE_EXPORT = r"""
 import json, shutil, sys
 from pathlib import Path
-from toolkit.checkpoint_store import sha256_file
+from toolkit.fsio import sha256_file
 from toolkit.fsio import staging_folder
 from toolkit.model_format import MANIFEST, publish_folder
 source, out, tag = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

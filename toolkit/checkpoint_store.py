@@ -3,14 +3,14 @@
     checkpoints/
       .tmp-step_00000100/     being written (by every rank); never counts, removed when found stale
       step_00000100/
-        manifest.json          step, world size, engine, config, trainer state, sha256 + size of every file
+        manifest.json          step, world size, engine, config, trainer state, checksum + size of every file
         model.pt ...           the engine's state files, and rank_00000.pt ... (RNG per rank)
       LATEST                   the name of the newest published checkpoint, replaced atomically
       superseded-1700000000-step_00000200/   newer than a checkpoint someone rolled back to: kept, never resumed
 
 A checkpoint counts only if its manifest exists and is well-formed, the folder holds exactly the files it lists
-(no links, no extra files), every file has the recorded size and sha256, and no ``.pt`` file would import anything
-but tensors and plain data when loaded (toolkit.safe_load). A run directory may be a copy from elsewhere: LATEST
+(no links, no extra files), every file has the recorded size and checksum (toolkit.checksum), and no ``.pt``
+file would import anything but tensors and plain data when loaded (toolkit.safe_load). A run directory may be a copy from elsewhere: LATEST
 and manifests are read as untrusted text, so no name in them leads outside the run's checkpoints folder.
 """
 
@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.fsio import (HASH_CHUNK, atomic_write_text, file_entry_ok, fsync_path,  # noqa: F401 (re-exported)
-                          name_inside, read_regular_file, sha256_file, swap_in)
+from toolkit.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
+from toolkit.fsio import atomic_write_text, fsync_path, name_inside, read_regular_file, swap_in
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -52,8 +52,10 @@ def step_name(step: int) -> str:
 
 
 def describe_files(folder: Path, names) -> dict:
-    """{relative name: {"size", "sha256"}} for files already written and fsynced."""
-    return {name: {"size": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in names}
+    """{relative name: {"size", checksum}} for files already written and fsynced (by someone other than the
+    checkpointer's own writer, which checksums as it writes)."""
+    return {name: {"size": (folder / name).stat().st_size, CHECKPOINT_CHECKSUM: file_checksum(folder / name)}
+            for name in names}
 
 
 @dataclass
@@ -167,7 +169,7 @@ class CheckpointStore:
 
     def inspect(self, path: Path, verify: bool = True) -> CheckpointInfo:
         """Is this folder a usable checkpoint? Checks the manifest, the folder's files against it and
-        (verify=True) every file's sha256 and what each .pt file would import."""
+        (verify=True) every file's checksum and what each .pt file would import."""
         size = sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) \
             if path.is_dir() and not path.is_symlink() else 0
         created = path.lstat().st_mtime if path.exists() or path.is_symlink() else None
@@ -200,8 +202,9 @@ class CheckpointStore:
             if file.stat().st_size != meta["size"]:
                 return bad(f"{name} has {file.stat().st_size} bytes, manifest says {meta['size']} (truncated?)",
                            manifest, step)
-            if verify and sha256_file(file) != meta["sha256"]:
-                return bad(f"{name} fails its sha256 check (corrupted)", manifest, step)
+            algorithm, expected = entry_checksum(meta)
+            if verify and file_checksum(file, algorithm) != expected:
+                return bad(f"{name} fails its {algorithm} check (corrupted)", manifest, step)
         if verify:
             from toolkit import safe_load
 
@@ -273,12 +276,13 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
             not isinstance(trainer.get("horizon"), int):
         return f"trainer: {trainer!r}; allowed: an object with step (= {step}), horizon and train_seconds"
     if not isinstance(files, dict) or not files:
-        return f"files: {files!r}; allowed: an object of file name -> size and sha256"
+        return f"files: {files!r}; allowed: an object of file name -> size and checksum"
     for name, meta in files.items():
         if not name_inside(name) or name == MANIFEST:
             return f"files: {name!r} is not allowed; allowed: a relative path inside the checkpoint folder"
-        if not file_entry_ok(meta):
-            return f"files.{name}: {meta!r}; allowed: an object with size (integer) and sha256 (hex string)"
+        if entry_checksum(meta) is None:
+            return (f"files.{name}: {meta!r}; allowed: an object with size (integer) and one checksum "
+                    f"({' or '.join(ALGORITHMS)}, hex string)")
     return None
 
 

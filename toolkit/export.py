@@ -29,8 +29,8 @@ from typing import Callable
 import torch
 
 from toolkit import safe_load
-from toolkit.checkpoint_store import CheckpointStore, sha256_file
-from toolkit.fsio import staging_folder
+from toolkit.checkpoint_store import CheckpointStore
+from toolkit.fsio import sha256_file, staging_folder
 from toolkit.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
 from toolkit.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
 from toolkit.rundir import RunDir
