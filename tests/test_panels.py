@@ -111,6 +111,10 @@ def test_checkpoints_panel_lists_verifies_and_rolls_back(finished_run):
     panel = CheckpointsPanel(finished_run.path, gpus=64).show()
     assert [i.name for i in panel.infos] == ["step_00000020", "step_00000040", "step_00000060"]
     assert "step_00000060  &lt;- LATEST" in panel.table.value and panel.resume_from.value == "step_00000060"
+    # each row carries what its checkpoint cost, from the run's events: the training time lost, then the blocking
+    lost = {e["step"]: e["lost_ms"] for e in finished_run.events("checkpoint")}
+    assert "training lost ms" in panel.table.value and "of which blocked" in panel.table.value
+    assert f">{lost[40]:,.1f}</td>" in panel.table.value, panel.table.value
 
     # corrupt one file of step 40: the listing says so, and it is no longer offered
     victim = next(p for p in (finished_run.path / "checkpoints" / "step_00000040").iterdir() if p.suffix == ".pt")
@@ -119,7 +123,7 @@ def test_checkpoints_panel_lists_verifies_and_rolls_back(finished_run):
     victim.write_bytes(bytes(data))
     panel.refresh_button.click()
     panel.wait()
-    assert "fails its sha256 check" in panel.table.value
+    assert "fails its xxh3_128 check" in panel.table.value
     assert [v for _, v in panel.resume_from.options] == ["step_00000020", "step_00000060"]
 
     panel.resume_from.value = "step_00000020"
@@ -139,6 +143,7 @@ def test_interval_advisor_follows_the_slider(finished_run):
     panel.gpus.value = 16384
     assert panel.advice.interval_s < few, "more GPUs fail more often: checkpoint more often"
     assert "MTBF" in panel.advice_text.value and panel.advice_plot.value[:4] == b"\x89PNG"
+    assert panel.advice.cost_basis == "lost" and "training time lost" in panel.advice_text.value
     panel.restart_s.value = 600
     assert panel.advice.restart_s == 600
 

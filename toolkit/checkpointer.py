@@ -1,18 +1,26 @@
-"""Asynchronous checkpoints that block training for (almost) nothing.
+"""Asynchronous checkpoints: stage a copy of the state, then write it in the background.
 
-The state a checkpoint holds changes only in the optimizer step. So at step k we take *references* to the
-engine's state tensors (microseconds) and let a background thread copy them into reusable staging buffers
-while step k+1 runs its forward and backward passes, which read the weights but do not write them. The
-engine calls :meth:`Checkpointer.before_update` just before step k+1's optimizer step; only if the copy is
-not finished by then does training wait. The same thread then writes the staged copy to a temporary folder,
-fsyncs and hashes it, and rank 0 publishes it atomically (see toolkit.checkpoint_store).
+The state a checkpoint holds changes only in the optimizer step. Staging copies it into reusable buffers:
+  - overlapped (the default on a GPU): at step k take *references* to the state tensors (microseconds) and
+    let a background thread copy them (a device-to-host DMA) while step k+1 runs its forward and backward
+    passes, which read the weights but do not write them. The engine calls :meth:`before_update` just before
+    step k+1's optimizer step; only if the copy is not finished by then does training wait.
+  - blocking (the default on CPU): copy now, with every core. Measured here on a 1.1 GiB state, the copy takes
+    ~0.1 s on both cores, while a background copy on one core took ~0.3 s of a core the step was using, and
+    its slowdown of the step cost more than the 0.1 s (bench/bench_checkpoint.py compares both).
+The background thread then writes the staged copy to a temporary folder, checksumming as it writes and
+bypassing the page cache where it can (toolkit.checksum), fsyncs it, and rank 0 publishes it atomically
+(toolkit.checkpoint_store). The thread runs at a lower scheduling priority than training.
 
-Blocking time = taking the references + any wait in before_update. Reported per checkpoint with the persist
-time and bytes, in events.jsonl and TensorBoard.
+What a checkpoint costs is not the time it blocks but the training time it loses, its blocking plus the
+slowdown of the steps its background work overlaps: ``LostTimeLedger`` (toolkit.checkpoint_cost) measures it
+from the step times the loop reports through :meth:`step_done`. Each checkpoint's event (events.jsonl,
+TensorBoard) carries lost_ms, blocking_ms, persist_ms and bytes, once its window of steps has closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
@@ -28,10 +36,13 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from toolkit.checkpoint_cost import CheckpointCost, LostTimeLedger
 from toolkit.checkpoint_store import CheckpointStore, describe_files
+from toolkit.checksum import ChecksummedWriter, bounce_buffer
 from toolkit.fsio import atomic_write_text, fsync_path
 from toolkit.rng import capture_rng
 
+WRITER_NICE = 10  # the writer thread's nice value (training runs at 0): it yields the cores to the step
 PEER_TIMEOUT_S = 600.0  # how long rank 0 waits for the other ranks' files before giving the checkpoint up
 DONE_SUFFIX = ".done.json"
 FAILED_SUFFIX = ".failed.json"
@@ -46,6 +57,7 @@ class _Job:
     started: float
     persist: bool = True  # False: only fill the staging buffers (see warm_up)
     blocked_s: float = 0.0
+    written: dict | None = None  # rank 0, once published: path, persist_ms, bytes, deleted
     staged: threading.Event = field(default_factory=threading.Event)
     update_seen: threading.Event = field(default_factory=threading.Event)  # blocking time is final
     done: threading.Event = field(default_factory=threading.Event)
@@ -75,18 +87,39 @@ def _copy_without_omp(dst: torch.Tensor, src: torch.Tensor) -> None:
     np.copyto(dst.view(as_int).numpy(), src.view(as_int).numpy())  # bit-exact for every dtype, bf16 included
 
 
+def stages_in_loop(cfg, engine, device: torch.device) -> bool:
+    """Copy the state while training waits (True) or behind the next forward/backward (False)?"""
+    c = cfg.checkpoint
+    if c.mode == "sync" or getattr(engine, "state_moves_in_forward", False):
+        # ZeRO-3 gathers and frees parameters during forward: its state is stable only until the next update
+        return True
+    return c.stage == "blocking" or (c.stage == "auto" and device.type == "cpu")
+
+
+@contextlib.contextmanager
+def _without_zip_crc32():
+    """torch.save computes a CRC32 per record that torch.load never checks (its zip reader is built without
+    the check); our own checksum covers the whole file, so skip it: ~0.2 s of CPU per GiB. The option is
+    process-wide; this thread is the one that saves in a training process."""
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(True)
+
+
 class Checkpointer:
-    def __init__(self, cfg, run_dir: Path, rank: int, world_size: int, engine, on_event=None, on_error=None):
+    def __init__(self, cfg, run_dir: Path, rank: int, world_size: int, engine, on_event=None, on_error=None,
+                 device: torch.device = torch.device("cpu")):
         self.cfg = cfg.checkpoint
         self.full_cfg = cfg
         self.store = CheckpointStore(run_dir)
         self.rank, self.world_size = rank, world_size
         self.engine = engine
-        self.on_event = on_event  # rank 0: called with each published checkpoint's figures
+        self.on_event = on_event  # rank 0: called (from the training thread) with each checkpoint's figures
         self.on_error = on_error
-        # ZeRO-3 gathers and frees parameters during forward, so its module state is not stable until the
-        # next update: stage it before returning instead of behind the next forward/backward.
-        self.stage_now = cfg.checkpoint.mode == "sync" or getattr(engine, "state_moves_in_forward", False)
+        self.stage_now = stages_in_loop(cfg, engine, device)
+        self.ledger = LostTimeLedger()
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._pending: _Job | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -107,8 +140,12 @@ class Checkpointer:
     def save(self, step: int, trainer_state: dict) -> None:
         """Start checkpoint ``step``. Returns as soon as the state is referenced (async) or written (sync)."""
         t0 = time.perf_counter()
-        if self._pending is not None:  # one checkpoint in flight at a time: its staging buffers are reused
-            self._pending.done.wait()
+        previous = self._pending
+        if previous is not None:  # one checkpoint in flight at a time: its staging buffers are reused
+            previous.done.wait()
+        closed = self.ledger.checkpoint_started(step)  # this checkpoint ends the previous one's window
+        if closed is not None:
+            self._report(previous, closed)
         folder = self.store.tmp_folder(step)
         folder.mkdir(parents=True, exist_ok=True)
         states = self.engine.checkpoint_state(folder, is_writer=self.rank == 0)
@@ -119,13 +156,13 @@ class Checkpointer:
         self.last_saved_seconds = trainer_state.get("train_seconds", 0.0)
         self._pending = job
         if self.stage_now:
-            self._stage(job)
-        self._queue.put(job)
-        job.blocked_s = time.perf_counter() - t0
-        if self.stage_now and self.cfg.mode == "sync":
+            self._stage(job, in_loop=True)
             job.update_seen.set()
+        self._queue.put(job)
+        if self.cfg.mode == "sync":
             job.done.wait()  # sync mode: the whole write happens while training waits (the baseline)
-            job.blocked_s = time.perf_counter() - t0
+        job.blocked_s = time.perf_counter() - t0
+        self.ledger.add_blocking(job.blocked_s)
 
     def warm_up(self) -> None:
         """Allocate and touch the staging buffers in the background, once the optimizer state exists.
@@ -138,8 +175,11 @@ class Checkpointer:
         if not getattr(self.engine, "cheap_state_capture", False) or not (self.cfg.every_steps or self.cfg.every_seconds):
             return
         states = self.engine.checkpoint_state(None, is_writer=self.rank == 0)
-        self._queue.put(_Job(step=-1, folder=Path(), started=time.perf_counter(), manifest_extra={},
-                             files={name: _capture(state) for name, state in states.items()}, persist=False))
+        # Pending like a checkpoint, so that the first real one waits for it instead of staging into the same
+        # buffers at the same time.
+        self._pending = _Job(step=-1, folder=Path(), started=time.perf_counter(), manifest_extra={},
+                             files={name: _capture(state) for name, state in states.items()}, persist=False)
+        self._queue.put(self._pending)
 
     def before_update(self) -> None:
         """Called by the engine right before the optimizer step: the staging copy must be complete."""
@@ -148,20 +188,42 @@ class Checkpointer:
             return
         t0 = time.perf_counter()
         job.staged.wait()
-        job.blocked_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        job.blocked_s += waited
+        self.ledger.add_blocking(waited)
         job.update_seen.set()
+
+    def step_done(self, seconds: float) -> None:
+        """The loop finished a step in ``seconds`` (evaluation excluded, checkpoint blocking included)."""
+        job = self._pending
+        if job is not None and job.done.is_set():
+            self.ledger.background_done()
+        cost = self.ledger.step_done(seconds)
+        if cost is not None:
+            self._report(job, cost)
 
     def close(self) -> None:
         """Wait for the checkpoint in flight (training is over, nothing more to overlap with)."""
         if self._pending is not None:
             self._pending.update_seen.set()
             self._pending.done.wait()
+            cost = self.ledger.finish()
+            if cost is not None:
+                self._report(self._pending, cost)
         self._queue.put(None)
         self._thread.join()
 
+    def _report(self, job: _Job, cost: CheckpointCost) -> None:
+        """A checkpoint's window has closed: publish its figures (rank 0, if it was published at all)."""
+        if self.on_event is None or job is None or job.written is None or job.step != cost.step:
+            return
+        baseline = None if cost.baseline_step_s is None else round(1e3 * cost.baseline_step_s, 3)
+        self.on_event(step=job.step, lost_ms=1e3 * cost.lost_s, blocking_ms=1e3 * cost.blocking_s,
+                      window_steps=cost.steps, baseline_step_ms=baseline, **job.written)
+
     # --- the background thread --------------------------------------------------------------------------
 
-    def _stage(self, job: _Job) -> None:
+    def _stage(self, job: _Job, in_loop: bool) -> None:
         for name, (leaves, spec) in job.files.items():
             staged = []
             for i, leaf in enumerate(leaves):
@@ -170,7 +232,10 @@ class Checkpointer:
                     buf = self._buffers.get(key)
                     if buf is None or buf.shape != leaf.shape or buf.dtype != leaf.dtype:
                         buf = self._buffers[key] = torch.empty_like(leaf, device="cpu")
-                    _copy_without_omp(buf, leaf.detach())
+                    if in_loop:
+                        buf.copy_(leaf.detach())  # every core: the step is waiting anyway
+                    else:
+                        _copy_without_omp(buf, leaf.detach())
                     staged.append(buf)
                 else:
                     staged.append(leaf)
@@ -178,15 +243,22 @@ class Checkpointer:
         job.staged.set()
 
     def _worker(self) -> None:
+        try:  # Linux: a thread's nice value is its own (setpriority on its thread id)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        except (AttributeError, OSError):
+            pass
+        self._bounce = bounce_buffer()
         while (job := self._queue.get()) is not None:
             try:
                 if not job.staged.is_set():
-                    self._stage(job)
+                    self._stage(job, in_loop=False)
                 if job.persist:
                     self._persist(job)
             except Exception as exc:  # a full disk, a dead peer: report, drop this checkpoint, keep training
                 job.staged.set()
                 job.update_seen.set()
+                if not job.persist:
+                    continue  # a warm-up has no folder to clean up (its folder is Path(), the current directory)
                 self._abandon(job)
                 if self.on_error:
                     self.on_error(job.step, f"{type(exc).__name__}: {exc}")
@@ -214,21 +286,23 @@ class Checkpointer:
 
     def _persist(self, job: _Job) -> None:
         self._check_space(job)
-        names, written = [], 0
+        described, written = {}, 0
         for name, (leaves, spec) in job.files.items():
             path = job.folder / name
             path.parent.mkdir(parents=True, exist_ok=True)
+            writer = ChecksummedWriter(path, self._bounce)
             try:
-                with open(path, "wb") as f:
-                    torch.save(tree_unflatten(leaves, spec), f)
-                    f.flush()
-                    os.fsync(f.fileno())
+                with _without_zip_crc32():
+                    torch.save(tree_unflatten(leaves, spec), writer)
+                described[name] = entry = writer.close()
             except (OSError, RuntimeError):
+                writer.abort()
                 self._check_space(job, written)  # a clearer reason when the disk filled up meanwhile
                 raise
-            written += path.stat().st_size
-            names.append(name)
-        described = describe_files(job.folder, names)
+            if path.stat().st_size != entry["size"]:
+                raise OSError(errno.EIO, f"checkpoint step {job.step}: {name} has {path.stat().st_size} bytes on "
+                                         f"disk, {entry['size']} were written")
+            written += entry["size"]
         atomic_write_text(job.folder / f"rank_{self.rank:05d}{DONE_SUFFIX}", json.dumps(described))
         if self.rank != 0:
             return
@@ -243,11 +317,8 @@ class Checkpointer:
         fsync_path(job.folder)
         published = self.store.publish(job.step, manifest)
         deleted = self.store.apply_retention(self.cfg.keep_last)
-        job.update_seen.wait()  # the blocking figure is complete once the next update has passed
-        if self.on_event:
-            self.on_event(step=job.step, path=str(published), blocking_ms=1e3 * job.blocked_s,
-                          persist_ms=1e3 * (time.perf_counter() - job.started),
-                          bytes=sum(f["size"] for f in files.values()), deleted=deleted)
+        job.written = {"path": str(published), "persist_ms": 1e3 * (time.perf_counter() - job.started),
+                       "bytes": sum(f["size"] for f in files.values()), "deleted": deleted}
 
     def _gather_peer_files(self, job: _Job) -> dict:
         """Rank 0 waits for every rank's ``.done.json`` (written after its files are fsynced), then also lists

@@ -144,7 +144,10 @@ class CheckpointConfig:
     keep_last: int = bounded(3, ge=1, le=1000)
     """Valid checkpoints kept on disk; older ones are deleted (never the one LATEST names)."""
     mode: Literal["async", "sync"] = "async"
-    """async: stage in memory behind the next forward/backward, persist in the background; sync: write in place."""
+    """async: stage a copy in memory, persist it in the background; sync: write in place while training waits."""
+    stage: Literal["auto", "blocking", "overlap"] = "auto"
+    """async staging: blocking copies with every core now, overlap behind the next forward/backward; auto: blocking
+    on CPU (measured cheaper there), overlap on a GPU (a DMA the step does not feel)."""
     at_end: bool = True
     """Also checkpoint the final step (what resume, export and deployment start from)."""
 
@@ -153,6 +156,10 @@ class CheckpointConfig:
 class FaultConfig:
     kill_at_step: int = bounded(0, ge=0)
     """Simulate a lost node: SIGKILL every training process after this step (first attempt only); 0 is off."""
+    slow_steps_after_checkpoint: int = bounded(0, ge=0)
+    """Simulate a checkpoint's slowdown: this many steps after each checkpoint sleep fault.slow_step_ms."""
+    slow_step_ms: float = bounded(0.0, ge=0.0)
+    """How long each of those steps sleeps (tests check that lost_ms reports it)."""
 
 
 @dataclass

@@ -51,9 +51,10 @@ class MetricsSink:
         self.tb.flush()
 
     def checkpoint(self, step: int, **figures) -> None:
-        """A checkpoint was published (called from the checkpoint thread)."""
+        """A checkpoint was published and the steps it slowed are over (called from the training thread).
+        lost_ms is its cost; blocking_ms the part of it spent standing still."""
         record = self.events.emit("checkpoint", step=step, **{k: _round(v) for k, v in figures.items()})
-        for key in ("blocking_ms", "persist_ms", "bytes"):
+        for key in ("lost_ms", "blocking_ms", "persist_ms", "bytes"):
             self.tb.add_scalar(f"checkpoint/{key}", record[key], step)
 
     def checkpoint_error(self, step: int, message: str) -> None:

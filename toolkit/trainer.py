@@ -82,7 +82,7 @@ class Trainer:
         self.train_seconds = 0.0  # training time so far, agreed between ranks (evaluation excluded)
         self.sink = MetricsSink(run, cfg) if self.topo.is_main else None
         self.checkpointer = Checkpointer(
-            cfg, run.path, self.topo.rank, self.topo.world_size, self.engine,
+            cfg, run.path, self.topo.rank, self.topo.world_size, self.engine, device=self.topo.device,
             on_event=self.sink.checkpoint if self.sink else None,
             on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error)
         self.resumed_from = self._resume()
@@ -105,10 +105,15 @@ class Trainer:
         last_val = None
         start_step = self.step
         train_seconds = agreed_seconds = self.train_seconds
+        slow_steps = 0  # fault injection: steps left to slow down after a checkpoint
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
+            eval_seconds = 0.0
             x, y = next(batches)
             t1 = time.perf_counter()
+            if slow_steps:
+                slow_steps -= 1
+                time.sleep(cfg.fault.slow_step_ms / 1e3)
             x, y = x.to(topo.device, non_blocking=True), y.to(topo.device, non_blocking=True)
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
             loss_sum += engine.train_step(x, y, before_update=self.checkpointer.before_update).to(torch.float64)
@@ -147,11 +152,15 @@ class Trainer:
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
                 last_val = self.evaluate()
-                window_start += time.perf_counter() - eval_start  # evaluation is not training time
+                eval_seconds = time.perf_counter() - eval_start
+                window_start += eval_seconds  # evaluation is not training time
             if self.checkpointer.due(self.step, agreed_seconds, final=last):
                 self.train_seconds = agreed_seconds
                 self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
                                                    "train_seconds": agreed_seconds})
+                slow_steps = cfg.fault.slow_steps_after_checkpoint
+            # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
+            self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds)
             if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
                 os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
             if logged:
