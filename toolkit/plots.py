@@ -153,22 +153,32 @@ def memory_by_stage(advices: dict, out: str | Path) -> Path:
 
 
 def checkpoint_interval(advice, out: str | Path, current_s: float | None = None) -> Path:
-    """Time lost to checkpoints and failures against the checkpoint interval (log x), the advised interval
-    marked, and the run's own interval if given: too often wastes blocking, too rarely wastes recomputation."""
+    """Time lost to checkpoints and failures against the checkpoint interval (log x) with C = the training time a
+    checkpoint loses, the advised interval marked, and the run's own interval if given: too often wastes the
+    checkpoints' cost, too rarely wastes recomputation. Where the blocking time is much smaller than the loss, a
+    grey curve shows what counting only the blocking would wrongly advise."""
     import numpy as np
 
-    from toolkit.advisor import overhead_pct
+    from toolkit.advisor import advise, overhead_pct
 
     plt = _pyplot()
-    lo, hi = max(advice.blocking_s, 1e-3), max(advice.mtbf_s, 10 * advice.interval_s)
+    lo, hi = max(min(advice.cost_s, advice.blocking_s or advice.cost_s), 1e-3), max(advice.mtbf_s, 10 * advice.interval_s)
     intervals = np.geomspace(lo, hi, 200)
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(intervals, [overhead_pct(t, advice.blocking_s, advice.mtbf_s, advice.restart_s) for t in intervals],
-            color="tab:blue")
+    ax.plot(intervals, [overhead_pct(t, advice.cost_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+            color="tab:blue", label=f"C = {advice.cost_s * 1e3:,.1f} ms "
+                                    f"({'training time lost' if advice.cost_basis == 'lost' else 'blocking only'})")
     ax.axvline(advice.interval_s, color="tab:green", lw=1.5,
                label=f"advised: every {advice.interval_s:,.0f} s ({advice.overhead_pct:.2f}% lost)")
+    if advice.cost_basis == "lost" and advice.blocking_s and advice.blocking_s < advice.cost_s / 2:
+        naive = advise(advice.blocking_s, advice.mtbf_s, advice.persist_s, advice.restart_s)
+        ax.plot(intervals, [overhead_pct(t, advice.blocking_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+                color="0.6", ls=":", label=f"if only the blocking ({advice.blocking_s * 1e3:,.1f} ms) counted")
+        real = overhead_pct(naive.interval_s, advice.cost_s, advice.mtbf_s, advice.restart_s)
+        ax.axvline(naive.interval_s, color="0.6", ls=":", lw=1.2,
+                   label=f"its advice: every {naive.interval_s:,.0f} s (really {real:.2f}% lost)")
     if current_s:
-        current = overhead_pct(current_s, advice.blocking_s, advice.mtbf_s, advice.restart_s)
+        current = overhead_pct(current_s, advice.cost_s, advice.mtbf_s, advice.restart_s)
         ax.axvline(current_s, color="tab:orange", ls="--", lw=1.5,
                    label=f"this run: every {current_s:,.1f} s ({current:.2f}% lost)")
     ax.set_xscale("log")
@@ -176,7 +186,7 @@ def checkpoint_interval(advice, out: str | Path, current_s: float | None = None)
     ax.set(xlabel="checkpoint interval (s)", ylabel="time lost (%)",
            title=f"Checkpoint interval at MTBF {advice.mtbf_s / 3600:,.1f} h, restart {advice.restart_s:.0f} s")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     return _save(fig, out)
 
 

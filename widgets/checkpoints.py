@@ -4,9 +4,11 @@
     panel.resume_from.value = "step_00000040"   # any valid checkpoint; newer ones are set aside, not deleted
     panel.resume(); panel.wait()                # what the Resume button does; wait() returns the final status
 
-Listing verifies every file's sha256 against the manifest (toolkit.checkpoint_store), in a background thread
-when started from the button, since hashing a large checkpoint takes a while. The interval advisor is
-toolkit.advisor's Young/Daly arithmetic on the run's own measured checkpoint cost and step time.
+Listing verifies every file's checksum against the manifest (toolkit.checkpoint_store), in a background thread
+when started from the button, since reading a large checkpoint takes a while. Each row shows what the
+checkpoint cost when it was written: the training time it lost (its blocking plus the slowdown of the steps
+its background write overlapped, toolkit.checkpoint_cost) and, of that, the time training stood still. The
+interval advisor is toolkit.advisor's Young/Daly arithmetic on the run's own lost time and step time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from widgets.run_progress import follow_run
 GPU_COUNTS = (1, 8, 64, 512, 2048, 8192, 16384)
 
 
+def _ms(value) -> str:
+    return f"{value:,.1f}" if isinstance(value, (int, float)) else ""
+
+
 class CheckpointsPanel(Panel):
     def __init__(self, run_dir: str | Path, gpus: int = 64, restart_s: float = 60.0, verify: bool = True):
         super().__init__()
@@ -35,7 +41,7 @@ class CheckpointsPanel(Panel):
             raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run "
                                     "directory")
         self.store = CheckpointStore(self.run.path)
-        self.verify = w.Checkbox(value=verify, description="verify sha256")
+        self.verify = w.Checkbox(value=verify, description="verify checksums")
         self.table = w.HTML()
         self.refresh_button = self.button("Refresh", self.refresh_in_background, tooltip="list and verify again")
         self.resume_from = w.Dropdown(description="resume from")
@@ -68,14 +74,19 @@ class CheckpointsPanel(Panel):
     def refresh(self) -> list:
         self.infos = self.store.list(verify=self.verify.value)
         latest = self.store.latest_name()
+        cost = {e["step"]: e for e in self.run.events("checkpoint")}  # a resumed run's later write wins
         rows = [{"checkpoint": i.name + ("  <- LATEST" if i.name == latest else ""),
                  "step": "" if i.step is None else i.step,
                  "valid": "yes" if i.valid else "set aside" if i.name.startswith(SUPERSEDED_PREFIX) else "NO",
                  "MB": f"{i.size_bytes / 2**20:,.2f}",
+                 "training lost ms": _ms(cost.get(i.step, {}).get("lost_ms")),
+                 "of which blocked": _ms(cost.get(i.step, {}).get("blocking_ms")),
                  "written": time.strftime("%H:%M:%S", time.localtime(i.created)) if i.created else "",
                  "why": i.reason} for i in self.infos]
         self.table.value = table_html(rows, empty="no checkpoints yet (set checkpoint.every_steps)",
-                                      highlight=lambda r: {"NO": "#fde0dd", "set aside": "#f3f3f3"}.get(r["valid"]))
+                                      highlight=lambda r: {"NO": "#fde0dd", "set aside": "#f3f3f3"}.get(r["valid"])) \
+            + ("<small>A checkpoint's cost is the <b>training time lost</b>: the time training stood still (blocked) "
+               "plus the slowdown of the steps its background write overlapped.</small>" if rows else "")
         valid = [i.name for i in self.infos if i.valid]
         self.resume_from.options = [(f"{n} (LATEST)" if n == latest else n, n) for n in valid]
         self.resume_from.value = latest if latest in valid else (valid[-1] if valid else None)
