@@ -147,7 +147,7 @@ class CheckpointConfig:
     """async: stage a copy in memory, persist it in the background; sync: write in place while training waits."""
     stage: Literal["auto", "blocking", "overlap"] = "auto"
     """async staging: blocking copies with every core now, overlap behind the next forward/backward; auto: blocking
-    on CPU (measured cheaper there), overlap on a GPU (a DMA the step does not feel)."""
+    on CPU (a bounded cost: one copy at full memory bandwidth), overlap on a GPU (a DMA the step does not feel)."""
     at_end: bool = True
     """Also checkpoint the final step (what resume, export and deployment start from)."""
 

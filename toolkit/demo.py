@@ -76,8 +76,8 @@ def export_html(executed: Path) -> Path:
 
 FIGURES = [  # (key recorded by a notebook, label, format)
     ("doctor_ok", "doctor: required checks pass", ""),
-    ("checkpoint_lost_ms", "checkpoint cost: training lost, median ms", ".2f"),
-    ("checkpoint_blocking_ms", "  of which training blocked, median ms", ".2f"),
+    ("checkpoint_lost_ms", "checkpoint cost: training lost, ms", ".2f"),
+    ("checkpoint_blocking_ms", "  of which blocked, median ms", ".2f"),
     ("resume_identical", "resume check: identical losses", ""), ("parity_max_abs_diff", "ONNX parity, max abs diff",
                                                                  ".1e"),
     ("endpoint_p50_ms", "endpoint p50 latency, ms", ".1f"), ("endpoint_rps_16", "endpoint requests/s, 16 clients",
