@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 BASELINE_STEPS = 32   # plain steps the median is taken over: recent enough to follow drift, many enough to be stable
 MIN_BASELINE = 3      # below this, no median is trusted: the cost falls back to the blocking time
-NOISE_FRACTION = 0.10  # a step within 10% (or 3 robust deviations) of the median counts as back to normal
+NOISE_FRACTION = 0.10  # a step within 10% (or 3 robust deviations) of the median counts as back to normal,
+MAX_NOISE_FRACTION = 0.5  # but never within more than 50%: on a noisy machine a slow step must not look settled
 MAX_TAIL_STEPS = 8    # after the background work is done, after-effects are followed for at most this many steps
 
 
@@ -68,7 +69,7 @@ class LostTimeLedger:
             return None, 0.0
         median = statistics.median(self.plain)
         robust_sd = 1.4826 * statistics.median(abs(d - median) for d in self.plain)
-        return median, max(NOISE_FRACTION * median, 3 * robust_sd)
+        return median, min(max(NOISE_FRACTION * median, 3 * robust_sd), MAX_NOISE_FRACTION * median)
 
     def checkpoint_started(self, step: int) -> CheckpointCost | None:
         """A checkpoint is being saved at the end of the current step; returns the previous window if this

@@ -103,11 +103,12 @@ def _without_zip_crc32():
     """torch.save computes a CRC32 per record that torch.load never checks (its zip reader is built without
     the check); our own checksum covers the whole file, so skip it: ~0.2 s of CPU per GiB. The option is
     process-wide; this thread is the one that saves in a training process."""
+    before = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
         yield
     finally:
-        torch.serialization.set_crc32_options(True)
+        torch.serialization.set_crc32_options(before)
 
 
 class Checkpointer:
@@ -181,6 +182,7 @@ class Checkpointer:
         # buffers at the same time.
         self._pending = _Job(step=-1, folder=Path(), started=time.perf_counter(), manifest_extra={},
                              files={name: _capture(state) for name, state in states.items()}, persist=False)
+        self._pending.update_seen.set()  # its copy may race the optimizer (it is overwritten): never wait for it
         self._queue.put(self._pending)
 
     def before_update(self) -> None:
@@ -249,7 +251,7 @@ class Checkpointer:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         except (AttributeError, OSError):
             pass
-        self._bounce = bounce_buffer()
+        self._bounce = None
         while (job := self._queue.get()) is not None:
             try:
                 if not job.staged.is_set():
@@ -287,6 +289,8 @@ class Checkpointer:
                                         f"{needed / 1e6:.2f} MB more, {free / 1e6:.2f} MB free under {job.folder.parent}")
 
     def _persist(self, job: _Job) -> None:
+        if self._bounce is None:
+            self._bounce = bounce_buffer()  # here, so a failure is reported like any other failed write
         self._check_space(job)
         described, written = {}, 0
         for name, (leaves, spec) in job.files.items():
@@ -298,9 +302,10 @@ class Checkpointer:
                     torch.save(tree_unflatten(leaves, spec), writer)
                 described[name] = entry = writer.close()
             except (OSError, RuntimeError):
-                writer.abort()
                 self._check_space(job, written)  # a clearer reason when the disk filled up meanwhile
                 raise
+            finally:
+                writer.abort()  # closes the file if close() was not reached; nothing if it was
             if path.stat().st_size != entry["size"]:
                 raise OSError(errno.EIO, f"checkpoint step {job.step}: {name} has {path.stat().st_size} bytes on "
                                          f"disk, {entry['size']} were written")

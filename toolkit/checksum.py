@@ -127,11 +127,14 @@ class ChecksummedWriter:
                 os.ftruncate(self.fd, self.size)  # drop the last block's padding
             os.fsync(self.fd)
         finally:
-            os.close(self.fd)
+            self.abort()
         return {"size": self.size, CHECKPOINT_CHECKSUM: self.hasher.hexdigest()}
 
     def abort(self) -> None:
-        os.close(self.fd)
+        """Close the file (once: a second call does nothing, so an error path may always call it)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
@@ -139,6 +142,8 @@ def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
     while done < len(view):
         chunk = view[done:done + HASH_CHUNK * 8]
         written = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset + done)
+        if written <= 0 or (offset is not None and written < len(chunk) and written % BLOCK):
+            raise OSError(f"short write: {written} of {len(chunk)} bytes")  # never loop, never misalign
         done += written
 
 

@@ -127,6 +127,7 @@ class Trainer:
             last = self.step == cfg.train.max_steps
 
             logged = self.step % cfg.train.log_every == 0 or last
+            log_start = time.perf_counter()
             if logged:
                 elapsed = time.perf_counter() - window_start
                 train_seconds += elapsed
@@ -149,6 +150,9 @@ class Trainer:
                 if cfg.train.max_seconds:
                     last = last or agreed_seconds >= cfg.train.max_seconds
                     self.horizon = self._time_budget_horizon(agreed_seconds)
+            # Logging happens every log_every steps, checkpoints usually on one of them: keep it out of the
+            # step time that checkpoint costs are measured from, as evaluation is.
+            log_seconds = time.perf_counter() - log_start
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
                 last_val = self.evaluate()
@@ -160,7 +164,7 @@ class Trainer:
                                                    "train_seconds": agreed_seconds})
                 slow_steps = cfg.fault.slow_steps_after_checkpoint
             # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
-            self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds)
+            self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds - log_seconds)
             if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
                 os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
             if logged:

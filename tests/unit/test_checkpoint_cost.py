@@ -77,3 +77,11 @@ def test_the_baseline_is_taken_from_plain_steps_only():
     run(ledger, [5.0, 0.1])  # a slow checkpoint step must not raise the next checkpoint's baseline
     ledger.checkpoint_started(step=7)
     assert ledger.open.baseline == pytest.approx(0.1)
+
+
+def test_on_a_noisy_machine_a_slow_step_does_not_pass_for_settled():
+    ledger = LostTimeLedger()
+    run(ledger, [0.02, 0.2, 0.03, 0.25, 0.02, 0.3, 0.04])  # wild plain steps: 3 robust deviations > the median
+    ledger.checkpoint_started(step=7)
+    ledger.background_done()
+    assert run(ledger, [0.04 + 0.4]) == []  # the injected slowdown is still seen as one

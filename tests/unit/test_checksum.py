@@ -67,3 +67,15 @@ def test_manifest_entries_from_before_and_after_the_change_are_both_read(tmp_pat
 ])
 def test_malformed_entries_are_refused(entry):
     assert entry_checksum(entry) is None
+
+
+def test_abort_after_close_closes_nothing_else(tmp_path, bounce):
+    """An error path always calls abort(); after close() it must not close a descriptor number reused since."""
+    writer = ChecksummedWriter(tmp_path / "f.bin", bounce)
+    writer.write(b"x" * 10)
+    writer.close()
+    reused = os.open(tmp_path / "other", os.O_CREAT | os.O_WRONLY)  # likely the number the writer had
+    writer.abort()
+    writer.abort()
+    os.write(reused, b"still open")
+    os.close(reused)
