@@ -58,7 +58,6 @@ class _Job:
     manifest_extra: dict
     started: float
     persist: bool = True  # False: only fill the staging buffers (see warm_up)
-    blocked_s: float = 0.0
     written: dict | None = None  # rank 0, once published: path, persist_ms, bytes, deleted
     staged: threading.Event = field(default_factory=threading.Event)
     update_seen: threading.Event = field(default_factory=threading.Event)  # blocking time is final
@@ -164,8 +163,7 @@ class Checkpointer:
         self._queue.put(job)
         if self.cfg.mode == "sync":
             job.done.wait()  # sync mode: the whole write happens while training waits (the baseline)
-        job.blocked_s = time.perf_counter() - t0
-        self.ledger.add_blocking(job.blocked_s)
+        self.ledger.add_blocking(time.perf_counter() - t0)
 
     def warm_up(self) -> None:
         """Allocate and touch the staging buffers in the background, once the optimizer state exists.
@@ -192,9 +190,7 @@ class Checkpointer:
             return
         t0 = time.perf_counter()
         job.staged.wait()
-        waited = time.perf_counter() - t0
-        job.blocked_s += waited
-        self.ledger.add_blocking(waited)
+        self.ledger.add_blocking(time.perf_counter() - t0)
         job.update_seen.set()
 
     def step_done(self, seconds: float) -> None:

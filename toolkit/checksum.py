@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from toolkit.fsio import HASH_CHUNK, SHA256_RE
+from toolkit.fsio import HASH_CHUNK, SHA256_RE, read_hashed
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,7 @@ def entry_checksum(entry) -> tuple[str, str] | None:
 
 
 def file_checksum(path: Path, algorithm: str = CHECKPOINT_CHECKSUM) -> str:
-    hasher = ALGORITHMS[algorithm].new()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            hasher.update(chunk)  # both release the GIL on large chunks: training goes on meanwhile
-    return hasher.hexdigest()
+    return read_hashed(path, new_hasher=ALGORITHMS[algorithm].new)[0]
 
 
 BLOCK = 4096            # O_DIRECT wants offsets, lengths and the buffer aligned to the device block
