@@ -78,11 +78,16 @@ def test_golden_losses_after_sigkill_and_automatic_restart(tmp_path, reference_r
 
 
 def test_external_sigkill_then_resume_command(tmp_path, reference_runs):
+    # a tiny step takes ~7 ms; sleeping 20 ms in each step after the first checkpoint leaves the follower
+    # (which reads every 50 ms) time to kill before the end. Sleeps change no loss.
     handle = launch.train("tiny", ["checkpoint.every_steps=10", "train.log_every=1", "train.eval_every=20",
-                                   "train.max_steps=40"], run_dir=tmp_path / "r")
-    target = random.Random().randint(EVERY + 2, STEPS - 2)
-    for event in handle.follow(interval_s=0.1):
-        if event["event"] == "train" and event["step"] >= target:
+                                   "train.max_steps=40", f"fault.slow_steps_after_checkpoint={EVERY}",
+                                   "fault.slow_step_ms=20"], run_dir=tmp_path / "r")
+    target = random.Random().randint(EVERY + 2, STEPS - 8)
+    published = False  # checkpoints are written in the background: a kill before the event loses that one
+    for event in handle.follow(interval_s=0.05):
+        published = published or event["event"] == "checkpoint"
+        if published and event["event"] == "train" and event["step"] >= target:
             assert handle.kill(), "no training process to kill"
             break
     assert handle.wait(60) != 0
