@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m toolkit.demo
+	$(PY) -m toolkit.report.demo
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -37,17 +37,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolkit import config as config_mod  # noqa: E402
-from toolkit import data as data_mod  # noqa: E402
-from toolkit import launch  # noqa: E402
-from toolkit.advisor import advise  # noqa: E402
-from toolkit.checkpointer import Checkpointer, _without_zip_crc32  # noqa: E402
-from toolkit.checksum import ChecksummedWriter, bounce_buffer  # noqa: E402
-from toolkit.distributed import Topology  # noqa: E402
-from toolkit.engines.torch_engine import TorchEngine  # noqa: E402
-from toolkit.models.gpt import GPT  # noqa: E402
+from toolkit.data import corpus as data_mod  # noqa: E402
+from toolkit.runs import launch  # noqa: E402
+from toolkit.checkpoint.interval_advisor import advise  # noqa: E402
+from toolkit.checkpoint.checkpointer import Checkpointer, _without_zip_crc32  # noqa: E402
+from toolkit.checkpoint.checksum import ChecksummedWriter, bounce_buffer  # noqa: E402
+from toolkit.train.distributed import Topology  # noqa: E402
+from toolkit.train.engines.torch_engine import TorchEngine  # noqa: E402
+from toolkit.train.models.gpt import GPT  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
-from toolkit.trainer import Trainer  # noqa: E402
+from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.train.trainer import Trainer  # noqa: E402
 
 PLAIN_STEPS = 4   # measured just before each checkpoint: its median is the step time the excess is counted over
 SETTLE_STEPS = 2  # counted after the background work is done: after-effects (evicted caches) show up there

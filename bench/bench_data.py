@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolkit import config as config_mod  # noqa: E402
-from toolkit import data as data_mod  # noqa: E402
-from toolkit import data_assets  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
-from toolkit.trainer import Trainer  # noqa: E402
-from toolkit.workspace import Workspace  # noqa: E402
+from toolkit.data import corpus as data_mod  # noqa: E402
+from toolkit.catalogue import data_assets  # noqa: E402
+from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.train.trainer import Trainer  # noqa: E402
+from toolkit.catalogue.workspace import Workspace  # noqa: E402
 
 
 def loader_vs_model(workdir: Path, steps: int) -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from toolkit.export import export_run  # noqa: E402
-from toolkit.serving.endpoint import serve  # noqa: E402
-from toolkit.serving.service import ScoringService  # noqa: E402
+from toolkit.deploy.export import export_run  # noqa: E402
+from toolkit.deploy.serving.endpoint import serve  # noqa: E402
+from toolkit.deploy.serving.service import ScoringService  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 4, 16)

@@ -25,11 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolkit import config as config_mod  # noqa: E402
-from toolkit import data as data_mod  # noqa: E402
-from toolkit import flops, launch  # noqa: E402
-from toolkit.models.gpt import GPT, training_flops_per_token  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
-from toolkit.trainer import Trainer  # noqa: E402
+from toolkit.data import corpus as data_mod  # noqa: E402
+from toolkit.train import flops  # noqa: E402
+from toolkit.runs import launch
+from toolkit.train.models.gpt import GPT, training_flops_per_token  # noqa: E402
+from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.train.trainer import Trainer  # noqa: E402
 
 
 def bench_config(steps: int, extra: list[str] | None = None) -> config_mod.Config:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.rundir import RunDir
+from toolkit.runs.rundir import RunDir
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolkit.export import export_run
-from toolkit.model_format import MANIFEST
+from toolkit.deploy.export import export_run
+from toolkit.deploy.model_format import MANIFEST
 
 PROJECT = Path(__file__).resolve().parent.parent
 

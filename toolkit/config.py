@@ -32,7 +32,7 @@ def bounded(default: Any, *, ge: float | None = None, le: float | None = None, g
 @dataclass
 class ModelConfig:
     name: Literal["gpt", "digits_mlp"] = "gpt"
-    """Model from the registry in toolkit.models (each model names the dataset it trains on)."""
+    """Model from the registry in toolkit.train.models (each model names the dataset it trains on)."""
     n_layer: int = bounded(4, ge=1, le=64)
     """Transformer blocks (gpt) or hidden layers (digits_mlp)."""
     n_head: int = bounded(4, ge=1, le=64)
@@ -274,14 +274,14 @@ def _check_relations(cfg: Config) -> None:
             "allowed: a divisor of n_embd")
     if cfg.optim.min_lr > cfg.optim.lr:
         raise ConfigError(f"optim.min_lr: {cfg.optim.min_lr} is above optim.lr={cfg.optim.lr}; allowed: <= lr")
-    from toolkit.models import MODELS  # local: the registry imports torch
+    from toolkit.train.models import MODELS  # local: the registry imports torch
 
     wanted = MODELS[cfg.model.name].dataset
     if cfg.data.dataset != wanted:
         raise ConfigError(
             f"data.dataset: {cfg.data.dataset!r} does not fit model.name={cfg.model.name!r}; allowed: {wanted!r}")
     if cfg.data.asset:
-        from toolkit.data_assets import DataAssetError, parse_ref
+        from toolkit.catalogue.data_assets import DataAssetError, parse_ref
 
         try:
             parse_ref(cfg.data.asset)

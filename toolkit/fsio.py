@@ -91,7 +91,7 @@ HASH_CHUNK = 8 << 20  # hashlib releases the GIL on large chunks: training (or s
 def read_hashed(path: Path, out=None, new_hasher=hashlib.sha256) -> tuple[str, int]:
     """(sha256, size) of a file from one read, its bytes also written to ``out`` as they go (a copy that is
     exactly what was hashed, even if the file changes meanwhile). ``new_hasher``: another hashlib-like
-    algorithm (toolkit.checksum's checkpoint checksum)."""
+    algorithm (toolkit.checkpoint.checksum's checkpoint checksum)."""
     hasher, size = new_hasher(), 0
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK):

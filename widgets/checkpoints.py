@@ -4,11 +4,11 @@
     panel.resume_from.value = "step_00000040"   # any valid checkpoint; newer ones are set aside, not deleted
     panel.resume(); panel.wait()                # what the Resume button does; wait() returns the final status
 
-Listing verifies every file's checksum against the manifest (toolkit.checkpoint_store), in a background thread
+Listing verifies every file's checksum against the manifest (toolkit.checkpoint.store), in a background thread
 when started from the button, since reading a large checkpoint takes a while. Each row shows what the
 checkpoint cost when it was written: the training time it lost (its blocking plus the slowdown of the steps
-its background write overlapped, toolkit.checkpoint_cost) and, of that, the time training stood still. The
-interval advisor is toolkit.advisor's Young/Daly arithmetic on the run's own lost time and step time.
+its background write overlapped, toolkit.checkpoint.cost) and, of that, the time training stood still. The
+interval advisor is toolkit.checkpoint.interval_advisor's Young/Daly arithmetic on the run's own lost time and step time.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from toolkit import launch
-from toolkit.checkpoint_store import SUPERSEDED_PREFIX, CheckpointStore
-from toolkit.rundir import RunDir
+from toolkit.runs import launch
+from toolkit.checkpoint.store import SUPERSEDED_PREFIX, CheckpointStore
+from toolkit.runs.rundir import RunDir
 from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html, table_html
 from widgets.run_progress import follow_run
 
@@ -121,8 +121,8 @@ class CheckpointsPanel(Panel):
     # --- how often ------------------------------------------------------------------------------------------------
 
     def advise(self):
-        from toolkit import plots
-        from toolkit.advisor import advise_for_run, mtbf_for_gpus
+        from toolkit.report import plots
+        from toolkit.checkpoint.interval_advisor import advise_for_run, mtbf_for_gpus
 
         self.advice = advice = advise_for_run(self.run.path, mtbf_s=mtbf_for_gpus(self.gpus.value),
                                               restart_s=self.restart_s.value)

@@ -5,7 +5,7 @@
     panel.register()            # what the Register button does (in a background thread there); returns the asset
     panel.measure_loading()     # the loading advisor on the chosen asset; panel.wait() for its report
 
-The form checks itself on every change with :func:`toolkit.data_assets.registration_problems` (the same checks
+The form checks itself on every change with :func:`toolkit.catalogue.data_assets.registration_problems` (the same checks
 ``register`` makes), so a bad name or path is named under the form before anything is written. Snapshotting a
 large folder and the advisor's timed training steps run in a background thread: the kernel stays free.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from toolkit import data_assets
-from toolkit.workspace import Workspace
+from toolkit.catalogue import data_assets
+from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, error_html, ok_html, plot_png, png_html, pre_html, table_html
 
 PICKER_ENTRIES = 200  # suggestions shown by the path box: enough to browse, few enough to stay responsive
@@ -142,9 +142,9 @@ class DataPanel(Panel):
     def measure_loading(self):
         """Time real training steps of the config's model on the chosen asset for a few loader settings."""
         from toolkit import config as config_mod
-        from toolkit import plots
-        from toolkit.data_tuning import tune
-        from toolkit.launch import pin_data_asset
+        from toolkit.report import plots
+        from toolkit.data.loading_advisor import tune
+        from toolkit.runs.launch import pin_data_asset
 
         if not self.advisor_asset.value:
             raise ValueError("asset: none chosen; allowed: a registered asset (register one above)")

@@ -28,11 +28,11 @@ from typing import Callable
 import ipywidgets as w
 from toolkit import paths
 from toolkit.azure.deploy_plan import DeploymentPlan, build_deployment_plan, write_deployment_plan
-from toolkit.export import ExportResult, export_run
-from toolkit.model_registry import RegisteredModel, register_model
-from toolkit.serving.endpoint import LocalEndpoint, mask_key, serve
-from toolkit.serving.runtimes import RUNTIMES
-from toolkit.workspace import Workspace
+from toolkit.deploy.export import ExportResult, export_run
+from toolkit.catalogue.model_registry import RegisteredModel, register_model
+from toolkit.deploy.serving.endpoint import LocalEndpoint, mask_key, serve
+from toolkit.deploy.serving.runtimes import RUNTIMES
+from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, error_html, field_row, ok_html, table_html
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all

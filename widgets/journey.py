@@ -16,8 +16,8 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from toolkit.rundir import RunDir
-from toolkit.workspace import Workspace
+from toolkit.runs.rundir import RunDir
+from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, badge_html
 
 
@@ -36,7 +36,7 @@ def _machine(ws: Workspace) -> tuple[bool, str]:
 
 
 def _data(ws: Workspace) -> tuple[bool, str]:
-    from toolkit.data_assets import list_assets
+    from toolkit.catalogue.data_assets import list_assets
 
     assets = list_assets(ws)
     refs = sorted({f"{a.name}:{a.version}" for a in assets})
@@ -44,7 +44,7 @@ def _data(ws: Workspace) -> tuple[bool, str]:
 
 
 def _runs(ws: Workspace) -> list[dict]:
-    from toolkit.launch import list_runs
+    from toolkit.runs.launch import list_runs
 
     return [r for r in list_runs(ws.root) if Path(r["run_dir"]).is_dir()]
 
@@ -60,7 +60,7 @@ def _training(ws: Workspace) -> tuple[bool, str]:
 
 
 def _checkpoints(ws: Workspace) -> tuple[bool, str]:
-    from toolkit.checkpoint_store import CheckpointStore
+    from toolkit.checkpoint.store import CheckpointStore
 
     with_checkpoints = [r for r in _runs(ws) if CheckpointStore(r["run_dir"]).latest_name()]
     resumed = [r for r in with_checkpoints if any(e.get("resumed_from") for e in RunDir(r["run_dir"]).events("status"))]
@@ -69,7 +69,7 @@ def _checkpoints(ws: Workspace) -> tuple[bool, str]:
 
 
 def _deployment(ws: Workspace) -> tuple[bool, str]:
-    from toolkit.model_registry import list_models
+    from toolkit.catalogue.model_registry import list_models
 
     models = list_models(ws)
     return bool(models), (f"{len(models)} model version(s): {', '.join(m.ref for m in models[:6])}" if models

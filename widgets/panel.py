@@ -43,7 +43,7 @@ def pre_html(text: str) -> str:
 
 
 def plot_png(draw: Callable[..., Path], *args, **kwargs) -> bytes:
-    """The PNG bytes of a toolkit.plots function (they write files, for the CLI and reports): drawn into a
+    """The PNG bytes of a toolkit.report.plots function (they write files, for the CLI and reports): drawn into a
     temporary file and read back, for a widget and the static twin."""
     with tempfile.TemporaryDirectory() as tmp:
         return draw(*args, out=Path(tmp) / "plot.png", **kwargs).read_bytes()

@@ -12,7 +12,7 @@ from pathlib import Path
 import ipywidgets as w
 from IPython.display import HTML, display
 
-from toolkit.doctor import CHECKS, Check, run_doctor, status_counts
+from toolkit.resources.doctor import CHECKS, Check, run_doctor, status_counts
 from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html
 
 STATUS_COLOURS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", "running": "#1f77b4", "waiting": "#aaa"}
@@ -46,7 +46,7 @@ def doctor_table_html(checks: list[Check], pending: list[str] = (), title: str =
 
 
 def show_doctor(**kwargs):
-    """Run :func:`toolkit.doctor.run_doctor` and show its table, updated as each check finishes."""
+    """Run :func:`toolkit.resources.doctor.run_doctor` and show its table, updated as each check finishes."""
     only, skip = kwargs.get("only"), kwargs.get("skip")
     pending = [n for n in CHECKS if (not only or n in only) and not (skip and n in skip)]
     done: list[Check] = []
@@ -70,12 +70,12 @@ GPU_MEMORY_GIB = (16, 24, 40, 48, 80, 94, 141, 192)
 class MemoryPanel(Panel):
     """Sliders for model size, precision, ZeRO stage, GPUs and GPU memory; the estimate follows every move.
 
-    All arithmetic is :mod:`toolkit.memory_estimate`'s; the panel shows the chosen stage's formula, whether it
+    All arithmetic is :mod:`toolkit.resources.memory_estimate`'s; the panel shows the chosen stage's formula, whether it
     fits, the stage the toolkit recommends, and the bars for every stage."""
 
     def __init__(self, model_size: str = "7B", precision: str = "bf16", zero_stage: int | None = None,
                  gpus: int = 8, gpu_memory_gib: float = 80):
-        from toolkit.memory_estimate import BYTES_PER_PARAM, STAGES, parse_count
+        from toolkit.resources.memory_estimate import BYTES_PER_PARAM, STAGES, parse_count
 
         super().__init__()
         parse_count(model_size)  # a bad size is refused here, naming the field
@@ -100,8 +100,8 @@ class MemoryPanel(Panel):
         self.refresh()
 
     def refresh(self):
-        from toolkit import plots
-        from toolkit.memory_estimate import STATE_SHARE, parse_count, recommend_stage
+        from toolkit.report import plots
+        from toolkit.resources.memory_estimate import STATE_SHARE, parse_count, recommend_stage
 
         size = self.model_size.value
         self.advice = advice = recommend_stage(parse_count(size), self.gpu_memory.value, self.gpus.value,

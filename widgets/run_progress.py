@@ -7,7 +7,7 @@ import time
 
 from IPython.display import HTML, display
 
-from toolkit.progress import RunProgress
+from toolkit.runs.progress import RunProgress
 from widgets.panel import badge_html
 
 STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import ipywidgets as w
 from toolkit import config as config_mod
-from toolkit import launch, plots
-from toolkit.progress import RunProgress
-from toolkit.rundir import FINAL_STATES, RunDir
+from toolkit.runs import launch
+from toolkit.report import plots
+from toolkit.runs.progress import RunProgress
+from toolkit.runs.rundir import FINAL_STATES, RunDir
 from widgets.panel import Panel, plot_png, png_html
 from widgets.run_progress import render_card
 
@@ -114,7 +115,7 @@ class TrainingPanel(Panel):
 
     def tensorboard(self) -> str:
         """Start TensorBoard on this run (once) and show its link; returns the URL."""
-        from toolkit.tb_server import start_tensorboard
+        from toolkit.runs.tensorboard import start_tensorboard
 
         if self.run is None:
             raise ValueError("run: none yet; allowed: start or open a run first")

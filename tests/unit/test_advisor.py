@@ -2,9 +2,9 @@
 
 import pytest
 
-from toolkit import plots
-from toolkit.advisor import advise, advise_for_run, mtbf_for_gpus
-from toolkit.rundir import RunDir
+from toolkit.report import plots
+from toolkit.checkpoint.interval_advisor import advise, advise_for_run, mtbf_for_gpus
+from toolkit.runs.rundir import RunDir
 
 
 def test_young_daly_arithmetic():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from toolkit.checkpoint_cost import MAX_TAIL_STEPS, LostTimeLedger
+from toolkit.checkpoint.cost import MAX_TAIL_STEPS, LostTimeLedger
 
 
 def run(ledger, durations):

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from toolkit.checksum import (BLOCK, BOUNCE_BYTES, CHECKPOINT_CHECKSUM, ChecksummedWriter, bounce_buffer,
+from toolkit.checkpoint.checksum import (BLOCK, BOUNCE_BYTES, CHECKPOINT_CHECKSUM, ChecksummedWriter, bounce_buffer,
                               entry_checksum, file_checksum)
 from toolkit.fsio import sha256_file
 

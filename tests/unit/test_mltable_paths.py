@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.mltable import path_problem
+from toolkit.catalogue.mltable import path_problem
 
 
 @pytest.mark.parametrize("entry", [

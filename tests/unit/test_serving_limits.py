@@ -8,11 +8,11 @@ import resource
 
 import pytest
 
-from toolkit.serving.batcher import share_rows
-from toolkit.serving.endpoint import plain_http_warning
-from toolkit.serving.protocol import MAX_BODY_BYTES, MAX_HEAD_BYTES
-from toolkit.serving.http_worker import DESCRIPTOR_SPARE, LogThrottle, RequestScan, connection_limit
-from toolkit.serving.service import authorised
+from toolkit.deploy.serving.batcher import share_rows
+from toolkit.deploy.serving.endpoint import plain_http_warning
+from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, MAX_HEAD_BYTES
+from toolkit.deploy.serving.http_worker import DESCRIPTOR_SPARE, LogThrottle, RequestScan, connection_limit
+from toolkit.deploy.serving.service import authorised
 
 READY = RequestScan.READY
 HEAD = b"POST /score HTTP/1.1\r\nHost: x\r\n"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from toolkit.serving.protocol import (MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, MAX_TEXT_BYTES,
+from toolkit.deploy.serving.protocol import (MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, MAX_TEXT_BYTES,
                                       GenerateRequest, RequestError, ScoreRequest, parse)
 
 HUGE = "9" * 5000  # past Python's 4,300-digit int conversion limit

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from toolkit import safe_load
-from toolkit.checkpoint_store import MANIFEST, CheckpointStore, describe_files, step_name
-from toolkit.rng import capture_rng
+from toolkit.checkpoint.store import MANIFEST, CheckpointStore, describe_files, step_name
+from toolkit.train.rng import capture_rng
 
 
 class RunsCode:

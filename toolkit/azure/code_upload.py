@@ -22,9 +22,9 @@ from toolkit.azure.errors import AzureError
 SNAPSHOT_LIMIT_BYTES = 300 * 10**6
 SNAPSHOT_LIMIT_FILES = 2000
 MB = 10**6  # the SDK reports upload sizes in 10**6 bytes; so do we
-NEEDED = ("toolkit/**/*.py", "configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.worker` imports and reads
+NEEDED = ("toolkit/**/*.py", "configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.runs.worker` imports and reads
 # Secret-looking files, by name: (pattern over the basename, what it is). Endpoint keys are files named `key`
-# (toolkit.serving.endpoint); the rest are the usual private-key and environment files.
+# (toolkit.deploy.serving.endpoint); the rest are the usual private-key and environment files.
 SECRET_NAMES = ((re.compile(r"key"), "an endpoint key"), (re.compile(r".*\.(pem|key)"), "a private key or certificate"),
                 (re.compile(r"id_(rsa|dsa|ecdsa|ed25519)(\.pub)?"), "an SSH key"),
                 (re.compile(r"\.env(\..+)?"), "an environment file (often holds credentials)"))
@@ -127,7 +127,7 @@ def _check_secrets(upload: CodeUpload, where: str) -> None:
 
 def _workspace_folders(files: set[str]) -> set[str]:
     """Folders holding a Trainbook workspace catalogue, whatever their name (TRAINBOOK_WORKSPACE may be anything)."""
-    from toolkit.workspace import Workspace
+    from toolkit.catalogue.workspace import Workspace
 
     catalogue = Workspace(Path()).db_path.name  # the workspace's own name for its catalogue, read without opening one
     return {rel.rpartition("/")[0] for rel in files if "/" in rel and rel.rpartition("/")[2] == catalogue}

@@ -3,7 +3,7 @@
     plan = build_deployment_plan("runs/demo/model", endpoint="trainbook-demo", sku="Standard_DS3_v2")
     write_deployment_plan(plan, "plans/serve")   # endpoint.yaml deployment.yaml environment.yml deploy.md
 
-The deployment runs the project's own toolkit/serving/score.py (the scoring script of the local endpoint) behind
+The deployment runs the project's own toolkit/deploy/serving/score.py (the scoring script of the local endpoint) behind
 Azure ML's inference server, one worker with SERVER_THREADS threads, so concurrent requests reach one process and
 score.py batches them (TRAINBOOK_MAX_BATCH, TRAINBOOK_MAX_WAIT_MS). Everything is checked before anything is
 written; the folder is published atomically (see plan_files.publish).
@@ -26,7 +26,7 @@ from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_online_sku
-from toolkit.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
+from toolkit.deploy.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
 
 RUNTIMES = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
 MAX_BATCH = 256
@@ -112,14 +112,14 @@ LINEAGE_TAGS = ("format", "run_dir", "checkpoint", "step", "config_sha256")
 
 def _registered_model(ref: str):
     """The local workspace's registered model ``name`` or ``name:version``, or None when there is no model
-    registry (toolkit.model_registry) to ask."""
+    registry (toolkit.catalogue.model_registry) to ask."""
     try:
-        from toolkit.model_registry import get_model
+        from toolkit.catalogue.model_registry import get_model
     except ImportError as exc:
-        if getattr(exc, "name", None) not in (None, "toolkit.model_registry"):
+        if getattr(exc, "name", None) not in (None, "toolkit.catalogue.model_registry"):
             raise  # the registry exists but one of its own imports is broken: a bug, keep the traceback
         return None
-    from toolkit.workspace import Workspace
+    from toolkit.catalogue.workspace import Workspace
 
     try:
         return get_model(Workspace.open(None), ref)
@@ -136,7 +136,7 @@ def resolve_model(model: str | Path) -> tuple[Path, Any]:
         return path.resolve(), None
     if path.exists():
         raise AzureError(f"MODEL: {given!r} is a file, not a folder; allowed: {MODEL_WHAT}")
-    from toolkit.data_assets import NAME_RE
+    from toolkit.catalogue.data_assets import NAME_RE
 
     name, sep, version = given.partition(":")
     registered = (_registered_model(given) if NAME_RE.fullmatch(name) and (not sep or version.isdigit())
@@ -174,7 +174,7 @@ def _default_name(path: Path, manifest: dict) -> str | None:
 
 def _verified_manifest(path: Path, runtime: str) -> dict:
     """The manifest of the folder the plan uploads as the model, once every file matches it (the owner of the
-    check is toolkit.model_format); the weights ``runtime`` loads are named first, with the other runtime as the
+    check is toolkit.deploy.model_format); the weights ``runtime`` loads are named first, with the other runtime as the
     way out."""
     try:
         read_manifest(path)
@@ -192,7 +192,7 @@ def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
     """Check an exported model folder: its manifest, every file it lists (size and sha256), and the weights
     ``runtime`` loads. Name and version: the local registration's if MODEL named one, else the manifest's, else
     the run config's name and no version (Azure ML numbers it)."""
-    from toolkit.data_assets import NAME_RE
+    from toolkit.catalogue.data_assets import NAME_RE
 
     manifest = _verified_manifest(path, runtime)
     where = repr(str(path / MANIFEST))

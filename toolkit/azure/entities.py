@@ -26,7 +26,7 @@ TB_DIR = f"{RUN_DIR}/tb"
 
 def command(with_data: bool) -> str:
     """The job's command: one process per rank (PyTorchDistribution sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
-    text = "python -m toolkit.worker " + RUN_DIR + " --config ${{inputs.config}}"
+    text = "python -m toolkit.runs.worker " + RUN_DIR + " --config ${{inputs.config}}"
     return text + " --set data.path=${{inputs.data}}" if with_data else text
 
 
@@ -113,7 +113,7 @@ def data(asset):
 
 def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, instance_count: int,
         processes_per_node: int, config_path: str, data_asset=None):
-    """The CommandJob: ``python -m toolkit.worker`` once per rank under PyTorchDistribution.
+    """The CommandJob: ``python -m toolkit.runs.worker`` once per rank under PyTorchDistribution.
 
     DeepSpeed configs use PyTorchDistribution too: Azure ML starts every rank with RANK/WORLD_SIZE/MASTER_ADDR set
     and deepspeed.init_distributed reads them, so no SSH, hostfile or MPI launcher is involved.
@@ -139,7 +139,7 @@ def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, i
 
 
 # --- online endpoint -------------------------------------------------------------------------------------------
-# The Azure ML twin of the local online endpoint: the same toolkit/serving/score.py (init/run) behind Azure ML's
+# The Azure ML twin of the local online endpoint: the same toolkit/deploy/serving/score.py (init/run) behind Azure ML's
 # inference server, with the same batching knobs.
 
 # Azure ML's minimal CPU inference image ("Docker images for inference", learn.microsoft.com/azure/machine-learning/
@@ -149,7 +149,7 @@ def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, i
 # GPU sizes serve from the ACPT image (CUDA, cuDNN and NCCL built with PyTorch), like training.
 CPU_INFERENCE_IMAGE = "mcr.microsoft.com/azureml/minimal-ubuntu22.04-py39-cpu-inference:latest"
 SERVING_ENVIRONMENT_NAME = "trainbook-serving"
-SCORING_SCRIPT = "toolkit/serving/score.py"  # relative to the code folder (the project root)
+SCORING_SCRIPT = "toolkit/deploy/serving/score.py"  # relative to the code folder (the project root)
 # One inference-server worker process with this many threads: concurrent requests land in the same process, where
 # score.py gathers them into batches (one model in memory, not one per worker).
 SERVER_THREADS = 16

@@ -99,8 +99,8 @@ def _local_asset(cfg):
                          "allowed: register it (trainbook data register) and set data.asset instead")
     if not cfg.data.asset:
         return None
-    from toolkit import data_assets
-    from toolkit.workspace import Workspace, WorkspaceError
+    from toolkit.catalogue import data_assets
+    from toolkit.catalogue.workspace import Workspace, WorkspaceError
 
     try:
         ws = Workspace.open(cfg.data.workspace or None)
@@ -128,7 +128,7 @@ class Plan:
     processes_per_node: int
     conda_file: Path
     code: code_upload.CodeUpload
-    asset: Any  # toolkit.data_assets.DataAsset or None
+    asset: Any  # toolkit.catalogue.data_assets.DataAsset or None
     workspace: WorkspaceRef | None
     compute: Any  # azure.ai.ml.entities.AmlCompute
     environment: Any  # azure.ai.ml.entities.Environment

@@ -37,7 +37,7 @@ def image_ok(image: str) -> bool:
 def read_conda_file(path: Path, field: str = "--conda-file") -> list[str]:
     """environment.yml must be a conda file with a pip section: Azure ML builds the image from it. Returns its
     pip packages (normalised names)."""
-    from toolkit.drift import EnvironmentFileError, declared_packages
+    from toolkit.resources.drift import EnvironmentFileError, declared_packages
 
     try:
         return declared_packages(path, field=field)

@@ -1,0 +1,588 @@
+"""Azure ML plans and submission, offline: every written YAML loads back through azure-ai-ml's own loaders with
+the planned values, bad input is one line naming the field with nothing written, and submission fails in
+seconds with a plain message when config.json or credentials are missing. No Azure cloud is reachable here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT, cli
+from toolkit import config
+from toolkit.cli import main
+from toolkit.azure import AzureError, code_upload, connection
+from toolkit.azure.plan import build_plan, write_plan
+from toolkit.azure.skus import SKUS, get_sku
+
+# azure-ai-ml 1.35.2's schemas warn about marshmallow 4 hundreds of times per load; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::marshmallow.warnings.Marshmallow4Warning")
+
+SUBSCRIPTION = "12345678-aaaa-bbbb-cccc-1234567890ab"  # looks real, is not; must never appear unmasked
+MASKED = "1234…90ab"
+DEEPSPEED = ["engine.name=deepspeed", "engine.zero_stage=2"]
+IB_SKU = "Standard_ND96asr_v4"
+# Credentials the default chain could find on a developer machine; the no-credentials tests remove them all.
+CREDENTIAL_VARS = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH",
+                   "AZURE_USERNAME", "AZURE_PASSWORD", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_TOKEN_CREDENTIALS",
+                   *connection.MANAGED_IDENTITY_VARS)
+
+
+@pytest.fixture
+def pydoc_asset():
+    from toolkit.data.builtin import BUILTINS
+    from toolkit.catalogue.workspace import Workspace
+
+    return BUILTINS["pydoc"](Workspace.open(None))
+
+
+@pytest.fixture
+def workspace_config(tmp_path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"subscription_id": SUBSCRIPTION, "resource_group": "rg-train",
+                                "workspace_name": "ws-train"}))
+    return path
+
+
+@pytest.fixture
+def no_credentials(tmp_path, monkeypatch):
+    """An environment in which DefaultAzureCredential can find nothing: no variables, an empty home and az config."""
+    for name in CREDENTIAL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path / "home" / ".azure"))
+
+
+@pytest.fixture
+def cpu_plan(tmp_path) -> Path:
+    cfg = config.load("tiny")
+    return write_plan(build_plan(cfg, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1),
+                      tmp_path / "cpu-plan")
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Staging folders a plan left beside its --out (toolkit.fsio names them .NAME.<hex>.tmp or .old)."""
+    return [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
+
+
+# --- plans round-trip through the SDK -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [[], DEEPSPEED], ids=["torch", "deepspeed"])
+def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, pydoc_asset, overrides):
+    from azure.ai.ml import PyTorchDistribution, load_compute, load_data, load_environment, load_job
+    from azure.ai.ml.entities import TensorBoardJobService
+
+    cfg = config.load("tiny", ["data.asset=pydoc", *overrides])
+    plan = build_plan(cfg, compute="gpu-a100", sku=IB_SKU, instance_count=2, max_nodes=4, low_priority=True)
+    out = write_plan(plan, tmp_path / "plan")
+    assert sorted(p.name for p in out.iterdir()) == ["compute.yaml", "data.yaml", "environment.yaml",
+                                                      "environment.yml", "job.yaml", "submit.md",
+                                                      "trainbook-config.yaml"]
+
+    compute = load_compute(out / "compute.yaml")
+    assert (compute.name, compute.size, compute.min_instances, compute.max_instances) == ("gpu-a100", IB_SKU, 0, 4)
+    assert (compute.tier, compute.idle_time_before_scale_down) == ("low_priority", 1800)
+
+    env = load_environment(out / "environment.yaml")
+    assert env.image.startswith("mcr.microsoft.com/azureml/curated/acpt-pytorch-")
+    assert env.conda_file["dependencies"][:2] == ["python=3.11", "pip"]  # environment.yml, resolved beside it
+    assert (out / "environment.yml").read_bytes() == (PROJECT / "environment.yml").read_bytes()
+    assert env.version == plan.environment.version
+
+    data = load_data(out / "data.yaml")
+    assert (data.name, data.version, data.type) == ("pydoc", str(pydoc_asset.version), "uri_file")
+    assert Path(data.path) == pydoc_asset.path and Path(data.path).is_file()
+    assert data.tags["sha256"] == pydoc_asset.sha256
+
+    job = load_job(out / "job.yaml")
+    assert job.command == ("python -m toolkit.runs.worker outputs/run --config ${{inputs.config}} "
+                           "--set data.path=${{inputs.data}}")
+    assert job.compute == "gpu-a100" and Path(job.code) == PROJECT
+    assert job.environment == f"trainbook:{plan.environment.version}"  # the loader drops "azureml:"
+    assert isinstance(job.distribution, PyTorchDistribution)
+    assert job.distribution.process_count_per_instance == 8  # all 8 A100s of the size
+    assert job.resources.instance_count == 2 and job.resources.shm_size == "16g"
+    assert job.environment_variables["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    assert job.environment_variables["UCX_IB_PCI_RELAXED_ORDERING"] == "on"
+    assert job.environment_variables["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv4-topo.xml"
+    assert job.environment_variables["NCCL_SOCKET_IFNAME"] == "eth0"
+    config_input, data_input = job.inputs["config"]._data, job.inputs["data"]._data
+    assert config_input.type == "uri_file"
+    assert (Path(job.base_path) / config_input.path).resolve() == out / "trainbook-config.yaml"
+    assert (data_input.type, data_input.path, data_input.mode) == ("uri_file", "pydoc:1", "ro_mount")
+    board = job.services["tensorboard"]
+    assert isinstance(board, TensorBoardJobService) and board.log_dir == "outputs/run/tb"
+
+    job_cfg = config.load(out / "trainbook-config.yaml")  # the job's config is a valid Trainbook config
+    assert (job_cfg.data.asset, job_cfg.data.workspace) == ("", "")
+    assert (job_cfg.engine.name, job_cfg.engine.zero_stage, job_cfg.engine.nproc) == (
+        cfg.engine.name, cfg.engine.zero_stage, 8)
+    submit_md = (out / "submit.md").read_text()
+    for step in ("az ml compute create -f compute.yaml", "az ml environment create -f environment.yaml",
+                 "az ml data create -f data.yaml", "az ml job create -f job.yaml --stream"):
+        assert step in submit_md
+    assert "no SSH, hostfile or" in submit_md and "world size 16" in submit_md
+    assert _leftovers(tmp_path) == []
+
+
+def test_sizes_without_infiniband_get_no_infiniband_settings_and_cpu_sizes_run_engine_nproc():
+    one_gpu = build_plan(config.load("tiny"), compute="gpu-one", sku="Standard_NC24ads_A100_v4", instance_count=1)
+    env = one_gpu.job.environment_variables
+    assert env["NCCL_DEBUG"] == "WARN" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert not [name for name in env if "IB" in name or name == "NCCL_TOPO_FILE"]
+    assert one_gpu.job.distribution.process_count_per_instance == 1 and one_gpu.world_size == 1
+
+    fewer = build_plan(config.load("tiny"), compute="gpu-a", sku=IB_SKU, instance_count=2, gpus_per_node=4)
+    assert fewer.processes_per_node == 4 and fewer.world_size == 8  # fewer GPUs than the node has is allowed
+
+    cpu = build_plan(config.load("tiny", ["engine.nproc=2"]), compute="cpu-a", sku="standard_d4s_v3",
+                     instance_count=3)
+    assert cpu.sku.name == "Standard_D4s_v3"  # any case in, Azure's spelling out
+    assert cpu.job.environment_variables == {} and cpu.job.resources.shm_size == "4g"
+    assert cpu.job.distribution.process_count_per_instance == 2 and cpu.world_size == 6
+    assert cpu.job.command == "python -m toolkit.runs.worker outputs/run --config ${{inputs.config}}"  # no data input
+    assert cpu.data is None and set(cpu.job.inputs) == {"config"}
+
+
+def test_cli_plan_prints_the_table_writes_the_files_and_never_the_subscription(tmp_path, pydoc_asset,
+                                                                               workspace_config):
+    out = tmp_path / "plans" / "demo"
+    proc = cli("azure", "plan", "tiny", "--set", "data.asset=pydoc", "--set", "engine.name=deepspeed",
+               "--compute", "gpu-a100", "--sku", IB_SKU, "--instance-count", "2", "--workspace-config",
+               str(workspace_config), "--out", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["compute", "job", "image", "data", "code", "workspace", "plan"]
+    assert "2 node(s) x 8 GPUs = world size 16" in proc.stdout and "pydoc:1" in proc.stdout
+    assert lines[-1].endswith(str(out / "submit.md")) and (out / "job.yaml").is_file()
+    submit_md = (out / "submit.md").read_text()
+    assert "-g rg-train -w ws-train" in submit_md and MASKED in submit_md
+    written = "".join(p.read_text() for p in out.iterdir())
+    assert SUBSCRIPTION not in proc.stdout + proc.stderr + written
+
+
+# --- bad input: one line naming the field, nothing written -------------------------------------------------------
+
+BAD_PLANS = [
+    (["--instance-count", "0"], "--instance-count: 0 is not allowed; allowed: 1 or more"),
+    (["--instance-count", "-1"], "--instance-count: -1 is not allowed"),
+    (["--gpus-per-node", "0"], "--gpus-per-node: 0 is not allowed"),
+    (["--gpus-per-node", "9"], "--gpus-per-node: 9 is not allowed on Standard_ND96asr_v4; allowed: 1 to 8"),
+    (["--min-nodes", "3", "--max-nodes", "2"], "--min-nodes: 3 is above --max-nodes=2"),
+    (["--instance-count", "3", "--max-nodes", "2"], "--instance-count: 3 is above --max-nodes=2"),
+    (["--min-nodes", "-1"], "--min-nodes: -1 is not allowed"),
+    (["--idle-seconds", "-5"], "--idle-seconds: -5 is not allowed"),
+    (["--compute", "1gpu"], "--compute: '1gpu' is not allowed"),
+    (["--compute", "ab"], "--compute: 'ab' is not allowed"),
+    (["--compute", "gpu-1"], "--compute: 'gpu-1' is not allowed"),
+    (["--compute", "gpu_a100"], "--compute: 'gpu_a100' is not allowed"),
+    (["--compute", "g" * 25], "--compute: 'ggggg"),
+    (["--sku", "Standard_Bogus_v9"], "--sku: 'Standard_Bogus_v9' is not a known VM size; allowed: Standard_NC6s_v3"),
+    (["--image", "not an image"], "--image: 'not an image' is not allowed"),
+    (["--set", "data.asset=nope"], "data.asset: 'nope' is not registered"),
+    (["--set", "data.asset=pydoc:7"], "data.asset: 'pydoc:7' is not registered"),
+]
+
+
+def _plan_argv(out: Path, *extra: str) -> list[str]:
+    """``azure plan tiny`` with a valid GPU plan's flags, any of them replaced or added by ``extra`` pairs."""
+    flags = {"--compute": "gpu-a100", "--sku": IB_SKU, "--instance-count": "2",
+             **dict(zip(extra[::2], extra[1::2]))}
+    return ["azure", "plan", "tiny", *[item for pair in flags.items() for item in pair], "--out", str(out)]
+
+
+def _refused(capsys, argv: list[str], out: Path) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists() and _leftovers(out.parent) == []
+    return err
+
+
+@pytest.mark.parametrize("extra, message", BAD_PLANS, ids=[" ".join(e) for e, _ in BAD_PLANS])
+def test_bad_plan_options_are_refused_naming_the_field(tmp_path, capsys, pydoc_asset, extra, message):
+    err = _refused(capsys, _plan_argv(tmp_path / "out", *extra), tmp_path / "out")
+    assert message in err
+
+
+def test_gpus_per_node_is_refused_on_a_cpu_size(tmp_path, capsys):
+    out = tmp_path / "out"
+    err = _refused(capsys, ["azure", "plan", "tiny", "--compute", "cpu-a", "--sku", "Standard_D4s_v3",
+                            "--instance-count", "1", "--gpus-per-node", "1", "--out", str(out)], out)
+    assert "--gpus-per-node: 1 is not allowed on Standard_D4s_v3, which has no GPUs" in err
+    err = _refused(capsys, ["azure", "plan", "tiny", "--set", "engine.nproc=8", "--compute", "cpu-a", "--sku",
+                            "Standard_D4s_v3", "--instance-count", "1", "--out", str(out)], out)
+    assert "engine.nproc: 8 is not allowed on Standard_D4s_v3; allowed: 1 to 4" in err
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"subscription_id": "x",\n  "resource_group": }', "is not valid JSON (line 2, column"),
+    (json.dumps({"subscription_id": SUBSCRIPTION, "resource_group": "rg"}), "workspace_name: missing in"),
+    (json.dumps({"subscription_id": SUBSCRIPTION, "resource_group": "", "workspace_name": "ws"}),
+     "resource_group: '' in"),
+    (json.dumps({"subscription_id": "not-a-guid-but-long", "resource_group": "rg", "workspace_name": "ws"}),
+     "subscription_id: 'not-…long' in"),
+    ("[1, 2]", "holds a list, not an object"),
+], ids=["malformed", "missing key", "empty key", "not a guid", "not an object"])
+def test_bad_config_json_is_refused_naming_the_file_or_key(tmp_path, capsys, content, message):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    err = _refused(capsys, _plan_argv(tmp_path / "out", "--workspace-config", str(path)), tmp_path / "out")
+    assert message in err and (str(path) in err or "--workspace-config" in err)
+    assert "not-a-guid-but-long" not in err  # even a wrong subscription id is only shown masked
+
+
+def test_missing_config_json_names_the_path_and_how_to_get_one(tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "config.json"
+    err = _refused(capsys, _plan_argv(tmp_path / "out", "--workspace-config", str(missing)), tmp_path / "out")
+    assert str(missing) in err and "download config.json from the Azure ML studio workspace page" in err
+
+
+def test_unparsable_environment_yml_is_refused_with_its_line(tmp_path, capsys):
+    bad = tmp_path / "environment.yml"
+    bad.write_text("name: trainbook\ndependencies:\n  - python=3.11\n  pip: [torch]\n")
+    err = _refused(capsys, _plan_argv(tmp_path / "out", "--conda-file", str(bad)), tmp_path / "out")
+    assert f"--conda-file: '{bad}' is not valid YAML (line 4" in err
+    no_deps = tmp_path / "no-deps" / "environment.yml"
+    no_deps.parent.mkdir()
+    no_deps.write_text("name: trainbook\nchannels: [conda-forge]\n")
+    with pytest.raises(AzureError, match="environment.yml' has no dependencies list"):
+        build_plan(config.load("tiny"), compute="gpu-a", sku=IB_SKU, instance_count=1, conda_file=no_deps)
+
+
+# --- the code upload ----------------------------------------------------------------------------------------------
+
+
+def _project(root: Path) -> Path:
+    """A minimal Trainbook-shaped project folder."""
+    for rel in ("toolkit/__init__.py", "toolkit/azure/plan.py", "configs/tiny.yaml", "pyproject.toml"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("# x\n")
+    shutil.copyfile(PROJECT / "environment.yml", root / "environment.yml")
+    return root
+
+
+def _plan_project(root: Path, **kwargs):
+    return build_plan(config.load("tiny"), compute="gpu-a", sku=IB_SKU, instance_count=1, project_root=root,
+                      **kwargs)
+
+
+def test_upload_set_is_what_the_sdk_would_upload(tmp_path):
+    from azure.ai.ml._utils._asset_utils import get_ignore_file, get_upload_files_from_folder
+
+    root = _project(tmp_path / "proj")
+    (root / ".gitignore").write_text("venv/\n*.log\n/outputs/\nnotes/*.tmp\n")
+    for rel in ("venv/lib/site.py", "venv/bin/python", "run.log", "sub/deep.log", "outputs/x.bin", "notes/a.tmp",
+                "notes/keep.md", "sub/outputs/kept.bin"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    sdk = sorted(dest for _, dest in get_upload_files_from_folder(root, ignore_file=get_ignore_file(root)))
+    upload = code_upload.scan(root)
+    assert [rel for rel, _ in upload.files] == sdk
+    assert "sub/outputs/kept.bin" in sdk and "notes/keep.md" in sdk and "venv/lib/site.py" not in sdk
+    assert upload.ignore_file == root / ".gitignore"
+
+
+def test_a_code_folder_over_the_snapshot_limit_is_refused_with_its_biggest_entries(tmp_path):
+    assert code_upload.SNAPSHOT_LIMIT_BYTES == 300 * 10**6
+    root = _project(tmp_path / "proj")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(os.urandom(2 * 10**6))
+    with pytest.raises(AzureError) as caught:
+        _plan_project(root, code_limit_bytes=10**6)
+    message = str(caught.value)
+    assert message.startswith(f"code: '{root}' would upload 2.0 MB in 6 files, over the 1 MB snapshot limit")
+    assert "biggest: data/ 2.0 MB" in message and ".gitignore" not in message and ".amlignore" in message
+    with pytest.raises(AzureError, match="would upload 6 files, over the 5-file snapshot limit"):
+        _plan_project(root, code_limit_files=5)
+    (root / ".amlignore").write_text("data/\n")
+    assert _plan_project(root, code_limit_bytes=10**6).code.total_bytes < 10**6  # ignoring it is the way out
+
+
+def test_files_the_job_needs_dropped_by_an_ignore_file_are_named_with_the_ignore_file(tmp_path):
+    root = _project(tmp_path / "proj")
+    (root / ".gitignore").write_text("*.log\n")
+    (root / ".amlignore").write_text("configs/\n*.toml\ntoolkit/azure/\n")  # .amlignore wins over .gitignore
+    with pytest.raises(AzureError) as caught:
+        _plan_project(root)
+    message = str(caught.value)
+    assert f"code: {root / '.amlignore'} drops files the job needs: " in message
+    assert "configs/tiny.yaml, pyproject.toml, toolkit/azure/plan.py" in message
+    with pytest.raises(AzureError, match="has no toolkit/__init__.py"):
+        _plan_project(tmp_path)  # not a project folder at all
+
+
+def _project_copy(dest: Path) -> Path:
+    """This project as a clone holds it (what .gitignore leaves out is not copied), with its own .amlignore."""
+    shutil.copytree(PROJECT, dest, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "runs",
+                                                                 "outputs", ".trainbook", ".pytest_cache", "results",
+                                                                 ".ipynb_checkpoints", "build"))
+    return dest
+
+
+def _notebook_secrets(root: Path) -> list[str]:
+    """What running the notebooks from notebooks/ (JupyterLab's kernel folder) leaves there: a workspace with an
+    endpoint key, made by the real code, and the Azure ML config.json downloaded beside them."""
+    from toolkit.deploy.serving.endpoint import endpoint_key
+    from toolkit.catalogue.workspace import Workspace
+
+    workspace = Workspace.open(root / "notebooks" / ".trainbook")
+    endpoint_key(workspace.root / "endpoints" / "demo")
+    for folder in ("notebooks", ".azureml"):
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "config.json").write_text(json.dumps({"subscription_id": SUBSCRIPTION,
+                                                                "resource_group": "rg", "workspace_name": "ws"}))
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
+                  and (".trainbook" in p.parts or ".azureml" in p.parts or p.name == "config.json"))
+
+
+def test_the_project_upload_leaves_out_workspaces_and_azure_config_at_any_depth(tmp_path):
+    root = _project_copy(tmp_path / "proj")
+    planted = _notebook_secrets(root)
+    assert "notebooks/.trainbook/endpoints/demo/key" in planted and "notebooks/config.json" in planted
+    uploaded = {rel for rel, _ in _plan_project(root).code.files}
+    assert "notebooks/05_deployment.ipynb" in uploaded and "toolkit/azure/code_upload.py" in uploaded
+    assert sorted(uploaded & set(planted)) == []
+
+
+def _advice(message: str) -> list[str]:
+    """The ignore lines a refusal says to add ("add 'a', '/b/'; a line without ...")."""
+    return [rule.strip(" '") for rule in message.split("(add ")[1].split("; a line without")[0].split(",")]
+
+
+def test_secret_looking_files_that_would_be_uploaded_are_named_and_refused(tmp_path):
+    from toolkit.deploy.serving.endpoint import endpoint_key
+    from toolkit.catalogue.workspace import Workspace
+
+    root = _project_copy(tmp_path / "proj")
+    for rel in ("notebooks/deploy.pem", "notebooks/.env", "id_rsa", "configs/.env.local"):
+        (root / rel).write_text("secret")
+    workspace = Workspace.open(root / "scratch" / "ws")  # TRAINBOOK_WORKSPACE=scratch/ws: not named .trainbook
+    endpoint_key(workspace.root / "endpoints" / "demo")
+    with pytest.raises(AzureError) as caught:
+        _plan_project(root)
+    message = str(caught.value)
+    assert message.startswith(f"code: '{root}' would upload secret-looking files: configs/.env.local (an environment "
+                              "file (often holds credentials)), id_rsa (an SSH key), notebooks/.env (an environment")
+    assert "notebooks/deploy.pem (a private key or certificate)" in message
+    assert "scratch/ws/catalogue.sqlite (a Trainbook workspace" in message
+    assert "scratch/ws/endpoints/demo/key (a Trainbook workspace" in message and "'/scratch/ws/'" in message
+    assert "allowed: exclude them in .amlignore (add " in message and "or move them out of the project" in message
+    with (root / ".amlignore").open("a") as ignore:
+        ignore.write("\n".join(_advice(message)) + "\n")
+    uploaded = {rel for rel, _ in _plan_project(root).code.files}  # the advice is enough
+    assert not [rel for rel in uploaded if rel.startswith("scratch/") or rel.endswith((".pem", ".env", "id_rsa"))]
+
+
+def test_an_upload_filtered_by_gitignore_is_checked_for_secrets_too(tmp_path):
+    root = _project(tmp_path / "proj")
+    (root / ".gitignore").write_text("venv/\n")
+    _notebook_secrets(root)
+    (root / "configs" / "config.json").write_text(json.dumps({"lr": 0.1}))  # a config.json of other things is data
+    with pytest.raises(AzureError) as caught:
+        _plan_project(root)
+    message = str(caught.value)
+    assert ".azureml/config.json (Azure ML's config folder)" in message
+    assert "notebooks/.trainbook/endpoints/demo/key (a Trainbook workspace (endpoint keys, catalogue, data))" in message
+    assert "notebooks/config.json (an Azure ML workspace config with a subscription_id)" in message
+    assert "configs/config.json" not in message and SUBSCRIPTION not in message
+    assert "exclude them in .gitignore (add '.azureml/', '.trainbook/', 'config.json'; a line without" in message
+
+
+# --- plan folders ----------------------------------------------------------------------------------------------
+
+
+def test_an_earlier_plan_is_replaced_whole_and_a_foreign_folder_is_never_touched(tmp_path):
+    out = tmp_path / "plan"
+    torch_plan = build_plan(config.load("tiny"), compute="gpu-a", sku=IB_SKU, instance_count=1)
+    write_plan(torch_plan, out)
+    (out / "data.yaml").write_text("from an older plan that had a data input")
+    ds_plan = build_plan(config.load("tiny", DEEPSPEED), compute="gpu-a", sku=IB_SKU, instance_count=1)
+    write_plan(ds_plan, out)
+    assert not (out / "data.yaml").exists() and "deepspeed" in (out / "trainbook-config.yaml").read_text()
+    assert _leftovers(tmp_path) == []
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep")
+    with pytest.raises(AzureError, match="--out: .* exists and is not a plan folder"):
+        write_plan(ds_plan, foreign)
+    assert [p.name for p in foreign.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("target", ["an earlier plan", "an unrelated folder"])
+def test_a_plan_out_that_is_a_link_is_refused_and_its_target_left_whole(tmp_path, capsys, target):
+    real = tmp_path / "real"
+    if target == "an earlier plan":
+        write_plan(build_plan(config.load("tiny"), compute="cpu-a", sku="Standard_D4s_v3", instance_count=1), real)
+    else:
+        real.mkdir()
+        (real / "mine.txt").write_text("keep")
+    before = {p.name: p.read_bytes() for p in real.iterdir()}
+    link = tmp_path / "plan"
+    link.symlink_to(real)
+    code = main(["azure", "plan", "tiny", "--compute", "cpu-a", "--sku", "Standard_D4s_v3", "--instance-count", "1",
+                 "--out", str(link)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"error: --out: '{link}' is a symbolic link; allowed: a real folder path (a link is "
+                                 "never written through or replaced)\n"), err
+    assert link.is_symlink() and os.readlink(link) == str(real), "the link itself is left as it was"
+    assert {p.name: p.read_bytes() for p in real.iterdir()} == before, "its target is left whole"
+    assert _leftovers(tmp_path) == [], "no staging folder left"
+
+
+def test_a_plan_out_holding_a_job_yaml_beside_other_files_is_not_replaced(tmp_path, capsys):
+    """A job.yaml of one's own (any Azure ML project has one) does not make a folder an earlier plan."""
+    mine = tmp_path / "project"
+    (mine / "src").mkdir(parents=True)
+    (mine / "job.yaml").write_text("command: python train.py\n")
+    (mine / "src" / "train.py").write_text("print('years of work')\n")
+    code = main(["azure", "plan", "tiny", "--compute", "cpu-a", "--sku", "Standard_D4s_v3", "--instance-count", "1",
+                 "--out", str(mine)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--out: '{mine}' holds 'src', which a plan folder does not" in err, err
+    assert (mine / "src" / "train.py").read_text() == "print('years of work')\n"
+
+
+# --- connection -------------------------------------------------------------------------------------------------
+
+
+def test_workspace_ref_masks_the_subscription_everywhere(tmp_path, workspace_config):
+    ref = connection.workspace_ref(workspace_config)
+    assert (ref.resource_group, ref.workspace_name, ref.source) == ("rg-train", "ws-train", str(workspace_config))
+    assert ref.masked() == MASKED
+    for text in (repr(ref), str(ref), ref.describe(), f"{ref}"):
+        assert SUBSCRIPTION not in text and MASKED in text
+    explicit = connection.workspace_ref(subscription_id=SUBSCRIPTION, resource_group="rg", workspace_name="ws")
+    assert explicit.source == "arguments" and explicit.subscription_id == SUBSCRIPTION
+    with pytest.raises(AzureError, match="--workspace-name: missing"):
+        connection.workspace_ref(subscription_id=SUBSCRIPTION, resource_group="rg")
+    with pytest.raises(AzureError, match="--workspace-config: given together with --subscription"):
+        connection.workspace_ref(workspace_config, subscription_id=SUBSCRIPTION, resource_group="rg",
+                                 workspace_name="ws")
+
+
+def test_config_json_is_found_in_the_current_folder_then_in_dot_azureml(tmp_path, workspace_config):
+    nested = tmp_path / "elsewhere"
+    (nested / ".azureml").mkdir(parents=True)
+    shutil.copyfile(workspace_config, nested / ".azureml" / "config.json")
+    assert connection.find_config(cwd=nested) == nested / ".azureml" / "config.json"
+    shutil.copyfile(workspace_config, nested / "config.json")
+    assert connection.find_config(cwd=nested) == nested / "config.json"
+    assert connection.find_config(nested / ".azureml") == nested / ".azureml" / "config.json"  # a folder works
+    with pytest.raises(AzureError) as caught:
+        connection.find_config(cwd=tmp_path / "empty")
+    assert str(tmp_path / "empty" / "config.json") in str(caught.value)
+    assert str(tmp_path / "empty" / ".azureml" / "config.json") in str(caught.value)
+
+
+def test_a_service_principal_that_cannot_sign_in_is_reported_in_seconds(monkeypatch, no_credentials):
+    monkeypatch.setenv("AZURE_CLIENT_ID", "00000000-0000-0000-0000-000000000001")
+    monkeypatch.setenv("AZURE_TENANT_ID", "00000000-0000-0000-0000-000000000002")
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "not-a-secret")
+    start = time.monotonic()
+    with pytest.raises(AzureError, match="^credentials: EnvironmentCredential is set up, but"):
+        connection.check_credentials()  # offline: unreachable; online: refused; never a token
+    assert time.monotonic() - start < connection.CREDENTIAL_TIMEOUT_S + 5
+
+
+# --- submit ------------------------------------------------------------------------------------------------------
+
+
+def test_submit_without_config_json_exits_2_with_one_line(tmp_path, cpu_plan, no_credentials):
+    start = time.monotonic()
+    # Not conftest.cli: the search for config.json starts in the current folder, which must be an empty one.
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "azure", "submit", str(cpu_plan)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --workspace-config: no config.json at ")
+    assert str(tmp_path / "config.json") in proc.stderr and "Download config file" in proc.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_submit_without_credentials_exits_2_in_seconds_naming_what_is_missing(cpu_plan, workspace_config,
+                                                                              no_credentials):
+    start = time.monotonic()
+    proc = cli("azure", "submit", str(cpu_plan), "--workspace-config", str(workspace_config), timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: credentials: none found; run `az login`")
+    assert "AZURE_CLIENT_ID" in proc.stderr and SUBSCRIPTION not in proc.stdout + proc.stderr
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
+def test_submit_refuses_a_folder_that_is_not_a_plan(tmp_path, workspace_config, no_credentials):
+    proc = cli("azure", "submit", str(tmp_path), "--workspace-config", str(workspace_config), timeout=60)
+    assert proc.returncode == 2 and "plan_dir: " in proc.stderr and "missing compute.yaml" in proc.stderr
+
+
+# --- sizes and imports -------------------------------------------------------------------------------------------
+
+
+def test_sku_catalogue_has_the_training_sizes_and_names_them_canonically():
+    for name in ("Standard_NC6s_v3", "Standard_NC12s_v3", "Standard_NC24s_v3", "Standard_NC24rs_v3",
+                 "Standard_ND40rs_v2", "Standard_NC24ads_A100_v4", "Standard_NC48ads_A100_v4",
+                 "Standard_NC96ads_A100_v4", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4",
+                 "Standard_NC40ads_H100_v5", "Standard_ND96isr_H100_v5", "Standard_D4s_v3", "Standard_D16s_v3",
+                 "Standard_DS3_v2", "Standard_E16s_v3"):
+        assert get_sku(name.upper()).name == name
+    assert get_sku("Standard_ND96isr_H100_v5").gpus == 8 and get_sku("Standard_ND96isr_H100_v5").infiniband
+    # Azure's naming convention: an "r" (RDMA) among a GPU size's suffix letters means InfiniBand.
+    assert all(s.infiniband == ("r" in s.name.split("_")[1][-3:]) for s in SKUS.values() if s.gpus)
+    assert all(not s.infiniband and not s.gpu_model for s in SKUS.values() if not s.gpus)
+
+
+def test_importing_the_azure_package_and_building_the_cli_leaves_the_sdk_unloaded():
+    code = ("import sys, toolkit.azure.plan, toolkit.azure.submit, toolkit.cli as m; m.build_parser(); "
+            "print(sorted(k for k in sys.modules if k.split('.')[0] == 'azure'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=PROJECT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_submit_with_a_token_but_no_reachable_workspace_names_the_workspace(cpu_plan, workspace_config):
+    from azure.core.credentials import AccessToken, AccessTokenInfo
+
+    from toolkit.azure.submit import submit
+
+    class StaticToken:
+        """Stands in for Microsoft Entra ID (unreachable here): a token no service will accept."""
+
+        def get_token(self, *scopes, **kwargs):
+            return AccessToken("not-a-token", int(time.time()) + 3600)
+
+        def get_token_info(self, *scopes, **kwargs):
+            return AccessTokenInfo("not-a-token", int(time.time()) + 3600)
+
+    lines: list[str] = []
+    with pytest.raises(AzureError) as caught:
+        submit(cpu_plan, connection.workspace_ref(workspace_config), credential=StaticToken(), log=lines.append)
+    message = str(caught.value)
+    # Offline: the workspace cannot be reached; online: Azure refuses the token. Nothing was created either way.
+    assert message.startswith(("workspace: management.azure.com is unreachable", "credentials: refused by Azure"))
+    assert "workspace ws-train in resource group rg-train" in message and SUBSCRIPTION not in message
+    assert lines == []
+
+
+def test_submit_checks_the_code_again_for_secrets_added_after_planning(tmp_path, workspace_config, no_credentials):
+    root = _project_copy(tmp_path / "proj")
+    plan = write_plan(_plan_project(root), tmp_path / "plan")
+    (root / "notebooks" / "deploy.pem").write_text("a key saved after the plan was written")
+    proc = cli("azure", "submit", str(plan), "--workspace-config", str(workspace_config), timeout=60)
+    assert proc.returncode == 2 and "notebooks/deploy.pem (a private key or certificate)" in proc.stderr, proc.stderr
+    assert "credentials" not in proc.stderr, "checked before anything is sent"
+
+
+def test_a_plan_refuses_a_data_asset_whose_snapshot_changed_since_registration(pydoc_asset):
+    snapshot_file = pydoc_asset.path  # a uri_file: the snapshot's one file, a hard link to its blob
+    snapshot_file.chmod(0o644)
+    snapshot_file.write_bytes(snapshot_file.read_bytes()[:-1] + b"!")  # through the link: the blob changes too
+    cfg = config.load("tiny", [f"data.asset={pydoc_asset.ref}"])
+    with pytest.raises(AzureError, match=rf"data.asset: {pydoc_asset.ref} does not match its registration"):
+        build_plan(cfg, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1)

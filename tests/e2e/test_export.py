@@ -1,0 +1,158 @@
+"""Export (safetensors, ONNX, parity) from either engine's checkpoints, and the workspace's model registry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from toolkit.data import corpus as data_mod
+from toolkit.catalogue.data_assets import DataAssetError
+from toolkit.deploy.export import MANIFEST, ExportError, export_run, read_manifest
+from toolkit.catalogue.model_registry import get_model, list_models, register_model, resolve_model_dir
+from toolkit.runs.rundir import RunDir
+from toolkit.catalogue.workspace import Workspace
+
+from conftest import cli
+
+FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", MANIFEST}
+
+
+def _val_loss_of_export(model_dir, run: RunDir) -> float:
+    """The exported weights' loss on the run's own validation batches, computed the way the trainer does."""
+    from toolkit.deploy.serving.runtimes import TorchRuntime
+
+    cfg = run.read_config()
+    corpus = data_mod.load_corpus(cfg)
+    model = TorchRuntime(model_dir).model
+    with torch.no_grad():
+        losses = [model(x, y).item() for x, y in data_mod.val_batches(corpus, cfg, 0, 1)]
+    return sum(losses) / len(losses)
+
+
+def _trained(train_tiny, *flags, name="run"):
+    proc, run = train_tiny("--set", "train.max_steps=20", "--set", "train.eval_every=20", *flags, name=name)
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoint(train_tiny):
+    run = _trained(train_tiny)
+    result = export_run(run.path)
+    assert {p.name for p in result.path.iterdir()} == FILES and result.path == run.path / "model"
+    manifest = read_manifest(result.path)
+    assert manifest["checkpoint"] == "step_00000020" and manifest["engine"] == "torch"
+    assert manifest["onnx_opset"] >= 17 and manifest["dynamic_axes"] == ["batch", "sequence"]
+    assert manifest["files"]["model.safetensors"]["size"] == (result.path / "model.safetensors").stat().st_size
+    parity = json.loads((result.path / "parity.json").read_text())
+    assert result.parity_ok and parity["max_abs_diff"] <= 1e-4
+    assert [s["shape"] for s in parity["shapes"]] == [[4, 32], [3, 17], [1, 1]], "several batch and sequence sizes"
+    # safetensors is a JSON header and raw tensors: nothing in it can run code when loaded
+    header_len = int.from_bytes((result.path / "model.safetensors").read_bytes()[:8], "little")
+    assert json.loads((result.path / "model.safetensors").read_bytes()[8:8 + header_len])
+    # the exported weights are the trained ones: same validation loss as the run's last evaluation
+    assert _val_loss_of_export(result.path, run) == pytest.approx(run.events("eval")[-1]["val_loss"], abs=1e-5)
+
+
+def test_export_replaces_an_older_export_whole_and_the_cli_reports_parity(train_tiny, tmp_path):
+    run = _trained(train_tiny)
+    older = export_run(run.path).path
+    # an older exporter's extra file (ONNX external weights), listed by its manifest: replaced with the folder
+    (older / "model.onnx.data").write_bytes(b"external weights")
+    manifest = json.loads((older / MANIFEST).read_text())
+    manifest["files"]["model.onnx.data"] = {"size": 16, "sha256": hashlib.sha256(b"external weights").hexdigest()}
+    (older / MANIFEST).write_text(json.dumps(manifest))
+    proc = cli("export", str(run.path), "--register", "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 0, proc.stderr
+    assert "parity        max |torch - onnxruntime|" in proc.stdout and "registered    tiny:1" in proc.stdout
+    assert {p.name for p in (run.path / "model").iterdir()} == FILES
+    assert not [p for p in run.path.iterdir() if p.name.startswith(".model")], "no temporary folder left behind"
+
+
+def test_a_run_without_checkpoints_cannot_be_exported(train_tiny):
+    run = _trained(train_tiny, "--set", "checkpoint.at_end=false")
+    with pytest.raises(ExportError, match="has no valid checkpoint"):
+        export_run(run.path)
+    proc = cli("export", str(run.path))
+    assert proc.returncode == 2 and "error: run_dir:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (run.path / "model").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_partitioned_checkpoints_are_consolidated(train_tiny, stage):
+    run = _trained(train_tiny, "--engine", "deepspeed", "--nproc", "2", "--set", f"engine.zero_stage={stage}",
+                   name=f"zero{stage}")
+    result = export_run(run.path)
+    assert result.manifest["engine"] == "deepspeed" and result.manifest["zero_stage"] == stage
+    assert result.parity_ok
+    # Consolidated fp32 weights from both ranks' partitions reproduce the run's own validation loss.
+    assert _val_loss_of_export(result.path, run) == pytest.approx(run.events("eval")[-1]["val_loss"], abs=1e-4)
+
+
+def test_models_register_by_content_with_their_lineage(train_tiny, tmp_path):
+    ws_dir = tmp_path / "ws"
+    assert cli("data", "--workspace", str(ws_dir), "register-builtin", "pydoc").returncode == 0
+    run = _trained(train_tiny, "--set", "data.asset=pydoc", "--set", f"data.workspace={ws_dir}")
+    ws = Workspace.open(ws_dir)
+    first = register_model(ws, export_run(run.path).path)
+    assert first.ref == "tiny:1" and first.data == "pydoc:1" and len(first.data_sha256) == 64
+    assert first.run_dir == str(run.path.resolve()) and first.checkpoint == "step_00000020"
+    assert register_model(ws, run.path / "model").ref == "tiny:1", "same content, same version"
+    again = register_model(ws, export_run(run.path).path, description="re-exported")
+    assert again == first, "exporting the same checkpoint again (a new manifest time) is the same version"
+    other = _trained(train_tiny, "--set", "train.seed=2", "--set", "data.asset=pydoc", "--set",
+                     f"data.workspace={ws_dir}", name="other")
+    second = register_model(ws, export_run(other.path).path, description="other weights")
+    assert second.ref == "tiny:2" and get_model(ws, "tiny").ref == "tiny:2" and get_model(ws, "tiny:1") == first
+    assert (first.path / "model.onnx").is_file() and first.path != run.path / "model", "served from the snapshot"
+    assert [m.ref for m in list_models(ws)] == ["tiny:2", "tiny:1"]
+    assert resolve_model_dir("tiny:1", ws_dir) == first.path
+    listing = cli("models", "--workspace", str(ws_dir)).stdout
+    assert "tiny:1" in listing and "pydoc:1" in listing
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("nothing", "model: 'nothing' is not registered; registered: none"),
+    ("bad/path/to/model", "model: 'bad/path/to/model' is neither a folder nor a registered model"),
+    ("tiny:x", "model: 'tiny:x' is not a reference"),
+])
+def test_unknown_models_are_named(tmp_path, ref, message):
+    with pytest.raises(DataAssetError, match=message.replace("(", r"\(")):
+        resolve_model_dir(ref, tmp_path / "ws")
+
+
+def test_a_folder_that_is_not_an_export_is_refused(tmp_path):
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(ExportError, match="is not an exported model folder"):
+        read_manifest(tmp_path / "weights")
+
+
+def test_a_tampered_export_is_neither_registered_nor_served(train_tiny, tmp_path):
+    run = _trained(train_tiny)
+    model = export_run(run.path).path
+    weights = bytearray((model / "model.safetensors").read_bytes())
+    weights[-1] ^= 0x01  # one bit of one weight: the manifest's sha256 no longer matches
+    (model / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(ExportError, match="model.safetensors"):
+        register_model(Workspace.open(tmp_path / "ws"), model)
+    assert list_models(Workspace.open(tmp_path / "ws")) == []
+    served = cli("serve", str(model), "--workspace", str(tmp_path / "ws"))
+    assert served.returncode == 2 and "model.safetensors" in served.stderr, served.stderr
+
+
+def test_a_registered_snapshot_swapped_for_another_export_is_not_served_as_that_version(train_tiny, tmp_path):
+    """Replacing a snapshot's files and manifest together (nothing written through a link, every hash consistent)
+    still does not pass: the catalogue names the version's payload, and the manifest must be that payload."""
+    import shutil
+
+    ws = Workspace.open(tmp_path / "ws")
+    first = register_model(ws, export_run(_trained(train_tiny).path).path)
+    other = export_run(_trained(train_tiny, "--set", "train.seed=2", name="other").path).path
+    for name in ("model.onnx", "model.safetensors", MANIFEST):
+        (first.path / name).unlink()
+        shutil.copyfile(other / name, first.path / name)
+    with pytest.raises(DataAssetError, match=r"tiny:1's snapshot .* is not the registered version"):
+        resolve_model_dir("tiny:1", tmp_path / "ws")

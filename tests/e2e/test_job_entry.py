@@ -1,0 +1,139 @@
+"""The entry an Azure ML job runs: each process one rank under someone else's launcher, data read in place.
+
+Azure ML's PyTorchDistribution starts every rank itself and mounts the data asset's uploaded snapshot
+read-only; torchrun stands in for it here (it sets the same RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* variables).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from toolkit.catalogue import data_assets
+from toolkit.data import corpus as data_mod
+from toolkit.data.builtin import BUILTINS
+from toolkit.ports import free_port
+from toolkit.runs.rundir import RunDir
+from toolkit.catalogue.workspace import Workspace
+
+from conftest import PROJECT, cli
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace.open(tmp_path / "ws")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Token files go to the user cache: each test (and every process it starts) gets its own."""
+    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("which", ["pydoc", "digits"])
+def test_a_snapshot_read_in_place_has_the_registered_identity(ws, which):
+    asset = BUILTINS[which](ws)
+    opened = data_assets.open_path(asset.path)  # what the job sees: the uploaded snapshot, mounted
+    assert (opened.type, opened.sha256, opened.size_bytes) == (asset.type, asset.sha256, asset.size_bytes)
+
+
+def _texts(folder, files: dict[str, bytes]):
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def test_a_plain_folder_is_read_in_name_order(tmp_path):
+    folder = _texts(tmp_path / "texts", {"b.txt": b"B" * 300, "a.txt": b"A" * 300})
+    asset = data_assets.open_path(folder)
+    assert asset.type == "uri_folder" and asset.file_count == 2
+    assert data_mod.token_file(asset).read_bytes() == b"A" * 300 + b"\n\n" + b"B" * 300
+    (folder / "a.txt").write_bytes(b"C" * 300)
+    assert data_assets.open_path(folder).sha256 != asset.sha256, "the hash follows the contents"
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt"], "nothing is written into the data"
+
+
+def test_two_files_of_one_folder_train_on_their_own_tokens(tmp_path):
+    from toolkit import config as config_mod
+
+    texts = {"one.txt": b"first file " * 40, "two.txt": b"SECOND FILE, other bytes " * 30}
+    folder = _texts(tmp_path / "texts", texts)
+    token_files = {}
+    for name, data in texts.items():  # one after the other as data.path, as two runs would
+        cfg = config_mod.load("tiny", [f"data.path={folder / name}", "model.block_size=16"])
+        corpus = data_mod.load_corpus(cfg)
+        assert bytes(corpus.splits["train"].numpy()) + bytes(corpus.splits["val"].numpy()) == data, name
+        assert corpus.asset["sha256"] == data_assets.open_path(folder / name).sha256
+        token_files[name] = data_mod.token_file(data_assets.open_path(folder / name))
+        assert token_files[name].read_bytes() == data
+    assert token_files["one.txt"] != token_files["two.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["one.txt", "two.txt"], "nothing is written into the data"
+
+
+def test_a_file_changed_after_hashing_is_refused_not_cached(tmp_path):
+    folder = _texts(tmp_path / "texts", {"a.txt": b"A" * 300, "b.txt": b"B" * 300})
+    asset = data_assets.open_path(folder)
+    (folder / "b.txt").write_bytes(b"X" * 300)  # changed between hashing (lineage) and reading (training)
+    with pytest.raises(data_assets.DataAssetError, match=r"b\.txt.* changed after it was hashed"):
+        data_mod.token_file(asset)
+    assert not (tmp_path / "cache").exists() or not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    fresh = data_assets.open_path(folder)
+    assert data_mod.token_file(fresh).read_bytes() == b"A" * 300 + b"\n\n" + b"X" * 300
+
+
+def test_a_read_only_input_gets_its_token_file_in_the_cache(tmp_path, monkeypatch, small_mount):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "corpus.txt").write_bytes(b"read-only bytes " * 40)
+    # A read-only bind mount, as Azure ML's ro_mount gives a job.
+    with small_mount("--bind", "-o", "ro", str(source)) as mount:
+        monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+        asset = data_assets.open_path(mount / "corpus.txt")
+        cache = data_mod.token_file(asset)
+        assert cache.is_relative_to(tmp_path / "cache") and cache.read_bytes() == b"read-only bytes " * 40
+        assert sorted(p.name for p in mount.iterdir()) == ["corpus.txt"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "data.path=/nonexistent/corpus.txt"], "data.path: '/nonexistent/corpus.txt' does not exist"),
+    (["--set", "data.path=/tmp", "--set", "data.asset=pydoc"], "data.path: '/tmp' given together with data.asset"),
+])
+def test_bad_data_paths_are_refused_before_the_run_starts(tmp_path, flags, message):
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *flags)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_table_path_is_refused_for_the_text_model(ws, tmp_path):
+    table = BUILTINS["digits"](ws).path
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", f"data.path={table}")
+    assert proc.returncode == 2 and "is a mltable asset; allowed for model.name='gpt': uri_file" in proc.stderr
+
+
+@pytest.mark.slow
+def test_ranks_started_by_an_external_launcher_create_the_run_and_train(ws, tmp_path):
+    asset = BUILTINS["pydoc"](ws)
+    run_dir = tmp_path / "outputs" / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "toolkit.runs.worker", str(run_dir),
+           "--config", "tiny", "--set", f"data.path={asset.path}", "--set", "train.max_steps=12"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunDir(run_dir)
+    assert run.read_status()["state"] == "completed" and run.read_status()["step"] == 12
+    lineage = json.loads(run.lineage_path.read_text())
+    assert lineage["world_size"] == 2
+    assert lineage["data"]["asset"]["sha256"] == asset.sha256, "the job's lineage names the registered data"
+    assert run.read_config().data.path == str(asset.path)
+
+    # The same command again (Azure ML retrying the job) finds the run directory and continues, never clobbers it.
+    cmd[5] = f"--master_port={free_port()}"
+    again = subprocess.run([*cmd[:-1], "train.max_steps=16"], capture_output=True, text=True, cwd=PROJECT,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert run.read_status()["state"] == "completed"
+    assert run.read_config().train.max_steps == 12, "the written config is what ran; arguments do not rewrite it"

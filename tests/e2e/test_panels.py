@@ -1,0 +1,227 @@
+"""The data, checkpoints, resources and journey panels, driven as a person would (fill the form, click), for real:
+a real workspace catalogue (SQLite), real training runs, real checkpoints on disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from toolkit import config as config_mod
+from toolkit.catalogue import data_assets
+from toolkit.runs import launch
+from toolkit.data.builtin import register_pydoc
+from toolkit.checkpoint.store import CheckpointStore
+from toolkit.config import ConfigError
+from toolkit.deploy.export import export_run
+from toolkit.catalogue.model_registry import register_model
+from toolkit.runs.rundir import RunDir
+from widgets.checkpoints import CheckpointsPanel
+from widgets.data import DataPanel, path_suggestions
+from widgets.journey import STEPS, JourneyPanel
+from widgets.resources import AzureStatusPanel, MemoryPanel
+
+# --- data --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def data_panel(tmp_path):
+    return DataPanel(workspace=tmp_path / "ws", config="tiny", tune_steps=3).show()
+
+
+def test_the_form_names_each_bad_field_before_anything_is_written(data_panel, tmp_path):
+    panel = data_panel
+    assert panel.register_button.disabled and "fill in: name, path" in panel.problems.value
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    panel.name.value, panel.path.value, panel.type.value = "bad name!", str(tmp_path / "missing.txt"), "uri_file"
+    assert "name: &#x27;bad name!&#x27; is not allowed" in panel.problems.value
+    assert "does not exist" in panel.problems.value and panel.register_button.disabled
+    panel.name.value, panel.path.value = "corpus", str(folder)  # a folder where a file is expected
+    assert "is not a file; allowed for type uri_file" in panel.problems.value
+    panel.type.value = "uri_folder"  # an empty folder passes the form; register refuses it, inline
+    assert panel.problems.value == "" and not panel.register_button.disabled
+    panel.register_button.click()
+    panel.wait()
+    assert "is an empty folder" in panel.message.value
+    assert data_assets.list_assets(panel.ws) == [], "nothing registered"
+
+
+def test_register_versions_and_archive_from_the_buttons(data_panel, tmp_path):
+    panel = data_panel
+    notes = tmp_path / "notes.txt"
+    notes.write_text("version one")
+    panel.name.value, panel.type.value, panel.path.value = "notes", "uri_file", str(notes)
+    panel.description.value = "a scratch file"
+    panel.register_button.click()
+    assert panel.wait().ref == "notes:1" and "registered notes:1" in panel.message.value
+    panel.register_button.click()
+    assert panel.wait().ref == "notes:1" and "unchanged content, already notes:1" in panel.message.value
+    notes.write_text("version two")
+    panel.register_button.click()
+    assert panel.wait().ref == "notes:2"
+    assert "notes:1" in panel.versions.value and "notes:2" in panel.versions.value
+    assert data_assets.get(panel.ws, "notes:1").path.read_text() == "version one"
+
+    panel.archive_choice.value = "notes:2"
+    panel.archive_button.click()
+    assert data_assets.get(panel.ws, "notes").ref == "notes:1", "latest skips the archived version"
+    assert "notes:2" not in panel.versions.value
+    panel.show_archived.value = True
+    assert "notes:2" in panel.versions.value
+    assert "notes:1" in panel.static_html(), "the static twin shows the catalogue"
+
+
+def test_the_path_box_suggests_the_folder_being_typed(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / ".hidden").write_text("x")
+    assert path_suggestions(f"{tmp_path}/") == [f"{tmp_path}/sub/", f"{tmp_path}/a.txt"]
+    assert path_suggestions(f"{tmp_path}/a") == [f"{tmp_path}/sub/", f"{tmp_path}/a.txt"]
+    assert path_suggestions(f"{tmp_path}/nowhere/x") == []
+
+
+def test_the_loading_advisor_measures_the_chosen_asset(data_panel):
+    panel = data_panel
+    register_pydoc(panel.ws)
+    panel.refresh_versions()
+    assert panel.advisor_asset.value == "pydoc"
+    panel.measure_button.click()
+    assert panel.measure_button.disabled, "one measurement at a time"
+    report = panel.wait()
+    assert report.asset == "pydoc:1" and len(report.trials) == 4
+    assert "data loading for pydoc:1" in panel.advice_text.value
+    assert panel.advice_plot.value[:4] == b"\x89PNG" and "data:image/png" in panel.static_html()
+    assert not panel.measure_button.disabled
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    cfg = config_mod.load("tiny", ["train.max_steps=60", "train.max_seconds=0", "checkpoint.every_steps=20",
+                                   "checkpoint.keep_last=5", "train.log_every=1", "profile.enabled=false"])
+    handle = launch.start(cfg, runs_root=tmp_path / "runs")
+    assert handle.wait(120) == 0
+    return handle.run
+
+
+def test_checkpoints_panel_lists_verifies_and_rolls_back(finished_run):
+    original = {e["step"]: e["loss"] for e in finished_run.events("train")}
+    panel = CheckpointsPanel(finished_run.path, gpus=64).show()
+    assert [i.name for i in panel.infos] == ["step_00000020", "step_00000040", "step_00000060"]
+    assert "step_00000060  &lt;- LATEST" in panel.table.value and panel.resume_from.value == "step_00000060"
+    # each row carries what its checkpoint cost, from the run's events: the training time lost, then the blocking
+    lost = {e["step"]: e["lost_ms"] for e in finished_run.events("checkpoint")}
+    assert "training lost ms" in panel.table.value and "of which blocked" in panel.table.value
+    assert f">{lost[40]:,.1f}</td>" in panel.table.value, panel.table.value
+
+    # corrupt one file of step 40: the listing says so, and it is no longer offered
+    victim = next(p for p in (finished_run.path / "checkpoints" / "step_00000040").iterdir() if p.suffix == ".pt")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    panel.refresh_button.click()
+    panel.wait()
+    assert "fails its xxh3_128 check" in panel.table.value
+    assert [v for _, v in panel.resume_from.options] == ["step_00000020", "step_00000060"]
+
+    panel.resume_from.value = "step_00000020"
+    panel.resume_button.click()
+    status = panel.wait()
+    assert status["state"] == "completed" and status["step"] == 60, status
+    replayed = {e["step"]: e["loss"] for e in RunDir(finished_run.path).events("train")}
+    assert replayed == original, "steps 21..60 replayed from step 20 give the same losses"
+    assert "resumed from step_00000020" in panel.message.value and "completed" in panel.card.value
+    assert sum(i.name.startswith("superseded-") for i in panel.infos) == 2, "set aside, never deleted"
+    assert "superseded by a roll-back" in panel.static_html()
+
+
+def test_interval_advisor_follows_the_slider(finished_run):
+    panel = CheckpointsPanel(finished_run.path, gpus=8)
+    few = panel.advice.interval_s
+    panel.gpus.value = 16384
+    assert panel.advice.interval_s < few, "more GPUs fail more often: checkpoint more often"
+    assert "MTBF" in panel.advice_text.value and panel.advice_plot.value[:4] == b"\x89PNG"
+    assert panel.advice.cost_basis == "lost" and "training time lost" in panel.advice_text.value
+    panel.restart_s.value = 600
+    assert panel.advice.restart_s == 600
+
+
+def test_checkpoints_panel_refuses_a_folder_without_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run_dir: .* holds no run"):
+        CheckpointsPanel(tmp_path)
+
+
+def test_a_run_without_checkpoints_explains_inline(tmp_path):
+    cfg = config_mod.load("tiny", ["train.max_steps=5", "profile.enabled=false", "checkpoint.at_end=false"])
+    handle = launch.start(cfg, runs_root=tmp_path / "runs")
+    assert handle.wait(120) == 0
+    panel = CheckpointsPanel(handle.path)
+    assert "no checkpoints yet" in panel.table.value and "has no checkpoint events" in panel.message.value
+    panel.resume_button.click()
+    assert "resume from: no valid checkpoint" in panel.message.value and panel.handle is None
+    assert CheckpointStore(handle.path).list() == []
+
+
+# --- resources ---------------------------------------------------------------------------------------------------
+
+
+def test_memory_sliders_update_the_estimate():
+    panel = MemoryPanel(model_size="7B", gpus=8, gpu_memory_gib=80).show()
+    assert "Recommended: <b>ZeRO-1</b>" in panel.headline.value and "fits" in panel.headline.value
+    panel.gpus.value = 1
+    assert "does not fit" in panel.headline.value and "no stage fits" in panel.headline.value
+    panel.model_size.value = "125M"
+    assert "Recommended: <b>ZeRO-0</b>" in panel.headline.value
+    panel.zero_stage.value = 3
+    assert "ZeRO-3 on 1 GPU:" in panel.headline.value
+    panel.precision.value = "fp32"
+    assert "fp32" in panel.headline.value and panel.plot.value[:4] == b"\x89PNG"
+    assert panel.headline.value in panel.static_html()
+    with pytest.raises(ConfigError, match="params: 'seven' is not allowed"):
+        MemoryPanel(model_size="seven")
+
+
+def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    panel = AzureStatusPanel().show()
+    assert panel.check().connected is False
+    assert "OFFLINE" in panel.status_html.value and "config.json" in panel.status_html.value
+    (tmp_path / "config.json").write_text("{not json")
+    panel.check_button.click()
+    assert "is not valid JSON" in panel.status_html.value
+    (tmp_path / "config.json").write_text(json.dumps({"subscription_id": "00000000-1111-2222-3333-444444444444",
+                                                      "resource_group": "rg", "workspace_name": "ws"}))
+    for var in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    status = panel.check()
+    assert status.workspace is not None and not status.connected and "credentials" in status.reason
+    assert "4444" in panel.status_html.value and "1111-2222" not in panel.status_html.value, "masked"
+
+
+# --- the journey -------------------------------------------------------------------------------------------------
+
+
+def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
+    ws_dir = tmp_path / "ws"
+    panel = JourneyPanel(ws_dir).show()
+    assert [done for done, _ in panel.statuses] == [True, False, False, False, False]  # only the machine is there
+    assert "no data registered yet" in panel.table.value and "02_data.ipynb" in panel.table.value
+
+    register_pydoc(panel.ws)
+    cfg = config_mod.load("tiny", ["train.max_steps=20", "train.max_seconds=0", "checkpoint.every_steps=10",
+                                   "profile.enabled=false", f"data.workspace={ws_dir}"])
+    handle = launch.start(cfg, runs_root=tmp_path / "runs")
+    assert handle.wait(120) == 0
+    panel.refresh_button.click()
+    assert [done for done, _ in panel.statuses] == [True, True, True, False, False]
+    assert "1 run(s), 1 completed" in panel.table.value and "pydoc:1" in panel.table.value
+
+    resumed = launch.resume(handle.path, from_checkpoint="step_00000010")
+    assert resumed.wait(120) == 0
+    register_model(panel.ws, export_run(handle.path).path)
+    assert all(done for done, _ in panel.refresh()), panel.statuses
+    assert "1 resumed" in panel.static_html() and "tiny:1" in panel.static_html()
+    assert len(panel.statuses) == len(STEPS) == 5

@@ -1,0 +1,164 @@
+"""Real training runs through the CLI and the launcher: the run directory contract, both engines, 1 and 2 processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from toolkit import config as config_mod
+from toolkit.runs import launch
+from toolkit.runs.rundir import RunDir
+
+TRAIN_FIELDS = {"step", "loss", "lr", "tokens_per_s", "data_wait_pct", "mfu"}
+
+
+def assert_run_contract(run: RunDir, steps: int) -> list[dict]:
+    """The files DESIGN.md promises, with the fields every reader relies on. Returns the train events."""
+    for name in ("config.yaml", "status.json", "events.jsonl", "lineage.json"):
+        assert (run.path / name).is_file(), f"{name} missing from {run.path}"
+    assert run.read_config() == config_mod.from_dict(run.read_config().to_dict())
+    status = run.read_status()
+    assert status["state"] == "completed" and status["step"] == steps, status
+    train = run.events("train")
+    assert train and all(TRAIN_FIELDS <= set(e) for e in train), train[:1]
+    assert train[-1]["step"] == steps
+    assert all(e["tokens_per_s"] > 0 and 0 < e["mfu"] < 1 and 0 <= e["data_wait_pct"] < 100 for e in train)
+    evals = run.events("eval")
+    assert evals and all({"val_loss", "val_bpb"} <= set(e) for e in evals)
+    assert math.isclose(evals[-1]["val_bpb"], evals[-1]["val_loss"] / math.log(2), rel_tol=1e-4)
+    lineage = json.loads(run.lineage_path.read_text())
+    assert lineage["data"]["name"] == "pydoc" and len(lineage["data"]["sha256"]) == 64
+    assert lineage["packages"]["torch"].startswith("2.13.0")
+    assert lineage["config_sha256"] == run.read_config().fingerprint()
+    return train
+
+
+def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
+    proc, run = train_tiny("--set", "train.log_every=2", "--set", "profile.enabled=true",
+                           "--set", "profile.wait=1", "--set", "profile.warmup=1", "--set", "profile.active=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "completed: step 40" in proc.stderr and "tok_s=" in proc.stderr  # the progress bar and summary
+    train = assert_run_contract(run, steps=40)
+    first, last = train[0]["loss"], train[-1]["loss"]
+    assert last < first - 1.0, f"loss did not go down: {first} -> {last}"
+    assert math.isclose(first, math.log(256), rel_tol=0.1), "a fresh byte model should start near ln(256)"
+    # warmup then cosine: lr rises for 5 steps, then falls
+    lrs = [e["lr"] for e in train]
+    assert lrs[1] > lrs[0] and lrs[-1] < max(lrs)
+
+    # TensorBoard scalars, read back with TensorBoard's own reader
+    acc = EventAccumulator(str(run.tb_dir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "perf/tokens_per_s", "perf/mfu", "perf/data_wait_pct",
+            "eval/val_loss", "eval/val_bpb"} <= tags
+    assert [s.step for s in acc.Scalars("train/loss")] == [e["step"] for e in train]
+
+    # profiler: traces for the TensorBoard plugin and a readable summary
+    assert list(run.profile_dir.glob("*.pt.trace.json")), list(run.profile_dir.iterdir())
+    summary = (run.profile_dir / "summary.txt").read_text()
+    assert "Self CPU" in summary and "aten::" in summary
+    (profile_event,) = run.events("profile")
+    assert profile_event["top_ops"] and profile_event["top_ops"][0]["self_cpu_ms"] > 0
+
+
+def test_same_seed_same_losses(train_tiny):
+    """The run is a pure function of its config: two runs log identical losses, step for step."""
+    runs = [train_tiny("--set", "train.max_steps=10", "--set", "train.log_every=1", name=f"r{i}")[1] for i in (1, 2)]
+    losses = [[e["loss"] for e in r.events("train")] for r in runs]
+    assert len(losses[0]) == 10 and losses[0] == losses[1]
+
+
+def test_time_budget_stops_the_run_and_finishes_the_schedule(train_tiny):
+    proc, run = train_tiny("--set", "train.max_steps=1000000", "--set", "train.max_seconds=3",
+                           "--set", "train.log_every=5", "--set", "train.eval_every=1000000")
+    assert proc.returncode == 0, proc.stderr
+    train = run.events("train")
+    last = train[-1]
+    assert 3 <= last["elapsed_s"] < 10 and last["step"] < 1000000
+    assert run.read_status()["state"] == "completed"
+    assert run.events("eval")[-1]["step"] == last["step"], "a stopped run still gets its final evaluation"
+    cfg = run.read_config()
+    # the cosine horizon followed the clock: by the end the LR has decayed most of the way to min_lr
+    assert last["lr"] < cfg.optim.min_lr + 0.25 * (cfg.optim.lr - cfg.optim.min_lr), last
+
+
+def test_digits_classifier_through_the_same_loop(train_tiny):
+    proc, run = train_tiny("--set", "model.name=digits_mlp", "--set", "data.dataset=digits",
+                           "--set", "model.n_embd=64", "--set", "train.batch_size=64", "--set", "train.max_steps=60",
+                           "--set", "optim.lr=0.01", "--set", "optim.min_lr=0.001")
+    assert proc.returncode == 0, proc.stderr
+    evals = run.events("eval")
+    assert "val_bpb" not in evals[-1], "bits per byte only means something for byte-level text"
+    assert evals[-1]["val_loss"] < 0.5 * math.log(10), evals  # well below chance (ln 10 nats)
+
+
+def test_a_failing_run_says_why_and_exits_nonzero(train_tiny):
+    # A context longer than the validation split fails inside the worker, after the run directory exists.
+    proc, run = train_tiny("--set", "model.block_size=8192", "--set", "data.val_fraction=0.01")
+    assert proc.returncode == 1
+    assert "training failed" in proc.stderr
+    status = run.read_status()
+    assert status["state"] == "failed" and "model.block_size: 8192 is too long" in status["error"]
+    (error,) = run.events("error")
+    assert "model.block_size" in error["message"]
+    assert "Traceback" in (run.path / launch.LOG_NAME).read_text()
+
+
+def test_stopping_a_run_marks_it_killed(tmp_path):
+    handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
+    for event in handle.follow(interval_s=0.2):  # wait until training is really under way
+        if event["event"] == "train":
+            break
+    assert handle.stop() != 0
+    pgid = handle.run.read_status()["worker_pgid"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # no training process outlives the stop
+    status = handle.run.read_status()
+    assert status["state"] == "killed" and status["error"] == "signal SIGTERM", status
+    assert handle.run.events("status")[-1]["state"] == "killed"
+
+
+def test_killing_the_training_processes_marks_the_run_killed(tmp_path):
+    handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
+    for event in handle.follow(interval_s=0.2):
+        if event["event"] == "train":
+            break
+    assert handle.kill()
+    assert handle.wait(30) != 0
+    status = handle.run.read_status()
+    assert status["state"] == "killed" and status["error"] == "signal SIGKILL"
+    assert handle.run.events("status")[-1]["state"] == "killed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [
+    ["--nproc", "2"],  # DDP through torchrun
+    ["--engine", "deepspeed"],
+    ["--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3", "--set", "engine.precision=bf16"],
+    ["--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=1", "--set", "engine.launcher=torchrun"],
+], ids=["torch-ddp-2", "deepspeed-1", "deepspeed-zero3-bf16-2-dslauncher", "deepspeed-zero1-2-torchrun"])
+def test_engines_and_process_counts(train_tiny, flags):
+    proc, run = train_tiny(*flags)
+    assert proc.returncode == 0, proc.stderr + (run.path / launch.LOG_NAME).read_text()
+    train = assert_run_contract(run, steps=40)
+    assert train[-1]["loss"] < train[0]["loss"] - 1.0
+    nproc = run.read_config().engine.nproc
+    assert json.loads(run.lineage_path.read_text())["world_size"] == nproc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 2)])
+def test_deepspeed_matches_torch_step_for_step(train_tiny, nproc, stage):
+    """Same model, data, seed and optimizer: the engines differ only in mechanics, so fp32 losses agree."""
+    common = ["--nproc", str(nproc), "--set", "train.max_steps=15", "--set", "train.log_every=1"]
+    _, torch_run = train_tiny(*common, name="torch")
+    _, ds_run = train_tiny(*common, "--engine", "deepspeed", "--set", f"engine.zero_stage={stage}", name="ds")
+    torch_losses = [e["loss"] for e in torch_run.events("train")]
+    ds_losses = [e["loss"] for e in ds_run.events("train")]
+    assert len(torch_losses) == len(ds_losses) == 15
+    assert ds_losses == pytest.approx(torch_losses, rel=1e-4)

@@ -1,0 +1,71 @@
+"""Panels driven as a person would drive them (set the form, click the buttons), against real runs."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from toolkit.runs.rundir import RunDir
+from widgets.training import TrainingPanel
+
+
+@pytest.fixture
+def panel(tmp_path):
+    panel = TrainingPanel(config="tiny", steps=400, checkpoint_every=20, profile=False, runs_root=tmp_path,
+                          plot_every_s=0.5)
+    panel.show()
+    yield panel
+    panel.stop()
+    panel.close()
+
+
+def test_start_kill_and_resume_from_the_buttons(panel):
+    panel.buttons["Start"].click()
+    assert panel.message.value == "" and panel.handle is not None
+    assert panel.buttons["Start"].disabled and not panel.buttons["Kill"].disabled
+    assert panel.wait_until(lambda p: p.step >= 60)
+    panel.buttons["Kill"].click()  # a lost node
+    status = panel.wait()
+    assert status["state"] == "killed" and not panel.buttons["Resume"].disabled
+    killed_at = panel._progress.step
+    assert killed_at < 400
+
+    panel.buttons["Resume"].click()
+    status = panel.wait()
+    assert status["state"] == "completed" and status["step"] == 400
+    assert panel.progress.value == 1.0 and panel.progress.description == "100%"
+    assert "completed" in panel.card.value and "400 / 400" in panel.card.value
+    assert panel.plot.value[:8] == b"\x89PNG\r\n\x1a\n", "the loss curve is drawn"
+    static = panel.static_html()
+    assert "data:image/png;base64," in static and "400 / 400" in static, "the static twin shows the same"
+    assert RunDir(panel.run.path).events("checkpoint"), "checkpoint markers come from checkpoint events"
+
+
+def test_a_past_run_opens_with_the_same_dashboard(panel, tmp_path):
+    panel.steps.value = 40
+    panel.start()
+    panel.wait()
+    live_card = panel.card.value.split("elapsed")[0]
+    other = TrainingPanel(config="tiny").open_run(panel.run.path)
+    assert other.card.value.split("elapsed")[0] == live_card
+    assert other.progress.value == 1.0 and other.plot.value[:4] == b"\x89PNG"
+
+
+def test_bad_form_input_is_shown_inline_and_starts_nothing(panel, tmp_path):
+    panel.steps.value = -5
+    panel.buttons["Start"].click()
+    assert "train.max_steps: -5" in panel.message.value
+    assert panel.handle is None and list(tmp_path.iterdir()) == []
+    panel.buttons["TensorBoard"].click()  # disabled in a browser; called anyway, it explains
+    assert "run: none yet" in panel.message.value
+
+
+def test_the_tensorboard_button_serves_the_run(panel):
+    panel.steps.value = 20
+    panel.start()
+    panel.wait()
+    panel.buttons["TensorBoard"].click()
+    assert "http://127.0.0.1:" in panel.links.value
+    with urllib.request.urlopen(panel.tb_server.url + "data/runs", timeout=30) as response:
+        assert response.status == 200

@@ -1,0 +1,336 @@
+"""Checkpoints on disk: atomic publication, manifests, the LATEST pointer, verification, retention.
+
+    checkpoints/
+      .tmp-step_00000100/     being written (by every rank); never counts, removed when found stale
+      step_00000100/
+        manifest.json          step, world size, engine, config, trainer state, checksum + size of every file
+        model.pt ...           the engine's state files, and rank_00000.pt ... (RNG per rank)
+      LATEST                   the name of the newest published checkpoint, replaced atomically
+      superseded-1700000000-step_00000200/   newer than a checkpoint someone rolled back to: kept, never resumed
+
+A checkpoint counts only if its manifest exists and is well-formed, the folder holds exactly the files it lists
+(no links, no extra files), every file has the recorded size and checksum (toolkit.checkpoint.checksum), and no ``.pt``
+file would import anything but tensors and plain data when loaded (toolkit.safe_load). A run directory may be a copy from elsewhere: LATEST
+and manifests are read as untrusted text, so no name in them leads outside the run's checkpoints folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
+from toolkit.fsio import atomic_write_text, fsync_path, name_inside, read_regular_file, swap_in
+
+MANIFEST = "manifest.json"
+LATEST = "LATEST"
+TMP_PREFIX = ".tmp-"
+SUPERSEDED_PREFIX = "superseded-"
+LATEST_MAX_BYTES = 256  # a checkpoint name and a newline
+MANIFEST_MAX_BYTES = 16 << 20  # the config and a few files per rank: kilobytes; far beyond any real manifest
+STEP_RE = re.compile(r"step_\d{8,}")  # what step_name() writes; the only names LATEST may hold
+ENGINES = ("torch", "deepspeed")
+
+# Config fields that may change between a checkpoint and the run that resumes from it: they steer the loop
+# (how long, how often to log or save), not what a step computes.
+RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval_every", "train.eval_batches",
+                     "train.log_every", "profile.", "checkpoint.", "fault.", "data.num_workers",
+                     "data.prefetch_factor")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message says which and why."""
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def describe_files(folder: Path, names) -> dict:
+    """{relative name: {"size", checksum}} for files already written and fsynced (by someone other than the
+    checkpointer's own writer, which checksums as it writes)."""
+    return {name: {"size": (folder / name).stat().st_size, CHECKPOINT_CHECKSUM: file_checksum(folder / name)}
+            for name in names}
+
+
+@dataclass
+class CheckpointInfo:
+    name: str
+    path: Path
+    step: int | None
+    valid: bool
+    reason: str
+    size_bytes: int
+    created: float | None
+    manifest: dict | None
+
+
+class CheckpointStore:
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir) / "checkpoints"
+
+    # --- writing ----------------------------------------------------------------------------------------
+
+    def tmp_folder(self, step: int) -> Path:
+        return self.root / f"{TMP_PREFIX}{step_name(step)}"
+
+    def check_own_folder(self) -> None:
+        """Refuse to write or delete through a checkpoints/ that is a link (a copied run directory could point it
+        at any folder, whose step_* entries retention would then delete)."""
+        if self.root.is_symlink():
+            raise CheckpointError(f"checkpoint: {self.root} is a link to {os.readlink(self.root)!r}; allowed: a "
+                                  "real folder inside the run directory (nothing was written or deleted)")
+
+    def publish(self, step: int, manifest: dict) -> Path:
+        """Write the manifest into the finished temporary folder, rename it into place, then move LATEST."""
+        self.check_own_folder()
+        tmp, final = self.tmp_folder(step), self.root / step_name(step)
+        atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
+        fsync_path(tmp)
+        # A re-run of the same step (after a restart) replaces the earlier folder in one step: at no moment is
+        # there no step_N (the earlier one, now at the temporary name, is removed after; or at the next start).
+        previous = swap_in(tmp, final)
+        fsync_path(self.root)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+        atomic_write_text(self.root / LATEST, final.name + "\n")
+        return final
+
+    def discard_partial(self) -> list[str]:
+        """Remove temporary folders of writes that can no longer finish (called before training starts)."""
+        self.check_own_folder()
+        removed = []
+        if self.root.is_dir():
+            for path in self.root.glob(f"{TMP_PREFIX}*"):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        return removed
+
+    def published(self) -> list[Path]:
+        """Published checkpoint folders, oldest first: real folders (not links) named step_NNNNNNNN."""
+        if not self.root.is_dir():
+            return []
+        return sorted((p for p in self.root.iterdir() if STEP_RE.fullmatch(p.name) and p.is_dir()
+                       and not p.is_symlink()), key=lambda p: p.name)
+
+    def apply_retention(self, keep_last: int) -> list[str]:
+        """Delete the oldest published checkpoints beyond keep_last, never the one LATEST names."""
+        self.check_own_folder()
+        latest = self.latest_name()
+        published = self.published()
+        doomed = [p for p in published[:-keep_last] if p.name != latest] if len(published) > keep_last else []
+        for path in doomed:
+            shutil.rmtree(path, ignore_errors=True)
+        return [p.name for p in doomed]
+
+    def roll_back_to(self, name: str) -> list[str]:
+        """Make ``name`` the checkpoint the next resume loads. Newer published checkpoints are renamed
+        ``superseded-<time>-step_N`` (kept, never deleted, never resumed from, outside retention); returns their
+        new names. Refuses a checkpoint that is not a valid one of this run."""
+        self.check_own_folder()
+        published = [p.name for p in self.published()]
+        if name not in published:
+            raise CheckpointError(f"checkpoint: {name!r} is not a published checkpoint of this run; allowed: "
+                                  f"{', '.join(published) or 'none (the run has not checkpointed)'}")
+        info = self.inspect(self.root / name)
+        if not info.valid:
+            raise CheckpointError(f"checkpoint: {name!r} is not valid ({info.reason}); allowed: a valid checkpoint")
+        stamp = int(time.time())
+        moved = []
+        for newer in (n for n in published if n > name):
+            target = f"{SUPERSEDED_PREFIX}{stamp}-{newer}"
+            os.replace(self.root / newer, self.root / target)
+            moved.append(target)
+        fsync_path(self.root)
+        atomic_write_text(self.root / LATEST, name + "\n")
+        return moved
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    def latest_name(self) -> str | None:
+        """The checkpoint LATEST names, if it names one the way step_name() writes it (never a path)."""
+        text = self.latest_text()
+        return text if text is not None and STEP_RE.fullmatch(text) else None
+
+    def latest_text(self) -> str | None:
+        """What LATEST holds (a copied run may make it a link, a FIFO or a huge file: described, never followed)."""
+        try:
+            data = read_regular_file(self.root / LATEST, field=LATEST, error=CheckpointError, limit=LATEST_MAX_BYTES)
+        except FileNotFoundError:
+            return None
+        except (CheckpointError, OSError) as exc:
+            return f"<unreadable: {exc}>"
+        return data.decode(errors="replace").strip() or None
+
+    def inspect(self, path: Path, verify: bool = True) -> CheckpointInfo:
+        """Is this folder a usable checkpoint? Checks the manifest, the folder's files against it and
+        (verify=True) every file's checksum and what each .pt file would import."""
+        size = sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) \
+            if path.is_dir() and not path.is_symlink() else 0
+        created = path.lstat().st_mtime if path.exists() or path.is_symlink() else None
+
+        def bad(reason, manifest=None, step=None):
+            return CheckpointInfo(path.name, path, step, False, reason, size, created, manifest)
+
+        if path.is_symlink():
+            return bad(f"is a link to {os.readlink(path)!r}; allowed: a folder inside the run's checkpoints/")
+        if not path.is_dir():
+            return bad("folder does not exist")
+        try:
+            manifest = json.loads(read_regular_file(path / MANIFEST, field=MANIFEST, error=CheckpointError,
+                                                    limit=MANIFEST_MAX_BYTES))
+        except FileNotFoundError:
+            return bad("no manifest.json (the write never finished)")
+        except CheckpointError as exc:
+            return bad(str(exc))
+        except (ValueError, OSError) as exc:
+            return bad(f"manifest.json is not valid JSON ({exc})")
+        problem = manifest_problem(manifest, path.name)
+        if problem:
+            return bad(f"manifest.json: {problem}")
+        step = manifest["step"]
+        problem = _folder_problem(path, manifest["files"])
+        if problem:
+            return bad(problem, manifest, step)
+        for name, meta in manifest["files"].items():
+            file = path / name
+            if file.stat().st_size != meta["size"]:
+                return bad(f"{name} has {file.stat().st_size} bytes, manifest says {meta['size']} (truncated?)",
+                           manifest, step)
+            algorithm, expected = entry_checksum(meta)
+            if verify and file_checksum(file, algorithm) != expected:
+                return bad(f"{name} fails its {algorithm} check (corrupted)", manifest, step)
+        if verify:
+            from toolkit import safe_load
+
+            for name in sorted(n for n in manifest["files"] if n.endswith(".pt")):
+                names = safe_load.disallowed_globals(path / name)
+                if names:
+                    return bad(safe_load.unsafe_reason(path / name, names), manifest, step)
+        return CheckpointInfo(path.name, path, step, True, "ok", size, created, manifest)
+
+    def list(self, verify: bool = True) -> list[CheckpointInfo]:
+        """Every checkpoint folder, published or partial, oldest first."""
+        if not self.root.is_dir():
+            return []
+        folders = sorted(p for p in self.root.iterdir() if p.is_dir())
+        infos = []
+        for path in folders:
+            if path.name.startswith(TMP_PREFIX):
+                infos.append(CheckpointInfo(path.name, path, None, False, "partial write (never published)",
+                                            sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
+                                            path.stat().st_mtime, None))
+            elif path.name.startswith(SUPERSEDED_PREFIX):
+                info = self.inspect(path, verify)
+                info.valid, info.reason = False, "superseded by a roll-back (kept, never resumed from)"
+                infos.append(info)
+            else:
+                infos.append(self.inspect(path, verify))
+        return infos
+
+    def find_resume_point(self) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
+        """The newest valid checkpoint (LATEST first, then older ones), and the invalid ones passed over."""
+        skipped = []
+        latest, text = self.latest_name(), self.latest_text()
+        if latest is not None:
+            info = self.inspect(self.root / latest)
+            if info.valid:
+                return info, skipped
+            skipped.append(info)
+        elif text is not None:  # LATEST names something that is not a checkpoint name: never followed
+            skipped.append(CheckpointInfo(LATEST, self.root / LATEST, None, False,
+                                          f"LATEST holds {text!r}; allowed: a checkpoint name such as "
+                                          f"{step_name(100)}", 0, None, None))
+        for path in reversed([p for p in self.published() if p.name != latest]):
+            info = self.inspect(path)
+            if info.valid:
+                return info, skipped
+            skipped.append(info)
+        return None, skipped
+
+
+def manifest_problem(manifest, folder_name: str) -> str | None:
+    """What is wrong with a checkpoint manifest read from disk (None if nothing): every field the loaders use,
+    with the right type, and file names that stay inside the checkpoint folder."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}; allowed: a JSON object"
+    step, trainer, files = manifest.get("step"), manifest.get("trainer"), manifest.get("files")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step: {step!r}; allowed: an integer of 0 or more"
+    if STEP_RE.fullmatch(folder_name) and folder_name != step_name(step):
+        return f"step: {step} does not match the folder name {folder_name!r}"
+    world = manifest.get("world_size")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        return f"world_size: {world!r}; allowed: an integer of 1 or more"
+    if manifest.get("engine", "torch") not in ENGINES:
+        return f"engine: {manifest.get('engine')!r}; allowed: {', '.join(ENGINES)}"
+    if not isinstance(manifest.get("config", {}), dict):
+        return f"config: {type(manifest['config']).__name__}; allowed: a JSON object"
+    if not isinstance(trainer, dict) or trainer.get("step") != step or \
+            not isinstance(trainer.get("train_seconds"), (int, float)) or \
+            not isinstance(trainer.get("horizon"), int):
+        return f"trainer: {trainer!r}; allowed: an object with step (= {step}), horizon and train_seconds"
+    if not isinstance(files, dict) or not files:
+        return f"files: {files!r}; allowed: an object of file name -> size and checksum"
+    for name, meta in files.items():
+        if not name_inside(name) or name == MANIFEST:
+            return f"files: {name!r} is not allowed; allowed: a relative path inside the checkpoint folder"
+        if entry_checksum(meta) is None:
+            return (f"files.{name}: {meta!r}; allowed: an object with size (integer) and one checksum "
+                    f"({' or '.join(ALGORITHMS)}, hex string)")
+    return None
+
+
+def _folder_problem(path: Path, files: dict) -> str | None:
+    """The folder must hold exactly the listed files and the manifest: no link (it could lead anywhere), and no
+    unlisted file (it would be loaded without having been verified)."""
+    found = set()
+    for folder, dirnames, filenames in os.walk(path):
+        here = Path(folder)
+        for name in dirnames + filenames:
+            entry = here / name
+            rel = entry.relative_to(path).as_posix()
+            if entry.is_symlink():
+                return f"{rel} is a link; allowed: regular files only"
+            if not (entry.is_dir() or entry.is_file()):  # a FIFO or a device would block or never end a read
+                return f"{rel} is not a regular file; allowed: regular files only"
+            if name in filenames:
+                found.add(rel)
+    missing = sorted(set(files) - found)
+    if missing:
+        return f"{missing[0]} is missing"
+    extra = sorted(found - set(files) - {MANIFEST})
+    if extra:
+        return f"{extra[0]} is not listed in manifest.json; allowed: only the files the manifest lists"
+    return None
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_compatible(manifest: dict, config: dict, world_size: int) -> None:
+    """Refuse a checkpoint written by a different model, optimizer, engine or world size, naming the difference."""
+    name = step_name(manifest.get("step", 0))
+    if manifest.get("world_size") != world_size:
+        raise CheckpointError(f"checkpoint {name} was written by {manifest.get('world_size')} processes; this run "
+                              f"has {world_size} (engine.nproc). Allowed: the same world size")
+    old, new = _flatten(manifest.get("config", {})), _flatten(config)
+    differences = [f"{key}: checkpoint {old.get(key)!r}, this run {new.get(key)!r}"
+                   for key in sorted(set(old) | set(new))
+                   if old.get(key) != new.get(key) and not key.startswith(RESUMABLE_CHANGES)]
+    if differences:
+        raise CheckpointError(f"checkpoint {name} was written with a different config: " + "; ".join(differences)
+                              + ". Allowed to differ: " + ", ".join(RESUMABLE_CHANGES))
+

@@ -1,0 +1,201 @@
+"""Export a trained run for serving: ``RUN_DIR/model/`` with safetensors weights, ONNX, and a parity report.
+
+    model/
+      trainbook-model.json   manifest: format, files with sha256, the run, step, data lineage, ONNX opset
+      model.safetensors      weights (never pickle: loading a model must not run code)
+      model.onnx             the same network for ONNX Runtime, dynamic batch (and sequence) axes
+      config.yaml            the run's resolved config (the model section builds the network)
+      tokenizer.json         how text becomes input ids (bytes: id = byte value)
+      parity.json            max |eager PyTorch - ONNX Runtime| on held-out inputs, per shape
+
+Weights come from the run's newest valid checkpoint, whatever the engine: torch's state dict, or DeepSpeed's
+ZeRO files consolidated to fp32. The folder is assembled beside its destination (a hidden, locked staging folder),
+fsynced and swapped into place in one step (see toolkit.fsio): after a crash at any point ``model/`` is
+the previous complete export or the new one, never missing or partial. ``--out`` is checked first: only a
+missing or empty folder or an earlier export is replaced.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from toolkit import safe_load
+from toolkit.checkpoint.store import CheckpointStore
+from toolkit.fsio import sha256_file, staging_folder
+from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
+from toolkit.deploy.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
+from toolkit.runs.rundir import RunDir
+
+PARITY_TARGET = 1e-4  # float32: ONNX Runtime and eager PyTorch differ only by operator order
+PARITY_SHAPES = ((4, None), (3, 17), (1, 1))  # (batch, sequence); None: the model's full context
+
+
+# --- weights from a checkpoint, per engine ------------------------------------------------------------------
+
+def _torch_weights(folder: Path, manifest: dict) -> dict:
+    return safe_load.load(folder / "model.pt", map_location="cpu")
+
+
+def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
+    from toolkit.train.engines.deepspeed_engine import DS_TAG
+
+    if manifest.get("zero_stage", 0) == 0:  # no ZeRO partitions: the module's weights are saved whole
+        (states,) = sorted((folder / DS_TAG).glob("mp_rank_*_model_states.pt"))[:1]
+        weights = safe_load.load(states, map_location="cpu")["module"]
+        return {k: v.float() for k, v in weights.items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # Reassembles the fp32 master weights from every rank's optimizer partition (stages 1-3).
+    with safe_load.weights_only_everywhere():  # DeepSpeed's reader unpickles with weights_only=False
+        return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
+
+
+WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weights, "deepspeed": _deepspeed_weights}
+
+
+def load_trained_model(run_dir: str | Path):
+    """(model in eval mode, config, checkpoint info) from the run's newest valid checkpoint."""
+    from toolkit.train.models import MODELS
+
+    run = RunDir(run_dir)
+    if not run.config_path.exists():
+        raise ExportError(f"run_dir: {str(run_dir)!r} is not a run directory (no config.yaml)")
+    cfg = run.read_config()
+    info, skipped = CheckpointStore(run.path).find_resume_point()
+    if info is None:
+        why = "; ".join(f"{s.name}: {s.reason}" for s in skipped) or "none was written"
+        raise ExportError(f"run_dir: {str(run_dir)!r} has no valid checkpoint ({why}); allowed: a run with "
+                          "checkpoint.at_end or checkpoint.every_steps set")
+    engine = info.manifest.get("engine", "torch")
+    state = WEIGHT_READERS[engine](info.path, info.manifest)
+    model = MODELS[cfg.model.name].build(cfg.model)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied weights (lm_head = wte) may be saved once; anything else missing or extra is a real mismatch.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ExportError(f"{info.path}: weights do not fit model {cfg.model.name} (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    return model.eval(), cfg, info
+
+
+# --- the export ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    manifest: dict
+    parity: dict
+
+    @property
+    def parity_ok(self) -> bool:
+        return self.parity["max_abs_diff"] <= self.parity["target"]
+
+    def summary(self) -> str:
+        p, m = self.parity, self.manifest
+        rows = [f"model folder  {self.path}", f"from          {m['run_dir']} ({m['checkpoint']}, {m['engine']})",
+                f"weights       {m['parameters']:,} parameters, safetensors", f"onnx          opset {m['onnx_opset']}, "
+                f"dynamic axes {m['dynamic_axes']}", f"parity        max |torch - onnxruntime| = {p['max_abs_diff']:.2e} "
+                f"over {sum(s['values'] for s in p['shapes']):,} logits ({'within' if self.parity_ok else 'OVER'} "
+                f"the {p['target']:g} target)"]
+        return "\n".join(rows)
+
+
+def _example_inputs(model_name: str, cfg, corpus, batch: int, seq: int | None) -> torch.Tensor:
+    """Held-out inputs of a given shape: validation windows (text) or rows (tables)."""
+    generator = torch.Generator().manual_seed(1234 + batch)
+    inputs, _ = corpus.batch("val", batch, generator)
+    return inputs[:, :seq] if seq is not None and inputs.dim() == 2 and model_name == "gpt" else inputs
+
+
+# Which input axes may change size at serving time: batch always, sequence for the text model.
+DYNAMIC_AXES = {"gpt": {0: "batch", 1: "sequence"}, "digits_mlp": {0: "batch"}}
+
+
+def _export_onnx(model, example: torch.Tensor, model_name: str, block_size: int, path: Path) -> int:
+    import onnx
+
+    # The exporter logs that torchvision's ops are absent (we use none) and warns about a pytree API: noise here.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    axes = DYNAMIC_AXES[model_name]
+    dims = {i: torch.export.Dim(name, min=1, max=block_size if name == "sequence" else 4096)
+            for i, name in axes.items()}
+    arg = next(iter(inspect.signature(model.forward).parameters))  # dynamic_shapes is keyed by argument name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.onnx.export(model, (example,), str(path), dynamo=True, input_names=["inputs"], output_names=["logits"],
+                          dynamic_shapes={arg: dims}, external_data=False, verbose=False)
+    return max(o.version for o in onnx.load(str(path), load_external_data=False).opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _parity(model, model_name: str, cfg, corpus, onnx_path: Path) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    shapes = []
+    with torch.no_grad():
+        for batch, seq in PARITY_SHAPES:
+            x = _example_inputs(model_name, cfg, corpus, batch, seq)
+            eager = model(x).numpy()
+            served = session.run(None, {name: x.numpy()})[0]
+            shapes.append({"shape": list(x.shape), "values": int(eager.size),
+                           "max_abs_diff": float(np.abs(eager - served).max())})
+    return {"target": PARITY_TARGET, "dtype": "float32", "inputs": "held-out validation data",
+            "max_abs_diff": max(s["max_abs_diff"] for s in shapes), "shapes": shapes}
+
+
+def export_run(run_dir: str | Path, out: str | Path | None = None) -> ExportResult:
+    """Write ``RUN_DIR/model/`` (or ``out``) from the run's newest valid checkpoint; see the module docstring.
+    ``out`` must be missing, empty or an earlier export: that is checked before any work."""
+    run = RunDir(run_dir)
+    out = Path(out) if out else run.path / "model"
+    check_replaceable(out)
+    model, cfg, info = load_trained_model(run_dir)
+    with staging_folder(out) as tmp:
+        manifest, parity = _write_export(model, cfg, info, run, tmp)
+        publish_folder(tmp, out)
+    return ExportResult(out, manifest, parity)
+
+
+def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]:
+    """Every file of the model folder into ``tmp``, the manifest last; returns (manifest, parity)."""
+    from safetensors.torch import save_model
+
+    from toolkit.data.corpus import TOKENIZER, load_corpus
+    from toolkit.catalogue.lineage import package_versions
+
+    corpus = load_corpus(cfg)
+    save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
+    (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file
+    (tmp / "tokenizer.json").write_text(json.dumps(
+        {"type": TOKENIZER, "vocab_size": 256, "encode": "UTF-8 bytes, id = byte value",
+         "decode": "ids as bytes, UTF-8 with replacement"} if cfg.model.name == "gpt" else
+        {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
+    example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
+    opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
+    parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
+    (tmp / "parity.json").write_text(json.dumps(parity, indent=1))
+    lineage = run.read_lineage()
+    files = sorted(p.name for p in tmp.iterdir())
+    manifest = {
+        "format": FORMAT, "model": cfg.model.name, "parameters": sum(p.numel() for p in model.parameters()),
+        "run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
+        "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
+        "data": lineage.get("data", {}), "config_sha256": cfg.fingerprint(), "onnx_opset": opset,
+        "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
+        "block_size": getattr(cfg.model, "block_size", None), "parity_max_abs_diff": parity["max_abs_diff"],
+        "exported": time.time(), "packages": package_versions(),
+        "files": {name: {"sha256": sha256_file(tmp / name), "size": (tmp / name).stat().st_size} for name in files},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest, parity

@@ -1,0 +1,133 @@
+"""What an exported model folder is, and how one is published.
+
+    read_manifest(folder)          the manifest, checked to be a Trainbook model's (cheap: one small file)
+    verify_model_folder(folder)    every byte against the manifest: what a server loads must be what was exported
+    check_replaceable(out)         may an export be written at ``out``: missing, empty, or an earlier export
+    publish_folder(tmp, out)       swap an export assembled in a toolkit.fsio.staging_folder in at ``out``
+
+Kept apart from :mod:`toolkit.deploy.export` (which imports torch) so that servers, planners and registries can read
+and check model folders without paying for torch. Publishing itself (staging, fsync, the one-step swap) is
+toolkit.fsio's; this module only says what makes a folder an export (its manifest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from toolkit import fsio
+from toolkit.fsio import sha256_file
+
+MANIFEST = "trainbook-model.json"
+FORMAT = "trainbook-model-v1"
+MANIFEST_MAX_BYTES = 1 << 20  # a few files and the run's lineage: kilobytes
+WHAT = "a folder written by `trainbook export RUN_DIR`"
+
+
+class ExportError(ValueError):
+    """A run cannot be exported, or a folder is not an export; the message names what is missing."""
+
+
+def read_manifest(model_dir: str | Path) -> dict:
+    """The manifest of an exported model folder, checked to be one (its files are not read: see
+    :func:`verify_model_folder`)."""
+    path = Path(model_dir) / MANIFEST
+    if not path.is_file() and not path.is_symlink():
+        raise ExportError(f"model: {str(model_dir)!r} is not an exported model folder (no {MANIFEST}); allowed: "
+                          f"{WHAT}")
+    try:  # a model folder from elsewhere may make its manifest a link, a FIFO or a huge file: refused, not read
+        manifest = json.loads(fsio.read_regular_file(path, field="model", error=ExportError,
+                                                     limit=MANIFEST_MAX_BYTES).decode("utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ExportError(f"model: {str(path)!r} cannot be read ({exc}); allowed: the manifest the export wrote "
+                          "(export again)") from None
+    if not isinstance(manifest, dict):
+        raise ExportError(f"model: {str(path)!r} holds a {type(manifest).__name__}, not an object; allowed: the "
+                          "manifest the export wrote (export again)")
+    if manifest.get("format") != FORMAT:
+        raise ExportError(f"model: {str(model_dir)!r} has format {manifest.get('format')!r}; allowed: {FORMAT}")
+    return manifest
+
+
+# --- verification: what is served is what was exported -----------------------------------------------------------
+
+def _plain_name(name) -> bool:
+    """A file directly in the folder (an export is flat) and not hidden: fsio.name_inside, without a '/'."""
+    return fsio.name_inside(name) and "/" not in name and not name.startswith(".")
+
+
+def listed_files(manifest: dict, where: str) -> dict[str, dict]:
+    """The manifest's ``files``: plain name -> {"size", "sha256"}; anything else is refused, naming ``where``."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ExportError(f"model: files {files!r} in {where} is not allowed; allowed: an object naming every file "
+                          "of the folder with its size and sha256 (export again)")
+    for name, info in files.items():
+        if not _plain_name(name):
+            raise ExportError(f"model: {where} lists {name!r}; allowed: plain file names inside the folder (no '/', "
+                              "'..' or leading '.')")
+        if not fsio.file_entry_ok(info):
+            raise ExportError(f"model: {where} lists {name!r} as {info!r}; allowed: {{\"size\": bytes, \"sha256\": "
+                              "64 hex digits}")
+    return files
+
+
+def _check_entries(folder: Path, files: dict) -> None:
+    """No link anywhere, every listed name a regular file, nothing unlisted a runtime could pick up. Hidden names
+    are left alone: runtimes load fixed, listed names, and a registry may keep its own metadata there."""
+    for entry in os.scandir(folder):
+        if entry.is_symlink():
+            raise ExportError(f"model: {str(folder)!r} holds {entry.name}, a symbolic link; allowed: regular files "
+                              "only (a link would serve bytes from outside the folder)")
+        if entry.name in files and not entry.is_file(follow_symlinks=False):
+            raise ExportError(f"model: {str(folder)!r} holds {entry.name}, listed in {MANIFEST}, which is not a "
+                              "regular file; allowed: the files as exported (export again)")
+        if entry.name not in files and entry.name != MANIFEST and not entry.name.startswith("."):
+            raise ExportError(f"model: {str(folder)!r} holds {entry.name}, which {MANIFEST} does not list; allowed: "
+                              "only the exported files (remove it, or export again)")
+    missing = sorted(name for name in files if not (folder / name).is_file())
+    if missing:
+        raise ExportError(f"model: {str(folder)!r} lacks {', '.join(missing)}, listed in {MANIFEST}; allowed: a "
+                          "complete export (export again)")
+
+
+def verify_model_folder(model_dir: str | Path) -> dict:
+    """The manifest of ``model_dir`` once every file it lists has its size and sha256 (sizes first: a torn copy
+    fails before any hashing). Refuses links, listed names that leave the folder and unlisted files, naming the
+    file. Costs one read of the folder: sha256 runs at ~1.8 GB/s here."""
+    folder = Path(model_dir)
+    manifest = read_manifest(folder)
+    files = listed_files(manifest, repr(str(folder / MANIFEST)))
+    _check_entries(folder, files)
+    for name, info in files.items():
+        size = (folder / name).stat().st_size
+        if size != info["size"]:
+            raise ExportError(f"model: {str(folder)!r} has {name} of {size} bytes, {MANIFEST} lists {info['size']}; "
+                              "allowed: the files as exported (export again)")
+    for name, info in files.items():
+        if sha256_file(folder / name) != info["sha256"]:
+            raise ExportError(f"model: {str(folder)!r} has {name} whose sha256 differs from {MANIFEST}: it was "
+                              "changed after the export; allowed: the files as exported (export again)")
+    return manifest
+
+
+# --- publishing: the model folder's rule for toolkit.fsio -------------------------------------------------------
+
+def _export_files(folder: Path) -> set[str]:
+    """What an earlier export may hold: the files its (readable, well-formed) manifest lists."""
+    return set(listed_files(read_manifest(folder), str(folder / MANIFEST)))
+
+
+# An export says so by its manifest, and holds nothing its manifest does not list.
+MODEL_FOLDER = {"marker": MANIFEST, "kind": "model", "error": ExportError, "may_hold": _export_files}
+
+
+def check_replaceable(out: Path) -> None:
+    """``out`` may receive an export: it is missing, empty, or an earlier export (:func:`fsio.check_replaceable`)."""
+    fsio.check_replaceable(out, **MODEL_FOLDER)
+
+
+def publish_folder(tmp: Path, out: Path) -> None:
+    """Swap the export assembled in ``tmp`` (an :func:`fsio.staging_folder`) in at ``out`` in one step."""
+    fsio.publish_folder(tmp, out, **MODEL_FOLDER)

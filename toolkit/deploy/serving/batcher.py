@@ -1,0 +1,241 @@
+"""Continuous batching: every forward pass serves every request in flight.
+
+One scheduler thread owns the model. Requests wait in a queue; when the model is idle the first request
+waits up to ``max_wait_ms`` for company (up to ``max_batch`` requests), then each step runs one forward over
+all active requests and gives each generating request its next token. A request that finishes leaves the
+batch at once and a waiting one joins at the next step, so a long generation never holds short ones back.
+
+Rows of different lengths share one forward by right-padding: with causal attention, position t sees only
+positions <= t, so the logits at each row's last real position are exactly those of the row alone.
+``max_batch=1`` turns batching off (one request at a time), the baseline the benchmark compares against.
+
+``max_batch`` counts requests, but memory grows with rows: a 16 KB text scored in 32-byte windows is 529 rows.
+No forward takes more than ``max_rows`` rows (MAX_ROWS_PER_FORWARD); a long text's windows are spread over
+several steps, shared fairly with the other requests in flight. A request whose client gave up (its Future
+was cancelled) or whose deadline passed leaves the batch at the next step: no work is done for nobody.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future, InvalidStateError
+
+import numpy as np
+
+from toolkit.deploy.serving.protocol import GenerateRequest, ScoreRequest
+
+MAX_ROWS_PER_FORWARD = 64  # rows of at most block_size ids in one forward: what bounds the server's memory
+
+
+class _Job:
+    """A request in flight: the rows it needs this step, and what it does with their logits."""
+
+    def __init__(self, request, block_size: int, deadline: float | None):
+        self.request, self.block_size, self.deadline = request, block_size, deadline
+        self.future: Future = Future()
+        self.submitted = time.perf_counter()
+        self.started: float | None = None
+        self.steps = 0
+        self.done = False
+
+    def wants(self) -> int:
+        """How many rows this job could use in the next forward."""
+        return 1
+
+    def finish(self, result: dict) -> None:
+        now = time.perf_counter()
+        result["timing_ms"] = {"queue": round(1000 * (self.started - self.submitted), 3),
+                               "compute": round(1000 * (now - self.started), 3),
+                               "total": round(1000 * (now - self.submitted), 3), "steps": self.steps}
+        self.settle(result)
+
+    def settle(self, result: dict | None = None, error: BaseException | None = None) -> None:
+        """Answer the Future once; a Future its client cancelled meanwhile takes no answer (not an error)."""
+        self.done = True
+        try:
+            self.future.set_exception(error) if error is not None else self.future.set_result(result)
+        except InvalidStateError:
+            pass
+
+    def abandoned(self, now: float) -> bool:
+        """Nobody waits for this answer any more: the client cancelled, or the deadline passed."""
+        if self.future.cancelled():
+            return True
+        if self.deadline is not None and now > self.deadline:
+            self.settle(error=TimeoutError(f"no answer within the request deadline ({self.steps} steps done)"))
+            return True
+        return False
+
+
+class _Generate(_Job):
+    def __init__(self, request: GenerateRequest, block_size: int, deadline: float | None):
+        super().__init__(request, block_size, deadline)
+        self.ids = list(request.prompt)
+        self.new: list[int] = []
+        self.rng = np.random.default_rng(request.seed)
+
+    def rows(self, count: int) -> list[list[int]]:
+        return [self.ids[-self.block_size:]]  # the model sees its context window, the newest bytes
+
+    def consume(self, logits: list[np.ndarray]) -> None:
+        (row,) = logits
+        self.new.append(_sample(row[-1], self.request, self.rng))
+        self.ids.append(self.new[-1])
+        if len(self.new) == self.request.max_new_tokens:
+            self.finish({"task": "generate", "text": bytes(self.new).decode("utf-8", errors="replace"),
+                         "prompt_bytes": len(self.request.prompt), "new_tokens": len(self.new)})
+
+
+class _Score(_Job):
+    """Log-likelihood of a text: each byte predicted from the ones before it, in windows of the context size
+    (a window starts afresh, so a byte past the first window sees less than block_size bytes of history)."""
+
+    def __init__(self, request: ScoreRequest, block_size: int, deadline: float | None):
+        super().__init__(request, block_size, deadline)
+        ids = list(request.text)
+        # windows overlap by one byte, so every byte after the first is predicted exactly once
+        self.windows = [ids[i:i + block_size] for i in range(0, max(len(ids) - 1, 1), block_size - 1)]
+        self.next = 0  # windows before this one are scored
+        self.total, self.count = 0.0, 0
+
+    def wants(self) -> int:
+        return len(self.windows) - self.next
+
+    def rows(self, count: int) -> list[list[int]]:
+        return self.windows[self.next:self.next + count]
+
+    def consume(self, logits: list[np.ndarray]) -> None:
+        for row, window in zip(logits, self.windows[self.next:self.next + len(logits)]):
+            log_probs = _log_softmax(row[: len(window) - 1])
+            targets = np.asarray(window[1:])
+            self.total += float(log_probs[np.arange(len(targets)), targets].sum())
+            self.count += len(targets)
+        self.next += len(logits)
+        if self.next == len(self.windows):
+            self.finish({"task": "score", "log_likelihood": self.total, "predicted_bytes": self.count,
+                         "bits_per_byte": -self.total / np.log(2) / self.count if self.count else None})
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _sample(logits: np.ndarray, request: GenerateRequest, rng: np.random.Generator) -> int:
+    if request.temperature == 0.0:
+        return int(np.argmax(logits))
+    logits = logits.astype(np.float64) / request.temperature
+    if request.top_k:
+        cutoff = np.partition(logits, -request.top_k)[-request.top_k]
+        logits = np.where(logits < cutoff, -np.inf, logits)
+    cdf = np.cumsum(np.exp(logits - logits.max()))
+    # inverse-CDF sampling: what rng.choice(p=...) does, without its per-call validation (10x slower here)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+
+JOBS = {GenerateRequest: _Generate, ScoreRequest: _Score}
+
+
+def share_rows(wants: list[int], budget: int, first: int = 0) -> list[int]:
+    """Rows each job gets in one forward: at most what it wants, at most ``budget`` in all, shared evenly
+    (water-filling: what a small job leaves goes to the bigger ones). When there are more jobs than rows,
+    jobs from index ``first`` on are served first; the caller moves ``first`` each step, so none starves."""
+    given = [0] * len(wants)
+    order = [(first + k) % len(wants) for k in range(len(wants))] if wants else []
+    while budget > 0:
+        hungry = [i for i in order if given[i] < wants[i]]
+        if not hungry:
+            break
+        share = max(1, budget // len(hungry))
+        for i in hungry:
+            take = min(share, wants[i] - given[i], budget)
+            given[i] += take
+            budget -= take
+            if not budget:
+                break
+    return given
+
+
+class Batcher:
+    """Owns the runtime; :meth:`submit` returns a Future with the response dict."""
+
+    def __init__(self, runtime, max_batch: int = 16, max_wait_ms: float = 5.0,
+                 max_rows: int = MAX_ROWS_PER_FORWARD):
+        if not 1 <= max_batch <= 256:
+            raise ValueError(f"max_batch: {max_batch} is not allowed; allowed: 1 to 256")
+        if not 0 <= max_wait_ms <= 1000:
+            raise ValueError(f"max_wait_ms: {max_wait_ms} is not allowed; allowed: 0 to 1000")
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows: {max_rows!r} is not allowed; allowed: an integer from 1")
+        self.runtime, self.max_batch, self.max_wait_s = runtime, max_batch, max_wait_ms / 1000
+        self.max_rows = max_rows
+        self.queue: queue.Queue[_Job] = queue.Queue()
+        # answered + dropped counts every request that has left the batcher
+        self.stats = {"forwards": 0, "rows": 0, "largest_forward_rows": 0, "answered": 0, "dropped": 0}
+        self._turn = 0  # who is served first when rows are short (see share_rows)
+        self._thread = threading.Thread(target=self._loop, name="trainbook-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, request, deadline: float | None = None) -> Future:
+        """Queue ``request``; the Future gets its answer. ``deadline`` (a time.perf_counter() value): past it the
+        work is dropped and the Future fails with TimeoutError. Cancelling the Future drops the work too."""
+        job = JOBS[type(request)](request, self.runtime.block_size, deadline)
+        self.queue.put(job)
+        return job.future
+
+    def _gather(self, active: list[_Job]) -> None:
+        """Top the batch up from the queue; when idle, wait for the first request, then briefly for company."""
+        if not active:
+            active.append(self.queue.get())
+            deadline = time.perf_counter() + self.max_wait_s
+            while len(active) < self.max_batch:
+                try:
+                    active.append(self.queue.get(timeout=max(deadline - time.perf_counter(), 0)))
+                except queue.Empty:
+                    break
+        while len(active) < self.max_batch:
+            try:
+                active.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+
+    def _loop(self) -> None:
+        active: list[_Job] = []
+        while True:
+            self._gather(active)
+            now = time.perf_counter()
+            kept = [job for job in active if not job.abandoned(now)]
+            self.stats["dropped"] += len(active) - len(kept)
+            active = kept
+            if not active:
+                continue
+            for job in active:
+                job.started = job.started or now
+            try:
+                self._step(active)
+            except Exception as exc:  # a failing forward fails its requests, never the scheduler
+                for job in active:
+                    job.settle(error=exc)
+            self.stats["answered"] += sum(job.done for job in active)
+            active = [job for job in active if not job.done]
+
+    def _step(self, active: list[_Job]) -> None:
+        counts = share_rows([job.wants() for job in active], self.max_rows, self._turn % len(active))
+        self._turn += 1
+        plan = [(job, job.rows(count)) for job, count in zip(active, counts) if count]
+        rows = [row for _, job_rows in plan for row in job_rows]
+        width = max(len(row) for row in rows)
+        ids = np.zeros((len(rows), width), dtype=np.int64)  # right padding: never seen by real positions
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+        logits = self.runtime.forward(ids)
+        self.stats["forwards"] += 1
+        self.stats["rows"] += len(rows)
+        self.stats["largest_forward_rows"] = max(self.stats["largest_forward_rows"], len(rows))
+        first = 0
+        for job, job_rows in plan:
+            job.steps += 1
+            job.consume([logits[first + i, : len(row)] for i, row in enumerate(job_rows)])
+            first += len(job_rows)

@@ -1,0 +1,98 @@
+"""The endpoint's behaviour, independent of any HTTP server: authenticate, read, validate, batch, answer.
+
+``score.py`` adapts Azure ML's inference server to this; the benchmark calls it in-process to measure what
+the HTTP layer adds. Every outcome is (HTTP status, JSON-ready dict): no exception escapes to the server,
+so a bad request can never take it down or leak a stack trace.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Callable
+
+from toolkit.deploy.serving.batcher import Batcher
+from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, REQUEST_TIMEOUT_S, RequestError, body_too_large, parse
+from toolkit.deploy.serving.runtimes import describe, load_runtime
+
+CLIENT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still connected
+log = logging.getLogger("trainbook.serving")
+
+
+def authorised(key: str | None, authorization: str | None) -> bool:
+    """``Authorization: Bearer <key>``. The scheme name is case-insensitive (RFC 7235 section 2.1); the key is
+    compared in constant time. ``key`` None: no check (Azure ML checks keys before requests reach us)."""
+    if key is None:
+        return True
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+class ScoringService:
+    def __init__(self, model_dir, runtime: str = "onnx", max_batch: int = 16, max_wait_ms: float = 5.0,
+                 key: str | None = None, request_timeout: float = REQUEST_TIMEOUT_S):
+        self.runtime = load_runtime(model_dir, runtime)
+        self.batcher = Batcher(self.runtime, max_batch=max_batch, max_wait_ms=max_wait_ms)
+        self.key = key
+        if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or \
+                not request_timeout > 0:
+            raise ValueError(f"request_timeout: {request_timeout!r} is not allowed; allowed: seconds, above 0")
+        self.request_timeout = request_timeout
+        self.info = {**describe(self.runtime), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
+                     "max_rows_per_forward": self.batcher.max_rows}
+
+    def handle(self, method: str, authorization: str | None, content_length: int | None,
+               read_body: Callable[[int], bytes], client_gone: Callable[[], bool] | None = None
+               ) -> tuple[int, dict]:
+        """One request. ``read_body(n)`` reads at most n bytes, so an oversized body is never held in memory;
+        ``client_gone()`` says whether the client has hung up (its work is then dropped)."""
+        started = time.perf_counter()
+        key_ok = authorised(self.key, authorization)
+        if method == "GET":  # readiness; the details (run, data asset, step, load) only for the key's holder
+            return 200, {"ready": True, **self.info, **self.batcher.stats} if key_ok else {"ready": True}
+        if method != "POST":
+            return 405, {"error": f"method: {method} is not allowed; allowed: GET (readiness), POST (score)"}
+        if not key_ok:
+            reason = "missing" if not authorization else "not valid"
+            return 401, {"error": f"Authorization: key {reason}; allowed: 'Authorization: Bearer <endpoint key>'"}
+        try:
+            if content_length is not None and content_length > MAX_BODY_BYTES:
+                raise body_too_large(content_length)
+            request = parse(read_body(MAX_BODY_BYTES + 1))
+        except RequestError as exc:
+            return exc.status, {"error": str(exc)}
+        deadline = started + self.request_timeout
+        future = self.batcher.submit(request, deadline=deadline)
+        try:
+            result = self._wait(future, deadline, client_gone)
+        except TimeoutError:
+            return 503, {"error": f"no answer within {self.request_timeout:g} s: the endpoint is overloaded; "
+                                  "try again later"}
+        except Exception:  # the model failed: logged with its traceback here, a plain message to the client
+            log.exception("scoring failed")
+            return 500, {"error": "the model failed on this request; see the endpoint log"}
+        if result is None:
+            return 499, {"error": "the client closed the connection before the answer"}  # nobody reads this
+        result["timing_ms"]["server"] = round(1000 * (time.perf_counter() - started), 3)
+        return 200, result
+
+    @staticmethod
+    def _wait(future, deadline: float, client_gone: Callable[[], bool] | None) -> dict | None:
+        """The answer; None if the client hung up first; TimeoutError once ``deadline`` (a time.perf_counter()
+        value) has passed. The wait keeps the deadline itself: the batcher checks it only for work in the batch,
+        and what is ahead in the queue may have none. Work nobody waits for is cancelled: the batcher drops it."""
+        while True:
+            left = deadline - time.perf_counter()
+            try:
+                return future.result(timeout=max(0.0, min(left, CLIENT_CHECK_S) if client_gone else left))
+            except TimeoutError:
+                if future.done():  # answered just now, or the batcher's deadline passed (its TimeoutError)
+                    return future.result()
+            timed_out = time.perf_counter() >= deadline
+            if timed_out or client_gone is not None and client_gone():
+                if not future.cancel():  # answered in the meantime
+                    return future.result()
+                if timed_out:
+                    raise TimeoutError("no answer within the request deadline")
+                return None

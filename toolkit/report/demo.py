@@ -1,0 +1,142 @@
+"""``make demo``: execute every guided notebook headlessly with papermill, then print the figures.
+
+Executed copies go to outputs/ (ignored by git) as .ipynb and .html, runs to outputs/runs/. A failing notebook
+is reported (with the cell that failed; its partial output is still written) and the demo goes on with the
+next, then exits non-zero. The summary: time and status per notebook, this demo's runs, and the key figures
+the notebooks recorded (toolkit.report.figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from toolkit.report import figures
+from toolkit.paths import PROJECT_ROOT
+from toolkit.runs.rundir import RunDir
+
+NOTEBOOKS = PROJECT_ROOT / "notebooks"
+OUTPUTS = PROJECT_ROOT / "outputs"
+
+
+def guided_notebooks() -> list[Path]:
+    """The course notebooks in order: 00_*.ipynb, 01_*.ipynb, ..."""
+    return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def execute(notebook: Path, out_dir: Path, parameters: dict) -> Path:
+    """Run ``notebook`` with papermill into ``out_dir``; parameters it does not declare are left out (papermill
+    would inject them anyway, with a warning), so the demo can offer every notebook the same settings."""
+    import papermill
+
+    declared = papermill.inspect_notebook(str(notebook))
+    parameters = {k: v for k, v in parameters.items() if k in declared}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / notebook.name
+    papermill.execute_notebook(str(notebook), str(out), parameters=parameters, cwd=str(NOTEBOOKS),
+                               kernel_name="python3", progress_bar=False)
+    return out
+
+
+def run_summary(runs: Path) -> list[dict]:
+    """One row per run under ``runs``: final validation figure, throughput and MFU in steady state."""
+    rows = []
+    for path in sorted(p for p in runs.glob("*") if (p / "status.json").exists()):
+        run = RunDir(path)
+        status, train = run.read_status(), run.events("train")
+        final = (run.events("status") or [{}])[-1]
+        tail = train[len(train) // 2:] or train
+        rows.append({
+            "run": path.name, "state": status.get("state"), "steps": status.get("step"),
+            "val_bpb": final.get("val_bpb"), "val_loss": final.get("val_loss"),
+            "train_s": final.get("train_seconds"),
+            "tokens_per_s": sum(e["tokens_per_s"] for e in tail) / len(tail) if tail else None,
+            "mfu": sum(e["mfu"] for e in tail) / len(tail) if tail else None,
+        })
+    return rows
+
+
+def _fmt(value, spec):
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def export_html(executed: Path) -> Path:
+    """The executed notebook as one HTML file beside it (outputs, pictures and static panels included)."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed))
+    out = executed.with_suffix(".html")
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+FIGURES = [  # (key recorded by a notebook, label, format)
+    ("doctor_ok", "doctor: required checks pass", ""),
+    ("checkpoint_lost_ms", "checkpoint cost: training lost, ms", ".2f"),
+    ("checkpoint_blocking_ms", "  of which blocked, median ms", ".2f"),
+    ("resume_identical", "resume check: identical losses", ""), ("parity_max_abs_diff", "ONNX parity, max abs diff",
+                                                                 ".1e"),
+    ("endpoint_p50_ms", "endpoint p50 latency, ms", ".1f"), ("endpoint_rps_16", "endpoint requests/s, 16 clients",
+                                                               ".1f"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(OUTPUTS), help="where executed notebooks and runs go")
+    parser.add_argument("--only", action="append", help="run only notebooks whose name contains this")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out).resolve()
+    runs = out_dir / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    os.environ["TRAINBOOK_WORKSPACE"] = str(out_dir / "workspace")  # one workspace for every notebook and run
+    figures_file = out_dir / "figures.json"
+    figures_file.unlink(missing_ok=True)
+    os.environ[figures.ENV] = str(figures_file)
+    notebooks = [nb for nb in guided_notebooks() if not args.only or any(s in nb.name for s in args.only)]
+    rows, started_runs = [], {p.name for p in runs.iterdir()}
+    for nb in notebooks:
+        print(f"[demo] {nb.name} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            # the workspace comes from TRAINBOOK_WORKSPACE; each notebook takes the settings it declares
+            executed = execute(nb, out_dir, {"runs_root": str(runs), "plan_dir": str(out_dir / "azure-plan")})
+            status = "ok"
+        except Exception as exc:  # papermill's PapermillExecutionError names the cell and the traceback
+            executed, status = out_dir / nb.name, "FAILED"
+            print(f"[demo] {nb.name} FAILED: {exc}", file=sys.stderr)
+        if executed.exists():
+            export_html(executed)
+        rows.append((nb.name, time.perf_counter() - t0, status))
+        print(f"[demo] {nb.name} {status} in {rows[-1][1]:.0f} s -> {executed}", flush=True)
+
+    print(f"\n{'notebook':<32} {'seconds':>7}  status")
+    for name, seconds, status in rows:
+        print(f"{name:<32} {seconds:7.0f}  {status}")
+    print(f"{'total':<32} {sum(r[1] for r in rows):7.0f}")
+    run_rows = [r for r in run_summary(runs) if r["run"] not in started_runs]  # this demo's runs only
+    if run_rows:
+        print(f"\n{'run':<34} {'state':<10} {'steps':>6} {'val loss':>8} {'val bpb':>8} {'train s':>8} "
+              f"{'tokens/s':>9} {'MFU':>6}")
+        for r in run_rows:
+            print(f"{r['run']:<34} {r['state'] or '-':<10} {_fmt(r['steps'], 'd'):>6} {_fmt(r['val_loss'], '.3f'):>8} "
+                  f"{_fmt(r['val_bpb'], '.3f'):>8} {_fmt(r['train_s'], '.0f'):>8} {_fmt(r['tokens_per_s'], ',.0f'):>9} "
+                  f"{_fmt(r['mfu'] and 100 * r['mfu'], '.1f'):>5}%")
+    recorded = figures.read(figures_file)
+    if recorded:
+        print()
+        for key, label, spec in FIGURES:
+            if key in recorded:
+                print(f"{label:<34} {format(recorded[key], spec) if spec else recorded[key]}")
+    (out_dir / "summary.json").write_text(json.dumps({"notebooks": rows, "runs": run_rows, "figures": recorded},
+                                                     indent=1))
+    print(f"\nexecuted notebooks (.ipynb and .html) and runs: {out_dir}")
+    return 0 if all(status == "ok" for _, _, status in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Pictures of a run, drawn from events.jsonl (matplotlib, Agg: works headless and in CI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from toolkit.runs.rundir import RunDir
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend: pictures are files, so it works headless, in CI and in kernels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: str | Path) -> Path:
+    out = Path(out)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    _pyplot().close(fig)
+    return out
+
+
+def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Loss (train and validation, in bits per byte where the data is bytes) and throughput against step."""
+    import math
+
+    plt = _pyplot()
+
+    run = RunDir(run_dir)
+    train, evals = run.events("train"), run.events("eval")
+    if not train:
+        raise ValueError(f"run_dir: {str(run_dir)!r} has no train events yet; allowed: a run that has logged")
+    in_bits = bool(evals) and "val_bpb" in evals[0]
+    scale, unit = (1 / math.log(2), "bits per byte") if in_bits else (1.0, "loss (nats)")
+
+    fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax_loss.plot([e["step"] for e in train], [e["loss"] * scale for e in train], label="train", lw=1.2)
+    if evals:
+        ax_loss.plot([e["step"] for e in evals], [e["val_loss"] * scale for e in evals], "o-", label="validation")
+        best = min(e["val_loss"] for e in evals) * scale
+        ax_loss.axhline(best, color="gray", ls=":", lw=0.8)
+        ax_loss.annotate(f"best {best:.3f}", (train[-1]["step"], best), ha="right", va="bottom", fontsize=8)
+    for i, ckpt in enumerate(run.events("checkpoint")):  # where a resume would restart from
+        ax_loss.axvline(ckpt["step"], color="tab:green", lw=0.8, alpha=0.5, label="checkpoint" if i == 0 else None)
+    ax_loss.set(xlabel="step", ylabel=unit, title="Loss")
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3)
+
+    ax_speed.plot([e["step"] for e in train], [e["tokens_per_s"] for e in train], color="tab:green", lw=1.2)
+    ax_speed.set(xlabel="step", ylabel="tokens/s", title="Throughput (MFU on the right)")
+    ax_speed.grid(alpha=0.3)
+    ax_mfu = ax_speed.twinx()
+    ax_mfu.plot([e["step"] for e in train], [100 * e["mfu"] for e in train], color="tab:purple", lw=0.8, alpha=0.6)
+    ax_mfu.set_ylabel("MFU %")
+    fig.suptitle(run.path.name)
+    return _save(fig, out or run.path / "curves.png")
+
+
+def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: str | Path | None = None) -> Path:
+    """The loss of an uninterrupted run, and on top of it a run that was killed and resumed.
+
+    The resumed run's steps are drawn per attempt, so the kill point and the restart from the checkpoint are
+    visible; where the resumed run is exact, its curve lies on the reference.
+    """
+    plt = _pyplot()
+
+    reference, resumed = RunDir(reference_dir), RunDir(resumed_dir)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ref = reference.events("train")
+    ax.plot([e["step"] for e in ref], [e["loss"] for e in ref], color="black", lw=3, alpha=0.25,
+            label="uninterrupted")
+    attempts, current = [[]], None
+    for event in resumed.events():
+        if event["event"] == "status" and event.get("state") == "running" and current is not None:
+            attempts.append([])
+        if event["event"] == "train":
+            attempts[-1].append(event)
+            current = event
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
+    for i, events in enumerate(a for a in attempts if a):
+        label = "first attempt (killed)" if i == 0 and len(attempts) > 1 else f"after resume {i}" if i else "run"
+        ax.plot([e["step"] for e in events], [e["loss"] for e in events], color=colours[i % len(colours)], lw=1.2,
+                label=label)
+        if i:
+            ax.axvline(events[0]["step"] - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
+    ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, out or resumed.path / "resume_comparison.png")
+
+
+def loader_trials(report, out: str | Path) -> Path:
+    """The loading advisor's measurements: data-wait % per DataLoader setting, against the target line."""
+    plt = _pyplot()
+
+    labels = [f"{t.num_workers} workers\nprefetch {t.prefetch_factor}" for t in report.trials]
+    waits = [t.wait_pct for t in report.trials]
+    colours = ["tab:green" if t is report.recommended else "tab:gray" for t in report.trials]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.bar(labels, waits, color=colours)
+    ax.axhline(report.target_pct, color="tab:red", ls="--", lw=1, label=f"target {report.target_pct:g}%")
+    for i, t in enumerate(report.trials):
+        ax.annotate(f"{t.step_ms:.0f} ms/step", (i, waits[i]), ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel="data wait, % of step time", title=f"Loading advisor: {report.asset} (green: recommended)")
+    ax.set_ylim(0, max(max(waits), report.target_pct) * 1.3)
+    ax.legend()
+    return _save(fig, out)
+
+
+def allreduce_bandwidth(sweep, out: str | Path) -> Path:
+    """The doctor's all-reduce sweep: bus bandwidth against message size (log-log), as nccl-tests users read it."""
+    plt = _pyplot()
+    sizes = [r.size_bytes for r in sweep.rows]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(sizes, [r.busbw_gbps for r in sweep.rows], "o-", label="bus bandwidth")
+    ax.plot(sizes, [r.algbw_gbps for r in sweep.rows], "s--", alpha=0.6, label="algorithm bandwidth")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="message size (bytes)", ylabel="GB/s",
+           title=f"all_reduce, {sweep.nproc} processes, {sweep.backend}: latency-bound left, bandwidth-bound right")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, out)
+
+
+def memory_by_stage(advices: dict, out: str | Path) -> Path:
+    """Model-state GiB per GPU for each model size (groups) and ZeRO stage (bars), against the GPU's budget."""
+    import numpy as np
+
+    from toolkit.resources.memory_estimate import STAGES, STATE_SHARE
+
+    plt = _pyplot()
+    labels = list(advices)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / len(STAGES)
+    for i, stage in enumerate(STAGES):
+        gib = [advices[label].estimates[stage].total_gib for label in labels]
+        ax.bar(np.arange(len(labels)) + (i - 1.5) * width, gib, width, label=f"ZeRO-{stage}")
+    budget = STATE_SHARE * next(iter(advices.values())).gpu_memory_gib
+    ax.axhline(budget, color="tab:red", ls="--", lw=1, label=f"{STATE_SHARE:.0%} of a GPU")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), [f"{label}\n(use ZeRO-{advices[label].stage})" if advices[label].stage
+                                       is not None else f"{label}\n(does not fit)" for label in labels])
+    gpus = next(iter(advices.values())).estimates[0].gpus
+    ax.set(ylabel="GiB per GPU (model state)", title=f"Adam model state per GPU on {gpus} GPUs")
+    ax.legend(fontsize=8, ncol=5)
+    return _save(fig, out)
+
+
+def checkpoint_interval(advice, out: str | Path, current_s: float | None = None) -> Path:
+    """Time lost to checkpoints and failures against the checkpoint interval (log x) with C = the training time a
+    checkpoint loses, the advised interval marked, and the run's own interval if given: too often wastes the
+    checkpoints' cost, too rarely wastes recomputation. Where the blocking time is much smaller than the loss, a
+    grey curve shows what counting only the blocking would wrongly advise."""
+    import numpy as np
+
+    from toolkit.checkpoint.interval_advisor import advise, overhead_pct
+
+    plt = _pyplot()
+    lo, hi = max(min(advice.cost_s, advice.blocking_s or advice.cost_s), 1e-3), max(advice.mtbf_s, 10 * advice.interval_s)
+    intervals = np.geomspace(lo, hi, 200)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(intervals, [overhead_pct(t, advice.cost_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+            color="tab:blue", label=f"C = {advice.cost_s * 1e3:,.1f} ms "
+                                    f"({'training time lost' if advice.cost_basis == 'lost' else 'blocking only'})")
+    ax.axvline(advice.interval_s, color="tab:green", lw=1.5,
+               label=f"advised: every {advice.interval_s:,.0f} s ({advice.overhead_pct:.2f}% lost)")
+    if advice.cost_basis == "lost" and advice.blocking_s and advice.blocking_s < advice.cost_s / 2:
+        naive = advise(advice.blocking_s, advice.mtbf_s, advice.persist_s, advice.restart_s)
+        ax.plot(intervals, [overhead_pct(t, advice.blocking_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+                color="0.6", ls=":", label=f"if only the blocking ({advice.blocking_s * 1e3:,.1f} ms) counted")
+        real = overhead_pct(naive.interval_s, advice.cost_s, advice.mtbf_s, advice.restart_s)
+        ax.axvline(naive.interval_s, color="0.6", ls=":", lw=1.2,
+                   label=f"its advice: every {naive.interval_s:,.0f} s (really {real:.2f}% lost)")
+    if current_s:
+        current = overhead_pct(current_s, advice.cost_s, advice.mtbf_s, advice.restart_s)
+        ax.axvline(current_s, color="tab:orange", ls="--", lw=1.5,
+                   label=f"this run: every {current_s:,.1f} s ({current:.2f}% lost)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="checkpoint interval (s)", ylabel="time lost (%)",
+           title=f"Checkpoint interval at MTBF {advice.mtbf_s / 3600:,.1f} h, restart {advice.restart_s:.0f} s")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def latency_histogram(latencies_ms: list[float], out: str | Path, title: str = "Endpoint latency") -> Path:
+    """Client-side request latencies with p50 / p95 / p99 marked."""
+    import numpy as np
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.hist(latencies_ms, bins=min(30, max(5, len(latencies_ms) // 3)), color="tab:blue", alpha=0.8)
+    for q, style in ((50, "-"), (95, "--"), (99, ":")):
+        value = float(np.percentile(latencies_ms, q))
+        ax.axvline(value, color="tab:red", ls=style, lw=1, label=f"p{q} {value:.1f} ms")
+    ax.set(xlabel="latency (ms)", ylabel="requests", title=f"{title} ({len(latencies_ms)} requests)")
+    ax.legend()
+    return _save(fig, out)
+
+
+def compare_curves(curves: dict[str, list[tuple[float, float]]], out: str | Path, title: str) -> Path:
+    """Several runs' curves on one axis: ``{label: [(step, value), ...]}``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, label=label)
+    ax.set(xlabel="step", ylabel="validation", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)

@@ -1,0 +1,293 @@
+"""Validate a machine before spending GPU hours on it: facts, health checks, pass / warn / fail with a reason.
+
+    report = run_doctor()          # or: python -m toolkit doctor
+    report.ok                      # every required check passed (warnings allowed)
+    print(report.table())
+
+The checks follow the guide's "validate the setup before a long job": packages match the lock, collectives
+work and reach a sane bandwidth, matmul throughput (the peak MFU is measured against), disk write bandwidth
+where checkpoints go, /dev/shm for DataLoader workers, and a real training step with each engine.
+Each check is a function in ``CHECKS``; a check that raises is a failure with the exception as its reason,
+never a crash of the doctor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+STATUSES = ("pass", "warn", "fail")
+DISK_PROBE_BYTES = 128 * 2**20
+DISK_WARN_MBPS = 100.0  # below this, checkpoints of a 1B-parameter model (~16 GB with Adam) take minutes
+DISK_WARN_FREE_GIB = 5.0
+RAM_WARN_AVAILABLE_GIB = 4.0
+MATMUL_FAIL_GFLOPS = 5.0  # a working BLAS on any laptop core does more; less means a broken or throttled install
+# A busbw below this at the largest message means a misconfigured transport (e.g. NCCL falling back to sockets).
+BUSBW_WARN_GBPS = {"nccl": 10.0, "gloo": 0.05}
+ENGINE_STEPS = 3
+ENGINE_TIMEOUT_S = 180.0  # the first DeepSpeed start on a machine compiles its shm comm op (~35 s here)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    summary: str
+    required: bool
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class DoctorContext:
+    """What the checks share: where the workspace is, how many processes to test with, the facts found."""
+    workspace: Path
+    nproc: int
+    facts: dict
+
+
+@dataclass
+class DoctorReport:
+    facts: dict
+    checks: list[Check]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks if c.required)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "seconds": self.seconds, "facts": self.facts, "checks": [asdict(c) for c in self.checks]}
+
+    def table(self) -> str:
+        width = max((len(c.name) for c in self.checks), default=5)
+        lines = [f"{'check':<{width}}  {'status':<6} {'req':<3} {'time':>6}  reason"]
+        for c in self.checks:
+            lines.append(f"{c.name:<{width}}  {c.status.upper():<6} {'yes' if c.required else 'no':<3} "
+                         f"{c.seconds:>5.1f}s  {c.summary}")
+        verdict = "all required checks pass" if self.ok else "a required check FAILED"
+        lines.append(f"{verdict} ({self.seconds:.0f} s)")
+        return "\n".join(lines)
+
+
+# --- checks -------------------------------------------------------------------------------------------------
+
+def check_packages(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit.resources import drift
+
+    states = drift.check()
+    missing = [s.name for s in states if s.status == "missing"]
+    drifted = [f"{s.name} {s.installed} (lock {s.locked})" for s in states if s.status == "drift"]
+    details = {"packages": [asdict(s) | {"status": s.status} for s in states]}
+    if missing:
+        return "fail", f"not installed: {', '.join(missing)} (run `make setup`)", details
+    if drifted:
+        return "warn", f"drift from constraints.txt: {'; '.join(drifted)}", details
+    return "pass", f"{len(states)} packages at their locked versions", details
+
+
+def check_gpus(ctx: DoctorContext) -> tuple[str, str, dict]:
+    found = ctx.facts["gpus"]
+    if not found:
+        return "pass", "no GPU: training runs on CPU with gloo (the local default)", {}
+    models = {g["name"] for g in found}
+    summary = f"{len(found)} x {', '.join(sorted(models))}, {min(g['memory_gib'] for g in found)} GiB each"
+    if len(models) > 1:
+        return "warn", f"mixed GPU models ({summary}): the slowest sets the pace of every step", {}
+    return "pass", summary + f"; CUDA {ctx.facts['cuda']}, NCCL {ctx.facts['nccl']}", {}
+
+
+def check_deepspeed_ops(ctx: DoctorContext) -> tuple[str, str, dict]:
+    ds = ctx.facts["deepspeed"]
+    if ds.get("version") is None:
+        return "fail", f"deepspeed does not import: {ds.get('error')}", {}
+    wanted = ["cpu_adam", "fused_adam"] + (["deepspeed_shm_comm"] if not ctx.facts["gpus"] else [])
+    missing = [op for op in wanted if not ds["ops"].get(op)]
+    if missing:
+        return "warn", f"deepspeed {ds['version']}: ops that cannot build here: {', '.join(missing)}", ds
+    if not ctx.facts["gpus"] and not ds.get("shm_comm_built"):
+        return "warn", (f"deepspeed {ds['version']}: the shm comm op is not compiled yet; the first DeepSpeed run "
+                        "compiles it (~35 s). Prebuild: DS_BUILD_SHM_COMM=1 pip install deepspeed"), ds
+    usable = sum(ds["ops"].values())
+    return "pass", f"deepspeed {ds['version']}: {usable} of {len(ds['ops'])} ops compatible", ds
+
+
+def check_memory(ctx: DoctorContext) -> tuple[str, str, dict]:
+    total, available = ctx.facts["ram_gib"], ctx.facts["ram_available_gib"]
+    summary = f"{available:g} of {total:g} GiB RAM available, {ctx.facts['cpu_cores']} CPU cores"
+    if available < RAM_WARN_AVAILABLE_GIB:
+        return "warn", summary + f": under {RAM_WARN_AVAILABLE_GIB:g} GiB, DataLoader workers may be killed", {}
+    return "pass", summary, {}
+
+
+def check_matmul(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit.train.flops import measure_matmul_peak, store_peak
+
+    peak = store_peak(measure_matmul_peak())  # refresh the cached figure MFU is computed against
+    gflops = peak / 1e9
+    details = {"gflops": gflops}
+    if gflops < MATMUL_FAIL_GFLOPS:
+        return "fail", f"fp32 matmul {gflops:.1f} GFLOP/s: below {MATMUL_FAIL_GFLOPS:g}, a broken or throttled " \
+                       "BLAS", details
+    return "pass", f"fp32 matmul peak {gflops:,.0f} GFLOP/s with {os.cpu_count()} threads (the MFU reference)", details
+
+
+def check_disk(ctx: DoctorContext) -> tuple[str, str, dict]:
+    """Sequential write with fsync where the workspace lives: the path a checkpoint takes to disk."""
+    probe_dir = Path(ctx.facts["disk"]["path"])
+    free_gib = ctx.facts["disk"]["free_gib"]
+    block = os.urandom(8 * 2**20)  # incompressible, so a compressing filesystem cannot flatter the figure
+    fd, name = tempfile.mkstemp(dir=probe_dir, prefix=".trainbook-disk-probe-")
+    try:
+        t0 = time.perf_counter()
+        with os.fdopen(fd, "wb") as f:
+            for _ in range(DISK_PROBE_BYTES // len(block)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        mbps = DISK_PROBE_BYTES / (time.perf_counter() - t0) / 1e6
+    finally:
+        os.unlink(name)
+    details = {"write_mbps": mbps, "free_gib": free_gib, "path": str(probe_dir)}
+    summary = f"{mbps:,.0f} MB/s write+fsync, {free_gib:,.1f} GiB free in {probe_dir}"
+    if free_gib < DISK_WARN_FREE_GIB:
+        return "warn", summary + f": under {DISK_WARN_FREE_GIB:g} GiB free, checkpoints will fill it", details
+    if mbps < DISK_WARN_MBPS:
+        return "warn", summary + f": under {DISK_WARN_MBPS:g} MB/s, large checkpoints will be slow", details
+    return "pass", summary, details
+
+
+def check_shm(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit.resources.machine import shm_shortfall
+
+    info = ctx.facts["shm"]
+    if not info["present"]:
+        return "warn", "no /dev/shm: DataLoader workers cannot share batches; use data.num_workers=0", {}
+    # One worker per core, prefetching 2 batches of 32 x 2048 int64 tokens (a GPU-sized language-model batch).
+    workers, batch_bytes = os.cpu_count() or 1, 2 * 32 * 2048 * 8
+    shortfall = shm_shortfall(workers, 2, batch_bytes)
+    summary = f"/dev/shm {info['size_mib']:,} MiB ({info['free_mib']:,} free) for {workers} DataLoader workers"
+    return ("warn", shortfall, info) if shortfall else ("pass", summary, info)
+
+
+def check_allreduce(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit.resources.collectives import allreduce_sweep
+
+    result = allreduce_sweep(ctx.nproc)
+    details = {"backend": result.backend, "nproc": result.nproc, "rows": [asdict(r) for r in result.rows],
+               "table": result.table()}
+    largest = result.rows[-1]
+    summary = (f"{result.nproc} processes, {result.backend}: busbw {largest.busbw_gbps:.2f} GB/s at "
+               f"{largest.size_bytes / 2**20:g} MiB, {result.rows[0].time_us:,.0f} us at {result.rows[0].size_bytes} B")
+    if not all(r.correct for r in result.rows):
+        return "fail", "all_reduce returned wrong sums: " + summary, details
+    if largest.busbw_gbps < BUSBW_WARN_GBPS.get(result.backend, 0.0):
+        return "warn", summary + f": under {BUSBW_WARN_GBPS[result.backend]:g} GB/s expected", details
+    return "pass", summary, details
+
+
+def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]]:
+    def check(ctx: DoctorContext) -> tuple[str, str, dict]:
+        """A real run of the tiny config for a few steps, in its own process, as training would start."""
+        from toolkit import config as config_mod
+        from toolkit.runs.launch import worker_command
+        from toolkit.runs.rundir import RunDir
+
+        cfg = config_mod.load("tiny", [f"engine.name={engine}", f"train.max_steps={ENGINE_STEPS}",
+                                       "train.log_every=1", f"train.eval_every={ENGINE_STEPS}", "train.eval_batches=1",
+                                       "checkpoint.at_end=false"])
+        with tempfile.TemporaryDirectory(prefix=f"trainbook-doctor-{engine}-") as tmp:
+            run = RunDir.create(Path(tmp) / "run", cfg)
+            cmd, env = worker_command(cfg, run.path)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
+                                  env={**os.environ, **env}, start_new_session=True)
+            losses = [e["loss"] for e in run.events("train")]
+            status = run.read_status()
+        if proc.returncode != 0 or status.get("state") != "completed":
+            tail = proc.stderr.strip().splitlines()[-3:]
+            return "fail", f"{engine}: exit {proc.returncode}, state {status.get('state')}: {' | '.join(tail)}", {}
+        if not losses or not all(math.isfinite(x) for x in losses):
+            return "fail", f"{engine}: losses {losses} are not finite", {}
+        return "pass", f"{engine}: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", {"losses": losses}
+
+    return check
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    run: Callable[[DoctorContext], tuple[str, str, dict]]
+    required: bool
+    about: str
+
+
+# Order matters only for reading: cheap facts first, then the measurements, then real training.
+CHECKS: dict[str, CheckSpec] = {
+    "packages": CheckSpec(check_packages, True, "installed packages against environment.yml and the lock"),
+    "gpus": CheckSpec(check_gpus, False, "GPU count, model and memory"),
+    "deepspeed-ops": CheckSpec(check_deepspeed_ops, False, "DeepSpeed op compatibility (ds_report)"),
+    "memory": CheckSpec(check_memory, False, "RAM available"),
+    "matmul": CheckSpec(check_matmul, True, "fp32 matmul throughput"),
+    "disk": CheckSpec(check_disk, True, "write bandwidth and free space in the workspace"),
+    "shm": CheckSpec(check_shm, False, "/dev/shm against DataLoader workers"),
+    "all-reduce": CheckSpec(check_allreduce, True, "all-reduce bandwidth sweep across local processes"),
+    "train-torch": CheckSpec(_engine_step("torch"), True, "a real training step with the torch engine"),
+    "train-deepspeed": CheckSpec(_engine_step("deepspeed"), True, "a real training step with DeepSpeed"),
+}
+
+
+def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, only: list[str] | None = None,
+               skip: list[str] | None = None, on_check: Callable[[Check], None] | None = None) -> DoctorReport:
+    """Discover the machine and run the checks in order; ``on_check`` sees each result as it lands."""
+    from toolkit.resources import machine
+    from toolkit.catalogue.workspace import default_path
+
+    unknown = [n for n in (only or []) + (skip or []) if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"check: {unknown[0]!r} is not a check; allowed: {', '.join(CHECKS)}")
+    if nproc is not None and nproc < 2:
+        raise ValueError(f"--nproc: {nproc} is not allowed; allowed: 2 or more (the all-reduce needs peers)")
+    start = time.perf_counter()
+    root = Path(workspace) if workspace else default_path()
+    facts = machine.discover(root)
+    ctx = DoctorContext(workspace=root, facts=facts,
+                        nproc=nproc or max(2, len(facts["gpus"])))
+    checks = []
+    for name, spec in CHECKS.items():
+        if (only and name not in only) or (skip and name in skip):
+            continue
+        t0 = time.perf_counter()
+        try:
+            status, summary, details = spec.run(ctx)
+        except Exception as exc:  # a check that cannot run has failed; the doctor goes on with the rest
+            status, summary, details = "fail", f"{type(exc).__name__}: {exc}", {}
+        check = Check(name, status, summary, spec.required, time.perf_counter() - t0, details)
+        checks.append(check)
+        if on_check is not None:
+            on_check(check)
+    return DoctorReport(facts=facts, checks=checks, seconds=time.perf_counter() - start)
+
+
+def facts_table(facts: dict) -> str:
+    """The discovered facts as aligned lines (the head of the doctor's printout)."""
+    gpus = ", ".join(f"{g['name']} {g['memory_gib']} GiB" for g in facts["gpus"]) or "none"
+    ds = facts["deepspeed"]
+    rows = [
+        ("python", facts["python"]), ("torch", facts["torch"]),
+        ("cuda / cudnn / nccl", f"{facts['cuda']} / {facts['cudnn']} / {facts['nccl']}"),
+        ("gpus", gpus), ("deepspeed", ds.get("version") or ds.get("error")),
+        ("cpu cores", facts["cpu_cores"]), ("ram", f"{facts['ram_available_gib']} of {facts['ram_gib']} GiB available"),
+        ("disk", f"{facts['disk']['free_gib']} of {facts['disk']['total_gib']} GiB free at {facts['disk']['path']}"),
+        ("/dev/shm", f"{facts['shm'].get('free_mib', 0):,} of {facts['shm'].get('size_mib', 0):,} MiB free"
+         if facts["shm"]["present"] else "absent"),
+    ]
+    return "\n".join(f"{k:<20} {v}" for k, v in rows)
+
+
+def status_counts(checks: list[Check]) -> dict[str, int]:
+    return {s: sum(c.status == s for c in checks) for s in STATUSES}

@@ -1,0 +1,129 @@
+"""What this machine has: software versions, accelerators, CPU, memory, disk and /dev/shm (Azure ML's Compute,
+seen from inside). Facts only; :mod:`toolkit.resources.doctor` judges them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+
+def gpus() -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    found = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        found.append({"index": i, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                      "capability": f"{props.major}.{props.minor}"})
+    return found
+
+
+def accelerator_versions() -> dict:
+    import torch
+
+    cuda = torch.version.cuda
+    return {
+        "cuda": cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda and torch.cuda.is_available() else None,
+    }
+
+
+@contextlib.contextmanager
+def _quiet_fds():
+    """Send file descriptors 1 and 2 to /dev/null for a moment: compilers started by a probe write there
+    directly, past Python's sys.stdout."""
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def deepspeed_ops() -> dict:
+    """DeepSpeed's version and, per op, whether it can build here (what ``ds_report`` prints), and whether the
+    shared-memory comm op is already compiled (otherwise the first distributed DeepSpeed start compiles it)."""
+    try:
+        import deepspeed
+        from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    except Exception as exc:  # a broken install is a finding, not a crash
+        return {"version": None, "error": f"{type(exc).__name__}: {exc}", "ops": {}}
+    ops = {}
+    with _quiet_fds():  # probing async_io runs a test link whose "cannot find -laio" would land in the output
+        for name, builder in sorted(ALL_OPS.items()):
+            if name == "deepspeed_not_implemented":
+                continue
+            try:
+                ops[name] = bool(builder.is_compatible(verbose=False))
+            except Exception:  # an op builder that cannot even probe is incompatible
+                ops[name] = False
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    built = any(cache.glob("*/deepspeed_shm_comm/*.so"))
+    return {"version": deepspeed.__version__, "ops": ops, "shm_comm_built": built}
+
+
+def memory() -> dict:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return {"ram_gib": round(vm.total / 2**30, 1), "ram_available_gib": round(vm.available / 2**30, 1)}
+
+
+def disk(path: Path) -> dict:
+    """Free space where the workspace lives (the nearest existing parent, so a new workspace can be checked)."""
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    return {"path": str(probe), "free_gib": round(usage.free / 2**30, 1), "total_gib": round(usage.total / 2**30, 1)}
+
+
+def shm() -> dict:
+    path = Path("/dev/shm")
+    if not path.exists():
+        return {"present": False}
+    usage = shutil.disk_usage(path)
+    return {"present": True, "size_mib": round(usage.total / 2**20), "free_mib": round(usage.free / 2**20)}
+
+
+def shm_shortfall(num_workers: int, prefetch: int, batch_bytes: int) -> str | None:
+    """Why /dev/shm is too small for these DataLoader workers (they hand batches over through it), or None."""
+    info = shm()
+    if not num_workers or not info["present"]:
+        return None
+    need = 2 * num_workers * prefetch * batch_bytes  # each worker's batches in flight, with headroom
+    if info["free_mib"] * 2**20 >= need:
+        return None
+    return (f"/dev/shm has {info['free_mib']:,} MiB free; {num_workers} workers x prefetch {prefetch} need about "
+            f"{need / 2**20:,.0f} MiB: raise it (docker --shm-size, Azure ML shm_size)")
+
+
+def discover(workspace: Path) -> dict:
+    """Everything above in one JSON-ready dict."""
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        **accelerator_versions(),
+        "gpus": gpus(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        **memory(),
+        "disk": disk(workspace),
+        "shm": shm(),
+        "deepspeed": deepspeed_ops(),
+    }

@@ -1,0 +1,96 @@
+"""``python -m toolkit.runs.supervisor RUN_DIR [--max-restarts N]``: start the training processes, restart them from
+the latest valid checkpoint when they die, and record every restart.
+
+The supervisor and the training processes live in different process groups: a lost node (any rank killed,
+by any signal, SIGKILL included) takes the training group down, and the supervisor, still alive, decides
+what happens next. Only the supervisor writes the run's final state when the ranks could not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from toolkit.checkpoint.store import CheckpointStore
+from toolkit.runs.rundir import FINAL_STATES, RunDir
+
+LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
+
+
+def describe_exit(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+class Supervisor:
+    def __init__(self, run: RunDir, max_restarts: int):
+        self.run, self.max_restarts = run, max_restarts
+        self.worker: subprocess.Popen | None = None
+        self.stopping = False
+
+    def _start_worker(self, attempt: int) -> subprocess.Popen:
+        from toolkit.runs.launch import worker_command  # the launcher registry; imports no torch
+
+        cmd, extra_env = worker_command(self.run.read_config(), self.run.path)
+        with open(self.run.path / LOG_NAME, "ab") as log:
+            log.write(f"\n===== attempt {attempt}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env={**os.environ, **extra_env, "TRAINBOOK_ATTEMPT": str(attempt)},
+                                      start_new_session=True)  # its own group: killpg reaches every rank
+        self.run.write_status(worker_pgid=worker.pid, attempt=attempt, command=cmd)
+        return worker
+
+    def _on_stop_signal(self, signum, frame):
+        """The user stopped the run: pass it on to every rank, then record it as killed."""
+        self.stopping = True
+        if self.worker is not None and self.worker.poll() is None:
+            try:
+                os.killpg(self.worker.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def run_to_end(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        attempt = int(self.run.read_status().get("attempt", -1)) + 1  # `resume` continues the count
+        restarts = 0
+        while True:
+            self.worker = self._start_worker(attempt)
+            code = self.worker.wait()
+            if code == 0 or self.stopping:
+                break
+            if restarts >= self.max_restarts:
+                break
+            restarts += 1
+            attempt += 1
+            info, skipped = CheckpointStore(self.run.path).find_resume_point()
+            from_step = info.step if info else 0
+            reason = describe_exit(code)
+            print(f"[supervisor] training died ({reason}); restart {restarts}/{self.max_restarts} "
+                  f"from step {from_step}", file=sys.stderr, flush=True)
+            self.run.append_event("restart", restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
+                                  checkpoint=info.name if info else None, skipped=[s.name for s in skipped])
+            self.run.write_status(state="running", restarts=self.run.read_status().get("restarts", 0) + 1,
+                                  last_failure=reason, last_failure_time=time.time())
+        state = self.run.read_status().get("state")
+        if code != 0 and (state not in FINAL_STATES or state == "completed"):
+            final = "killed" if self.stopping or code < 0 else "failed"
+            self.run.append_event("status", state=final, exit_code=code, reason=describe_exit(code))
+            self.run.write_status(state=final, exit_code=code, error=describe_exit(code))
+        return 0 if code == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("run_dir")
+    parser.add_argument("--max-restarts", type=int, default=0)
+    args = parser.parse_args(argv)
+    return Supervisor(RunDir(args.run_dir), args.max_restarts).run_to_end()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""DeepSpeed: ZeRO stages 0 to 3, fp32 or bf16, on gloo (CPU) or NCCL (GPU)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from toolkit import safe_load
+from toolkit.train.engines import adamw_param_groups
+
+
+def deepspeed_config(cfg) -> dict:
+    """The DeepSpeed JSON config that a Trainbook config means (also written to the run for inspection)."""
+    o = cfg.optim
+    return {
+        "train_micro_batch_size_per_gpu": cfg.train.batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": o.grad_clip,
+        # torch_adam: DeepSpeed's fused CPU/GPU Adam would need a C++/CUDA build; torch's AdamW needs none.
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": o.lr, "betas": [o.beta1, o.beta2], "torch_adam": True}},
+        "zero_optimization": {"stage": cfg.engine.zero_stage},
+        "bf16": {"enabled": cfg.engine.precision == "bf16"},
+        "steps_per_print": 2**62,  # the loop reports progress itself
+        "wall_clock_breakdown": False,
+    }
+
+
+DS_TAG = "ds"  # the sub-folder DeepSpeed's own files go in, inside each Trainbook checkpoint
+
+
+class _CapturingCheckpointEngine:
+    """DeepSpeed's CheckpointEngine interface, keeping each file's state dict in memory."""
+
+    def __init__(self):
+        self.files: dict[str, dict] = {}
+
+    def create(self, info):
+        pass
+
+    def makedirs(self, path, exist_ok=False):
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict, path):
+        self.files[path] = state_dict
+
+    def load(self, path, map_location=None):
+        return safe_load.load(path, map_location=map_location)
+
+    def commit(self, info):
+        return True
+
+    def is_data_parallel_writer(self, dp_rank):
+        return dp_rank == 0
+
+    def is_decoupled(self):
+        return False
+
+    def preserves_storage_sharing(self):
+        # False: DeepSpeed would otherwise clone every tensor on the training thread; our staging copies
+        # them into compact buffers in the background anyway.
+        return False
+
+    def cleanup(self):
+        pass
+
+
+class DeepSpeedEngine:
+    def __init__(self, model, cfg, topo):
+        import deepspeed
+
+        model = model.to(topo.device)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=adamw_param_groups(model, cfg.optim.weight_decay),
+            config=deepspeed_config(cfg),
+        )
+        self.module = self.engine.module
+        self.device = topo.device
+        self._dtype = torch.bfloat16 if cfg.engine.precision == "bf16" else None
+        # ZeRO-3 gathers and releases parameters inside forward: stage its state before training goes on.
+        self.state_moves_in_forward = cfg.engine.zero_stage == 3
+
+    def set_lr(self, lr: float) -> None:
+        # The ZeRO optimizers expose the wrapped optimizer's param_groups, so this reaches the real step.
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _cast(self, x):
+        # bf16 mode keeps the weights in bf16, so float inputs (the digits features) must match them.
+        return x.to(self._dtype) if self._dtype is not None and x.is_floating_point() else x
+
+    def train_step(self, x, y, before_update=None) -> torch.Tensor:
+        loss = self.engine(self._cast(x), y)
+        self.engine.backward(loss)
+        if before_update is not None:
+            before_update()  # the last moment the weights are still those of the previous step
+        self.engine.step()
+        return loss.detach().float()
+
+    @torch.no_grad()
+    def eval_loss(self, x, y) -> torch.Tensor:
+        return self.engine(self._cast(x), y).float()
+
+    def checkpoint_state(self, folder, is_writer: bool) -> dict:
+        """The engine's own (ZeRO-partitioned) checkpoint files, captured in memory instead of written.
+
+        DeepSpeed decides which rank saves what; a capturing checkpoint engine hands us each file's state
+        dict, which toolkit.checkpoint.checkpointer stages and writes in the background under the same names, so
+        ``engine.load_checkpoint`` reads them back unchanged.
+        """
+        capture = _CapturingCheckpointEngine()
+        default, self.engine.checkpoint_engine = self.engine.checkpoint_engine, capture
+        try:
+            self.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)
+        finally:
+            self.engine.checkpoint_engine = default
+        return {str(Path(path).relative_to(folder)): state for path, state in capture.files.items()}
+
+    def load_checkpoint_state(self, folder) -> None:
+        # DeepSpeed's loader unpickles with weights_only=False; a copied run directory must not run code.
+        capture = _CapturingCheckpointEngine()  # its load() is toolkit.safe_load's
+        default, self.engine.checkpoint_engine = self.engine.checkpoint_engine, capture
+        try:
+            with safe_load.weights_only_everywhere():
+                path, _ = self.engine.load_checkpoint(str(folder), tag=DS_TAG, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False)
+        finally:
+            self.engine.checkpoint_engine = default
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {folder}/{DS_TAG}")
+
+    def train(self):
+        self.engine.train()
+
+    def eval(self):
+        self.engine.eval()

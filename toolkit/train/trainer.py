@@ -1,0 +1,252 @@
+"""The training loop. Read it top to bottom: build, then ``train()``; everything else is a component.
+
+    trainer = Trainer(RunDir("runs/demo"))
+    trainer.train()
+
+It runs inside the training process (started by toolkit.runs.launch, once per rank), never in a notebook kernel.
+Rank 0 writes the run directory: events.jsonl, status.json, lineage.json, tb/ and profile/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from toolkit.data import corpus as data_mod
+from toolkit.checkpoint.store import check_compatible
+from toolkit.checkpoint.checkpointer import Checkpointer
+from toolkit.train import distributed
+from toolkit.train.engines import build_engine
+from toolkit.train.flops import cached_peak
+from toolkit.catalogue.lineage import collect_lineage
+from toolkit.train.metrics import MetricsSink
+from toolkit.train.models import MODELS
+from toolkit.train.rng import restore_rng
+from toolkit import safe_load
+from toolkit.runs.rundir import RunDir
+
+# Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
+# fires on the first attempt only, so a restarted run gets past the step that killed it.
+ATTEMPT = int(os.environ.get("TRAINBOOK_ATTEMPT", "0"))
+
+
+def _print_checkpoint_error(step: int, message: str) -> None:
+    print(f"checkpoint at step {step} failed: {message}", file=sys.stderr)
+
+
+def lr_at(step: int, optim, max_steps: int) -> float:
+    """Linear warmup to optim.lr, then cosine decay to optim.min_lr at max_steps (or constant)."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return optim.lr
+    progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def default_threads(cfg) -> int:
+    """Share the cores between the processes on this machine, so two ranks do not fight over one core."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return cfg.train.threads or max(1, (os.cpu_count() or 1) // local_world)
+
+
+class Trainer:
+    def __init__(self, run: RunDir):
+        self.run = run
+        self.cfg = cfg = run.read_config()
+        torch.set_num_threads(default_threads(cfg))
+        self.topo = distributed.setup(cfg.engine)
+
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        spec = MODELS[cfg.model.name]
+        model = spec.build(cfg.model)
+        self.flops_per_item = spec.flops_per_item(model, cfg.model)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.engine = build_engine(model, cfg, self.topo)
+        torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
+
+        self.corpus = data_mod.load_corpus(cfg)
+        # Items (tokens for text, samples for tables) that all ranks together consume per step.
+        # e.g. 32 sequences * 128 tokens * 2 ranks = 8,192 tokens per step
+        per_rank = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
+        self.items_per_step = per_rank * self.topo.world_size
+        self.peak_flops = cached_peak()
+        self.step = 0  # optimizer steps completed
+        # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
+        self.horizon = cfg.train.max_steps
+        self.train_seconds = 0.0  # training time so far, agreed between ranks (evaluation excluded)
+        self.sink = MetricsSink(run, cfg) if self.topo.is_main else None
+        self.checkpointer = Checkpointer(
+            cfg, run.path, self.topo.rank, self.topo.world_size, self.engine, device=self.topo.device,
+            on_event=self.sink.checkpoint if self.sink else None,
+            on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error)
+        self.resumed_from = self._resume()
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    def train(self) -> dict:
+        cfg, topo, engine = self.cfg, self.topo, self.engine
+        if self.sink:
+            self.sink.start(lineage=collect_lineage(cfg, self.corpus, topo.world_size), n_params=self.n_params,
+                            flops_per_item=self.flops_per_item, peak_flops=self.peak_flops,
+                            attempt=ATTEMPT, **self.resumed_from)
+        profiler = self._profiler()
+        batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
+                                             world_size=topo.world_size))
+        engine.train()
+
+        loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
+        window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+        last_val = None
+        start_step = self.step
+        train_seconds = agreed_seconds = self.train_seconds
+        slow_steps = 0  # fault injection: steps left to slow down after a checkpoint
+        while self.step < cfg.train.max_steps:
+            t0 = time.perf_counter()
+            eval_seconds = 0.0
+            x, y = next(batches)
+            t1 = time.perf_counter()
+            if slow_steps:
+                slow_steps -= 1
+                time.sleep(cfg.fault.slow_step_ms / 1e3)
+            x, y = x.to(topo.device, non_blocking=True), y.to(topo.device, non_blocking=True)
+            engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
+            loss_sum += engine.train_step(x, y, before_update=self.checkpointer.before_update).to(torch.float64)
+            if profiler:
+                profiler.step()
+            self.step += 1
+            if self.step == start_step + 1:
+                self.checkpointer.warm_up()  # the optimizer state exists now: size the staging buffers
+            window_steps += 1
+            window_wait += t1 - t0
+            last = self.step == cfg.train.max_steps
+
+            logged = self.step % cfg.train.log_every == 0 or last
+            log_start = time.perf_counter()
+            if logged:
+                elapsed = time.perf_counter() - window_start
+                train_seconds += elapsed
+                # One collective per log interval: the loss, and the clock every rank agrees on (the mean),
+                # so that all ranks take the same time-based decisions and nobody waits forever in a collective.
+                total_loss, seconds_sum = distributed.all_reduce_sum([loss_sum.item(), train_seconds], topo.device)
+                agreed_seconds = seconds_sum / topo.world_size
+                items_per_s = self.items_per_step * window_steps / elapsed
+                if self.sink:
+                    self.sink.train(
+                        step=self.step,
+                        loss=total_loss / window_steps / topo.world_size,
+                        lr=lr_at(self.step - 1, cfg.optim, self.horizon),
+                        tokens_per_s=items_per_s,
+                        data_wait_pct=100.0 * window_wait / elapsed,
+                        mfu=items_per_s * self.flops_per_item / self.peak_flops,
+                        elapsed_s=agreed_seconds,
+                        horizon=self.horizon,
+                    )
+                if cfg.train.max_seconds:
+                    last = last or agreed_seconds >= cfg.train.max_seconds
+                    self.horizon = self._time_budget_horizon(agreed_seconds)
+            # Logging happens every log_every steps, checkpoints usually on one of them: keep it out of the
+            # step time that checkpoint costs are measured from, as evaluation is.
+            log_seconds = time.perf_counter() - log_start
+            if last or self.step % cfg.train.eval_every == 0:
+                eval_start = time.perf_counter()
+                last_val = self.evaluate()
+                eval_seconds = time.perf_counter() - eval_start
+                window_start += eval_seconds  # evaluation is not training time
+            if self.checkpointer.due(self.step, agreed_seconds, final=last):
+                self.train_seconds = agreed_seconds
+                self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
+                                                   "train_seconds": agreed_seconds})
+                slow_steps = cfg.fault.slow_steps_after_checkpoint
+            # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
+            self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds - log_seconds)
+            if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
+            if logged:
+                loss_sum.zero_()
+                window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+            if last:
+                break
+
+        if profiler:
+            profiler.close()
+        self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
+        result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {})}
+        if self.sink:
+            self.sink.finish(result)
+        return result
+
+    def _resume(self) -> dict:
+        """Continue from the newest valid checkpoint in the run directory, if there is one.
+
+        Everything a step depends on comes back: weights, optimizer moments, the schedule position, every
+        RNG, and the data position (batches are a function of the step), so the losses after the resume
+        point equal those of a run that was never interrupted, bit for bit.
+        """
+        store = self.checkpointer.store
+        if self.topo.is_main:
+            store.discard_partial()  # writes that a crash interrupted; nothing is in flight at start-up
+        info, skipped = store.find_resume_point()
+        for bad in skipped:
+            print(f"checkpoint {bad.name} is not usable: {bad.reason}; trying an older one", file=sys.stderr)
+            if self.sink:
+                self.sink.events.emit("checkpoint_invalid", checkpoint=bad.name, reason=bad.reason)
+        if info is None:
+            return {}
+        check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size)
+        self.engine.load_checkpoint_state(info.path)
+        rank_state = safe_load.load(info.path / f"rank_{self.topo.rank:05d}.pt")
+        restore_rng(rank_state["rng"])
+        trainer = info.manifest["trainer"]
+        self.step, self.train_seconds = trainer["step"], trainer["train_seconds"]
+        # A step-budgeted schedule follows max_steps (which a resume may extend); a time-budgeted one goes on
+        # from where the clock had put it.
+        self.horizon = trainer["horizon"] if self.cfg.train.max_seconds else self.cfg.train.max_steps
+        self.checkpointer.last_saved_seconds = self.train_seconds
+        return {"resumed_from": info.name, "resumed_step": self.step}
+
+    def _time_budget_horizon(self, seconds: float) -> int:
+        """Project the step at which max_seconds runs out from the pace so far, so the cosine decay ends when
+        the time budget does (a schedule cut off half-way leaves the loss well above what the budget allows).
+        e.g. 300 steps in 45 s with a 180 s budget -> the schedule ends at step 1,200."""
+        projected = round(self.step * self.cfg.train.max_seconds / seconds)
+        return max(self.step + 1, min(self.cfg.train.max_steps, projected))
+
+    # --- components -----------------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        """Mean validation loss over the fixed validation batches, each rank taking its share."""
+        self.engine.eval()
+        loss_sum, count = 0.0, 0
+        for x, y in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
+            loss_sum += self.engine.eval_loss(x.to(self.topo.device), y.to(self.topo.device)).item()
+            count += 1
+        loss_sum, count = distributed.all_reduce_sum([loss_sum, count], self.topo.device)
+        self.engine.train()
+        result = {"val_loss": loss_sum / count}
+        bpb = data_mod.bits_per_byte(result["val_loss"], self.corpus)
+        if bpb is not None:
+            result["val_bpb"] = bpb
+        if self.sink:
+            self.sink.eval(step=self.step, **result)
+        return result
+
+    def _profiler(self):
+        if not (self.cfg.profile.enabled and self.topo.is_main):
+            return None
+        from toolkit.train.profiling import StepProfiler
+
+        self.run.profile_dir.mkdir(exist_ok=True)
+        return StepProfiler(self.cfg.profile, self.run.profile_dir, worker_name=f"rank{self.topo.rank}",
+                            on_summary=self.sink.profile)
+
+    def close(self):
+        self.checkpointer.close()
+        if self.sink:
+            self.sink.close()
+        distributed.teardown()
