@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from toolkit.names import check_name, parse_ref
+
 
 class ConfigError(ValueError):
     """A config value that is unknown, of the wrong type or out of range; the message names the field."""
@@ -265,9 +267,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", cfg.name):
-        raise ConfigError(f"name: {cfg.name!r} is not allowed; allowed: letters, digits, '_', '-', '.' "
-                          "(it becomes a folder name)")
+    check_name(cfg.name, "name", ConfigError)  # it becomes the run folder's name
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             f"model.n_head: {cfg.model.n_head} does not divide model.n_embd={cfg.model.n_embd}; "
@@ -281,12 +281,7 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(
             f"data.dataset: {cfg.data.dataset!r} does not fit model.name={cfg.model.name!r}; allowed: {wanted!r}")
     if cfg.data.asset:
-        from toolkit.catalogue.data_assets import DataAssetError, parse_ref
-
-        try:
-            parse_ref(cfg.data.asset)
-        except DataAssetError as exc:
-            raise ConfigError(f"data.asset: {exc}".replace("data asset: ", "")) from None
+        parse_ref(cfg.data.asset, "data.asset", ConfigError)
     if cfg.data.asset and cfg.data.path:
         raise ConfigError(f"data.path: {cfg.data.path!r} given together with data.asset={cfg.data.asset!r}; "
                           "allowed: one of the two")
