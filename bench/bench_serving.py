@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolkit.deploy.export import export_run  # noqa: E402
 from toolkit.deploy.serving.endpoint import serve  # noqa: E402
+from toolkit.deploy.serving.options import ServingOptions  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def main() -> int:
             ("torch", 16): serve(model, runtime="torch", max_batch=16, name="torch-b16", workspace=tmp / "ws"),
             ("onnx", 1): serve(model, runtime="onnx", max_batch=1, name="onnx-b1", workspace=tmp / "ws"),
         }
-        direct = ScoringService(model, runtime="onnx", max_batch=16, max_wait_ms=5)
+        direct = ScoringService(model, ServingOptions(runtime="onnx", max_batch=16, max_wait_ms=5))
 
         def direct_call(data: bytes) -> float:
             t0 = time.perf_counter()

@@ -118,7 +118,7 @@ def _add_workspace_flags(parser) -> None:
 
 
 def _add_deploy_plan(verbs) -> None:
-    from toolkit.azure.deploy_plan import MAX_BATCH, MAX_WAIT_MS
+    from toolkit.deploy.serving.options import MAX_BATCH, MAX_WAIT_MS
 
     plan = verbs.add_parser("deploy-plan", help="validate and write endpoint/deployment YAML and deploy.md for an "
                                                 "exported model")
