@@ -62,6 +62,13 @@ class DoctorReport:
     def ok(self) -> bool:
         return all(c.status != "fail" for c in self.checks if c.required)
 
+    def allreduce_sweep(self):
+        """The all-reduce check's sweep (a collectives.SweepResult), or None when that check did not run."""
+        from toolkit.resources.collectives import SweepResult
+
+        check = next((c for c in self.checks if c.name == "all-reduce" and c.details), None)
+        return SweepResult.from_details(check.details) if check else None
+
     def to_dict(self) -> dict:
         return {"ok": self.ok, "seconds": self.seconds, "facts": self.facts, "checks": [asdict(c) for c in self.checks]}
 
@@ -180,8 +187,7 @@ def check_allreduce(ctx: DoctorContext) -> tuple[str, str, dict]:
     from toolkit.resources.collectives import allreduce_sweep
 
     result = allreduce_sweep(ctx.nproc)
-    details = {"backend": result.backend, "nproc": result.nproc, "rows": [asdict(r) for r in result.rows],
-               "table": result.table()}
+    details = result.to_details()
     largest = result.rows[-1]
     summary = (f"{result.nproc} processes, {result.backend}: busbw {largest.busbw_gbps:.2f} GB/s at "
                f"{largest.size_bytes / 2**20:g} MiB, {result.rows[0].time_us:,.0f} us at {result.rows[0].size_bytes} B")
