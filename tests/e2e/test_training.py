@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from toolkit import config as config_mod
 from toolkit.runs import launch
+from toolkit.report.tables import top_operators_html
 from toolkit.runs.rundir import RunDir
 
 TRAIN_FIELDS = {"step", "loss", "lr", "tokens_per_s", "data_wait_pct", "mfu"}
@@ -64,6 +65,8 @@ def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
     assert "Self CPU" in summary and "aten::" in summary
     (profile_event,) = run.events("profile")
     assert profile_event["top_ops"] and profile_event["top_ops"][0]["self_cpu_ms"] > 0
+    table = top_operators_html(run.path)  # what notebook 03 shows
+    assert table.count("<tr>") > 5 and "aten::" in table
 
 
 def test_same_seed_same_losses(train_tiny):
