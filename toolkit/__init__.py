@@ -24,11 +24,11 @@ import sys as _sys
 # recompiles (~35 s). One cache per environment; `make setup` fills it.
 _os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
 
-# public name -> "module:attribute" (the one list the README's table and the tests read)
+# public name -> "module:attribute" (the one list the README's table and the tests read). No name may be a
+# subpackage's ("train", "data", ...): importing toolkit.train.trainer sets toolkit.train to the package.
 PUBLIC_API = {
     "load_config": "toolkit.config:load",
     "start_run": "toolkit.runs.launch:start",
-    "train": "toolkit.runs.launch:train",
     "resume": "toolkit.runs.launch:resume",
     "open_run": "toolkit.runs.rundir:RunDir",
     "list_runs": "toolkit.runs.launch:list_runs",

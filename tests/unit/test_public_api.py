@@ -11,6 +11,13 @@ def test_every_public_name_resolves_to_a_callable(name):
     assert name in dir(toolkit)
 
 
+def test_no_public_name_is_shadowed_by_a_subpackage():
+    from pathlib import Path
+
+    packages = {p.name for p in Path(toolkit.__file__).parent.iterdir() if (p / "__init__.py").exists()}
+    assert not packages & set(toolkit.__all__)
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'strat_run'"):
         toolkit.strat_run  # noqa: B018
