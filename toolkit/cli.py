@@ -50,7 +50,8 @@ def _follow(handle, max_steps: int) -> int:
         return 130
     code = handle.wait()
     status = handle.run.read_status()
-    summary = ", ".join(f"{k}={final[k]:.4g}" for k in ("val_loss", "val_bpb", "train_seconds") if k in final)
+    figures = {k: getattr(final, k) for k in ("val_loss", "val_bpb", "train_seconds")} if final else {}
+    summary = ", ".join(f"{k}={v:.4g}" for k, v in figures.items() if v is not None)
     print(f"{status.get('state')}: step {status.get('step')} {summary}".rstrip(), file=sys.stderr)
     if code != 0:
         print(f"training failed (exit code {code}); log: {handle.path / launch.LOG_NAME}", file=sys.stderr)

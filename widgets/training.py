@@ -23,6 +23,7 @@ import ipywidgets as w
 from toolkit import config as config_mod
 from toolkit.runs import launch
 from toolkit.report import plots
+from toolkit.runs.events import read_events
 from toolkit.runs.progress import RunProgress
 from toolkit.runs.rundir import FINAL_STATES, RunDir
 from widgets.panel import Panel, plot_png, png_html
@@ -136,7 +137,7 @@ class TrainingPanel(Panel):
         """Show a past run's dashboard from its events.jsonl."""
         self.run, self.handle = RunDir(run_dir), None
         self._progress = RunProgress(self.run.read_config().train.max_steps)
-        for event in self.run.events():
+        for event in read_events(self.run):
             self._progress.apply(event)
         self._finish_progress()
         self.refresh(force_plot=True)

@@ -202,6 +202,7 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
     def check(ctx: DoctorContext) -> tuple[str, str, dict]:
         """A real run of the tiny config for a few steps, in its own process, as training would start."""
         from toolkit import config as config_mod
+        from toolkit.runs.events import TrainEvent, read_events
         from toolkit.runs.launch import worker_command
         from toolkit.runs.rundir import RunDir
 
@@ -213,7 +214,7 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
             cmd, env = worker_command(cfg, run.path)
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
                                   env={**os.environ, **env}, start_new_session=True)
-            losses = [e["loss"] for e in run.events("train")]
+            losses = [e.loss for e in read_events(run, TrainEvent)]
             status = run.read_status()
         if proc.returncode != 0 or status.get("state") != "completed":
             tail = proc.stderr.strip().splitlines()[-3:]

@@ -20,6 +20,7 @@ from toolkit import paths
 from toolkit.runs import processes as run_processes
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.ports import free_port
+from toolkit.runs.events import Event, StatusEvent, read_new
 from toolkit.runs.rundir import FINAL_STATES, RunDir
 from toolkit.runs.supervisor import LOG_NAME, describe_exit
 
@@ -128,11 +129,11 @@ class RunHandle:
             os.killpg(self.process.pid, signal.SIGKILL)
             return self.wait()
 
-    def new_events(self) -> list[dict]:
-        events, self._offset = self.run.read_events(self._offset)
+    def new_events(self) -> list[Event]:
+        events, self._offset = read_new(self.run.events_path, self._offset)
         return events
 
-    def follow(self, interval_s: float = 0.5) -> Iterator[dict]:
+    def follow(self, interval_s: float = 0.5) -> Iterator[Event]:
         """Yield events as they are written, until the supervisor exits (then the rest, then stop)."""
         while True:
             try:
@@ -152,7 +153,7 @@ class RunHandle:
             return
         state = "completed" if code == 0 else "killed"
         reason = describe_exit(code)
-        self.run.append_event("status", state=state, exit_code=code, reason=reason)
+        self.run.append_event(StatusEvent(state=state, exit_code=code, reason=reason))
         self.run.write_status(state=state, exit_code=code, error=None if code == 0 else reason)
 
 

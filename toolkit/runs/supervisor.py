@@ -16,6 +16,7 @@ import sys
 import time
 
 from toolkit.checkpoint.store import CheckpointStore
+from toolkit.runs.events import RestartEvent, StatusEvent
 from toolkit.runs.rundir import FINAL_STATES, RunDir
 
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
@@ -72,14 +73,15 @@ class Supervisor:
             reason = describe_exit(code)
             print(f"[supervisor] training died ({reason}); restart {restarts}/{self.max_restarts} "
                   f"from step {from_step}", file=sys.stderr, flush=True)
-            self.run.append_event("restart", restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
-                                  checkpoint=info.name if info else None, skipped=[s.name for s in skipped])
+            self.run.append_event(RestartEvent(restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
+                                               checkpoint=info.name if info else None,
+                                               skipped=[s.name for s in skipped]))
             self.run.write_status(state="running", restarts=self.run.read_status().get("restarts", 0) + 1,
                                   last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state")
         if code != 0 and (state not in FINAL_STATES or state == "completed"):
             final = "killed" if self.stopping or code < 0 else "failed"
-            self.run.append_event("status", state=final, exit_code=code, reason=describe_exit(code))
+            self.run.append_event(StatusEvent(state=final, exit_code=code, reason=describe_exit(code)))
             self.run.write_status(state=final, exit_code=code, error=describe_exit(code))
         return 0 if code == 0 else 1
 

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 
+from toolkit.runs.events import ErrorEvent
 from toolkit.runs.rundir import RunDir
 
 CONFIG_WAIT_S = 300.0  # a node's first process loads the config and the data index; a slow node may lag
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             if trainer is not None and trainer.sink is not None:
                 trainer.sink.fail(message)
             else:  # failed while building: no sink yet, but the run directory must still say why
-                run.append_event("error", message=message)
+                run.append_event(ErrorEvent(message=message))
                 run.write_status(state="failed", error=message)
         return 1
     finally:

@@ -10,11 +10,13 @@ import os
 import time
 
 from toolkit.fsio import atomic_write_text
-from toolkit.runs.rundir import EventLog, RunDir
+from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, ErrorEvent, EvalEvent, EventLog,
+                                 ProfileEvent, StatusEvent, TrainEvent)
+from toolkit.runs.rundir import RunDir
 
 STATUS_EVERY_S = 2.0  # status.json is for people and supervisors: refreshing it faster buys nothing
 
-# events.jsonl field -> TensorBoard tag
+# event field -> TensorBoard tag
 TRAIN_SCALARS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "perf/tokens_per_s",
                  "mfu": "perf/mfu", "data_wait_pct": "perf/data_wait_pct"}
 EVAL_SCALARS = {"val_loss": "eval/val_loss", "val_bpb": "eval/val_bpb"}
@@ -32,19 +34,19 @@ class MetricsSink:
     def start(self, lineage: dict, **facts) -> None:
         atomic_write_text(self.run.lineage_path, json.dumps(lineage, indent=1))
         self.run.write_status(state="running", pid=os.getpid(), started=time.time())
-        self.events.emit("status", state="running", **facts)
+        self.events.write(StatusEvent(state="running", **facts))
 
     def train(self, step: int, **values) -> None:
-        record = self.events.emit("train", step=step, **{k: _round(v) for k, v in values.items()})
+        event = self.events.write(TrainEvent(step=step, **{k: _round(v) for k, v in values.items()}))
         for key, tag in TRAIN_SCALARS.items():
-            self.tb.add_scalar(tag, record[key], step)
+            self.tb.add_scalar(tag, getattr(event, key), step)
         now = time.monotonic()
         if now - self._last_status >= STATUS_EVERY_S:
             self.run.write_status(step=step)
             self._last_status = now
 
     def eval(self, step: int, **values) -> None:
-        self.events.emit("eval", step=step, **{k: _round(v) for k, v in values.items()})
+        self.events.write(EvalEvent(step=step, **{k: _round(v) for k, v in values.items()}))
         for key, tag in EVAL_SCALARS.items():
             if key in values:
                 self.tb.add_scalar(tag, values[key], step)
@@ -53,23 +55,23 @@ class MetricsSink:
     def checkpoint(self, step: int, **figures) -> None:
         """A checkpoint was published and the steps it slowed are over (called from the training thread).
         lost_ms is its cost; blocking_ms the part of it spent standing still."""
-        record = self.events.emit("checkpoint", step=step, **{k: _round(v) for k, v in figures.items()})
+        event = self.events.write(CheckpointEvent(step=step, **{k: _round(v) for k, v in figures.items()}))
         for key in ("lost_ms", "blocking_ms", "persist_ms", "bytes"):
-            self.tb.add_scalar(f"checkpoint/{key}", record[key], step)
+            self.tb.add_scalar(f"checkpoint/{key}", getattr(event, key), step)
 
     def checkpoint_error(self, step: int, message: str) -> None:
-        self.events.emit("checkpoint_error", step=step, message=message)
+        self.events.write(CheckpointErrorEvent(step=step, message=message))
 
     def profile(self, summary: dict) -> None:
-        self.events.emit("profile", **summary)
+        self.events.write(ProfileEvent(**summary))
 
     def finish(self, result: dict) -> None:
-        self.events.emit("status", state="completed", **result)
+        self.events.write(StatusEvent(state="completed", **result))
         self.run.write_status(state="completed", step=result["step"], ended=time.time())
         self.tb.flush()
 
     def fail(self, error: str) -> None:
-        self.events.emit("error", message=error)
+        self.events.write(ErrorEvent(message=error))
         self.run.write_status(state="failed", error=error, ended=time.time())
 
     def close(self) -> None:
