@@ -159,3 +159,19 @@ def test_a_kind_that_is_not_an_event_class_is_refused_by_name(tmp_path):
 def test_a_writer_passing_a_field_the_schema_lacks_fails_at_once():
     with pytest.raises(TypeError, match="unexpected keyword argument 'los'"):
         TrainEvent(step=1, los=5.0, lr=1e-3, tokens_per_s=1.0, data_wait_pct=0.0, mfu=0.0, elapsed_s=1.0)
+
+
+def test_steady_state_averages_the_second_half_of_the_intervals():
+    from toolkit.runs.events import TrainEvent
+    from toolkit.train.metrics import steady_state
+
+    def interval(step, tokens_per_s, mfu, wait):
+        return TrainEvent(step=step, loss=1.0, lr=1e-3, tokens_per_s=tokens_per_s, data_wait_pct=wait, mfu=mfu,
+                          elapsed_s=float(step))
+
+    train = [interval(1, 10.0, 0.01, 50.0), interval(2, 90.0, 0.09, 9.0), interval(3, 100.0, 0.1, 1.0),
+             interval(4, 110.0, 0.11, 2.0)]
+    speed = steady_state(train)
+    assert (speed.tokens_per_s, round(speed.mfu, 3), speed.data_wait_pct_max, speed.intervals) == (105.0, 0.105, 2.0, 2)
+    assert steady_state(train[:1]).tokens_per_s == 10.0, "one interval is its own steady state"
+    assert steady_state([]) is None

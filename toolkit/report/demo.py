@@ -19,6 +19,7 @@ from toolkit.report import figures
 from toolkit.paths import PROJECT_ROOT
 from toolkit.runs.events import StatusEvent, TrainEvent, read_events
 from toolkit.runs.rundir import RunDir
+from toolkit.train.metrics import steady_state
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 OUTPUTS = PROJECT_ROOT / "outputs"
@@ -51,13 +52,12 @@ def run_summary(runs: Path) -> list[dict]:
         status, train = run.read_status(), read_events(run, TrainEvent)
         finals = read_events(run, StatusEvent)
         final = finals[-1] if finals else None
-        tail = train[len(train) // 2:] or train
+        speed = steady_state(train)
         rows.append({
             "run": path.name, "state": status.get("state"), "steps": status.get("step"),
             "val_bpb": final and final.val_bpb, "val_loss": final and final.val_loss,
             "train_s": final and final.train_seconds,
-            "tokens_per_s": sum(e.tokens_per_s for e in tail) / len(tail) if tail else None,
-            "mfu": sum(e.mfu for e in tail) / len(tail) if tail else None,
+            "tokens_per_s": speed and speed.tokens_per_s, "mfu": speed and speed.mfu,
         })
     return rows
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 
 from toolkit.fsio import atomic_write_text
 from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, ErrorEvent, EvalEvent, EventLog,
@@ -81,3 +82,27 @@ class MetricsSink:
 
 def _round(value):
     return round(value, 6) if isinstance(value, float) else value
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """A run's speed once start-up is behind it."""
+    tokens_per_s: float
+    """Mean of the logged intervals' tokens per second."""
+    mfu: float
+    """Mean model FLOPs utilisation, 0..1."""
+    data_wait_pct_max: float
+    """The worst interval's share of time spent waiting for data, percent."""
+    intervals: int
+    """How many logged intervals the figures average."""
+
+
+def steady_state(train: list[TrainEvent]) -> SteadyState | None:
+    """The figures of the second half of a run's logged intervals: the first half holds start-up (the first
+    steps' allocations and warm-up, the first checkpoint) and would understate a long run's speed."""
+    tail = train[len(train) // 2:]
+    if not tail:
+        return None
+    return SteadyState(tokens_per_s=sum(e.tokens_per_s for e in tail) / len(tail),
+                       mfu=sum(e.mfu for e in tail) / len(tail),
+                       data_wait_pct_max=max(e.data_wait_pct for e in tail), intervals=len(tail))
