@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     train = verbs.add_parser("train", help="train in the foreground with a progress bar")
-    train.add_argument("config", help="a YAML file, or the name of one in configs/ (e.g. tiny, demo)")
+    train.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo)")
     train.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                        help="override one config field (repeatable), e.g. --set train.max_steps=50")
     train.add_argument("--run-dir", help="run directory (default: <runs-root>/<name>-<timestamp>)")

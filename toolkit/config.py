@@ -326,7 +326,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (a path, or a name from configs/), apply overrides, validate."""
+    """Load a YAML config (a path, or the name of a built-in config), apply overrides, validate."""
     data: dict = {}
     if path is not None:
         file = resolve_config_path(path)
@@ -340,14 +340,22 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
     return from_dict(apply_overrides(data, overrides or []))
 
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Built-in configs are package data (pyproject's package-data), so a name resolves the same from a checkout, an
+# editable install or a wheel, whatever the current folder.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def builtin_config_names() -> list[str]:
+    """Names of the configs shipped with the package (``trainbook train <name>``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    """Accept a path, or a bare name such as 'tiny' that lives in configs/."""
+    """Accept a path to a YAML file, or the name of a built-in config such as 'tiny' (with or without .yaml)."""
     candidates = [Path(path), CONFIG_DIR / path, CONFIG_DIR / f"{path}.yaml"]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    shipped = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"config: {str(path)!r} is neither a file nor a shipped config; shipped: {shipped}")
+    shipped = ", ".join(builtin_config_names())
+    raise ConfigError(f"config: {str(path)!r} is neither a file nor a shipped config; shipped: {shipped} "
+                      "(built into the package); allowed: one of these names or a path to a YAML file")

@@ -30,17 +30,13 @@ from widgets.panel import Panel, plot_png, png_html
 from widgets.run_progress import render_card
 
 
-def _shipped_configs() -> list[str]:
-    return sorted(p.stem for p in config_mod.CONFIG_DIR.glob("*.yaml"))
-
-
 class TrainingPanel(Panel):
     def __init__(self, config: str = "demo", engine: str = "torch", nproc: int = 1, zero_stage: int = 0,
                  steps: int | None = None, checkpoint_every: int = 0, profile: bool = True,
                  overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
         super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
-        self.config = w.Dropdown(options=sorted({*_shipped_configs(), config}), value=config, description="config")
+        self.config = w.Dropdown(options=sorted({*config_mod.builtin_config_names(), config}), value=config, description="config")
         self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
         self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
