@@ -442,6 +442,15 @@ def main(argv: list[str] | None = None) -> int:
     user_errors = _user_errors()
     try:
         return args.func(args)
+    except ModuleNotFoundError as exc:  # a verb that needs an extra this install lacks (pip install . is core only)
+        from toolkit.extras import missing_extra_message
+
+        sub = getattr(args, f"{args.verb}_verb", None)  # data register, azure plan, workshop run, ...
+        message = missing_extra_message(exc, f"trainbook {args.verb}" + (f" {sub}" if sub else ""))
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
