@@ -15,6 +15,7 @@ import yaml
 
 from conftest import PROJECT
 from toolkit import config
+from toolkit.resources import drift
 
 
 def _normalise(requirement: str) -> str:
@@ -82,8 +83,6 @@ def test_the_azure_ml_upload_ignores_everything_git_ignores():
 
 
 def test_every_declared_package_is_locked():
-    from toolkit.resources import drift
-
     locked = drift.locked_versions(PROJECT / "constraints.txt")
     assert [name for name in drift.declared_packages(PROJECT / "environment.yml") if name not in locked] == []
     _, optional = _requirements()
@@ -118,12 +117,16 @@ def test_a_wheel_carries_the_built_in_configs_and_the_cli(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
                     str(wheel)], check=True, capture_output=True, timeout=300)
     elsewhere.mkdir()
-    probe = ("import toolkit, toolkit.config as c, toolkit.paths as p; "
-             "print(toolkit.__file__, c.resolve_config_path('tiny'), p.runs_root(), sep='\\n')")
+    probe = ("import toolkit, toolkit.config as c, toolkit.paths as p, toolkit.resources.drift as d; "
+             "print(toolkit.__file__, c.resolve_config_path('tiny'), p.runs_root(), p.in_checkout(), "
+             "' '.join(s.name for s in d.check_installed()), sep='\\n')")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60,
                          cwd=elsewhere, env={**{k: v for k, v in os.environ.items() if k != "TRAINBOOK_RUNS"},
                               "PYTHONPATH": str(site)}).stdout
-    package, tiny, runs = out.splitlines()
+    package, tiny, runs, in_checkout, doctor_packages = out.splitlines()
     assert package == str(site / "toolkit" / "__init__.py")
     assert tiny == str(site / "toolkit" / "configs" / "tiny.yaml")
     assert runs == str(elsewhere / "runs")
+    # The doctor's packages check has no environment.yml here: it checks the wheel's own core requirements.
+    assert in_checkout == "False"
+    assert doctor_packages.split() == [drift._requirement_name(req) for req in _requirements()[0]]

@@ -86,16 +86,21 @@ class DoctorReport:
 # --- checks -------------------------------------------------------------------------------------------------
 
 def check_packages(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit import paths
     from toolkit.resources import drift
 
-    states = drift.check()
+    in_checkout = paths.in_checkout()  # a wheel install has no environment.yml or constraints.txt to compare with
+    states = drift.check() if in_checkout else drift.check_installed()
     missing = [s.name for s in states if s.status == "missing"]
     drifted = [f"{s.name} {s.installed} (lock {s.locked})" for s in states if s.status == "drift"]
     details = {"packages": [asdict(s) | {"status": s.status} for s in states]}
     if missing:
-        return "fail", f"not installed: {', '.join(missing)} (run `make setup`)", details
+        fix = "run `make setup`" if in_checkout else "reinstall trainbook"
+        return "fail", f"not installed: {', '.join(missing)} ({fix})", details
     if drifted:
         return "warn", f"drift from constraints.txt: {'; '.join(drifted)}", details
+    if not in_checkout:
+        return "pass", f"{len(states)} core packages installed (a wheel install: no lock to compare with)", details
     return "pass", f"{len(states)} packages at their locked versions", details
 
 
