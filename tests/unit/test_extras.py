@@ -41,3 +41,14 @@ def test_a_missing_optional_package_names_its_extra(missing, extra):
 def test_a_missing_core_or_unknown_module_is_not_blamed_on_an_extra():
     for name in ("torch", "no_such_module", None):
         assert extras.missing_extra_message(ModuleNotFoundError("x", name=name), "trainbook train") is None
+
+
+def test_importing_the_widgets_without_the_notebook_extra_names_it(monkeypatch):
+    import importlib
+    import sys
+
+    import widgets
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # how a core-only install looks to an import
+    with pytest.raises(ModuleNotFoundError, match=r"^import widgets needs ipywidgets .*pip install 'trainbook\[notebook\]'"):
+        importlib.reload(widgets)
