@@ -110,9 +110,11 @@ def test_each_limit_itself_is_accepted():
 @pytest.mark.parametrize("body, message", [
     ('{"prompt": "x", "max_new_tokens": 513}', "max_new_tokens: 513 is not allowed; allowed: an integer from 1 to 512"),
     ('{"prompt": "x", "top_k": -1}', "top_k: -1 is not allowed; allowed: an integer from 0 to 256"),
-    ('{"prompt": "x", "temperature": "hot"}', "temperature: 'hot' is not allowed; allowed: a number from 0 (greedy) to 5"),
+    ('{"prompt": "x", "temperature": "hot"}',
+     "temperature: 'hot' is not allowed; allowed: a number from 0 (greedy) to 5"),
     ('{"prompt": ""}', "prompt: empty; allowed: a string of 1 to 4,096 UTF-8 bytes"),
-    ('{"prompt": "' + "é" * 2049 + '"}', "prompt: 4,098 bytes is over the limit; allowed: a string of 1 to 4,096 UTF-8 bytes"),
+    ('{"prompt": "' + "é" * 2049 + '"}',
+     "prompt: 4,098 bytes is over the limit; allowed: a string of 1 to 4,096 UTF-8 bytes"),
     ('{"prompt": "x", "top_k": "' + "y" * 5000 + '"}',
      "top_k: '" + "y" * 39 + "… (5,000 characters) is not allowed"),
     ('{"task": "translate", "text": "x"}', "task: 'translate' is not allowed; allowed: generate, score"),
