@@ -54,7 +54,7 @@ def reference_runs(tmp_path_factory):
 
 
 GOLDEN = [
-    pytest.param((), id="torch-1"),
+    pytest.param((), id="torch-1", marks=pytest.mark.smoke),
     pytest.param(("--nproc", "2"), id="torch-ddp-2", marks=pytest.mark.slow),
     pytest.param(("--engine", "deepspeed"), id="deepspeed-1", marks=pytest.mark.slow),
     pytest.param(("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=2"), id="deepspeed-zero2-2",
