@@ -113,9 +113,10 @@ def test_a_run_is_advised_on_its_measured_checkpoints_only_and_without_a_pace_wh
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     for step, lost in ((10, None), (20, 2000.0), (30, 4000.0)):  # the first from before lost_ms was recorded
-        run.append_event("checkpoint", step=step, blocking_ms=3.0, persist_ms=500.0,
-                         **({} if lost is None else {"lost_ms": lost}))
-    run.append_event("train", step=10, elapsed_s=5.0)  # one train event: no step time to convert with
+        run.append_event(CheckpointEvent(path=f"step_{step:08d}", bytes=1, deleted=[], step=step, blocking_ms=3.0,
+                                         persist_ms=500.0, lost_ms=lost))
+    run.append_event(TrainEvent(step=10, elapsed_s=5.0, loss=4.0, lr=1e-3, tokens_per_s=1.0, data_wait_pct=0.0,
+                                mfu=0.0))  # one train event: no step time to convert with
     advice = advise_for_run(run.path, mtbf_s=3600.0)
     assert advice.cost_basis == "lost" and advice.cost_s == pytest.approx(3.0)
     assert advice.persist_s == pytest.approx(0.5) and advice.step_time_s is None and advice.interval_steps is None
