@@ -33,8 +33,10 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
+# The unit tier, then the smoke tests (the journey once: train, kill and resume, export and serve): ~100 s of CPU.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/e2e -m smoke
 
 bench: $(STAMP)
 	$(PY) bench/bench_training.py

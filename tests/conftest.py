@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import select
 import signal
 import subprocess
@@ -29,6 +30,27 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace."""
     monkeypatch.setenv("TRAINBOOK_WORKSPACE", str(tmp_path / "workspace"))
+
+
+SEED_ENV = "TRAINBOOK_TEST_SEED"
+
+
+@pytest.fixture
+def rng(request, record_property) -> random.Random:
+    """The one source of randomness for tests that draw kill points, delays or inputs: seeded from
+    $TRAINBOOK_TEST_SEED, or from a fresh seed, printed with the test's id so that a failure's report (its
+    captured setup output) says how to replay it."""
+    raw = os.environ.get(SEED_ENV, "")
+    if raw.strip():
+        if not raw.strip().isdigit():
+            raise pytest.UsageError(f"{SEED_ENV}: {raw!r} is not allowed; allowed: a non-negative integer")
+        seed = int(raw)
+    else:
+        seed = random.SystemRandom().randrange(2**32)
+    record_property("seed", seed)
+    print(f"{request.node.nodeid}: random seed {seed}; replay with {SEED_ENV}={seed} python -m pytest "
+          f"'{request.node.nodeid}'")
+    return random.Random(seed)
 
 
 @pytest.fixture

@@ -292,8 +292,9 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError("engine.launcher: 'deepspeed' needs engine.name='deepspeed'; allowed: 'auto', 'torchrun'")
 
 
-def from_dict(data: dict) -> Config:
-    cfg = _build(Config, data or {}, "")
+def from_dict(data: dict | None) -> Config:
+    # None (an empty YAML document) is all defaults; any other non-mapping, [] or '' included, is refused
+    cfg = _build(Config, {} if data is None else data, "")
     _check_relations(cfg)
     return cfg
 
@@ -331,9 +332,11 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
     if path is not None:
         file = resolve_config_path(path)
         try:
-            data = yaml.safe_load(file.read_text()) or {}
+            data = yaml.safe_load(file.read_text())
         except yaml.YAMLError as exc:
             raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+        if data is None:
+            data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"{file}: expected a mapping of sections at the top level")
         data.setdefault("name", file.stem)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import statistics
 import uuid
@@ -55,7 +54,7 @@ def reference_runs(tmp_path_factory):
 
 
 GOLDEN = [
-    pytest.param((), id="torch-1"),
+    pytest.param((), id="torch-1", marks=pytest.mark.smoke),
     pytest.param(("--nproc", "2"), id="torch-ddp-2", marks=pytest.mark.slow),
     pytest.param(("--engine", "deepspeed"), id="deepspeed-1", marks=pytest.mark.slow),
     pytest.param(("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=2"), id="deepspeed-zero2-2",
@@ -64,8 +63,8 @@ GOLDEN = [
 
 
 @pytest.mark.parametrize("flags", GOLDEN)
-def test_golden_losses_after_sigkill_and_automatic_restart(tmp_path, reference_runs, flags):
-    kill_at = random.Random().randint(EVERY + 1, STEPS - 1)  # a random step, past the first checkpoint
+def test_golden_losses_after_sigkill_and_automatic_restart(tmp_path, reference_runs, flags, rng):
+    kill_at = rng.randint(EVERY + 1, STEPS - 1)  # a random step, past the first checkpoint
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *CKPT, *flags,
                "--set", f"fault.kill_at_step={kill_at}", "--max-restarts", "1")
     assert proc.returncode == 0, f"kill at {kill_at}: {proc.stderr[-3000:]}"
@@ -78,13 +77,13 @@ def test_golden_losses_after_sigkill_and_automatic_restart(tmp_path, reference_r
     assert_log_matches(run, reference_runs(flags))
 
 
-def test_external_sigkill_then_resume_command(tmp_path, reference_runs):
+def test_external_sigkill_then_resume_command(tmp_path, reference_runs, rng):
     # a tiny step takes ~7 ms; sleeping 20 ms in each step after the first checkpoint leaves the follower
     # (which reads every 50 ms) time to kill before the end. Sleeps change no loss.
     handle = launch.train("tiny", ["checkpoint.every_steps=10", "train.log_every=1", "train.eval_every=20",
                                    "train.max_steps=40", f"fault.slow_steps_after_checkpoint={EVERY}",
                                    "fault.slow_step_ms=20"], run_dir=tmp_path / "r")
-    target = random.Random().randint(EVERY + 2, STEPS - 8)
+    target = rng.randint(EVERY + 2, STEPS - 8)
     published = False  # checkpoints are written in the background: a kill before the event loses that one
     for event in handle.follow(interval_s=0.05):
         published = published or isinstance(event, CheckpointEvent)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import select
 import shutil
 import signal
@@ -236,18 +235,16 @@ def _re_exports(source: Path, run: RunDir, tags: list[str]) -> tuple[list[tuple[
     return children, time.monotonic()
 
 
-def test_exports_killed_at_random_points_leave_model_absent_or_complete(trained, tmp_path):
+def test_exports_killed_at_random_points_leave_model_absent_or_complete(trained, tmp_path, rng):
     """SIGKILL after seeded random delays: one real `trainbook export` anywhere in its build, then 16 re-exports
     anywhere in staging, copying, fsync, swap and removal of the previous folder (the window is measured on one
     re-export first). After every kill model/ is absent (no export has completed yet) or passes the model-folder
     check, and beside it are only hidden staging folders; at the end a real export completes, verifies, and has
     removed every leftover."""
-    seed = int(os.environ.get("TRAINBOOK_CRASH_SEED", "20261123"))
-    rng = random.Random(seed)
     run = _copy(trained, tmp_path / "run")
     known = {p.name for p in run.path.iterdir()}
     source = export_run(run.path, out=tmp_path / "source").path  # real files for the re-export children
-    log, completed = [f"seed {seed} (set TRAINBOOK_CRASH_SEED to replay)"], False
+    log, completed = ["(the seed to replay is in the captured setup output)"], False
 
     delay = rng.uniform(0, 6)
     child, pidfd = _start(["-m", "toolkit", "export", str(run.path)])

@@ -58,6 +58,7 @@ def generate(endpoint, **body):
     return call(endpoint.scoring_url, {"prompt": "def ", "max_new_tokens": 8, **body}, endpoint.headers())
 
 
+@pytest.mark.smoke
 def test_generation_and_scoring_follow_the_contract(endpoint):
     status, answer = generate(endpoint, max_new_tokens=20, temperature=0.8, top_k=20, seed=7)
     assert status == 200 and answer["task"] == "generate" and answer["new_tokens"] == 20

@@ -39,6 +39,7 @@ def assert_run_contract(run: RunDir, steps: int) -> list[dict]:
     return train
 
 
+@pytest.mark.smoke
 def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
     proc, run = train_tiny("--set", "train.log_every=2", "--set", "profile.enabled=true",
                            "--set", "profile.wait=1", "--set", "profile.warmup=1", "--set", "profile.active=2")

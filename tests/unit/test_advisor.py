@@ -1,5 +1,7 @@
 """The interval advisor: Young/Daly with C = the training time a checkpoint loses."""
 
+import math
+
 import pytest
 
 from toolkit.report import plots
@@ -73,3 +75,48 @@ def test_a_run_from_before_lost_time_falls_back_to_blocking_and_says_so(tmp_path
 def test_a_run_without_checkpoints_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match="has no checkpoint events"):
         advise_for_run(_run_with_checkpoints(tmp_path, []).path, mtbf_s=3600.0)
+
+
+def test_a_checkpoint_costing_half_the_mtbf_or_more_is_advised_once_per_mtbf_or_per_checkpoint():
+    # outside Daly's first-order range (C >= M / 2) the interval is M; never shorter than a checkpoint takes
+    assert advise(cost_s=10.0, mtbf_s=20.0, restart_s=0.0).interval_s == 20.0
+    assert advise(cost_s=30.0, mtbf_s=20.0, restart_s=0.0).interval_s == 30.0
+    assert advise(cost_s=9.99, mtbf_s=20.0, restart_s=0.0).interval_s == pytest.approx(math.sqrt(2 * 9.99 * 20) - 9.99)
+
+
+def test_interval_in_steps_rounds_and_is_at_least_one():
+    assert advise(cost_s=1.0, mtbf_s=20_000.0, step_time_s=0.3).interval_steps == 663  # 199 / 0.3 = 663.3
+    assert advise(cost_s=1.0, mtbf_s=20_000.0, step_time_s=1000.0).interval_steps == 1
+    assert advise(cost_s=1.0, mtbf_s=20_000.0).interval_steps is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"restart_s": -0.5}, "restart_s: -0.5 is not allowed; allowed: 0 or more seconds"),
+    ({"restart_s": float("nan")}, "restart_s: nan is not allowed"),
+    ({"persist_s": float("nan")}, "persist_s: nan is not allowed"),
+    ({"cost_s": float("nan")}, "cost_s: nan is not allowed; allowed: a positive number of seconds"),
+    ({"mtbf_s": 0.0}, "mtbf_s: 0.0 is not allowed"),
+])
+def test_bad_times_are_refused_not_turned_into_nan_advice(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        advise(**{"cost_s": 1.0, "mtbf_s": 3600.0, **kwargs})
+
+
+@pytest.mark.parametrize("seconds, shown", [(119.9, "119.9 s"), (120.0, "2.0 min"), (7199.0, "120.0 min"),
+                                            (7200.0, "2.0 h")])
+def test_summary_picks_the_unit_of_the_interval(seconds, shown):
+    advice = advise(cost_s=0.001, mtbf_s=1000.0, persist_s=seconds)  # the persist time sets the interval here
+    assert advice.summary().startswith(f"checkpoint every {shown}:"), advice.summary()
+
+
+def test_a_run_is_advised_on_its_measured_checkpoints_only_and_without_a_pace_when_it_has_none(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    for step, lost in ((10, None), (20, 2000.0), (30, 4000.0)):  # the first from before lost_ms was recorded
+        run.append_event(CheckpointEvent(path=f"step_{step:08d}", bytes=1, deleted=[], step=step, blocking_ms=3.0,
+                                         persist_ms=500.0, lost_ms=lost))
+    run.append_event(TrainEvent(step=10, elapsed_s=5.0, loss=4.0, lr=1e-3, tokens_per_s=1.0, data_wait_pct=0.0,
+                                mfu=0.0))  # one train event: no step time to convert with
+    advice = advise_for_run(run.path, mtbf_s=3600.0)
+    assert advice.cost_basis == "lost" and advice.cost_s == pytest.approx(3.0)
+    assert advice.persist_s == pytest.approx(0.5) and advice.step_time_s is None and advice.interval_steps is None

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from toolkit.deploy.serving.protocol import (MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, MAX_TEXT_BYTES,
-                                      GenerateRequest, RequestError, ScoreRequest, parse)
+                                      GenerateRequest, RequestError, ScoreRequest, body_too_large, parse)
 
 HUGE = "9" * 5000  # past Python's 4,300-digit int conversion limit
 
@@ -93,3 +93,62 @@ def test_an_oversized_body_is_413_and_good_bodies_still_parse():
     assert parse(b'{"prompt": "\\ud83d\\ude00", "seed": 0}') == GenerateRequest("😀".encode(), 64, 1.0, 0, 0)
     assert parse(b'{"task": "score", "text": "x"}') == ScoreRequest(b"x")
     assert parse(b'{"prompt": "x", "temperature": 0, "seed": null, "top_k": 256}').top_k == 256
+
+
+def test_each_limit_itself_is_accepted():
+    # the refusals above start one past each limit; the limit must still be a valid request
+    limits = parse(json.dumps({"prompt": "é" * (MAX_PROMPT_BYTES // 2), "max_new_tokens": MAX_NEW_TOKENS,
+                               "temperature": 5, "top_k": 0, "seed": 2**63 - 1}).encode())
+    assert limits == GenerateRequest("é".encode() * (MAX_PROMPT_BYTES // 2), MAX_NEW_TOKENS, 5.0, 0, 2**63 - 1)
+    assert type(limits.temperature) is float
+    assert parse(json.dumps({"prompt": "x", "max_new_tokens": 1}).encode()).max_new_tokens == 1
+    assert parse(json.dumps({"task": "score", "text": "x" * MAX_TEXT_BYTES}).encode()).text == b"x" * MAX_TEXT_BYTES
+    body = b'{"prompt": "x"' + b" " * (MAX_BODY_BYTES - 15) + b"}"
+    assert len(body) == MAX_BODY_BYTES and parse(body).prompt == b"x"
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{"prompt": "x", "max_new_tokens": 513}', "max_new_tokens: 513 is not allowed; allowed: an integer from 1 to 512"),
+    ('{"prompt": "x", "top_k": -1}', "top_k: -1 is not allowed; allowed: an integer from 0 to 256"),
+    ('{"prompt": "x", "temperature": "hot"}',
+     "temperature: 'hot' is not allowed; allowed: a number from 0 (greedy) to 5"),
+    ('{"prompt": ""}', "prompt: empty; allowed: a string of 1 to 4,096 UTF-8 bytes"),
+    ('{"prompt": "' + "é" * 2049 + '"}',
+     "prompt: 4,098 bytes is over the limit; allowed: a string of 1 to 4,096 UTF-8 bytes"),
+    ('{"prompt": "x", "top_k": "' + "y" * 5000 + '"}',
+     "top_k: '" + "y" * 39 + "… (5,000 characters) is not allowed"),
+    ('{"task": "translate", "text": "x"}', "task: 'translate' is not allowed; allowed: generate, score"),
+    ('{"task": "score", "text": "x", "prompt": "y"}', "prompt: unknown field for task 'score'; allowed: task, text"),
+    ('{"text": "x"}', "text: unknown field for task 'generate'; allowed: max_new_tokens, prompt, seed, task, "
+                      "temperature, top_k"),
+    ('{"max_new_tokens": 8}', "prompt: None is not allowed; allowed: a string of 1 to 4,096 UTF-8 bytes"),
+    ('{"task": "score"}', "text: None is not allowed; allowed: a string of 1 to 16,384 UTF-8 bytes"),
+    ("{}", "prompt: None is not allowed"),
+    ("[]", "body: a JSON array; allowed: a JSON object"),
+    ("true", "body: a JSON boolean; allowed"),
+    ("4.5", "body: a JSON number; allowed"),
+    ('{"prompt": "x",\n "seed": }', "body: not valid JSON (Expecting value at line 2 column 10); allowed: a JSON "
+                                   "object"),
+    ('{"prompt": "x"} {}', "body: not valid JSON (Extra data at line 1 column 17)"),
+    ('{"a": [], "a": 1}', "a: given twice; allowed: each field once"),
+])
+def test_a_refusal_says_exactly_what_was_wrong(body, message):
+    assert message in str(refusal(body)), str(refusal(body))
+
+
+def test_a_missing_field_takes_its_default_and_an_explicit_default_is_the_same():
+    defaults = parse(b'{"prompt": "x"}')
+    assert defaults == GenerateRequest(b"x", 64, 1.0, 0, None)
+    assert parse(b'{"task": "generate", "prompt": "x", "max_new_tokens": 64, "temperature": 1.0, "top_k": 0, '
+                 b'"seed": null}') == defaults
+    assert parse(b' \n\t{"prompt": "x"}\r\n ') == defaults, "whitespace around the object is JSON"
+
+
+@pytest.mark.parametrize("size, message", [
+    (MAX_BODY_BYTES + 1, f"body: {MAX_BODY_BYTES + 1:,} bytes is over the limit; allowed: up to {MAX_BODY_BYTES:,}"),
+    ("70000", "body: 70,000 bytes is over the limit"),
+    ("9" * 41, "body: a 41-digit number is over the limit"),
+])
+def test_an_oversized_body_is_one_413_whoever_notices_it(size, message):
+    error = body_too_large(size)
+    assert error.status == 413 and str(error).startswith(message), str(error)

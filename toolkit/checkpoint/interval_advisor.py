@@ -78,7 +78,7 @@ def advise(cost_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: floa
         if not value > 0:
             raise ValueError(f"{name}: {value!r} is not allowed; allowed: a positive number of seconds")
     for name, value in (("persist_s", persist_s), ("restart_s", restart_s)):
-        if value < 0:
+        if not value >= 0:  # NaN too: it would make every figure of the advice NaN
             raise ValueError(f"{name}: {value!r} is not allowed; allowed: 0 or more seconds")
     young_daly = math.sqrt(2 * cost_s * mtbf_s) - cost_s if cost_s < mtbf_s / 2 else mtbf_s
     interval = max(young_daly, persist_s, cost_s)

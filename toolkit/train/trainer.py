@@ -50,6 +50,15 @@ def lr_at(step: int, optim, max_steps: int) -> float:
     return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def time_budget_horizon(step: int, seconds: float, train) -> int:
+    """Project the step at which train.max_seconds runs out from the pace so far (``step`` steps in ``seconds``),
+    so the cosine decay ends when the time budget does (a schedule cut off half-way leaves the loss well above
+    what the budget allows). e.g. 300 steps in 45 s with a 180 s budget -> the schedule ends at step 1,200.
+    Never past train.max_steps, never at or before the step just taken."""
+    projected = round(step * train.max_seconds / seconds)
+    return max(step + 1, min(train.max_steps, projected))
+
+
 def default_threads(cfg) -> int:
     """Share the cores between the processes on this machine, so two ranks do not fight over one core."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -150,7 +159,7 @@ class Trainer:
                     )
                 if cfg.train.max_seconds:
                     last = last or agreed_seconds >= cfg.train.max_seconds
-                    self.horizon = self._time_budget_horizon(agreed_seconds)
+                    self.horizon = time_budget_horizon(self.step, agreed_seconds, cfg.train)
             # Logging happens every log_every steps, checkpoints usually on one of them: keep it out of the
             # step time that checkpoint costs are measured from, as evaluation is.
             log_seconds = time.perf_counter() - log_start
@@ -210,13 +219,6 @@ class Trainer:
         self.horizon = trainer["horizon"] if self.cfg.train.max_seconds else self.cfg.train.max_steps
         self.checkpointer.last_saved_seconds = self.train_seconds
         return {"resumed_from": info.name, "resumed_step": self.step}
-
-    def _time_budget_horizon(self, seconds: float) -> int:
-        """Project the step at which max_seconds runs out from the pace so far, so the cosine decay ends when
-        the time budget does (a schedule cut off half-way leaves the loss well above what the budget allows).
-        e.g. 300 steps in 45 s with a 180 s budget -> the schedule ends at step 1,200."""
-        projected = round(self.step * self.cfg.train.max_seconds / seconds)
-        return max(self.step + 1, min(self.cfg.train.max_steps, projected))
 
     # --- components -----------------------------------------------------------------------------------------
 
