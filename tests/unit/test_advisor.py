@@ -120,3 +120,10 @@ def test_a_run_is_advised_on_its_measured_checkpoints_only_and_without_a_pace_wh
     advice = advise_for_run(run.path, mtbf_s=3600.0)
     assert advice.cost_basis == "lost" and advice.cost_s == pytest.approx(3.0)
     assert advice.persist_s == pytest.approx(0.5) and advice.step_time_s is None and advice.interval_steps is None
+
+
+def test_the_formula_text_is_true_outside_the_first_order_range():
+    once_per_mtbf = advise(cost_s=600.0, mtbf_s=1000.0)
+    assert "sqrt" not in once_per_mtbf.formula and once_per_mtbf.formula.endswith("T = M = 1,000.0 s")
+    costlier = advise(cost_s=3000.0, mtbf_s=2000.0, persist_s=10.0)  # a checkpoint outlasts the MTBF
+    assert costlier.interval_s == 3000.0 and costlier.formula.endswith("raised to the checkpoint cost 3,000.0 s")

@@ -84,9 +84,14 @@ def advise(cost_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: floa
     interval = max(young_daly, persist_s, cost_s)
     lost = interval / 2 + restart_s
     overhead = overhead_pct(interval, cost_s, mtbf_s, restart_s)
-    formula = (f"T = sqrt(2 C M) - C = sqrt(2 x {cost_s:.4g} s x {mtbf_s:,.0f} s) - {cost_s:.4g} s "
-               f"= {young_daly:,.1f} s" + (f"; raised to the persist time {persist_s:,.1f} s" if interval > young_daly
-                                          else ""))
+    if cost_s < mtbf_s / 2:
+        formula = (f"T = sqrt(2 C M) - C = sqrt(2 x {cost_s:.4g} s x {mtbf_s:,.0f} s) - {cost_s:.4g} s "
+                   f"= {young_daly:,.1f} s")
+    else:  # outside the first-order form's range: checkpoint once per MTBF
+        formula = f"C = {cost_s:.4g} s is at least half the MTBF M = {mtbf_s:,.0f} s: T = M = {young_daly:,.1f} s"
+    if interval > young_daly:  # whichever of the two raised it
+        formula += (f"; raised to the persist time {persist_s:,.1f} s" if persist_s >= cost_s
+                    else f"; raised to the checkpoint cost {cost_s:,.1f} s")
     steps = max(1, round(interval / step_time_s)) if step_time_s else None
     return Advice(cost_s, persist_s, mtbf_s, restart_s, interval, steps, lost, overhead, formula, step_time_s,
                   cost_basis, blocking_s)
