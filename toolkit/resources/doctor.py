@@ -199,7 +199,7 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
     def check(ctx: DoctorContext) -> tuple[str, str, dict]:
         """A real run of the tiny config for a few steps, in its own process, as training would start."""
         from toolkit import config as config_mod
-        from toolkit.runs.launch import worker_command
+        from toolkit.runs.launchers import worker_command
         from toolkit.runs.rundir import RunDir
 
         cfg = config_mod.load("tiny", [f"engine.name={engine}", f"train.max_steps={ENGINE_STEPS}",
