@@ -120,7 +120,9 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
 
 
 def _completed_hint(run: RunDir, status: dict, store: CheckpointStore) -> str:
+    import shlex
+
     checkpoints = [p.name for p in store.published()]
-    again = (f"; to train it again from a checkpoint: trainbook resume {run.path} --from CHECKPOINT (here: "
-             f"{', '.join(checkpoints)})" if checkpoints else "")
+    again = (f"; to train it again from a checkpoint: trainbook resume {shlex.quote(str(run.path))} --from "
+             f"CHECKPOINT (here: {', '.join(checkpoints)})" if checkpoints else "")
     return f"{run.path} has completed at step {status.get('step')}: nothing to resume, nothing changed{again}"
