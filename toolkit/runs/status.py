@@ -88,9 +88,10 @@ def update(run, **fields) -> dict:
 
 @contextlib.contextmanager
 def _locked(run):
-    """Hold ``status.lock`` for one read-check-write (milliseconds). O_NOFOLLOW: a run directory may be a copy from
-    elsewhere, and a planted link must not make us create or lock a file outside it."""
-    fd = os.open(run.path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    """Hold ``status.lock`` for one read-check-write (milliseconds)."""
+    from toolkit.runs.run_lock import open_lock_file
+
+    fd = open_lock_file(run.path / LOCK_NAME)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
