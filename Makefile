@@ -9,11 +9,12 @@ PIP_QUIET := --quiet --disable-pip-version-check
 
 setup: $(STAMP)
 
-# One pip command: the project (editable) with its dependencies, every version fixed by constraints.txt
+# One pip command: the project (editable) with every extra (.[all]: serve, azure, notebook, test), every version
+# fixed by constraints.txt
 # (torch==2.13.0 is the CPU build found on this machine; anything else pulls several GB of CUDA wheels).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e . > $(VENV)/pip.log 2>&1 \
+	$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e ".[all]" > $(VENV)/pip.log 2>&1 \
 	  || { grep -v "is ignored: it is neither" $(VENV)/pip.log | tail -40; exit 1; }
 	$(PY) -c "import torch, deepspeed, papermill, toolkit" # fail here, not in the middle of a demo
 	# DeepSpeed compiles its shared-memory comm op on first use (~35 s, cached in .venv/torch_extensions):

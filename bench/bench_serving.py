@@ -16,20 +16,20 @@ round (A B A B ...), and ratios are medians of per-round ratios with their range
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolkit.deploy.export import export_run  # noqa: E402
 from toolkit.deploy.serving.endpoint import serve  # noqa: E402
+from toolkit.deploy.serving.load_test import Client, latencies_s, percentile_ms, request_body, throughput  # noqa: E402
+from toolkit.deploy.serving.options import ServingOptions  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -45,53 +45,12 @@ def train_and_export(tmp: Path) -> Path:
     return export_run(run).path
 
 
-def body(tokens: int, seed: int) -> bytes:
-    return json.dumps({"prompt": "def ", "max_new_tokens": tokens, "temperature": 0.8, "top_k": 40,
-                       "seed": seed}).encode()
-
-
-class Client:
-    """One client with a kept-alive connection, as a real client library (requests.Session) would hold: the
-    benchmark measures the endpoint, not TCP set-up."""
-
-    def __init__(self, endpoint):
-        host, port = endpoint.url.removeprefix("http://").split(":")
-        self.connection = http.client.HTTPConnection(host, int(port), timeout=120)
-        self.headers = endpoint.headers()
-
-    def __call__(self, data: bytes) -> float:
-        t0 = time.perf_counter()
-        self.connection.request("POST", "/score", body=data, headers=self.headers)
-        response = self.connection.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}")
-        return time.perf_counter() - t0
-
-    def close(self) -> None:
-        self.connection.close()
+def body(tokens: int) -> Callable[[int], bytes]:
+    return lambda seed: request_body("def ", tokens, seed, temperature=0.8, top_k=40)
 
 
 def latencies(call, n: int, tokens: int) -> list[float]:
-    return [call(body(tokens, i)) for i in range(n)]
-
-
-def throughput(endpoint, clients: int, tokens: int, per_client: int) -> float:
-    """Requests per second with ``clients`` threads each sending ``per_client`` requests back to back."""
-    def client(c):
-        call = Client(endpoint)
-        for i in range(per_client):
-            call(body(tokens, c * 1000 + i))
-        call.close()
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(client, range(clients)))
-    return clients * per_client / (time.perf_counter() - t0)
-
-
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000 if len(values) > 1 else values[0]
+    return latencies_s(call, n, body(tokens))
 
 
 def ratio_summary(pairs: list[tuple[float, float]]) -> str:
@@ -113,7 +72,7 @@ def main() -> int:
             ("torch", 16): serve(model, runtime="torch", max_batch=16, name="torch-b16", workspace=tmp / "ws"),
             ("onnx", 1): serve(model, runtime="onnx", max_batch=1, name="onnx-b1", workspace=tmp / "ws"),
         }
-        direct = ScoringService(model, runtime="onnx", max_batch=16, max_wait_ms=5)
+        direct = ScoringService(model, ServingOptions(runtime="onnx", max_batch=16, max_wait_ms=5))
 
         def direct_call(data: bytes) -> float:
             t0 = time.perf_counter()
@@ -140,8 +99,8 @@ def main() -> int:
                 single["torch"] += latencies(callers["torch", 16], args.singles, args.tokens)
                 for clients in CLIENTS:
                     for rt in ("onnx", "torch"):
-                        rps[rt, clients].append(throughput(endpoints[rt, 16], clients, args.tokens, 4))
-                unbatched = throughput(endpoints["onnx", 1], 16, args.tokens, 4)
+                        rps[rt, clients].append(throughput(endpoints[rt, 16], clients, 4, body(args.tokens)))
+                unbatched = throughput(endpoints["onnx", 1], 16, 4, body(args.tokens))
                 batched_pairs.append((rps["onnx", 16][-1], unbatched))
                 print(f"round {r + 1}/{args.rounds} done", flush=True)
         finally:
@@ -153,7 +112,7 @@ def main() -> int:
     for name, label in (("onnx", "HTTP, ONNX Runtime"), ("torch", "HTTP, eager torch"),
                         ("direct", "in-process, ONNX")):
         values = single[name]
-        print(f"{label:<22} {pct(values, 50):>8.1f} {pct(values, 95):>8.1f} {pct(values, 99):>8.1f}")
+        print(f"{label:<22} {percentile_ms(values, 50):>8.1f} {percentile_ms(values, 95):>8.1f} {percentile_ms(values, 99):>8.1f}")
     print(f"\n{'requests/s':<22} " + " ".join(f"{f'{c} client' + ('s' if c > 1 else ''):>11}" for c in CLIENTS))
     for rt, label in (("onnx", "ONNX Runtime"), ("torch", "eager torch")):
         print(f"{label:<22} " + " ".join(f"{statistics.median(rps[rt, c]):>11.1f}" for c in CLIENTS))

@@ -33,7 +33,7 @@ def private_workspace(tmp_path, monkeypatch):
 
 @pytest.fixture
 def train_tiny(tmp_path):
-    """Train configs/tiny.yaml through the CLI with extra flags; return (process, RunDir)."""
+    """Train the built-in tiny config through the CLI with extra flags; return (process, RunDir)."""
 
     def run(*flags: str, name: str = "run") -> tuple[subprocess.CompletedProcess, RunDir]:
         run_dir = tmp_path / name

@@ -1,4 +1,4 @@
-"""The model every endpoint test serves: configs/tiny.yaml trained briefly and exported, once per test session
+"""The model every endpoint test serves: the built-in tiny config trained briefly and exported, once per test session
 (the tests that start endpoints share it instead of training one each)."""
 
 from __future__ import annotations

@@ -1,11 +1,21 @@
-"""Trainbook's library: config, training launch, run directories, TensorBoard, profiling.
+"""Trainbook's library. The public API, for notebooks and scripts (everything else may move between releases):
 
-Kept import-light: heavy modules (torch, deepspeed, tensorboard, azure.ai.ml) load inside the functions
-that need them, so ``import toolkit`` stays fast in a notebook kernel.
+    cfg = toolkit.load_config("demo", ["train.max_steps=200"])   # a built-in config or a YAML path, plus overrides
+    handle = toolkit.start_run(cfg)                              # supervisor + training processes; handle.follow()
+    handle = toolkit.resume("runs/demo-...")                     # from the newest valid checkpoint
+    run = toolkit.open_run("runs/demo-...")                      # its status, events, checkpoints, config
+    ws = toolkit.open_workspace(); toolkit.register_data(ws, "corpus", "data/corpus.txt", "uri_file")
+    toolkit.export_run(run.path); toolkit.register_model(ws, "runs/demo-.../export")
+    with toolkit.serve("demo") as endpoint: endpoint.request({"prompt": "def "})
+    toolkit.plan_job(cfg, compute="gpu", sku="Standard_NC24ads_A100_v4", instance_count=2)
+
+Kept import-light: each name loads its module on first use, and heavy modules (torch, deepspeed, tensorboard,
+azure.ai.ml) load inside the functions that need them, so ``import toolkit`` stays fast in a notebook kernel.
 """
 
 __version__ = "0.1.0"
 
+import importlib as _importlib
 import os as _os
 import sys as _sys
 
@@ -13,3 +23,38 @@ import sys as _sys
 # Python environment of the user: two checkouts (or CI's clone) then invalidate each other's build and each
 # recompiles (~35 s). One cache per environment; `make setup` fills it.
 _os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
+
+# public name -> "module:attribute" (the one list the README's table and the tests read). No name may be a
+# subpackage's ("train", "data", ...): importing toolkit.train.trainer sets toolkit.train to the package.
+PUBLIC_API = {
+    "load_config": "toolkit.config:load",
+    "start_run": "toolkit.runs.launch:start",
+    "resume": "toolkit.runs.launch:resume",
+    "open_run": "toolkit.runs.rundir:RunDir",
+    "list_runs": "toolkit.runs.run_index:list_runs",
+    "start_tensorboard": "toolkit.runs.tensorboard:start_tensorboard",
+    "advise_checkpoint_interval": "toolkit.checkpoint.interval_advisor:advise_for_run",
+    "open_workspace": "toolkit.catalogue.workspace:Workspace.open",
+    "register_data": "toolkit.catalogue.data_assets:register",
+    "export_run": "toolkit.deploy.export:export_run",
+    "register_model": "toolkit.catalogue.model_registry:register_model",
+    "serve": "toolkit.deploy.serving.endpoint:serve",
+    "plan_job": "toolkit.azure.plan:build_plan",
+    "plan_deployment": "toolkit.azure.deploy_plan:build_deployment_plan",
+}
+__all__ = list(PUBLIC_API)
+
+
+def __getattr__(name: str):
+    if name not in PUBLIC_API:
+        raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+    module, _, attribute = PUBLIC_API[name].partition(":")
+    value = _importlib.import_module(module)
+    for part in attribute.split("."):
+        value = getattr(value, part)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *PUBLIC_API])

@@ -72,7 +72,8 @@ def _follow(handle, max_steps: int) -> int:
     code = handle.wait()
     status = handle.run.read_status()
     state, step = status.get("state"), _last_step(handle, progress)
-    summary = ", ".join(f"{k}={final[k]:.4g}" for k in ("val_loss", "val_bpb", "train_seconds") if k in final)
+    figures = {k: getattr(final, k) for k in ("val_loss", "val_bpb", "train_seconds")} if final else {}
+    summary = ", ".join(f"{k}={v:.4g}" for k, v in figures.items() if v is not None)
     from toolkit.runs.supervisor import LOG_NAME
 
     if state == "killed":
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     train = verbs.add_parser("train", help="train in the foreground with a progress bar")
-    train.add_argument("config", help="a YAML file, or the name of one in configs/ (e.g. tiny, demo)")
+    train.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo)")
     train.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                        help="override one config field (repeatable), e.g. --set train.max_steps=50")
     train.add_argument("--run-dir", help="run directory (default: <runs-root>/<name>-<timestamp>)")
@@ -492,6 +493,15 @@ def main(argv: list[str] | None = None) -> int:
     user_errors = _user_errors()
     try:
         return args.func(args)
+    except ModuleNotFoundError as exc:  # a verb that needs an extra this install lacks (pip install . is core only)
+        from toolkit.extras import missing_extra_message
+
+        sub = getattr(args, f"{args.verb}_verb", None)  # data register, azure plan, workshop run, ...
+        message = missing_extra_message(exc, f"trainbook {args.verb}" + (f" {sub}" if sub else ""))
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from toolkit.names import check_name, parse_ref
+
 
 class ConfigError(ValueError):
     """A config value that is unknown, of the wrong type or out of range; the message names the field."""
@@ -265,9 +267,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", cfg.name):
-        raise ConfigError(f"name: {cfg.name!r} is not allowed; allowed: letters, digits, '_', '-', '.' "
-                          "(it becomes a folder name)")
+    check_name(cfg.name, "name", ConfigError)  # it becomes the run folder's name
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             f"model.n_head: {cfg.model.n_head} does not divide model.n_embd={cfg.model.n_embd}; "
@@ -281,12 +281,7 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(
             f"data.dataset: {cfg.data.dataset!r} does not fit model.name={cfg.model.name!r}; allowed: {wanted!r}")
     if cfg.data.asset:
-        from toolkit.catalogue.data_assets import DataAssetError, parse_ref
-
-        try:
-            parse_ref(cfg.data.asset)
-        except DataAssetError as exc:
-            raise ConfigError(f"data.asset: {exc}".replace("data asset: ", "")) from None
+        parse_ref(cfg.data.asset, "data.asset", ConfigError)
     if cfg.data.asset and cfg.data.path:
         raise ConfigError(f"data.path: {cfg.data.path!r} given together with data.asset={cfg.data.asset!r}; "
                           "allowed: one of the two")
@@ -331,7 +326,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (a path, or a name from configs/), apply overrides, validate."""
+    """Load a YAML config (a path, or the name of a built-in config), apply overrides, validate."""
     data: dict = {}
     if path is not None:
         file = resolve_config_path(path)
@@ -345,14 +340,22 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
     return from_dict(apply_overrides(data, overrides or []))
 
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Built-in configs are package data (pyproject's package-data), so a name resolves the same from a checkout, an
+# editable install or a wheel, whatever the current folder.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def builtin_config_names() -> list[str]:
+    """Names of the configs shipped with the package (``trainbook train <name>``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    """Accept a path, or a bare name such as 'tiny' that lives in configs/."""
+    """Accept a path to a YAML file, or the name of a built-in config such as 'tiny' (with or without .yaml)."""
     candidates = [Path(path), CONFIG_DIR / path, CONFIG_DIR / f"{path}.yaml"]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    shipped = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"config: {str(path)!r} is neither a file nor a shipped config; shipped: {shipped}")
+    shipped = ", ".join(builtin_config_names())
+    raise ConfigError(f"config: {str(path)!r} is neither a file nor a shipped config; shipped: {shipped} "
+                      "(built into the package); allowed: one of these names or a path to a YAML file")

@@ -8,9 +8,17 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def in_checkout() -> bool:
+    """True when toolkit runs from the project folder (a checkout or an editable install), False from a wheel,
+    whose PROJECT_ROOT is site-packages."""
+    return (PROJECT_ROOT / "pyproject.toml").is_file()
+
+
 def runs_root() -> Path:
-    """Default parent of run directories: $TRAINBOOK_RUNS, else <project>/runs."""
-    return Path(os.environ.get("TRAINBOOK_RUNS", PROJECT_ROOT / "runs"))
+    """Default parent of run directories: $TRAINBOOK_RUNS, else <project>/runs in a checkout, else ./runs
+    (never site-packages)."""
+    default = PROJECT_ROOT / "runs" if in_checkout() else Path.cwd() / "runs"
+    return Path(os.environ.get("TRAINBOOK_RUNS", default))
 
 
 def cache_dir() -> Path:

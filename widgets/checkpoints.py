@@ -21,6 +21,7 @@ import ipywidgets as w
 
 from toolkit.runs import launch
 from toolkit.checkpoint.store import SUPERSEDED_PREFIX, CheckpointStore
+from toolkit.runs.events import CheckpointEvent, read_events
 from toolkit.runs.rundir import RunDir
 from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html, table_html
 from widgets.run_progress import follow_run
@@ -74,13 +75,13 @@ class CheckpointsPanel(Panel):
     def refresh(self) -> list:
         self.infos = self.store.list(verify=self.verify.value)
         latest = self.store.latest_name()
-        cost = {e["step"]: e for e in self.run.events("checkpoint")}  # a resumed run's later write wins
+        cost = {e.step: e for e in read_events(self.run, CheckpointEvent)}  # a resumed run's later write wins
         rows = [{"checkpoint": i.name + ("  <- LATEST" if i.name == latest else ""),
                  "step": "" if i.step is None else i.step,
                  "valid": "yes" if i.valid else "set aside" if i.name.startswith(SUPERSEDED_PREFIX) else "NO",
                  "MB": f"{i.size_bytes / 2**20:,.2f}",
-                 "training lost ms": _ms(cost.get(i.step, {}).get("lost_ms")),
-                 "of which blocked": _ms(cost.get(i.step, {}).get("blocking_ms")),
+                 "training lost ms": _ms(cost[i.step].lost_ms if i.step in cost else None),
+                 "of which blocked": _ms(cost[i.step].blocking_ms if i.step in cost else None),
                  "written": time.strftime("%H:%M:%S", time.localtime(i.created)) if i.created else "",
                  "why": i.reason} for i in self.infos]
         self.table.value = table_html(rows, empty="no checkpoints yet (set checkpoint.every_steps)",

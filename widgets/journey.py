@@ -16,7 +16,7 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from toolkit.runs.rundir import RunDir
+from toolkit.runs.events import StatusEvent, read_events
 from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, badge_html
 
@@ -63,7 +63,7 @@ def _checkpoints(ws: Workspace) -> tuple[bool, str]:
     from toolkit.checkpoint.store import CheckpointStore
 
     with_checkpoints = [r for r in _runs(ws) if CheckpointStore(r["run_dir"]).latest_name()]
-    resumed = [r for r in with_checkpoints if any(e.get("resumed_from") for e in RunDir(r["run_dir"]).events("status"))]
+    resumed = [r for r in with_checkpoints if any(e.resumed_from for e in read_events(r["run_dir"], StatusEvent))]
     return bool(resumed), (f"{len(with_checkpoints)} run(s) with checkpoints, {len(resumed)} resumed"
                            if with_checkpoints else "no checkpoints yet")
 

@@ -7,6 +7,7 @@ import time
 
 from IPython.display import HTML, display
 
+from toolkit.runs.events import EvalEvent, TrainEvent
 from toolkit.runs.progress import RunProgress
 from widgets.panel import badge_html
 
@@ -14,18 +15,17 @@ STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c",
                  "killed": "#ff7f0e"}
 
 
-def render_card(name: str, state: str, step: int, max_steps: int, train: dict, val: dict, started: float,
-                message: str = "") -> str:
+def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEvent | None, val: EvalEvent | None,
+                started: float, message: str = "") -> str:
     """The progress card as an HTML string (pure: also used for the final, static rendering)."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
     cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
-        cells += [("loss", f"{train['loss']:.4f}"), ("tokens/s", f"{train['tokens_per_s']:,.0f}"),
-                  ("MFU", f"{100 * train['mfu']:.1f}%"), ("data wait", f"{train['data_wait_pct']:.2f}%"),
-                  ("lr", f"{train['lr']:.2e}")]
+        cells += [("loss", f"{train.loss:.4f}"), ("tokens/s", f"{train.tokens_per_s:,.0f}"),
+                  ("MFU", f"{100 * train.mfu:.1f}%"), ("data wait", f"{train.data_wait_pct:.2f}%"),
+                  ("lr", f"{train.lr:.2e}")]
     if val:
-        cells.append(("val bits/byte" if "val_bpb" in val else "val loss",
-                      f"{val.get('val_bpb', val['val_loss']):.4f}"))
+        cells.append(("val loss" if val.val_bpb is None else "val bits/byte", f"{val.headline:.4f}"))
     cells.append(("elapsed", f"{time.time() - started:,.0f} s"))
     colour = STATE_COLOURS.get(state, "#888")
     row = "".join(f"<td style='padding:2px 10px'><div style='font-size:0.75em;color:#666'>{k}</div>"

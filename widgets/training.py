@@ -23,15 +23,12 @@ import ipywidgets as w
 from toolkit import config as config_mod
 from toolkit.runs import launch
 from toolkit.report import plots
+from toolkit.runs.events import read_events
 from toolkit.runs.progress import RunProgress
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES, RESUMABLE_STATES
 from widgets.panel import Panel, plot_png, png_html
 from widgets.run_progress import render_card
-
-
-def _shipped_configs() -> list[str]:
-    return sorted(p.stem for p in config_mod.CONFIG_DIR.glob("*.yaml"))
 
 
 class TrainingPanel(Panel):
@@ -40,7 +37,7 @@ class TrainingPanel(Panel):
                  overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
         super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
-        self.config = w.Dropdown(options=sorted({*_shipped_configs(), config}), value=config, description="config")
+        self.config = w.Dropdown(options=sorted({*config_mod.builtin_config_names(), config}), value=config, description="config")
         self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
         self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
@@ -137,7 +134,7 @@ class TrainingPanel(Panel):
         """Show a past run's dashboard from its events.jsonl."""
         self.run, self.handle = RunDir(run_dir), None
         self._progress = RunProgress(self.run.read_config().train.max_steps)
-        for event in self.run.events():
+        for event in read_events(self.run):
             self._progress.apply(event)
         self._finish_progress()
         self.refresh(force_plot=True)

@@ -263,7 +263,7 @@ def test_unparsable_environment_yml_is_refused_with_its_line(tmp_path, capsys):
 
 def _project(root: Path) -> Path:
     """A minimal Trainbook-shaped project folder."""
-    for rel in ("toolkit/__init__.py", "toolkit/azure/plan.py", "configs/tiny.yaml", "pyproject.toml"):
+    for rel in ("toolkit/__init__.py", "toolkit/azure/plan.py", "toolkit/configs/tiny.yaml", "pyproject.toml"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("# x\n")
     shutil.copyfile(PROJECT / "environment.yml", root / "environment.yml")
@@ -315,7 +315,7 @@ def test_files_the_job_needs_dropped_by_an_ignore_file_are_named_with_the_ignore
         _plan_project(root)
     message = str(caught.value)
     assert f"code: {root / '.amlignore'} drops files the job needs: " in message
-    assert "configs/tiny.yaml, pyproject.toml, toolkit/azure/plan.py" in message
+    assert "pyproject.toml, toolkit/azure/plan.py, toolkit/configs/tiny.yaml" in message
     with pytest.raises(AzureError, match="has no toolkit/__init__.py"):
         _plan_project(tmp_path)  # not a project folder at all
 
@@ -364,6 +364,7 @@ def test_secret_looking_files_that_would_be_uploaded_are_named_and_refused(tmp_p
 
     root = _project_copy(tmp_path / "proj")
     for rel in ("notebooks/deploy.pem", "notebooks/.env", "id_rsa", "configs/.env.local"):
+        (root / rel).parent.mkdir(exist_ok=True)  # configs/: any folder of the project, not only notebooks/
         (root / rel).write_text("secret")
     workspace = Workspace.open(root / "scratch" / "ws")  # TRAINBOOK_WORKSPACE=scratch/ws: not named .trainbook
     endpoint_key(workspace.root / "endpoints" / "demo")
@@ -386,7 +387,7 @@ def test_an_upload_filtered_by_gitignore_is_checked_for_secrets_too(tmp_path):
     root = _project(tmp_path / "proj")
     (root / ".gitignore").write_text("venv/\n")
     _notebook_secrets(root)
-    (root / "configs" / "config.json").write_text(json.dumps({"lr": 0.1}))  # a config.json of other things is data
+    (root / "toolkit" / "configs" / "config.json").write_text(json.dumps({"lr": 0.1}))  # config.json of other things: data
     with pytest.raises(AzureError) as caught:
         _plan_project(root)
     message = str(caught.value)

@@ -15,6 +15,7 @@ import yaml
 from toolkit.runs import launch
 from toolkit.checkpoint.interval_advisor import advise_for_run
 from toolkit.checkpoint.store import CheckpointStore, step_name
+from toolkit.runs.events import CheckpointEvent, TrainEvent
 from toolkit.runs.rundir import RunDir
 
 from conftest import cli
@@ -86,8 +87,8 @@ def test_external_sigkill_then_resume_command(tmp_path, reference_runs):
     target = random.Random().randint(EVERY + 2, STEPS - 8)
     published = False  # checkpoints are written in the background: a kill before the event loses that one
     for event in handle.follow(interval_s=0.05):
-        published = published or event["event"] == "checkpoint"
-        if published and event["event"] == "train" and event["step"] >= target:
+        published = published or isinstance(event, CheckpointEvent)
+        if published and isinstance(event, TrainEvent) and event.step >= target:
             assert handle.kill(), "no training process to kill"
             break
     assert handle.wait(60) != 0
@@ -110,7 +111,7 @@ def test_supervisor_survives_two_kills_and_finishes(tmp_path):
                                    "fault.kill_at_step=15"], run_dir=tmp_path / "r", max_restarts=2)
     for event in handle.follow(interval_s=0.1):
         # the fault kills attempt 0 at step 15; kill attempt 1 ourselves once it has trained past step 25
-        if event["event"] == "train" and event["step"] >= 25 and handle.run.read_status().get("attempt") == 1:
+        if isinstance(event, TrainEvent) and event.step >= 25 and handle.run.read_status().get("attempt") == 1:
             assert handle.kill()
             break
     assert handle.wait(300) == 0, (handle.path / launch.LOG_NAME).read_text()[-3000:]

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.deploy.serving.batcher import Batcher
+from toolkit.runs.service import ServiceProcess
 from toolkit.deploy.serving.endpoint import LocalEndpoint, serve
 from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, MAX_TEXT_BYTES, RequestError, ScoreRequest, parse
 from toolkit.deploy.serving.runtimes import load_runtime
@@ -441,7 +442,9 @@ def endpoint_under_file_limit(model_dir: Path, workspace: Path, limit: int):
         info = json.loads(starter.stdout.readline() or "null")
         assert info, "the endpoint did not start"
         # a client's handle on the starter's server: request() and log_path, never stop()
-        yield LocalEndpoint("flooded", info["url"], info["key"], "onnx", model_dir, Path(info["folder"]), starter)
+        folder = Path(info["folder"])
+        yield LocalEndpoint("flooded", info["url"], info["key"], "onnx", model_dir, folder,
+                            ServiceProcess(starter, folder / "server.log"))
     finally:
         starter.stdin.close()
         try:

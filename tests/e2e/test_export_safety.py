@@ -29,7 +29,7 @@ from toolkit.deploy.serving.runtimes import load_runtime
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> RunDir:
-    """configs/tiny.yaml trained 20 steps with a checkpoint at the end, in its own workspace. Tests that change
+    """The built-in tiny config trained 20 steps with a checkpoint at the end, in its own workspace. Tests that change
     the run work on a copy (:func:`_copy`)."""
     root = tmp_path_factory.mktemp("trained")
     env = {**os.environ, "TRAINBOOK_WORKSPACE": str(root / "workspace")}

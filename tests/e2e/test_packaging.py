@@ -1,26 +1,60 @@
-"""Setup promises: environment.yml and pyproject agree, torch stays pinned, CI calls the README's test command."""
+"""Setup promises: environment.yml is pyproject's core plus the job image extras, torch stays pinned, CI calls the
+README's test command, and a wheel carries the built-in configs."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
+import zipfile
 
+import pytest
 import yaml
 
 from conftest import PROJECT
+from toolkit import config
+from toolkit.resources import drift
 
 
 def _normalise(requirement: str) -> str:
     return re.sub(r"\s+", "", requirement).lower().replace("_", "-")
 
 
-def test_environment_yml_lists_the_same_dependencies_as_pyproject():
-    pyproject = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["dependencies"]
+def _requirements() -> tuple[list[str], dict[str, list[str]]]:
+    project = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"], project["optional-dependencies"]
+
+
+def _environment_pip() -> list[str]:
     env = yaml.safe_load((PROJECT / "environment.yml").read_text())
     (pip_section,) = [d["pip"] for d in env["dependencies"] if isinstance(d, dict)]
-    assert sorted(map(_normalise, pip_section)) == sorted(map(_normalise, pyproject))
+    return pip_section
+
+
+def test_environment_yml_is_pyprojects_core_plus_the_job_image_extras():
+    """The Azure ML job and serving image (built from environment.yml) trains, exports, serves and talks to Azure
+    ML; notebook and test tools stay on workstations."""
+    from toolkit.extras import JOB_IMAGE_EXTRAS
+
+    core, optional = _requirements()
+    job_image = core + [req for extra in JOB_IMAGE_EXTRAS for req in optional[extra]]
+    assert sorted(map(_normalise, _environment_pip())) == sorted(map(_normalise, job_image))
+    env = yaml.safe_load((PROJECT / "environment.yml").read_text())
     python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
     assert python == ["python=3.11"]
+    workstation_only = {_normalise(req) for extra in ("notebook", "test") for req in optional[extra]}
+    assert {"pytest", "playwright", "jupyterlab"} <= workstation_only
+    assert workstation_only.isdisjoint(map(_normalise, _environment_pip()))
+
+
+def test_the_all_extra_is_every_extra_and_make_setup_installs_it():
+    _, optional = _requirements()
+    (everything,) = optional["all"]
+    named = set(everything.removeprefix("trainbook[").removesuffix("]").split(","))
+    assert named == set(optional) - {"all"}
+    assert re.search(r'pip install .*-c constraints\.txt -e "\.\[all\]"', (PROJECT / "Makefile").read_text())
 
 
 def test_torch_is_pinned_to_the_local_cpu_build_everywhere():
@@ -49,7 +83,50 @@ def test_the_azure_ml_upload_ignores_everything_git_ignores():
 
 
 def test_every_declared_package_is_locked():
-    from toolkit.resources import drift
-
     locked = drift.locked_versions(PROJECT / "constraints.txt")
     assert [name for name in drift.declared_packages(PROJECT / "environment.yml") if name not in locked] == []
+    _, optional = _requirements()
+    workstation = [drift._requirement_name(req) for extra in ("notebook", "test") for req in optional[extra]]
+    assert [name for name in workstation if name not in locked] == []
+
+
+@pytest.mark.slow
+def test_a_wheel_carries_the_built_in_configs_and_the_cli(tmp_path):
+    """`pip install .` (not editable) gets the package from the wheel alone: configs/ outside it would be lost."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                    str(PROJECT)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("trainbook-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist")]
+    builtin = {f"toolkit/configs/{name}.yaml" for name in config.builtin_config_names()}
+    assert {"toolkit/configs/tiny.yaml", "toolkit/configs/demo.yaml"} <= builtin <= names
+    assert "toolkit/cli.py" in names and "toolkit/extras.py" in names and "widgets/training.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "notebooks/", "bench/"))]
+    assert re.search(r"^trainbook = toolkit\.cli:main$", scripts, re.M)
+    core = [r for r in requires if "extra ==" not in r]
+    assert any(r.startswith("Requires-Dist: torch==2.13.0") for r in core)
+    assert not [r for r in core if re.search(r": (pytest|playwright|jupyterlab|azure-ai-ml|onnxruntime)\b", r)]
+
+    # Installed from the wheel alone (no checkout around it), names resolve inside the package and runs go to the
+    # current folder, not into site-packages.
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    elsewhere.mkdir()
+    probe = ("import toolkit, toolkit.config as c, toolkit.paths as p, toolkit.resources.drift as d; "
+             "print(toolkit.__file__, c.resolve_config_path('tiny'), p.runs_root(), p.in_checkout(), "
+             "' '.join(s.name for s in d.check_installed()), sep='\\n')")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60,
+                         cwd=elsewhere, env={**{k: v for k, v in os.environ.items() if k != "TRAINBOOK_RUNS"},
+                              "PYTHONPATH": str(site)}).stdout
+    package, tiny, runs, in_checkout, doctor_packages = out.splitlines()
+    assert package == str(site / "toolkit" / "__init__.py")
+    assert tiny == str(site / "toolkit" / "configs" / "tiny.yaml")
+    assert runs == str(elsewhere / "runs")
+    # The doctor's packages check has no environment.yml here: it checks the wheel's own core requirements.
+    assert in_checkout == "False"
+    assert doctor_packages.split() == [drift._requirement_name(req) for req in _requirements()[0]]

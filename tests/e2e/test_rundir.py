@@ -7,7 +7,8 @@ import json
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.runs.rundir import EventLog, RunDir
+from toolkit.runs.events import EventLog, TrainEvent
+from toolkit.runs.rundir import RunDir
 
 
 def test_create_writes_config_and_queued_status(tmp_path):
@@ -31,7 +32,7 @@ def test_status_rejects_unknown_states_and_leaves_the_file_intact(tmp_path):
 def test_reader_waits_for_a_line_to_be_complete(tmp_path):
     run = RunDir.create(tmp_path / "r", config_mod.load("tiny"))
     log = EventLog(run.events_path)
-    log.emit("train", step=1, loss=5.0)
+    log.write(TrainEvent(step=1, loss=5.0, lr=1e-3, tokens_per_s=1.0, data_wait_pct=0.0, mfu=0.0, elapsed_s=0.1))
     with open(run.events_path, "a") as f:  # a writer caught mid-line
         f.write('{"event": "train", "st')
     events, offset = run.read_events()

@@ -283,9 +283,10 @@ def test_an_in_process_request_waits_no_longer_than_its_timeout(model_dir):
     """The service's own wait honours the deadline, whatever the batcher is busy with: here work submitted
     without a deadline (Batcher.submit's default), which no scheduling drops. A request queued behind it gets its
     503 while that work still runs; its job is cancelled, and the service answers afterwards."""
+    from toolkit.deploy.serving.options import ServingOptions
     from toolkit.deploy.serving.service import ScoringService
 
-    service = ScoringService(model_dir, max_batch=1, request_timeout=0.5)
+    service = ScoringService(model_dir, ServingOptions(max_batch=1, request_timeout=0.5))
     ahead = [service.batcher.submit(GenerateRequest(b"def ", MAX_NEW_TOKENS, 1.0, 0, seed)) for seed in range(12)]
     body = json.dumps({"prompt": "def ", "max_new_tokens": 4}).encode()
     status, answer = service.handle("POST", None, len(body), lambda n: body[:n])
@@ -294,5 +295,5 @@ def test_an_in_process_request_waits_no_longer_than_its_timeout(model_dir):
     for future in ahead:
         future.cancel()
     assert service.handle("POST", None, len(body), lambda n: body[:n])[0] == 200
-    with pytest.raises(ValueError, match="request_timeout: 0 is not allowed; allowed: seconds, above 0"):
-        ScoringService(model_dir, request_timeout=0)
+    with pytest.raises(ValueError, match="request-timeout: 0 is not allowed; allowed: 0.5 to 3600 seconds"):
+        ScoringService(model_dir, ServingOptions(request_timeout=0))

@@ -11,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from toolkit import config as config_mod
 from toolkit.runs import launch
+from toolkit.report.tables import top_operators_html
+from toolkit.runs.events import TrainEvent
 from toolkit.runs.rundir import RunDir
 
 TRAIN_FIELDS = {"step", "loss", "lr", "tokens_per_s", "data_wait_pct", "mfu"}
@@ -64,6 +66,8 @@ def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
     assert "Self CPU" in summary and "aten::" in summary
     (profile_event,) = run.events("profile")
     assert profile_event["top_ops"] and profile_event["top_ops"][0]["self_cpu_ms"] > 0
+    table = top_operators_html(run.path)  # what notebook 03 shows
+    assert table.count("<tr>") > 5 and "aten::" in table
 
 
 def test_same_seed_same_losses(train_tiny):
@@ -112,7 +116,7 @@ def test_a_failing_run_says_why_and_exits_nonzero(train_tiny):
 def test_stopping_a_run_marks_it_killed(tmp_path):
     handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
     for event in handle.follow(interval_s=0.2):  # wait until training is really under way
-        if event["event"] == "train":
+        if isinstance(event, TrainEvent):
             break
     assert handle.stop() != 0
     pgid = handle.run.read_status()["worker_pgid"]
@@ -126,7 +130,7 @@ def test_stopping_a_run_marks_it_killed(tmp_path):
 def test_killing_the_training_processes_marks_the_run_killed(tmp_path):
     handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
     for event in handle.follow(interval_s=0.2):
-        if event["event"] == "train":
+        if isinstance(event, TrainEvent):
             break
     assert handle.kill()
     assert handle.wait(30) != 0

@@ -4,6 +4,7 @@ import pytest
 
 from toolkit.report import plots
 from toolkit.checkpoint.interval_advisor import advise, advise_for_run, mtbf_for_gpus
+from toolkit.runs.events import CheckpointEvent, TrainEvent
 from toolkit.runs.rundir import RunDir
 
 
@@ -44,9 +45,10 @@ def _run_with_checkpoints(tmp_path, events) -> RunDir:
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     for e in events:
-        run.append_event("checkpoint", **e)
-    run.append_event("train", step=10, elapsed_s=5.0)
-    run.append_event("train", step=20, elapsed_s=10.0)
+        run.append_event(CheckpointEvent(path=f"step_{e['step']:08d}", bytes=1, deleted=[], **e))
+    for step, elapsed_s in ((10, 5.0), (20, 10.0)):
+        run.append_event(TrainEvent(step=step, elapsed_s=elapsed_s, loss=4.0, lr=1e-3, tokens_per_s=1.0,
+                                    data_wait_pct=0.0, mfu=0.0))
     return run
 
 

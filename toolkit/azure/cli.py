@@ -59,7 +59,7 @@ def _add_plan(verbs) -> None:
     from toolkit.azure.plan import DEFAULT_IDLE_SECONDS
 
     plan = verbs.add_parser("plan", help="validate and write compute/environment/data/job YAML and submit.md")
-    plan.add_argument("config", help="a YAML file, or the name of one in configs/ (e.g. tiny, demo)")
+    plan.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo)")
     plan.add_argument("--compute", required=True, help="AmlCompute cluster name (3-24 letters, digits, '-')")
     plan.add_argument("--sku", required=True, help="VM size of one node, e.g. Standard_NC24ads_A100_v4")
     plan.add_argument("--instance-count", type=int, required=True, help="nodes the job runs on")
@@ -118,7 +118,7 @@ def _add_workspace_flags(parser) -> None:
 
 
 def _add_deploy_plan(verbs) -> None:
-    from toolkit.azure.deploy_plan import MAX_BATCH, MAX_WAIT_MS
+    from toolkit.deploy.serving.options import MAX_BATCH, MAX_WAIT_MS
 
     plan = verbs.add_parser("deploy-plan", help="validate and write endpoint/deployment YAML and deploy.md for an "
                                                 "exported model")

@@ -22,7 +22,7 @@ from toolkit.azure.errors import AzureError
 SNAPSHOT_LIMIT_BYTES = 300 * 10**6
 SNAPSHOT_LIMIT_FILES = 2000
 MB = 10**6  # the SDK reports upload sizes in 10**6 bytes; so do we
-NEEDED = ("toolkit/**/*.py", "configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.runs.worker` imports and reads
+NEEDED = ("toolkit/**/*.py", "toolkit/configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.runs.worker` imports and reads
 # Secret-looking files, by name: (pattern over the basename, what it is). Endpoint keys are files named `key`
 # (toolkit.deploy.serving.endpoint); the rest are the usual private-key and environment files.
 SECRET_NAMES = ((re.compile(r"key"), "an endpoint key"), (re.compile(r".*\.(pem|key)"), "a private key or certificate"),
@@ -109,7 +109,7 @@ def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
                       if p.is_file()} - uploaded)
     if dropped:
         raise AzureError(f"code: {upload.ignore_file} drops files the job needs: {', '.join(dropped)}; allowed: "
-                         f"rules in {where} that keep toolkit/**/*.py, configs/*.yaml and pyproject.toml")
+                         f"rules in {where} that keep {', '.join(NEEDED[:-1])} and {NEEDED[-1]}")
     _check_secrets(upload, where)
 
 

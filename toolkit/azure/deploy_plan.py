@@ -27,10 +27,8 @@ from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, env
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_online_sku
 from toolkit.deploy.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
+from toolkit.deploy.serving.options import WEIGHTS, ServingOptions, ServingOptionsError
 
-RUNTIMES = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
-MAX_BATCH = 256
-MAX_WAIT_MS = 1000
 # Online endpoint and deployment names: 3 to 32 letters, digits and '-', starting with a letter and not ending
 # with '-' (learn.microsoft.com, "Manage and increase quotas ... for Azure Machine Learning": managed online
 # endpoints; azure-ai-ml's EndpointConfigurations.NAME_REGEX_PATTERN says the same).
@@ -50,9 +48,6 @@ class DeployOptions:
     endpoint: str
     deployment: str
     instance_count: int
-    runtime: str
-    max_batch: int
-    max_wait_ms: int
     image: str | None
 
 
@@ -64,12 +59,6 @@ DEPLOY_RULES: list[tuple[Callable[[DeployOptions], bool], Callable[[DeployOption
      lambda o: f"--deployment: {o.deployment!r} is not allowed; allowed: {NAME_RULE}"),
     (lambda o: o.instance_count < 1,
      lambda o: f"--instance-count: {o.instance_count} is not allowed; allowed: 1 or more"),
-    (lambda o: o.runtime not in RUNTIMES,
-     lambda o: f"--runtime: {o.runtime!r} is not allowed; allowed: {', '.join(RUNTIMES)}"),
-    (lambda o: not 1 <= o.max_batch <= MAX_BATCH,
-     lambda o: f"--max-batch: {o.max_batch} is not allowed; allowed: 1 to {MAX_BATCH}"),
-    (lambda o: not 0 <= o.max_wait_ms <= MAX_WAIT_MS,
-     lambda o: f"--max-wait-ms: {o.max_wait_ms} is not allowed; allowed: 0 to {MAX_WAIT_MS}"),
     (lambda o: o.image is not None and not image_ok(o.image),
      lambda o: f"--image: {o.image!r} is not allowed; allowed: an image reference like "
                f"{entities.CPU_INFERENCE_IMAGE}"),
@@ -136,11 +125,9 @@ def resolve_model(model: str | Path) -> tuple[Path, Any]:
         return path.resolve(), None
     if path.exists():
         raise AzureError(f"MODEL: {given!r} is a file, not a folder; allowed: {MODEL_WHAT}")
-    from toolkit.catalogue.data_assets import NAME_RE
+    from toolkit.names import split_ref
 
-    name, sep, version = given.partition(":")
-    registered = (_registered_model(given) if NAME_RE.fullmatch(name) and (not sep or version.isdigit())
-                  else None)
+    registered = _registered_model(given) if split_ref(given) else None
     if registered is None:
         raise AzureError(f"MODEL: folder {given!r} does not exist; allowed: {MODEL_WHAT}")
     folder = Path(registered.path)
@@ -178,9 +165,9 @@ def _verified_manifest(path: Path, runtime: str) -> dict:
     way out."""
     try:
         read_manifest(path)
-        weights = RUNTIMES[runtime]
+        weights = WEIGHTS[runtime]
         if not (path / weights).is_file():
-            other = next(r for r in RUNTIMES if r != runtime)
+            other = next(r for r in WEIGHTS if r != runtime)
             raise AzureError(f"MODEL: {str(path)!r} has no {weights}, which --runtime {runtime} loads; allowed: a "
                              f"folder with {weights}, or --runtime {other}")
         return verify_model_folder(path)
@@ -192,14 +179,13 @@ def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
     """Check an exported model folder: its manifest, every file it lists (size and sha256), and the weights
     ``runtime`` loads. Name and version: the local registration's if MODEL named one, else the manifest's, else
     the run config's name and no version (Azure ML numbers it)."""
-    from toolkit.catalogue.data_assets import NAME_RE
+    from toolkit.names import NAME_ALLOWED, is_name
 
     manifest = _verified_manifest(path, runtime)
     where = repr(str(path / MANIFEST))
     name = registered.name if registered else manifest.get("name") or _default_name(path, manifest)
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise AzureError(f"MODEL: name {name!r} of {where} is not allowed; allowed: letters, digits, '_', '-', '.', "
-                         "starting with a letter or digit, at most 255 characters")
+    if not is_name(name):
+        raise AzureError(f"MODEL: name {name!r} of {where} is not allowed; allowed: {NAME_ALLOWED}")
     version = _manifest_version(registered.version if registered else manifest.get("version"), where)
     description = str((registered.description if registered else "") or manifest.get("description")
                       or f"Trainbook model {name} ({manifest.get('format', '?')})")
@@ -231,6 +217,7 @@ class DeploymentPlan:
     """A validated deployment plan: the options, what was checked, and the SDK entities built from them."""
 
     options: DeployOptions
+    serving: ServingOptions
     sku: Sku
     model: ModelFolder
     image: str
@@ -243,13 +230,13 @@ class DeploymentPlan:
 
     def summary(self) -> str:
         """A short table of what was planned."""
-        o = self.options
+        o, s = self.options, self.serving
         rows = [
             ("endpoint", f"{o.endpoint}: managed online endpoint, key authentication"),
             ("deployment", f"{o.deployment}: {o.instance_count} x {self.sku.describe()}"),
             ("model", f"{self.model.ref}, {self.model.format}, from {self.model.path}"),
-            ("runtime", f"{o.runtime} ({RUNTIMES[o.runtime]}); batches of up to {o.max_batch} requests, waiting at "
-                        f"most {o.max_wait_ms} ms; 1 worker x {entities.SERVER_THREADS} threads"),
+            ("runtime", f"{s.runtime} ({WEIGHTS[s.runtime]}); batches of up to {s.max_batch} requests, waiting at "
+                        f"most {s.max_wait_ms} ms; 1 worker x {s.threads} threads"),
             ("image", f"{self.image} + {self.conda_file.name} (environment {self.environment.name}:"
                       f"{self.environment.version})"),
             ("code upload", self.code.describe()),
@@ -267,13 +254,18 @@ def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instanc
     from toolkit.paths import PROJECT_ROOT
 
     options = DeployOptions(endpoint=str(endpoint), deployment=str(deployment), instance_count=instance_count,
-                            runtime=str(runtime), max_batch=max_batch, max_wait_ms=max_wait_ms, image=image)
+                            image=image)
     for wrong, message in DEPLOY_RULES:
         if wrong(options):
             raise AzureError(message(options))
+    try:  # the serving knobs have one owner, shared with the local endpoint; Azure ML's server runs 16 threads
+        serving = ServingOptions(runtime=str(runtime), max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                 threads=entities.SERVER_THREADS)
+    except ServingOptionsError as exc:
+        raise AzureError(str(exc)) from None
     the_sku = get_online_sku(sku)
     model_dir, registered = resolve_model(model)
-    folder = read_model_folder(model_dir, options.runtime, registered)
+    folder = read_model_folder(model_dir, serving.runtime, registered)
     root = Path(project_root or PROJECT_ROOT).resolve()
     upload = code_upload.scan(root)
     code_upload.check(upload)
@@ -287,19 +279,18 @@ def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instanc
                                        description=f"Trainbook serving: {base} + the project's environment.yml")
     model_entity = entities.model(folder.path, name=folder.name, version=folder.version, tags=folder.tags(),
                                   description=folder.description)
-    serving = {"model": folder.ref, "runtime": options.runtime}
+    tags = {"model": folder.ref, "runtime": serving.runtime}
     return DeploymentPlan(
-        options=options, sku=the_sku, model=folder, image=the_image, conda_file=conda, code=upload,
+        options=options, serving=serving, sku=the_sku, model=folder, image=the_image, conda_file=conda, code=upload,
         workspace=workspace,
-        endpoint=entities.online_endpoint(options.endpoint, tags={"created_by": "trainbook", **serving},
+        endpoint=entities.online_endpoint(options.endpoint, tags={"created_by": "trainbook", **tags},
                                           description=f"Trainbook: {folder.name} scored by "
                                                       f"{entities.SCORING_SCRIPT}"),
         environment=environment,
         deployment=entities.online_deployment(
             options.deployment, endpoint_name=options.endpoint, model_entity=model_entity, code=root,
             environment_entity=environment, sku=the_sku, instance_count=options.instance_count,
-            variables=entities.serving_variables(options.runtime, options.max_batch, options.max_wait_ms),
-            tags=serving))
+            variables=serving.environment(), tags=tags))
 
 
 # --- writing ---------------------------------------------------------------------------------------------------

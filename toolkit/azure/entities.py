@@ -172,13 +172,6 @@ def serving_image(sku: Sku) -> str:
     return DEFAULT_IMAGE if sku.gpus else CPU_INFERENCE_IMAGE
 
 
-def serving_variables(runtime: str, max_batch: int, max_wait_ms: int) -> dict[str, str]:
-    """What score.py and the inference server read: the runtime and batching knobs, one worker, its threads."""
-    return {"TRAINBOOK_RUNTIME": runtime, "TRAINBOOK_MAX_BATCH": str(max_batch),
-            "TRAINBOOK_MAX_WAIT_MS": str(max_wait_ms), "WORKER_COUNT": "1",
-            "GUNICORN_CMD_ARGS": f"--threads {SERVER_THREADS}"}
-
-
 def online_endpoint(name: str, *, description: str, tags: dict[str, str]):
     """The ManagedOnlineEndpoint: key authentication, like the local endpoint."""
     from azure.ai.ml.entities import ManagedOnlineEndpoint

@@ -35,12 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from toolkit import fsio
+from toolkit import fsio, names
 from toolkit.fsio import HASH_CHUNK, read_hashed, sha256_file
 from toolkit.catalogue.workspace import Workspace
 
 TYPES = ("uri_file", "uri_folder", "mltable")
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 SHA256_RE = fsio.SHA256_RE
 SMALL_BLOB_BYTES = 1 << 20
 SNAPSHOT_THREADS = 4
@@ -100,9 +99,8 @@ def registration_problems(name: str, path: str | Path, type: str) -> dict[str, s
     """Every field of a registration that would be refused, as {field: message naming value and allowed}.
     Empty when ``register`` can go ahead (it then still checks an mltable's content and folder links)."""
     problems = {}
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        problems["name"] = (f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
-                            "with a letter or digit, at most 255 characters")
+    if problem := names.name_problem("name", name):
+        problems["name"] = problem
     if type not in TYPES:
         problems["type"] = f"type: {type!r} is not allowed; allowed: {', '.join(TYPES)}"
     if not str(path).strip():
@@ -458,11 +456,7 @@ def register(ws: Workspace, name: str, path: str | Path, type: str = "uri_folder
 
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
-    name, sep, version = str(ref).partition(":")
-    if not NAME_RE.fullmatch(name) or (sep and not version.isdigit()) or (sep and int(version) < 1):
-        raise DataAssetError(f"data asset: {ref!r} is not a reference; allowed: 'name' (latest) or 'name:version' "
-                             "with a version of 1 or more")
-    return name, int(version) if sep else None
+    return names.parse_ref(ref, "data asset", DataAssetError)
 
 
 def _row(ws: Workspace, ref: str):

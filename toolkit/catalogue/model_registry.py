@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.catalogue.data_assets import NAME_RE, DataAssetError, parse_ref, store_snapshot
+from toolkit import names
+from toolkit.catalogue.data_assets import DataAssetError, store_snapshot
 from toolkit.deploy.model_format import ExportError, read_manifest, verify_model_folder
 from toolkit.catalogue.workspace import Workspace
 
@@ -65,9 +66,7 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     if name is None:
         config = yaml.safe_load((model_dir / "config.yaml").read_text())
         name = str(config.get("name") if isinstance(config, dict) else manifest["model"])
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise DataAssetError(f"name: {name!r} is not allowed; allowed: letters, digits, '_', '-', '.', starting "
-                             "with a letter or digit")
+    names.check_name(name, "name", DataAssetError)
     _, size, _, snapshot = store_snapshot(ws, model_dir.resolve(), "uri_folder")
     # The snapshot is what will be served: its bytes must be the ones its manifest (and so the version) names.
     manifest = verify_model_folder(ws.root / snapshot)
@@ -91,10 +90,7 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
 
 def get_model(ws: Workspace, ref: str) -> RegisteredModel:
     """``name:version``, or ``name`` for the latest version."""
-    try:
-        name, version = parse_ref(ref)
-    except DataAssetError:
-        raise DataAssetError(f"model: {ref!r} is not a reference; allowed: 'name' (latest) or 'name:version'") from None
+    name, version = names.parse_ref(ref, "model", DataAssetError)
     conn = ws.connect()
     try:
         if version is None:
@@ -134,7 +130,7 @@ def resolve_model_dir(model: str | Path, workspace: str | Path | None = None) ->
     if path.is_dir():
         read_manifest(path)
         return path
-    if any(sep in str(model) for sep in ("/", "\\")) or not NAME_RE.fullmatch(str(model).split(":")[0]):
+    if names.split_ref(model) is None:  # a path that is not a folder ('/' is never in a name)
         raise DataAssetError(f"model: {str(model)!r} is neither a folder nor a registered model; allowed: a folder "
                              "written by `trainbook export`, or NAME[:VERSION] from `trainbook models`")
     return get_model(Workspace.open(workspace), str(model)).path

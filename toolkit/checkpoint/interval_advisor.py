@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from toolkit.runs.rundir import RunDir
+from toolkit.runs.events import CheckpointEvent, TrainEvent, read_events
 
 # Llama 3 (Dubey et al. 2024, section 3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs,
 # i.e. one per ~50,700 GPU-hours. Used when the user gives no MTBF of their own.
@@ -95,21 +95,20 @@ def advise(cost_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: floa
 def advise_for_run(run_dir, mtbf_s: float, restart_s: float = 60.0) -> Advice:
     """Advice from a run's own measurements: median training time lost per checkpoint (the blocking time for a
     run recorded before lost_ms existed), median persist time, and its step time."""
-    run = RunDir(run_dir)
-    checkpoints = run.events("checkpoint")
+    checkpoints = read_events(run_dir, CheckpointEvent)
     if not checkpoints:
         raise ValueError(f"run_dir: {str(run_dir)!r} has no checkpoint events; allowed: a run that checkpointed "
                          "(set checkpoint.every_steps)")
-    train = run.events("train")
+    train = read_events(run_dir, TrainEvent)
     step_time = None
     if len(train) >= 2:
-        steps = train[-1]["step"] - train[0]["step"]
-        seconds = train[-1]["elapsed_s"] - train[0]["elapsed_s"]
+        steps = train[-1].step - train[0].step
+        seconds = train[-1].elapsed_s - train[0].elapsed_s
         step_time = seconds / steps if steps and seconds > 0 else None
-    measured = [c for c in checkpoints if isinstance(c.get("lost_ms"), (int, float))]
-    blocking = statistics.median(c["blocking_ms"] for c in checkpoints) / 1e3
-    cost = statistics.median(c["lost_ms"] for c in measured) / 1e3 if measured else blocking
-    return advise(cost_s=cost, persist_s=statistics.median(c["persist_ms"] for c in checkpoints) / 1e3,
+    measured = [c for c in checkpoints if c.lost_ms is not None]
+    blocking = statistics.median(c.blocking_ms for c in checkpoints) / 1e3
+    cost = statistics.median(c.lost_ms for c in measured) / 1e3 if measured else blocking
+    return advise(cost_s=cost, persist_s=statistics.median(c.persist_ms for c in checkpoints) / 1e3,
                   mtbf_s=mtbf_s, restart_s=restart_s, step_time_s=step_time,
                   cost_basis="lost" if measured else "blocking", blocking_s=blocking)
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from toolkit.report import figures
 from toolkit.paths import PROJECT_ROOT
+from toolkit.runs.events import StatusEvent, TrainEvent, read_events
 from toolkit.runs.rundir import RunDir
+from toolkit.train.metrics import steady_state
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 OUTPUTS = PROJECT_ROOT / "outputs"
@@ -47,15 +49,15 @@ def run_summary(runs: Path) -> list[dict]:
     rows = []
     for path in sorted(p for p in runs.glob("*") if (p / "status.json").exists()):
         run = RunDir(path)
-        status, train = run.read_status(), run.events("train")
-        final = (run.events("status") or [{}])[-1]
-        tail = train[len(train) // 2:] or train
+        status, train = run.read_status(), read_events(run, TrainEvent)
+        finals = read_events(run, StatusEvent)
+        final = finals[-1] if finals else None
+        speed = steady_state(train)
         rows.append({
             "run": path.name, "state": status.get("state"), "steps": status.get("step"),
-            "val_bpb": final.get("val_bpb"), "val_loss": final.get("val_loss"),
-            "train_s": final.get("train_seconds"),
-            "tokens_per_s": sum(e["tokens_per_s"] for e in tail) / len(tail) if tail else None,
-            "mfu": sum(e["mfu"] for e in tail) / len(tail) if tail else None,
+            "val_bpb": final and final.val_bpb, "val_loss": final and final.val_loss,
+            "train_s": final and final.train_seconds,
+            "tokens_per_s": speed and speed.tokens_per_s, "mfu": speed and speed.mfu,
         })
     return rows
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from toolkit.runs.events import CheckpointEvent, EvalEvent, StatusEvent, TrainEvent, read_events
 from toolkit.runs.rundir import RunDir
 
 
@@ -32,30 +33,30 @@ def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     plt = _pyplot()
 
     run = RunDir(run_dir)
-    train, evals = run.events("train"), run.events("eval")
+    train, evals = read_events(run, TrainEvent), read_events(run, EvalEvent)
     if not train:
         raise ValueError(f"run_dir: {str(run_dir)!r} has no train events yet; allowed: a run that has logged")
-    in_bits = bool(evals) and "val_bpb" in evals[0]
+    in_bits = bool(evals) and evals[0].val_bpb is not None
     scale, unit = (1 / math.log(2), "bits per byte") if in_bits else (1.0, "loss (nats)")
 
     fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax_loss.plot([e["step"] for e in train], [e["loss"] * scale for e in train], label="train", lw=1.2)
+    ax_loss.plot([e.step for e in train], [e.loss * scale for e in train], label="train", lw=1.2)
     if evals:
-        ax_loss.plot([e["step"] for e in evals], [e["val_loss"] * scale for e in evals], "o-", label="validation")
-        best = min(e["val_loss"] for e in evals) * scale
+        ax_loss.plot([e.step for e in evals], [e.val_loss * scale for e in evals], "o-", label="validation")
+        best = min(e.val_loss for e in evals) * scale
         ax_loss.axhline(best, color="gray", ls=":", lw=0.8)
-        ax_loss.annotate(f"best {best:.3f}", (train[-1]["step"], best), ha="right", va="bottom", fontsize=8)
-    for i, ckpt in enumerate(run.events("checkpoint")):  # where a resume would restart from
-        ax_loss.axvline(ckpt["step"], color="tab:green", lw=0.8, alpha=0.5, label="checkpoint" if i == 0 else None)
+        ax_loss.annotate(f"best {best:.3f}", (train[-1].step, best), ha="right", va="bottom", fontsize=8)
+    for i, ckpt in enumerate(read_events(run, CheckpointEvent)):  # where a resume would restart from
+        ax_loss.axvline(ckpt.step, color="tab:green", lw=0.8, alpha=0.5, label="checkpoint" if i == 0 else None)
     ax_loss.set(xlabel="step", ylabel=unit, title="Loss")
     ax_loss.legend()
     ax_loss.grid(alpha=0.3)
 
-    ax_speed.plot([e["step"] for e in train], [e["tokens_per_s"] for e in train], color="tab:green", lw=1.2)
+    ax_speed.plot([e.step for e in train], [e.tokens_per_s for e in train], color="tab:green", lw=1.2)
     ax_speed.set(xlabel="step", ylabel="tokens/s", title="Throughput (MFU on the right)")
     ax_speed.grid(alpha=0.3)
     ax_mfu = ax_speed.twinx()
-    ax_mfu.plot([e["step"] for e in train], [100 * e["mfu"] for e in train], color="tab:purple", lw=0.8, alpha=0.6)
+    ax_mfu.plot([e.step for e in train], [100 * e.mfu for e in train], color="tab:purple", lw=0.8, alpha=0.6)
     ax_mfu.set_ylabel("MFU %")
     fig.suptitle(run.path.name)
     return _save(fig, out or run.path / "curves.png")
@@ -71,23 +72,23 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
 
     reference, resumed = RunDir(reference_dir), RunDir(resumed_dir)
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    ref = reference.events("train")
-    ax.plot([e["step"] for e in ref], [e["loss"] for e in ref], color="black", lw=3, alpha=0.25,
+    ref = read_events(reference, TrainEvent)
+    ax.plot([e.step for e in ref], [e.loss for e in ref], color="black", lw=3, alpha=0.25,
             label="uninterrupted")
     attempts, current = [[]], None
-    for event in resumed.events():
-        if event["event"] == "status" and event.get("state") == "running" and current is not None:
+    for event in read_events(resumed):
+        if isinstance(event, StatusEvent) and event.state == "running" and current is not None:
             attempts.append([])
-        if event["event"] == "train":
+        if isinstance(event, TrainEvent):
             attempts[-1].append(event)
             current = event
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
     for i, events in enumerate(a for a in attempts if a):
         label = "first attempt (killed)" if i == 0 and len(attempts) > 1 else f"after resume {i}" if i else "run"
-        ax.plot([e["step"] for e in events], [e["loss"] for e in events], color=colours[i % len(colours)], lw=1.2,
+        ax.plot([e.step for e in events], [e.loss for e in events], color=colours[i % len(colours)], lw=1.2,
                 label=label)
         if i:
-            ax.axvline(events[0]["step"] - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
+            ax.axvline(events[0].step - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
     ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -134,16 +134,16 @@ def report_table(results: list[ParticipantResult]) -> str:
 def write_report(results: list[ParticipantResult], out: Path) -> Path:
     """report.md (the table), report.json, and report.png (every participant's validation curve)."""
     from toolkit.report import plots
-    from toolkit.runs.rundir import RunDir
+    from toolkit.runs.events import EvalEvent, read_events
 
     (out / "report.json").write_text(json.dumps([{**r.__dict__, "folder": str(r.folder)} for r in results],
                                                 indent=1, default=str))
     curves = {}
     for r in results:
         for run in r.runs:
-            evals = RunDir(r.folder / "runs" / run["run"]).events("eval")
+            evals = read_events(r.folder / "runs" / run["run"], EvalEvent)
             if evals:
-                curves[f"participant {r.index}"] = [(e["step"], e.get("val_bpb", e["val_loss"])) for e in evals]
+                curves[f"participant {r.index}"] = [(e.step, e.headline) for e in evals]
     picture = plots.compare_curves(curves, out / "report.png", "Validation bits per byte by participant") \
         if curves else None
     text = f"# Workshop report\n\n```\n{report_table(results)}\n```\n"

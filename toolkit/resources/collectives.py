@@ -42,6 +42,15 @@ class SweepResult:
     nproc: int
     rows: list[SweepRow]
 
+    def to_details(self) -> dict:
+        """The JSON-ready form the doctor's report keeps (and :meth:`from_details` reads back)."""
+        return {"backend": self.backend, "nproc": self.nproc, "rows": [asdict(r) for r in self.rows],
+                "table": self.table()}
+
+    @classmethod
+    def from_details(cls, details: dict) -> SweepResult:
+        return cls(details["backend"], details["nproc"], [SweepRow(**row) for row in details["rows"]])
+
     @property
     def peak_busbw_gbps(self) -> float:
         return max((r.busbw_gbps for r in self.rows), default=0.0)
@@ -107,7 +116,7 @@ def _rank_main(sizes: list[int], out: Path | None) -> None:
     finally:
         dist.destroy_process_group()
     if rank == 0 and out is not None:
-        out.write_text(json.dumps({"backend": backend, "nproc": world, "rows": [asdict(r) for r in rows]}))
+        out.write_text(json.dumps(SweepResult(backend, world, rows).to_details()))
 
 
 class CollectiveError(RuntimeError):
@@ -134,8 +143,7 @@ def allreduce_sweep(nproc: int = 2, sizes=DEFAULT_SIZES, timeout: float = 120.0)
         if proc.returncode != 0 or not out.exists():
             raise CollectiveError(f"all_reduce across {nproc} processes failed (exit {proc.returncode}): "
                                   + proc.stderr.strip()[-1500:])
-        data = json.loads(out.read_text())
-    return SweepResult(data["backend"], data["nproc"], [SweepRow(**r) for r in data["rows"]])
+        return SweepResult.from_details(json.loads(out.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:

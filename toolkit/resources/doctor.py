@@ -62,6 +62,13 @@ class DoctorReport:
     def ok(self) -> bool:
         return all(c.status != "fail" for c in self.checks if c.required)
 
+    def allreduce_sweep(self):
+        """The all-reduce check's sweep (a collectives.SweepResult), or None when that check did not run."""
+        from toolkit.resources.collectives import SweepResult
+
+        check = next((c for c in self.checks if c.name == "all-reduce" and c.details), None)
+        return SweepResult.from_details(check.details) if check else None
+
     def to_dict(self) -> dict:
         return {"ok": self.ok, "seconds": self.seconds, "facts": self.facts, "checks": [asdict(c) for c in self.checks]}
 
@@ -79,16 +86,21 @@ class DoctorReport:
 # --- checks -------------------------------------------------------------------------------------------------
 
 def check_packages(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit import paths
     from toolkit.resources import drift
 
-    states = drift.check()
+    in_checkout = paths.in_checkout()  # a wheel install has no environment.yml or constraints.txt to compare with
+    states = drift.check() if in_checkout else drift.check_installed()
     missing = [s.name for s in states if s.status == "missing"]
     drifted = [f"{s.name} {s.installed} (lock {s.locked})" for s in states if s.status == "drift"]
     details = {"packages": [asdict(s) | {"status": s.status} for s in states]}
     if missing:
-        return "fail", f"not installed: {', '.join(missing)} (run `make setup`)", details
+        fix = "run `make setup`" if in_checkout else "reinstall trainbook"
+        return "fail", f"not installed: {', '.join(missing)} ({fix})", details
     if drifted:
         return "warn", f"drift from constraints.txt: {'; '.join(drifted)}", details
+    if not in_checkout:
+        return "pass", f"{len(states)} core packages installed (a wheel install: no lock to compare with)", details
     return "pass", f"{len(states)} packages at their locked versions", details
 
 
@@ -183,8 +195,7 @@ def check_allreduce(ctx: DoctorContext) -> tuple[str, str, dict]:
     from toolkit.resources.collectives import allreduce_sweep
 
     result = allreduce_sweep(ctx.nproc)
-    details = {"backend": result.backend, "nproc": result.nproc, "rows": [asdict(r) for r in result.rows],
-               "table": result.table()}
+    details = result.to_details()
     largest = result.rows[-1]
     summary = (f"{result.nproc} processes, {result.backend}: busbw {largest.busbw_gbps:.2f} GB/s at "
                f"{largest.size_bytes / 2**20:g} MiB, {result.rows[0].time_us:,.0f} us at {result.rows[0].size_bytes} B")
@@ -199,6 +210,7 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
     def check(ctx: DoctorContext) -> tuple[str, str, dict]:
         """A real run of the tiny config for a few steps, in its own process, as training would start."""
         from toolkit import config as config_mod
+        from toolkit.runs.events import TrainEvent, read_events
         from toolkit.runs.launchers import worker_command
         from toolkit.runs.rundir import RunDir
 
@@ -210,7 +222,7 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
             cmd, env = worker_command(cfg, run.path)
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
                                   env={**os.environ, **env}, start_new_session=True)
-            losses = [e["loss"] for e in run.events("train")]
+            losses = [e.loss for e in read_events(run, TrainEvent)]
             status = run.read_status()
         if proc.returncode != 0 or status.get("state") != "completed":
             tail = proc.stderr.strip().splitlines()[-3:]

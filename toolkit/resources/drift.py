@@ -80,11 +80,26 @@ class PackageState:
         return "ok" if self.installed.split("+")[0] == self.locked.split("+")[0] else "drift"
 
 
+def installed_requirements(distribution: str = "trainbook") -> list[str]:
+    """The core requirements an installed distribution's metadata declares (names only, extras left out)."""
+    requires = importlib.metadata.requires(distribution) or []
+    return [_requirement_name(spec) for spec in requires if "extra ==" not in spec]
+
+
 def check(environment: Path = ENVIRONMENT_FILE, lock: Path = LOCK_FILE) -> list[PackageState]:
     """One row per package environment.yml declares."""
-    locked = locked_versions(lock) if Path(lock).exists() else {}
+    return _states(declared_packages(environment), locked_versions(lock) if Path(lock).exists() else {})
+
+
+def check_installed() -> list[PackageState]:
+    """A wheel install has no environment.yml or lock beside it: one row per core requirement of the installed
+    trainbook, none of them locked."""
+    return _states(installed_requirements(), {})
+
+
+def _states(names: list[str], locked: dict[str, str]) -> list[PackageState]:
     states = []
-    for name in declared_packages(environment):
+    for name in names:
         try:
             installed = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

@@ -13,6 +13,7 @@ from typing import Iterator
 
 from toolkit.runs import processes as run_processes
 from toolkit.runs import status as run_status
+from toolkit.runs.events import Event, StatusEvent, read_new
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES
 from toolkit.runs.supervisor import describe_exit
@@ -74,11 +75,11 @@ class RunHandle:
             os.killpg(self.process.pid, signal.SIGKILL)
             return self.wait()
 
-    def new_events(self) -> list[dict]:
-        events, self._offset = self.run.read_events(self._offset)
+    def new_events(self) -> list[Event]:
+        events, self._offset = read_new(self.run.events_path, self._offset)
         return events
 
-    def follow(self, interval_s: float = 0.5) -> Iterator[dict]:
+    def follow(self, interval_s: float = 0.5) -> Iterator[Event]:
         """Yield events as they are written, until the supervisor exits (then the rest, then stop)."""
         while True:
             try:
@@ -97,7 +98,7 @@ class RunHandle:
         if self.run.read_status().get("state") in FINAL_STATES:
             return
         state, reason = ("completed", None) if code == 0 else ("killed", describe_exit(code))
-        self.run.append_event("status", state=state, exit_code=code, reason=reason or describe_exit(code))
+        self.run.append_event(StatusEvent(state=state, exit_code=code, reason=reason or describe_exit(code)))
         run_status.transition(self.run, "complete" if code == 0 else "kill", exit_code=code, error=reason)
 
 

@@ -6,9 +6,11 @@ The notebook card (widgets/run_progress.py) folds the same events through :class
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tqdm import tqdm
+
+from toolkit.runs.events import ErrorEvent, EvalEvent, Event, StatusEvent, TrainEvent
 
 
 @dataclass
@@ -16,25 +18,25 @@ class RunProgress:
     max_steps: int
     state: str = "queued"
     step: int = 0
-    train: dict = field(default_factory=dict)  # the latest train event
-    val: dict = field(default_factory=dict)  # the latest eval event
+    train: TrainEvent | None = None  # the latest train event
+    val: EvalEvent | None = None  # the latest eval event
     message: str = ""  # the latest error
-    final: dict = field(default_factory=dict)  # the latest status event
+    final: StatusEvent | None = None  # the latest status event
 
-    def apply(self, event: dict) -> None:
-        kind = event["event"]
-        if kind == "train":
-            self.train, self.step, self.state = event, event["step"], "running"
-            self.max_steps = event.get("horizon", self.max_steps)  # a time budget moves the finish line
-        elif kind == "eval":
+    def apply(self, event: Event) -> None:
+        if isinstance(event, TrainEvent):
+            self.train, self.step, self.state = event, event.step, "running"
+            if event.horizon is not None:  # a time budget moves the finish line
+                self.max_steps = event.horizon
+        elif isinstance(event, EvalEvent):
             self.val = event
-        elif kind == "status":
-            self.state, self.final = event["state"], event
-        elif kind == "error":
-            self.message = event["message"]
+        elif isinstance(event, StatusEvent):
+            self.state, self.final = event.state, event
+        elif isinstance(event, ErrorEvent):
+            self.message = event.message
 
 
-def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress | None = None) -> dict:
+def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress | None = None) -> StatusEvent | None:
     """Show step, loss, tokens/s and ETA while the run goes; return the last status event. ``progress`` (folded
     as events arrive) lets the caller see how far the run got, should the follow be interrupted."""
     progress = progress or RunProgress(max_steps)
@@ -42,15 +44,15 @@ def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress 
               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
         for event in handle.follow():
             progress.apply(event)
-            if event["event"] == "error":
-                bar.write(f"error: {event['message']}")
+            if isinstance(event, ErrorEvent):
+                bar.write(f"error: {event.message}")
             bar.total = progress.max_steps
             bar.update(progress.step - bar.n)
             postfix = {}
             if progress.train:
                 t = progress.train
-                postfix.update(loss=f"{t['loss']:.3f}", tok_s=f"{t['tokens_per_s']:,.0f}", mfu=f"{100 * t['mfu']:.0f}%")
+                postfix.update(loss=f"{t.loss:.3f}", tok_s=f"{t.tokens_per_s:,.0f}", mfu=f"{100 * t.mfu:.0f}%")
             if progress.val:
-                postfix["val"] = f"{progress.val.get('val_bpb', progress.val['val_loss']):.3f}"
+                postfix["val"] = f"{progress.val.headline:.3f}"
             bar.set_postfix(postfix, refresh=True)
     return progress.final

@@ -3,7 +3,7 @@
     runs/<name>/
       config.yaml    the fully resolved config, written before the first step
       status.json    state, pid, last step, restarts (replaced atomically, never half-written)
-      events.jsonl   one JSON object a line, appended and flushed by rank 0
+      events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/runs/events.py)
       lineage.json   data name and hash, git commit, package versions, host
       tb/            TensorBoard scalars
       profile/       torch.profiler traces + summary.txt
@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -20,26 +19,9 @@ import yaml
 
 from toolkit import config as config_mod
 from toolkit.fsio import atomic_write_text, read_regular_file
+from toolkit.runs import events as events_mod
 from toolkit.runs import status as run_status
 from toolkit.runs.status import STATES
-
-
-class EventLog:
-    """Appends one JSON object per line and flushes it, so a reader tailing the file sees it at once."""
-
-    def __init__(self, path: Path):
-        self._file = open(path, "a", buffering=1)  # line-buffered: each event reaches the OS as it is written
-        self._lock = threading.Lock()  # the checkpoint thread writes events too
-
-    def emit(self, event: str, **fields) -> dict:
-        record = {"event": event, "time": round(time.time(), 3), **fields}
-        line = json.dumps(record) + "\n"
-        with self._lock:
-            self._file.write(line)
-        return record
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class RunDir:
@@ -48,7 +30,7 @@ class RunDir:
 
     config_path = property(lambda self: self.path / "config.yaml")
     status_path = property(lambda self: self.path / "status.json")
-    events_path = property(lambda self: self.path / "events.jsonl")
+    events_path = property(lambda self: self.path / events_mod.EVENTS_FILE)
     lineage_path = property(lambda self: self.path / "lineage.json")
     tb_dir = property(lambda self: self.path / "tb")
     profile_dir = property(lambda self: self.path / "profile")
@@ -97,29 +79,15 @@ class RunDir:
         return status
 
     def read_events(self, offset: int = 0) -> tuple[list[dict], int]:
-        """Events appended since byte ``offset``, and the offset to continue from.
+        """The raw JSON objects appended since byte ``offset``, and the offset to continue from (for tests and
+        notebooks that read the file's keys; code reads typed events through toolkit.runs.events)."""
+        return events_mod.read_records(self.events_path, offset)
 
-        A last line without its newline is being written right now: it is left for the next call.
-        """
-        try:
-            with open(self.events_path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return [], offset
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        events = [json.loads(line) for line in complete.splitlines() if line.strip()]
-        return events, offset + len(complete)
-
-    def append_event(self, event: str, **fields) -> dict:
-        """One event from a process other than rank 0 (worker start-up failure, supervisor, launcher), written
-        when no rank is writing: before training starts or after the ranks have died."""
-        log = EventLog(self.events_path)
-        try:
-            return log.emit(event, **fields)
-        finally:
-            log.close()
+    def append_event(self, event: events_mod.Event) -> events_mod.Event:
+        """One event from a process other than rank 0 (see events.append_event)."""
+        return events_mod.append_event(self.events_path, event)
 
     def events(self, kind: str | None = None) -> list[dict]:
-        events, _ = self.read_events()
-        return [e for e in events if kind is None or e["event"] == kind]
+        """The raw JSON objects of every event, only ``kind``'s when given (see read_events)."""
+        records, _ = self.read_events()
+        return [r for r in records if kind is None or r.get("event") == kind]

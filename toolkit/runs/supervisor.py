@@ -17,6 +17,7 @@ import time
 
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.runs import status as run_status
+from toolkit.runs.events import RestartEvent, StatusEvent
 from toolkit.runs.launchers import worker_command  # imports no torch
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES
@@ -76,13 +77,14 @@ class Supervisor:
             reason = describe_exit(code)
             print(f"[supervisor] training died ({reason}); restart {restarts}/{self.max_restarts} "
                   f"from step {from_step}", file=sys.stderr, flush=True)
-            self.run.append_event("restart", restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
-                                  checkpoint=info.name if info else None, skipped=[s.name for s in skipped])
+            self.run.append_event(RestartEvent(restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
+                                               checkpoint=info.name if info else None,
+                                               skipped=[s.name for s in skipped]))
             run_status.transition(self.run, "restart", last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state")
         if code != 0 and (state not in FINAL_STATES or state == "completed"):
             final = "killed" if self.stopping or code < 0 else "failed"
-            self.run.append_event("status", state=final, exit_code=code, reason=describe_exit(code))
+            self.run.append_event(StatusEvent(state=final, exit_code=code, reason=describe_exit(code)))
             run_status.transition(self.run, "kill" if final == "killed" else "fail", exit_code=code,
                                   error=describe_exit(code))
         return 0 if code == 0 else 1

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.runs.parent_watch import parent_env
 from toolkit.ports import free_port
+from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 
 READY_TIMEOUT_S = 90.0
 
@@ -26,16 +20,14 @@ class TensorBoardError(RuntimeError):
 class TensorBoardServer:
     url: str
     logdir: Path
-    process: subprocess.Popen
+    service: ServiceProcess
+
+    @property
+    def process(self):
+        return self.service.process
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        self.service.stop()
 
     def __enter__(self):
         return self
@@ -50,26 +42,9 @@ def start_tensorboard(run_dir: str | Path, port: int | None = None) -> TensorBoa
     if not logdir.is_dir():
         raise TensorBoardError(f"run_dir: {str(logdir)!r} is not a folder; allowed: a run directory")
     port = port or free_port()
-    log = open(logdir / "tensorboard.log", "ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "toolkit.runs.tensorboard_main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", str(port), "--reload_interval", "5"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, **parent_env()})  # stops by itself if this process dies without stop()
-    log.close()
-    server = TensorBoardServer(url=f"http://127.0.0.1:{port}/", logdir=logdir, process=process)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(server.url + "data/logdir", timeout=2) as response:
-                if response.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        try:
-            code = process.wait(0.25)  # returns at once if TensorBoard died (port taken, bad install)
-        except subprocess.TimeoutExpired:
-            continue
-        raise TensorBoardError(f"TensorBoard exited with code {code}; see {logdir / 'tensorboard.log'}")
-    server.stop()
-    raise TensorBoardError(f"TensorBoard did not answer on {server.url} within {READY_TIMEOUT_S:.0f} s")
+    service = start_service([sys.executable, "-m", "toolkit.runs.tensorboard_main", "--logdir", str(logdir),
+                             "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"],
+                            logdir / "tensorboard.log")
+    server = TensorBoardServer(url=f"http://127.0.0.1:{port}/", logdir=logdir, service=service)
+    wait_until_answers(service, server.url + "data/logdir", READY_TIMEOUT_S, "TensorBoard", TensorBoardError)
+    return server

@@ -16,6 +16,7 @@ import time
 import traceback
 
 from toolkit.runs import status as run_status
+from toolkit.runs.events import ErrorEvent
 from toolkit.runs.rundir import RunDir
 
 CONFIG_WAIT_S = 300.0  # a node's first process loads the config and the data index; a slow node may lag
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             if trainer is not None and trainer.sink is not None:
                 trainer.sink.fail(message)
             else:  # failed while building: no sink yet, but the run directory must still say why
-                run.append_event("error", message=message)
+                run.append_event(ErrorEvent(message=message))
                 run_status.transition(run, "fail", error=message)
         return 1
     finally:

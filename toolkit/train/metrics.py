@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 
 from toolkit.fsio import atomic_write_text
 from toolkit.runs import status as run_status
-from toolkit.runs.rundir import EventLog, RunDir
+from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, ErrorEvent, EvalEvent, EventLog,
+                                 ProfileEvent, StatusEvent, TrainEvent)
+from toolkit.runs.rundir import RunDir
 
 STATUS_EVERY_S = 2.0  # status.json is for people and supervisors: refreshing it faster buys nothing
 
-# events.jsonl field -> TensorBoard tag
+# event field -> TensorBoard tag
 TRAIN_SCALARS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "perf/tokens_per_s",
                  "mfu": "perf/mfu", "data_wait_pct": "perf/data_wait_pct"}
 EVAL_SCALARS = {"val_loss": "eval/val_loss", "val_bpb": "eval/val_bpb"}
@@ -35,19 +38,19 @@ class MetricsSink:
         # the MFU peak too: it is the run's denominator, and the machine's cached figure may change later
         run_status.transition(self.run, "start", pid=os.getpid(), started=time.time(),
                               peak_flops=facts.get("peak_flops"))
-        self.events.emit("status", state="running", **facts)
+        self.events.write(StatusEvent(state="running", **facts))
 
     def train(self, step: int, **values) -> None:
-        record = self.events.emit("train", step=step, **{k: _round(v) for k, v in values.items()})
+        event = self.events.write(TrainEvent(step=step, **{k: _round(v) for k, v in values.items()}))
         for key, tag in TRAIN_SCALARS.items():
-            self.tb.add_scalar(tag, record[key], step)
+            self.tb.add_scalar(tag, getattr(event, key), step)
         now = time.monotonic()
         if now - self._last_status >= STATUS_EVERY_S:
             run_status.update(self.run, step=step)
             self._last_status = now
 
     def eval(self, step: int, **values) -> None:
-        self.events.emit("eval", step=step, **{k: _round(v) for k, v in values.items()})
+        self.events.write(EvalEvent(step=step, **{k: _round(v) for k, v in values.items()}))
         for key, tag in EVAL_SCALARS.items():
             if key in values:
                 self.tb.add_scalar(tag, values[key], step)
@@ -56,23 +59,23 @@ class MetricsSink:
     def checkpoint(self, step: int, **figures) -> None:
         """A checkpoint was published and the steps it slowed are over (called from the training thread).
         lost_ms is its cost; blocking_ms the part of it spent standing still."""
-        record = self.events.emit("checkpoint", step=step, **{k: _round(v) for k, v in figures.items()})
+        event = self.events.write(CheckpointEvent(step=step, **{k: _round(v) for k, v in figures.items()}))
         for key in ("lost_ms", "blocking_ms", "persist_ms", "bytes"):
-            self.tb.add_scalar(f"checkpoint/{key}", record[key], step)
+            self.tb.add_scalar(f"checkpoint/{key}", getattr(event, key), step)
 
     def checkpoint_error(self, step: int, message: str) -> None:
-        self.events.emit("checkpoint_error", step=step, message=message)
+        self.events.write(CheckpointErrorEvent(step=step, message=message))
 
     def profile(self, summary: dict) -> None:
-        self.events.emit("profile", **summary)
+        self.events.write(ProfileEvent(**summary))
 
     def finish(self, result: dict) -> None:
-        self.events.emit("status", state="completed", **result)
+        self.events.write(StatusEvent(state="completed", **result))
         run_status.transition(self.run, "complete", step=result["step"], ended=time.time())
         self.tb.flush()
 
     def fail(self, error: str) -> None:
-        self.events.emit("error", message=error)
+        self.events.write(ErrorEvent(message=error))
         run_status.transition(self.run, "fail", error=error, ended=time.time())
 
     def close(self) -> None:
@@ -82,3 +85,27 @@ class MetricsSink:
 
 def _round(value):
     return round(value, 6) if isinstance(value, float) else value
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """A run's speed once start-up is behind it."""
+    tokens_per_s: float
+    """Mean of the logged intervals' tokens per second."""
+    mfu: float
+    """Mean model FLOPs utilisation, 0..1."""
+    data_wait_pct_max: float
+    """The worst interval's share of time spent waiting for data, percent."""
+    intervals: int
+    """How many logged intervals the figures average."""
+
+
+def steady_state(train: list[TrainEvent]) -> SteadyState | None:
+    """The figures of the second half of a run's logged intervals: the first half holds start-up (the first
+    steps' allocations and warm-up, the first checkpoint) and would understate a long run's speed."""
+    tail = train[len(train) // 2:]
+    if not tail:
+        return None
+    return SteadyState(tokens_per_s=sum(e.tokens_per_s for e in tail) / len(tail),
+                       mfu=sum(e.mfu for e in tail) / len(tail),
+                       data_wait_pct_max=max(e.data_wait_pct for e in tail), intervals=len(tail))

@@ -6,12 +6,14 @@ the durable outputs; the plugin is a convenience on top.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 SUMMARY_ROWS = 25
+OPERATORS_FILE = "top_operators.json"  # the same rows as summary.txt, for tables a notebook renders
 
 
 class StepProfiler:
@@ -42,6 +44,12 @@ class StepProfiler:
         averages = prof.key_averages()
         table = averages.table(sort_by=sort_key, row_limit=SUMMARY_ROWS)
         self.summary_path.write_text(table + "\n")
+        ranked = sorted(averages, key=lambda e: getattr(e, sort_key), reverse=True)[:SUMMARY_ROWS]
+        total_us = sum(e.self_cpu_time_total for e in averages) or 1.0
+        rows = [{"name": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3),
+                 "self_cpu_pct": round(100 * e.self_cpu_time_total / total_us, 2),
+                 "cpu_total_ms": round(e.cpu_time_total / 1e3, 3), "calls": e.count} for e in ranked]
+        (self.out_dir / OPERATORS_FILE).write_text(json.dumps(rows, indent=1) + "\n")
         top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:5]
         if self.on_summary:
             self.on_summary({

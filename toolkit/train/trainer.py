@@ -28,6 +28,7 @@ from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import MODELS
 from toolkit.train.rng import restore_rng
 from toolkit import safe_load
+from toolkit.runs.events import CheckpointInvalidEvent
 from toolkit.runs.rundir import RunDir
 
 # Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
@@ -197,7 +198,7 @@ class Trainer:
         for bad in skipped:
             print(f"checkpoint {bad.name} is not usable: {bad.reason}; trying an older one", file=sys.stderr)
             if self.sink:
-                self.sink.events.emit("checkpoint_invalid", checkpoint=bad.name, reason=bad.reason)
+                self.sink.events.write(CheckpointInvalidEvent(checkpoint=bad.name, reason=bad.reason))
         if info is None:
             return {}
         check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size)

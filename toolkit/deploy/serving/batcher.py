@@ -163,10 +163,7 @@ class Batcher:
 
     def __init__(self, runtime, max_batch: int = 16, max_wait_ms: float = 5.0,
                  max_rows: int = MAX_ROWS_PER_FORWARD):
-        if not 1 <= max_batch <= 256:
-            raise ValueError(f"max_batch: {max_batch} is not allowed; allowed: 1 to 256")
-        if not 0 <= max_wait_ms <= 1000:
-            raise ValueError(f"max_wait_ms: {max_wait_ms} is not allowed; allowed: 0 to 1000")
+        # max_batch and max_wait_ms come checked (toolkit.deploy.serving.options owns their bounds)
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows: {max_rows!r} is not allowed; allowed: an integer from 1")
         self.runtime, self.max_batch, self.max_wait_s = runtime, max_batch, max_wait_ms / 1000

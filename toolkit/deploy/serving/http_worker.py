@@ -35,6 +35,7 @@ from gunicorn import http as gunicorn_http
 from gunicorn import util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from toolkit.deploy.serving.options import ServingOptions
 from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, body_too_large
 
 WORKER_CONNECTIONS = 1000  # gunicorn's default: open connections (reading, waiting or kept alive) at once
@@ -244,8 +245,8 @@ class WholeRequestWorker(ThreadWorker):
         super().__init__(*args, **kwargs)
         if self.cfg.is_ssl or "h2" in (getattr(self.cfg, "http_protocols", None) or []):
             raise RuntimeError("WholeRequestWorker reads plain HTTP/1.1 only (no TLS, no HTTP/2)")
-        self.header_timeout = float(os.environ.get("TRAINBOOK_HEADER_TIMEOUT_S", HEADER_TIMEOUT_S))
-        self.body_timeout = float(os.environ.get("TRAINBOOK_BODY_TIMEOUT_S", BODY_TIMEOUT_S))
+        options = ServingOptions.from_environment()  # what serve() started this server with
+        self.header_timeout, self.body_timeout = options.header_timeout, options.body_timeout
         self.reading: dict[_Conn, RequestScan] = {}
         self.lingering: dict[socket.socket, list] = {}  # socket -> [deadline, bytes drained], oldest first
         self.max_lingering = max(1, self.worker_connections // LINGER_SHARE)

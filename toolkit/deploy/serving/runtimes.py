@@ -8,6 +8,8 @@ from typing import Callable
 
 import numpy as np
 
+from toolkit.deploy.serving.options import WEIGHTS
+
 
 class OnnxRuntime:
     name = "onnx"
@@ -20,7 +22,7 @@ class OnnxRuntime:
         # ORT's worker threads spin after each run waiting for the next; in a server the request threads need
         # those cycles (on 2 cores spinning halved the endpoint's throughput), so they sleep instead.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(model_dir / "model.onnx"), options,
+        self.session = ort.InferenceSession(str(model_dir / WEIGHTS[self.name]), options,
                                             providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
 
@@ -41,7 +43,7 @@ class TorchRuntime:
 
         cfg = config_mod.from_dict(yaml.safe_load((model_dir / "config.yaml").read_text()))
         self.model = MODELS[cfg.model.name].build(cfg.model)
-        load_model(self.model, str(model_dir / "model.safetensors"), strict=False)  # the tied lm_head is shared
+        load_model(self.model, str(model_dir / WEIGHTS[self.name]), strict=False)  # the tied lm_head is shared
         self.model.eval()
         self._torch = torch
 

@@ -4,13 +4,10 @@ The same file runs in Azure ML's managed online endpoint and in Trainbook's loca
 inference server, azureml-inference-server-http). It is decorated with ``@rawhttp`` so it sees the method,
 the headers and the raw body: that is what lets it answer 400/401/413 itself and never a 500 for bad input.
 
-Settings come from environment variables (the deployment's environment_variables on Azure ML):
-    TRAINBOOK_RUNTIME        onnx (default) or torch
-    TRAINBOOK_MAX_BATCH      requests batched into one forward pass (default 16; 1 turns batching off)
-    TRAINBOOK_MAX_WAIT_MS    how long an idle model waits for a batch to fill (default 5)
-    TRAINBOOK_REQUEST_TIMEOUT_S  seconds a request may wait for its answer before it gets 503 (default 120)
-    TRAINBOOK_KEY_FILE       local endpoint only: the key requests must carry; on Azure ML the endpoint
-                             checks keys before a request reaches this script
+Settings come from environment variables (the deployment's environment_variables on Azure ML): the
+ServingOptions (toolkit.deploy.serving.options: TRAINBOOK_RUNTIME, TRAINBOOK_MAX_BATCH, TRAINBOOK_MAX_WAIT_MS,
+TRAINBOOK_REQUEST_TIMEOUT_S, ...), and TRAINBOOK_KEY_FILE, local endpoint only: the key requests must carry (on
+Azure ML the endpoint checks keys before a request reaches this script).
 """
 
 from __future__ import annotations
@@ -27,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from azureml_inference_server_http.api.aml_request import rawhttp  # noqa: E402
 from azureml_inference_server_http.api.aml_response import AMLResponse  # noqa: E402
 
-from toolkit.deploy.serving.protocol import REQUEST_TIMEOUT_S, RequestError  # noqa: E402
+from toolkit.deploy.serving.options import ServingOptions  # noqa: E402
+from toolkit.deploy.serving.protocol import RequestError  # noqa: E402
 from toolkit.deploy.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
 
@@ -37,14 +35,8 @@ service: ScoringService | None = None
 def init() -> None:
     global service
     key_file = os.environ.get("TRAINBOOK_KEY_FILE")
-    service = ScoringService(
-        find_model_dir(os.environ["AZUREML_MODEL_DIR"]),
-        runtime=os.environ.get("TRAINBOOK_RUNTIME", "onnx"),
-        max_batch=int(os.environ.get("TRAINBOOK_MAX_BATCH", "16")),
-        max_wait_ms=float(os.environ.get("TRAINBOOK_MAX_WAIT_MS", "5")),
-        request_timeout=float(os.environ.get("TRAINBOOK_REQUEST_TIMEOUT_S", REQUEST_TIMEOUT_S)),
-        key=Path(key_file).read_text().strip() if key_file else None,
-    )
+    service = ScoringService(find_model_dir(os.environ["AZUREML_MODEL_DIR"]), ServingOptions.from_environment(),
+                             key=Path(key_file).read_text().strip() if key_file else None)
 
 
 @rawhttp

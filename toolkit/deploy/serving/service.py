@@ -13,7 +13,8 @@ import time
 from typing import Callable
 
 from toolkit.deploy.serving.batcher import Batcher
-from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, REQUEST_TIMEOUT_S, RequestError, body_too_large, parse
+from toolkit.deploy.serving.options import ServingOptions
+from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, RequestError, body_too_large, parse
 from toolkit.deploy.serving.runtimes import describe, load_runtime
 
 CLIENT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still connected
@@ -30,16 +31,12 @@ def authorised(key: str | None, authorization: str | None) -> bool:
 
 
 class ScoringService:
-    def __init__(self, model_dir, runtime: str = "onnx", max_batch: int = 16, max_wait_ms: float = 5.0,
-                 key: str | None = None, request_timeout: float = REQUEST_TIMEOUT_S):
-        self.runtime = load_runtime(model_dir, runtime)
-        self.batcher = Batcher(self.runtime, max_batch=max_batch, max_wait_ms=max_wait_ms)
+    def __init__(self, model_dir, options: ServingOptions = ServingOptions(), key: str | None = None):
+        self.runtime = load_runtime(model_dir, options.runtime)
+        self.batcher = Batcher(self.runtime, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms)
         self.key = key
-        if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or \
-                not request_timeout > 0:
-            raise ValueError(f"request_timeout: {request_timeout!r} is not allowed; allowed: seconds, above 0")
-        self.request_timeout = request_timeout
-        self.info = {**describe(self.runtime), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
+        self.request_timeout = options.request_timeout
+        self.info = {**describe(self.runtime), "max_batch": options.max_batch, "max_wait_ms": options.max_wait_ms,
                      "max_rows_per_forward": self.batcher.max_rows}
 
     def handle(self, method: str, authorization: str | None, content_length: int | None,

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from toolkit import safe_load
-from toolkit.train.engines import adamw_param_groups
+from toolkit.train.engines.param_groups import adamw_param_groups
 
 
 def deepspeed_config(cfg) -> dict:

@@ -8,7 +8,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
-from toolkit.train.engines import adamw_param_groups
+from toolkit.train.engines.param_groups import adamw_param_groups
 
 
 class TorchEngine:

@@ -1,0 +1,98 @@
+"""The serving options: one bounded dataclass for the local endpoint (``serve``), score.py (locally and on Azure
+ML) and the Azure deployment plan, and the environment variables that carry it to the server process.
+
+    options = ServingOptions(runtime="torch", max_batch=8)   # refused here, naming the flag, if out of bounds
+    env = options.environment()                              # what the server process is started with
+    ServingOptions.from_environment()                        # what score.py and the HTTP worker read back
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S
+
+WEIGHTS = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
+MAX_BATCH = 256
+MAX_WAIT_MS = 1000
+MAX_THREADS = 256
+TIMEOUT_S = (0.5, 3600.0)  # any timeout's bounds: above a network round trip, below an hour
+
+
+class ServingOptionsError(ValueError):
+    """An option out of bounds; the message names the flag, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    runtime: str = "onnx"
+    """Which weights the server loads: onnx (model.onnx, onnxruntime) or torch (model.safetensors)."""
+    max_batch: int = 16
+    """Requests batched into one forward pass, 1 to 256 (1 turns batching off)."""
+    max_wait_ms: float = 5.0
+    """How long an idle model waits for a batch to fill, 0 to 1000 ms."""
+    threads: int = 32
+    """Concurrent requests the server process accepts (the batcher serialises the model's work)."""
+    header_timeout: float = HEADER_TIMEOUT_S
+    """Seconds a client has to send its request head (408 after)."""
+    body_timeout: float = BODY_TIMEOUT_S
+    """Seconds a client has to send its body once the head is in (408 after)."""
+    request_timeout: float = REQUEST_TIMEOUT_S
+    """Seconds a request may wait for its answer, the model's queue included (503 after)."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if problem := _problem(f.name, getattr(self, f.name)):
+                raise ServingOptionsError(f"{flag(f.name)}: {getattr(self, f.name)!r} is not allowed; allowed: {problem}")
+
+    def environment(self) -> dict[str, str]:
+        """The variables score.py and the HTTP server read: every option, one worker process with its threads."""
+        env = {ENV[name]: str(getattr(self, name)) for name in ENV}
+        env.update({"WORKER_COUNT": "1", "GUNICORN_CMD_ARGS": f"--threads {self.threads}"})
+        return env
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] = os.environ) -> ServingOptions:
+        """The options a server process was started with (defaults for what is not set)."""
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        given = {}
+        for name, variable in ENV.items():
+            if variable in env:
+                convert = {"int": int, "float": float}.get(kinds[name], str)
+                try:
+                    given[name] = convert(env[variable])
+                except ValueError:
+                    raise ServingOptionsError(f"{variable}: {env[variable]!r} is not allowed; allowed: "
+                                              f"{_problem(name, None)}") from None
+        return cls(**given)
+
+
+ENV = {"runtime": "TRAINBOOK_RUNTIME", "max_batch": "TRAINBOOK_MAX_BATCH", "max_wait_ms": "TRAINBOOK_MAX_WAIT_MS",
+       "threads": "TRAINBOOK_THREADS", "header_timeout": "TRAINBOOK_HEADER_TIMEOUT_S",
+       "body_timeout": "TRAINBOOK_BODY_TIMEOUT_S", "request_timeout": "TRAINBOOK_REQUEST_TIMEOUT_S"}
+# gunicorn takes its threads from GUNICORN_CMD_ARGS; TRAINBOOK_THREADS says the same to our own code
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of an option, which error messages use: ``--max-batch``."""
+    return "--" + name.replace("_", "-")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _problem(name: str, value) -> str | None:
+    """What is allowed for option ``name`` when ``value`` is not (None when it is)."""
+    if name == "runtime":
+        return None if value in WEIGHTS else ", ".join(WEIGHTS)
+    low, high, unit, integer = {  # the unit is in the flag's name where it is not written here
+        "max_batch": (1, MAX_BATCH, "", True),
+        "threads": (1, MAX_THREADS, "", True),
+        "max_wait_ms": (0, MAX_WAIT_MS, "", False),
+    }.get(name, (*TIMEOUT_S, " seconds", False))
+    ok = _number(value) and (isinstance(value, int) or not integer) and low <= value <= high
+    return None if ok else f"{low:g} to {high:g}{unit}"

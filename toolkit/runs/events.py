@@ -1,0 +1,269 @@
+"""The schema of events.jsonl: one dataclass per kind of event, its one writer and its readers.
+
+On disk each event is one JSON object a line, ``{"event": <kind>, "time": <epoch s>, <field>: <value>, ...}``,
+appended and flushed as it happens. Readers tolerate what other versions write: a line of a kind this version
+does not know is passed over, keys it does not know are ignored, and fields added since a run was recorded
+are optional. A line that is not an event at all (not JSON, or a known kind without a required field) is
+skipped with a warning naming the file and its byte offset, so one bad line never stops a panel or a report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time as time_mod
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+EVENTS_FILE = "events.jsonl"
+
+
+def _field(doc: str, *, optional: bool = False, null: bool = False):
+    """A field and its one-line description. ``optional``: absent from older runs or from some writers, left
+    out of the line when None. ``null``: always written, None (JSON null) included."""
+    metadata = {"doc": doc, "omit_if_none": optional}
+    return dataclasses.field(default=None, metadata=metadata) if optional or null \
+        else dataclasses.field(metadata=metadata)
+
+
+@dataclass(kw_only=True)
+class Event:
+    kind: ClassVar[str]
+    time: float | None = _field("seconds since the epoch when it was written (the writer sets it)", optional=True)
+
+
+@dataclass(kw_only=True)
+class StatusEvent(Event):
+    """The run's state changed: running (rank 0 started), completed (rank 0 finished), failed or killed
+    (written by the supervisor or the launcher when the ranks died without saying so)."""
+    kind: ClassVar[str] = "status"
+    state: str = _field("queued, running, completed, failed or killed (see rundir.STATES)")
+    n_params: int | None = _field("running: the model's parameter count", optional=True)
+    flops_per_item: float | None = _field("running: training FLOPs per token (or sample)", optional=True)
+    peak_flops: float | None = _field("running: this device's peak FLOP/s, the denominator of MFU", optional=True)
+    attempt: int | None = _field("running: 0 for the first start, +1 per restart or resume", optional=True)
+    resumed_from: str | None = _field("running: the checkpoint this attempt resumed from", optional=True)
+    resumed_step: int | None = _field("running: the step that checkpoint was taken at", optional=True)
+    step: int | None = _field("completed: the last optimizer step", optional=True)
+    train_seconds: float | None = _field("completed: training time, evaluation excluded", optional=True)
+    val_loss: float | None = _field("completed: the final validation loss (nats)", optional=True)
+    val_bpb: float | None = _field("completed: the final validation bits per byte (byte data only)", optional=True)
+    exit_code: int | None = _field("written by the supervisor or launcher: the process's exit code", optional=True)
+    reason: str | None = _field("written by the supervisor or launcher: the exit code in words", optional=True)
+
+
+@dataclass(kw_only=True)
+class TrainEvent(Event):
+    """One log interval of training (every train.log_every steps, and the last step)."""
+    kind: ClassVar[str] = "train"
+    step: int = _field("optimizer steps completed")
+    loss: float = _field("mean training loss over the interval, all ranks (nats)")
+    lr: float = _field("the learning rate of the interval's last step")
+    tokens_per_s: float = _field("items (tokens, or samples for tables) per second, all ranks")
+    data_wait_pct: float = _field("share of the interval spent waiting for batches, percent")
+    mfu: float = _field("model FLOPs utilisation, 0..1")
+    elapsed_s: float = _field("training time so far, agreed between ranks (evaluation excluded)")
+    horizon: int | None = _field("the step the LR schedule ends at (moves under a time budget)", optional=True)
+
+
+@dataclass(kw_only=True)
+class EvalEvent(Event):
+    """A validation pass."""
+    kind: ClassVar[str] = "eval"
+    step: int = _field("the step it was evaluated at")
+    val_loss: float = _field("mean validation loss (nats)")
+    val_bpb: float | None = _field("validation bits per byte (byte data only)", optional=True)
+
+    @property
+    def headline(self) -> float:
+        """What the pass is shown as: bits per byte where the data is bytes, the loss otherwise."""
+        return self.val_loss if self.val_bpb is None else self.val_bpb
+
+
+@dataclass(kw_only=True)
+class CheckpointEvent(Event):
+    """A checkpoint was published and the steps its write slowed are over: what it cost."""
+    kind: ClassVar[str] = "checkpoint"
+    step: int = _field("the step it holds")
+    lost_ms: float | None = _field("training time it lost, blocking plus slowed steps (runs since lost_ms)",
+                                   optional=True)
+    blocking_ms: float = _field("training time spent standing still for it, milliseconds")
+    window_steps: int | None = _field("steps its cost was measured over (runs since lost_ms)", optional=True)
+    baseline_step_ms: float | None = _field("the undisturbed step time it was compared with; null when unknown",
+                                            null=True)
+    path: str = _field("the published checkpoint folder")
+    persist_ms: float = _field("from its start to its publication, milliseconds")
+    bytes: int = _field("its size on disk")
+    deleted: list = _field("checkpoint names retention removed when it was published")
+
+
+@dataclass(kw_only=True)
+class CheckpointErrorEvent(Event):
+    """A checkpoint could not be written; training goes on."""
+    kind: ClassVar[str] = "checkpoint_error"
+    step: int = _field("the step whose checkpoint failed")
+    message: str = _field("what went wrong")
+
+
+@dataclass(kw_only=True)
+class CheckpointInvalidEvent(Event):
+    """At start-up, a checkpoint failed verification and an older one is tried."""
+    kind: ClassVar[str] = "checkpoint_invalid"
+    checkpoint: str = _field("the checkpoint's folder name")
+    reason: str = _field("why it is not usable")
+
+
+@dataclass(kw_only=True)
+class ProfileEvent(Event):
+    """The profiler's active steps are over and its traces are written."""
+    kind: ClassVar[str] = "profile"
+    summary: str = _field("path of the operator table (summary.txt)")
+    traces: list = _field("trace file names in the profile folder")
+    top_ops: list = _field("the five most expensive operators: {name, self_cpu_ms, calls}")
+
+
+@dataclass(kw_only=True)
+class ErrorEvent(Event):
+    """Training failed with an exception (rank 0, or the worker when it failed before training started)."""
+    kind: ClassVar[str] = "error"
+    message: str = _field("the exception type and message")
+
+
+@dataclass(kw_only=True)
+class RestartEvent(Event):
+    """The supervisor restarts training after it died."""
+    kind: ClassVar[str] = "restart"
+    restart: int = _field("restarts by this supervisor so far, this one included")
+    attempt: int = _field("the attempt number the restart starts")
+    reason: str = _field("how training died")
+    from_step: int = _field("the step training restarts from (0: no checkpoint)")
+    checkpoint: str | None = _field("the checkpoint it restarts from; null when none", null=True)
+    skipped: list = _field("newer checkpoints that failed verification")
+
+
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
+    StatusEvent, TrainEvent, EvalEvent, CheckpointEvent, CheckpointErrorEvent, CheckpointInvalidEvent, ProfileEvent,
+    ErrorEvent, RestartEvent)}
+E = TypeVar("E", bound=Event)
+
+
+# --- the format ---------------------------------------------------------------------------------------------------
+
+def to_record(event: Event) -> dict:
+    """The JSON object of one line: "event" and "time" first, then the fields (optional ones only when set)."""
+    record = {"event": event.kind, "time": event.time}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        if f.name != "time" and not (value is None and f.metadata["omit_if_none"]):
+            record[f.name] = value
+    return record
+
+
+def from_record(record: dict) -> Event | None:
+    """The event a line's object holds; None for a kind this version does not know. Keys it does not know are
+    ignored. Raises ValueError when the object is not an event (no kind, a required field missing)."""
+    kind = record.get("event")
+    if not isinstance(kind, str):
+        raise ValueError(f"'event': {kind!r}; allowed: the event's kind, a string")
+    cls = KINDS.get(kind)
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in record.items() if k in names})
+    except TypeError as exc:  # the dataclass names the missing field
+        raise ValueError(f"a {kind} event: {exc}") from None
+
+
+class EventLog:
+    """The one writer: appends each event as one JSON line and flushes it, so a reader tailing the file sees it
+    at once."""
+
+    def __init__(self, path: Path):
+        self._file = open(path, "a", buffering=1)  # line-buffered: each event reaches the OS as it is written
+        self._lock = threading.Lock()  # the checkpoint thread writes events too
+
+    def write(self, event: E) -> E:
+        """Append ``event`` (stamped with the time now when it has none); return it as written."""
+        if event.time is None:
+            event = dataclasses.replace(event, time=round(time_mod.time(), 3))
+        line = json.dumps(to_record(event)) + "\n"
+        with self._lock:
+            self._file.write(line)
+        return event
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def append_event(path: Path, event: E) -> E:
+    """One event from a process other than rank 0 (worker start-up failure, supervisor, launcher), written when
+    no rank is writing: before training starts or after the ranks have died."""
+    log = EventLog(path)
+    try:
+        return log.write(event)
+    finally:
+        log.close()
+
+
+# --- reading ------------------------------------------------------------------------------------------------------
+
+def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
+    """The JSON objects of the lines appended since byte ``offset``, and the offset to continue from.
+
+    A last line without its newline is being written right now: it is left for the next call. A line that is
+    not a JSON object is skipped with a warning.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    records, at = [], offset
+    for line in complete.splitlines(keepends=True):
+        try:
+            record = json.loads(line) if line.strip() else None
+            if record is not None and not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}; allowed: a JSON object")
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            _skipped(path, at, exc)
+            record = None
+        if record is not None:
+            records.append(record)
+        at += len(line)
+    return records, offset + len(complete)
+
+
+def read_new(path: Path, offset: int = 0) -> tuple[list[Event], int]:
+    """The events appended since byte ``offset`` (what a follower polls), and the offset to continue from."""
+    records, end = read_records(path, offset)
+    events = [_event_or_none(path, r) for r in records]
+    return [e for e in events if e is not None], end
+
+
+def read_events(run_dir, kind: type[E] | None = None) -> list[E]:
+    """Every event of a run directory (a path or a RunDir) in the order written; only ``kind``'s when given,
+    e.g. ``read_events(run, TrainEvent)``."""
+    if kind is not None and KINDS.get(getattr(kind, "kind", None)) is not kind:
+        raise ValueError(f"kind: {kind!r}; allowed: one of {', '.join(c.__name__ for c in KINDS.values())}")
+    path = Path(getattr(run_dir, "path", run_dir)) / EVENTS_FILE
+    events, _ = read_new(path)
+    return [e for e in events if kind is None or isinstance(e, kind)]
+
+
+def _event_or_none(path: Path, record: dict) -> Event | None:
+    try:
+        return from_record(record)
+    except ValueError as exc:
+        _skipped(path, None, exc)
+        return None
+
+
+def _skipped(path: Path, offset: int | None, reason: Exception) -> None:
+    where = f"{path}" + ("" if offset is None else f" at byte {offset}")
+    warnings.warn(f"{where}: a line that is not an event ({reason}) is skipped", RuntimeWarning, stacklevel=3)
