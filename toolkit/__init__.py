@@ -31,7 +31,7 @@ PUBLIC_API = {
     "start_run": "toolkit.runs.launch:start",
     "resume": "toolkit.runs.launch:resume",
     "open_run": "toolkit.runs.rundir:RunDir",
-    "list_runs": "toolkit.runs.launch:list_runs",
+    "list_runs": "toolkit.runs.run_index:list_runs",
     "start_tensorboard": "toolkit.runs.tensorboard:start_tensorboard",
     "advise_checkpoint_interval": "toolkit.checkpoint.interval_advisor:advise_for_run",
     "open_workspace": "toolkit.catalogue.workspace:Workspace.open",

@@ -33,29 +33,79 @@ def _cmd_resume(args) -> int:
 
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
-    handle = launch.resume(args.run_dir, max_restarts=args.max_restarts, from_checkpoint=args.from_checkpoint)
+    try:
+        handle = launch.resume(args.run_dir, max_restarts=args.max_restarts, from_checkpoint=args.from_checkpoint)
+    except launch.NothingToResume as done:
+        print(done, file=sys.stderr)
+        return 0
+    print(handle.plan, file=sys.stderr)
     return _follow(handle, handle.run.read_config().train.max_steps)
 
 
-def _follow(handle, max_steps: int) -> int:
-    from toolkit.runs import launch
-    from toolkit.runs.progress import follow_in_terminal
+class _Terminated(Exception):
+    """SIGTERM or SIGHUP reached the foreground CLI (`timeout`, a closed terminal, a cancelled CI job)."""
 
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
+def _follow(handle, max_steps: int) -> int:
+    """Follow the run in the terminal until it ends. Ctrl-C, SIGTERM and SIGHUP stop the run with the CLI: it
+    runs in its own session, so without this a closed terminal would leave it training, detached."""
+    from toolkit.runs.progress import RunProgress, follow_in_terminal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_terminated)
     print(f"run directory: {handle.path}", file=sys.stderr)
+    progress = RunProgress(max_steps)
     try:
-        final = follow_in_terminal(handle, max_steps)
-    except KeyboardInterrupt:
-        print("interrupted: stopping the run", file=sys.stderr)
+        final = follow_in_terminal(handle, max_steps, progress=progress)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        signum = exc.args[0] if isinstance(exc, _Terminated) else signal.SIGINT
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        _tell(f"interrupted ({signal.Signals(signum).name}): stopping the run")
         handle.stop()
-        return 130
+        _tell(f"stopped at step {_last_step(handle, progress)}; {_resume_hint(handle)}")
+        return 128 + signum
     code = handle.wait()
     status = handle.run.read_status()
+    state, step = status.get("state"), _last_step(handle, progress)
     figures = {k: getattr(final, k) for k in ("val_loss", "val_bpb", "train_seconds")} if final else {}
     summary = ", ".join(f"{k}={v:.4g}" for k, v in figures.items() if v is not None)
-    print(f"{status.get('state')}: step {status.get('step')} {summary}".rstrip(), file=sys.stderr)
-    if code != 0:
-        print(f"training failed (exit code {code}); log: {handle.path / launch.LOG_NAME}", file=sys.stderr)
+    from toolkit.runs.supervisor import LOG_NAME
+
+    if state == "killed":
+        cause = str(status.get("error") or "a signal").removeprefix("signal ")
+        print(f"killed by {cause} at step {step} (the last step logged)\n{_resume_hint(handle)}", file=sys.stderr)
+    else:
+        print(f"{state}: step {step} {summary}".rstrip(), file=sys.stderr)
+        if code != 0:
+            print(f"training failed (exit code {code}); log: {handle.path / LOG_NAME}", file=sys.stderr)
     return 0 if code == 0 else 1
+
+
+def _last_step(handle, progress) -> int | None:
+    """The last step the run logged: from its events (status.json's step is refreshed only every few seconds)."""
+    return progress.step if progress.train else handle.run.read_status().get("step")
+
+
+def _resume_hint(handle) -> str:
+    import shlex
+
+    from toolkit.runs.supervisor import LOG_NAME
+
+    return (f"to continue from its latest checkpoint: trainbook resume {shlex.quote(str(handle.path))}  "
+            f"(log: {handle.path / LOG_NAME})")
+
+
+def _tell(message: str) -> None:
+    """Print to a terminal that may be gone (SIGHUP): the run must still be stopped if the write fails."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _cmd_checkpoints(args) -> int:
@@ -80,7 +130,7 @@ def _cmd_checkpoints(args) -> int:
 
 
 def _cmd_kill(args) -> int:
-    from toolkit.runs.launch import kill_training
+    from toolkit.runs.handle import kill_training
 
     if not kill_training(args.run_dir):
         print(f"error: no training processes running for {args.run_dir}", file=sys.stderr)
@@ -148,7 +198,7 @@ def _cmd_data(args) -> int:
     elif args.data_verb == "tune":
         from toolkit import config as config_mod
         from toolkit.data.loading_advisor import tune
-        from toolkit.runs.launch import pin_data_asset
+        from toolkit.runs.data_pin import pin_data_asset
 
         cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])
         print(tune(pin_data_asset(cfg), steps=args.steps).summary())
@@ -161,7 +211,7 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_runs(args) -> int:
-    from toolkit.runs.launch import list_runs
+    from toolkit.runs.run_index import list_runs
 
     rows = list_runs(args.workspace, data=args.data)
     print(f"{'run directory':<60} {'state':<10} {'step':>7}  {'data':<16} engine")
@@ -427,7 +477,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean "bad input", printed as one line; anything else is a bug and keeps its traceback."""
     from toolkit.checkpoint.store import CheckpointError
     from toolkit.catalogue.data_assets import DataAssetError
-    from toolkit.runs.launch import NotThisRunError, RunBusyError
+    from toolkit.runs.handle import NotThisRunError
+    from toolkit.runs.run_lock import RunBusyError
     from toolkit.catalogue.workspace import WorkspaceError
     from toolkit.runs.tensorboard import TensorBoardError
     from toolkit.deploy.serving.endpoint import EndpointError

@@ -144,7 +144,7 @@ class DataPanel(Panel):
         from toolkit import config as config_mod
         from toolkit.report import plots
         from toolkit.data.loading_advisor import tune
-        from toolkit.runs.launch import pin_data_asset
+        from toolkit.runs.data_pin import pin_data_asset
 
         if not self.advisor_asset.value:
             raise ValueError("asset: none chosen; allowed: a registered asset (register one above)")

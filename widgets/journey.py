@@ -44,7 +44,7 @@ def _data(ws: Workspace) -> tuple[bool, str]:
 
 
 def _runs(ws: Workspace) -> list[dict]:
-    from toolkit.runs.launch import list_runs
+    from toolkit.runs.run_index import list_runs
 
     return [r for r in list_runs(ws.root) if Path(r["run_dir"]).is_dir()]
 

@@ -25,7 +25,8 @@ from toolkit.runs import launch
 from toolkit.report import plots
 from toolkit.runs.events import read_events
 from toolkit.runs.progress import RunProgress
-from toolkit.runs.rundir import FINAL_STATES, RunDir
+from toolkit.runs.rundir import RunDir
+from toolkit.runs.status import FINAL_STATES, RESUMABLE_STATES
 from widgets.panel import Panel, plot_png, png_html
 from widgets.run_progress import render_card
 
@@ -84,7 +85,7 @@ class TrainingPanel(Panel):
         state = self.run.read_status().get("state") if self.run else None
         self.buttons["Start"].disabled = running
         self.buttons["Stop"].disabled = self.buttons["Kill"].disabled = not running
-        self.buttons["Resume"].disabled = running or state not in ("killed", "failed", "completed")
+        self.buttons["Resume"].disabled = running or state not in RESUMABLE_STATES  # a completed run has no more to do
         self.buttons["TensorBoard"].disabled = self.run is None
 
     # --- the toolkit calls behind the buttons -----------------------------------------------------------------

@@ -36,9 +36,10 @@ class RunProgress:
             self.message = event.message
 
 
-def follow_in_terminal(handle, max_steps: int, file=None) -> StatusEvent | None:
-    """Show step, loss, tokens/s and ETA while the run goes; return the last status event."""
-    progress = RunProgress(max_steps)
+def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress | None = None) -> StatusEvent | None:
+    """Show step, loss, tokens/s and ETA while the run goes; return the last status event. ``progress`` (folded
+    as events arrive) lets the caller see how far the run got, should the follow be interrupted."""
+    progress = progress or RunProgress(max_steps)
     with tqdm(total=max_steps, unit="step", file=file or sys.stderr, dynamic_ncols=True,
               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
         for event in handle.follow():

@@ -20,9 +20,8 @@ import yaml
 from toolkit import config as config_mod
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.runs import events as events_mod
-
-STATES = ("queued", "running", "completed", "failed", "killed")
-FINAL_STATES = ("completed", "failed", "killed")
+from toolkit.runs import status as run_status
+from toolkit.runs.status import STATES
 
 
 class RunDir:
@@ -43,7 +42,7 @@ class RunDir:
             raise FileExistsError(f"--run-dir: {run.path} already holds a run; allowed: a new or empty folder")
         run.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.config_path, cfg.to_yaml())
-        run.write_status(state="queued", step=0, restarts=0, created=time.time())
+        run_status.transition(run, "create")
         return run
 
     def read_config(self) -> config_mod.Config:
@@ -70,7 +69,9 @@ class RunDir:
         return data
 
     def write_status(self, **fields) -> dict:
-        """Merge ``fields`` into status.json (one writer at a time: rank 0, or the launcher once it has exited)."""
+        """Merge ``fields`` into status.json, replacing the file atomically: the file primitive. The run's own
+        writers go through toolkit.runs.status, which checks each change of state and serialises the writers;
+        calling this directly sets a state unchecked (what a test does to fake a run that died)."""
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"status.state: {fields['state']!r}; allowed: {', '.join(STATES)}")
         status = {**self.read_status(), **fields, "updated": time.time()}

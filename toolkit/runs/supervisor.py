@@ -16,8 +16,11 @@ import sys
 import time
 
 from toolkit.checkpoint.store import CheckpointStore
+from toolkit.runs import status as run_status
 from toolkit.runs.events import RestartEvent, StatusEvent
-from toolkit.runs.rundir import FINAL_STATES, RunDir
+from toolkit.runs.launchers import worker_command  # imports no torch
+from toolkit.runs.rundir import RunDir
+from toolkit.runs.status import FINAL_STATES
 
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
 
@@ -27,22 +30,22 @@ def describe_exit(code: int) -> str:
 
 
 class Supervisor:
-    def __init__(self, run: RunDir, max_restarts: int):
+    def __init__(self, run: RunDir, max_restarts: int, lock_fd: int | None = None):
         self.run, self.max_restarts = run, max_restarts
+        self.lock_fd = lock_fd  # the run lock (toolkit.runs.run_lock), passed on to every attempt's processes
         self.worker: subprocess.Popen | None = None
         self.stopping = False
 
     def _start_worker(self, attempt: int) -> subprocess.Popen:
-        from toolkit.runs.launch import worker_command  # the launcher registry; imports no torch
-
         cmd, extra_env = worker_command(self.run.read_config(), self.run.path)
         with open(self.run.path / LOG_NAME, "ab") as log:
             log.write(f"\n===== attempt {attempt}: {' '.join(cmd)}\n".encode())
             log.flush()
             worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env={**os.environ, **extra_env, "TRAINBOOK_ATTEMPT": str(attempt)},
-                                      start_new_session=True)  # its own group: killpg reaches every rank
-        self.run.write_status(worker_pgid=worker.pid, attempt=attempt, command=cmd)
+                                      start_new_session=True,  # its own group: killpg reaches every rank
+                                      pass_fds=() if self.lock_fd is None else (self.lock_fd,))
+        run_status.update(self.run, worker_pgid=worker.pid, attempt=attempt, command=cmd)
         return worker
 
     def _on_stop_signal(self, signum, frame):
@@ -62,7 +65,8 @@ class Supervisor:
         while True:
             self.worker = self._start_worker(attempt)
             code = self.worker.wait()
-            if code == 0 or self.stopping:
+            # completed, then died (in teardown): the training is done, another attempt would add nothing
+            if code == 0 or self.stopping or self.run.read_status().get("state") == "completed":
                 break
             if restarts >= self.max_restarts:
                 break
@@ -76,13 +80,13 @@ class Supervisor:
             self.run.append_event(RestartEvent(restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
                                                checkpoint=info.name if info else None,
                                                skipped=[s.name for s in skipped]))
-            self.run.write_status(state="running", restarts=self.run.read_status().get("restarts", 0) + 1,
-                                  last_failure=reason, last_failure_time=time.time())
+            run_status.transition(self.run, "restart", last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state")
         if code != 0 and (state not in FINAL_STATES or state == "completed"):
             final = "killed" if self.stopping or code < 0 else "failed"
             self.run.append_event(StatusEvent(state=final, exit_code=code, reason=describe_exit(code)))
-            self.run.write_status(state=final, exit_code=code, error=describe_exit(code))
+            run_status.transition(self.run, "kill" if final == "killed" else "fail", exit_code=code,
+                                  error=describe_exit(code))
         return 0 if code == 0 else 1
 
 
@@ -90,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_dir")
     parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--lock-fd", type=int, help="the run lock's file descriptor, inherited from the launcher")
     args = parser.parse_args(argv)
-    return Supervisor(RunDir(args.run_dir), args.max_restarts).run_to_end()
+    return Supervisor(RunDir(args.run_dir), args.max_restarts, args.lock_fd).run_to_end()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 
+from toolkit.runs import status as run_status
 from toolkit.runs.events import ErrorEvent
 from toolkit.runs.rundir import RunDir
 
@@ -24,11 +25,13 @@ CONFIG_WAIT_S = 300.0  # a node's first process loads the config and the data in
 def create_for_external_launcher(run: RunDir, config_file: str, overrides: list[str]) -> None:
     """Write RUN_DIR from the config once per node, exactly as the in-house launcher would have."""
     from toolkit import config as config_mod
-    from toolkit.runs.launch import pin_data_asset
+    from toolkit.runs.data_pin import pin_data_asset
 
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        if not run.config_path.exists():  # a restarted job finds its own run directory and resumes it
+        if not run.config_path.exists():
             RunDir.create(run.path, pin_data_asset(config_mod.load(config_file, overrides)))
+        elif int(os.environ.get("RANK", "0")) == 0:  # a restarted job finds its own run directory and resumes it
+            run_status.transition(run, "retry", resumed=time.time())
         return
     deadline = time.monotonic() + CONFIG_WAIT_S
     while not run.config_path.exists():  # another process on another code path: no event to wait on
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainer.sink.fail(message)
             else:  # failed while building: no sink yet, but the run directory must still say why
                 run.append_event(ErrorEvent(message=message))
-                run.write_status(state="failed", error=message)
+                run_status.transition(run, "fail", error=message)
         return 1
     finally:
         if trainer is not None:

@@ -1,7 +1,9 @@
 """Model FLOPs utilisation (MFU): achieved training FLOPs over a peak measured on this machine.
 
 The peak is what a large float32 matmul reaches here with all cores, measured once and cached, because a
-datasheet number means nothing on a shared 2-core VM. ``bench/`` re-measures it in every run.
+datasheet number means nothing on a shared 2-core VM. ``bench/`` and ``doctor`` measure it again; the cache keeps
+the highest figure (see :func:`store_peak`), and every run records the one it used (status.json, lineage.json
+and its first status event), so its MFU stays explainable whatever the cache holds later.
 """
 
 from __future__ import annotations
@@ -39,18 +41,39 @@ def _machine_key() -> str:
     return f"{platform.node()}|{platform.processor()}|{os.cpu_count()}|torch {torch.__version__}"
 
 
-def cached_peak() -> float:
-    """The measured matmul peak for this machine, measuring (about 1 s) and caching it on first use."""
+def cached_peak_record() -> dict:
+    """The matmul peak for this machine, with where it comes from: {"flops", "measured" (time), "machine"};
+    measured (about 1 s) and cached on first use."""
+    record = _read_cache()
+    if record is None:
+        store_peak(measure_matmul_peak())
+        record = _read_cache()
+    return record
+
+
+def _read_cache() -> dict | None:
+    """This machine's cached record, or None (no cache, another machine's, or unreadable)."""
     try:
         record = json.loads(CACHE.read_text())
         if record.get("machine") == _machine_key():
-            return float(record["flops"])
-    except (OSError, ValueError, KeyError):
+            return {"flops": float(record["flops"]), "measured": record.get("measured"), "machine": record["machine"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    return store_peak(measure_matmul_peak())
+    return None
 
 
 def store_peak(flops: float) -> float:
+    """Record a measurement; returns the peak MFU is computed against from now on: the higher of ``flops`` and
+    the figure already cached for this machine.
+
+    Why the maximum: the peak stands for what this machine can do, and a measurement can only come out below
+    that, never above (other work on a shared VM, a throttled or busy core, a cold BLAS pool), so the highest
+    figure seen is the best estimate. Replacing it with the latest one let a `doctor` run under load halve the
+    denominator and double the MFU of every run after it. The max is kept per machine key (host, CPU, core count,
+    torch version): a new machine or a new torch, whose BLAS may be slower, starts afresh."""
+    cached = _read_cache()
+    if cached is not None and cached["flops"] >= flops:
+        return cached["flops"]
     CACHE.parent.mkdir(parents=True, exist_ok=True)
     tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"machine": _machine_key(), "flops": flops, "measured": time.time()}))

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from toolkit.fsio import atomic_write_text
+from toolkit.runs import status as run_status
 from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, ErrorEvent, EvalEvent, EventLog,
                                  ProfileEvent, StatusEvent, TrainEvent)
 from toolkit.runs.rundir import RunDir
@@ -34,7 +35,9 @@ class MetricsSink:
 
     def start(self, lineage: dict, **facts) -> None:
         atomic_write_text(self.run.lineage_path, json.dumps(lineage, indent=1))
-        self.run.write_status(state="running", pid=os.getpid(), started=time.time())
+        # the MFU peak too: it is the run's denominator, and the machine's cached figure may change later
+        run_status.transition(self.run, "start", pid=os.getpid(), started=time.time(),
+                              peak_flops=facts.get("peak_flops"))
         self.events.write(StatusEvent(state="running", **facts))
 
     def train(self, step: int, **values) -> None:
@@ -43,7 +46,7 @@ class MetricsSink:
             self.tb.add_scalar(tag, getattr(event, key), step)
         now = time.monotonic()
         if now - self._last_status >= STATUS_EVERY_S:
-            self.run.write_status(step=step)
+            run_status.update(self.run, step=step)
             self._last_status = now
 
     def eval(self, step: int, **values) -> None:
@@ -68,12 +71,12 @@ class MetricsSink:
 
     def finish(self, result: dict) -> None:
         self.events.write(StatusEvent(state="completed", **result))
-        self.run.write_status(state="completed", step=result["step"], ended=time.time())
+        run_status.transition(self.run, "complete", step=result["step"], ended=time.time())
         self.tb.flush()
 
     def fail(self, error: str) -> None:
         self.events.write(ErrorEvent(message=error))
-        self.run.write_status(state="failed", error=error, ended=time.time())
+        run_status.transition(self.run, "fail", error=error, ended=time.time())
 
     def close(self) -> None:
         self.tb.close()

@@ -22,7 +22,7 @@ from toolkit.checkpoint.store import check_compatible
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import distributed
 from toolkit.train.engines import build_engine
-from toolkit.train.flops import cached_peak
+from toolkit.train.flops import cached_peak_record
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import MODELS
@@ -85,7 +85,8 @@ class Trainer:
         # e.g. 32 sequences * 128 tokens * 2 ranks = 8,192 tokens per step
         per_rank = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
         self.items_per_step = per_rank * self.topo.world_size
-        self.peak_flops = cached_peak()
+        self.peak = cached_peak_record()  # recorded with the run: the cache may hold another figure later
+        self.peak_flops = self.peak["flops"]
         self.step = 0  # optimizer steps completed
         # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
         self.horizon = cfg.train.max_steps
@@ -102,7 +103,8 @@ class Trainer:
     def train(self) -> dict:
         cfg, topo, engine = self.cfg, self.topo, self.engine
         if self.sink:
-            self.sink.start(lineage=collect_lineage(cfg, self.corpus, topo.world_size), n_params=self.n_params,
+            lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak}
+            self.sink.start(lineage=lineage, n_params=self.n_params,
                             flops_per_item=self.flops_per_item, peak_flops=self.peak_flops,
                             attempt=ATTEMPT, **self.resumed_from)
         profiler = self._profiler()

@@ -1,0 +1,124 @@
+"""A started run, seen from the process that started it: follow its events, wait for it, stop it, or kill its
+training processes (a lost node). Everything goes through the run directory and the supervisor's process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+from toolkit.runs import processes as run_processes
+from toolkit.runs import status as run_status
+from toolkit.runs.events import Event, StatusEvent, read_new
+from toolkit.runs.rundir import RunDir
+from toolkit.runs.status import FINAL_STATES
+from toolkit.runs.supervisor import describe_exit
+
+
+class NotThisRunError(RuntimeError):
+    """A signal refused: the run has finished, or the process status.json names is no longer the run's."""
+
+
+class RunHandle:
+    """A training job: its run directory, its supervisor process, and (through status.json) its ranks."""
+
+    def __init__(self, run: RunDir, process: subprocess.Popen, from_offset: int = 0, plan: str = ""):
+        self.run = run
+        self.process = process  # the supervisor
+        self._offset = from_offset
+        self.plan = plan  # what a resume starts from, in words ("resuming from step_00000040"); "" for a new run
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
+
+    def poll(self) -> int | None:
+        code = self.process.poll()
+        if code is not None:
+            self._finalize(code)
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.process.wait(timeout)
+        self._finalize(code)
+        return code
+
+    def kill(self, sig: int = signal.SIGKILL) -> bool:
+        """Simulate a hardware failure: signal every training process (all ranks and their launcher).
+
+        The supervisor survives and, with --max-restarts, restarts from the latest valid checkpoint.
+        Returns False when no training process was running, the run having ended first included (a notebook
+        that kills at step K races the run's own end); still refuses a process group that is not the run's.
+        """
+        try:
+            return kill_training(self.run, sig)
+        except NotThisRunError:
+            if self.run.read_status().get("state") in FINAL_STATES:
+                return False
+            raise
+
+    def stop(self, grace_s: float = 15.0) -> int:
+        """Stop the run for good: SIGTERM to the supervisor (which passes it to the ranks), then SIGKILL."""
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            return self.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(NotThisRunError):  # it ended meanwhile
+                kill_training(self.run, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.wait()
+
+    def new_events(self) -> list[Event]:
+        events, self._offset = read_new(self.run.events_path, self._offset)
+        return events
+
+    def follow(self, interval_s: float = 0.5) -> Iterator[Event]:
+        """Yield events as they are written, until the supervisor exits (then the rest, then stop)."""
+        while True:
+            try:
+                self.process.wait(interval_s)  # wakes as soon as the run ends; otherwise every interval
+                finished = True
+            except subprocess.TimeoutExpired:
+                finished = False
+            yield from self.new_events()
+            if finished:
+                self.wait()
+                yield from self.new_events()
+                return
+
+    def _finalize(self, code: int) -> None:
+        """If even the supervisor died without a final state (it was SIGKILLed), record that."""
+        if self.run.read_status().get("state") in FINAL_STATES:
+            return
+        state, reason = ("completed", None) if code == 0 else ("killed", describe_exit(code))
+        self.run.append_event(StatusEvent(state=state, exit_code=code, reason=reason or describe_exit(code)))
+        run_status.transition(self.run, "complete" if code == 0 else "kill", exit_code=code, error=reason)
+
+
+def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
+    """Send ``sig`` to a run's training process group (as recorded in status.json). Returns False when no
+    training process is running; refuses (NotThisRunError) a finished run, or a group that is not the run's."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    status = run.read_status()
+    if status.get("state") in FINAL_STATES:
+        raise NotThisRunError(f"run_dir: {str(run.path)!r} has {status['state']}; nothing was signalled (allowed: "
+                              "a run that is running)")
+    pgid = status.get("worker_pgid")
+    if not isinstance(pgid, int) or pgid <= 1 or not run_processes.group_members(pgid):
+        return False
+    if not run_processes.group_is_runs(pgid, status.get("run_token")):
+        raise NotThisRunError(f"run_dir: process group {pgid} in status.json is not this run's training (none of "
+                              "its processes carries the run's token: the run ended and the id was reused, or the "
+                              "run directory was copied); nothing was signalled")
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False

@@ -1,0 +1,44 @@
+"""The command lines that start a run's training processes: one process, torchrun, or the DeepSpeed launcher.
+
+Imports no torch: the supervisor and the doctor build these commands without loading a framework.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from toolkit.ports import free_port
+
+
+def resolve_launcher(engine_cfg) -> str | None:
+    if engine_cfg.nproc == 1:
+        return None
+    if engine_cfg.launcher != "auto":
+        return engine_cfg.launcher
+    return "deepspeed" if engine_cfg.name == "deepspeed" else "torchrun"
+
+
+def _torchrun(cfg, run_dir, port):
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={cfg.engine.nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "toolkit.runs.worker", str(run_dir)]
+
+
+def _deepspeed(cfg, run_dir, port):
+    # The DeepSpeed launcher's own entry, run with this interpreter so the venv's packages are used.
+    return [sys.executable, "-m", "deepspeed.launcher.runner", f"--num_gpus={cfg.engine.nproc}",
+            f"--master_port={port}", "--no_local_rank", "--module", "toolkit.runs.worker", str(run_dir)]
+
+
+LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
+
+
+def worker_command(cfg, run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment that start every rank of this run."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    launcher = resolve_launcher(cfg.engine)
+    if launcher is None:
+        return [sys.executable, "-m", "toolkit.runs.worker", str(run_dir)], env
+    if launcher == "deepspeed":
+        env["LOCAL_SIZE"] = str(cfg.engine.nproc)  # on CPU the launcher counts "accelerators" from this
+    return LAUNCHERS[launcher](cfg, run_dir, free_port()), env

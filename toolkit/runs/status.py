@@ -1,0 +1,99 @@
+"""The run's states and the one way to change them: every writer of status.json goes through :func:`transition`
+(a change of state) or :func:`update` (facts such as the step or the pids, with no change of state).
+
+Writers live in three processes (the launcher, the supervisor, rank 0 of the training processes), so each change
+is a read-check-write made under an exclusive lock on ``status.lock`` in the run directory: a writer never
+overwrites a state another process recorded meanwhile, and a change the table below does not allow is refused
+with :class:`IllegalTransition` (the file is left as it was).
+
+    create   (new)                               -> queued     the launcher wrote config.yaml
+    start    queued, running                     -> running    rank 0 reports training (again, on a restart)
+    restart  queued, running, failed             -> running    the supervisor starts the next attempt
+    complete running                             -> completed  rank 0 finished and published its last checkpoint
+    fail     queued, running, completed          -> failed     an error (after completed: the processes then died)
+    kill     queued, running, completed          -> killed     a signal (a stop, a lost node, a SIGKILLed supervisor)
+    resume   queued, running, failed, killed     -> queued     `resume` (queued/running: left by a dead supervisor;
+                                                               a new run: a copy without its status.json)
+    roll_back  any state                         -> queued     `resume --from CHECKPOINT`, a completed run included
+    retry    any state                           -> queued     an external launcher (Azure ML) re-runs the job
+
+A completed run is not resumed (nothing is left to train; its final figures stay): only rolled back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+
+STATES = ("queued", "running", "completed", "failed", "killed")
+FINAL_STATES = ("completed", "failed", "killed")
+RESUMABLE_STATES = ("failed", "killed")  # what a person resumes; queued/running only when left by a dead supervisor
+
+LOCK_NAME = "status.lock"
+
+# transition -> (the states it may leave, the state it enters); None is a run directory without a status yet
+TRANSITIONS: dict[str, tuple[tuple[str | None, ...], str]] = {
+    "create": ((None,), "queued"),
+    "start": (("queued", "running"), "running"),
+    "restart": (("queued", "running", "failed"), "running"),
+    "complete": (("running",), "completed"),
+    "fail": (("queued", "running", "completed"), "failed"),
+    "kill": (("queued", "running", "completed"), "killed"),
+    "resume": ((None, "queued", "running", "failed", "killed"), "queued"),
+    "roll_back": ((None, *STATES), "queued"),
+    "retry": ((None, *STATES), "queued"),
+}
+
+
+class IllegalTransition(ValueError):
+    """A change of state the table does not allow; status.json is left as it was."""
+
+
+def next_state(current: str | None, name: str) -> str:
+    """The state ``name`` leads to from ``current``, or IllegalTransition saying what is allowed."""
+    if name not in TRANSITIONS:
+        raise IllegalTransition(f"status transition: {name!r} is unknown; allowed: {', '.join(TRANSITIONS)}")
+    sources, target = TRANSITIONS[name]
+    if current not in sources:
+        shown = "a new run" if current is None else f"state {current!r}"
+        allowed = ", ".join("a new run" if s is None else s for s in sources)
+        raise IllegalTransition(f"status transition {name!r}: not allowed from {shown}; allowed from: {allowed}")
+    return target
+
+
+def transition(run, name: str, **fields) -> dict:
+    """Move ``run`` (a RunDir) through transition ``name``, merging ``fields`` into status.json; returns the status.
+    ``restart`` also counts the restart (under the lock, so two writers never count one)."""
+    if "state" in fields:
+        raise IllegalTransition(f"status field 'state': set by the transition ({name!r}), not passed in")
+    with _locked(run):
+        current = run.read_status()
+        state = next_state(current.get("state"), name)
+        if name == "restart":
+            fields["restarts"] = int(current.get("restarts", 0)) + 1
+        if name == "create":
+            fields = {"step": 0, "restarts": 0, "created": time.time(), **fields}
+        return run.write_status(state=state, **fields)
+
+
+def update(run, **fields) -> dict:
+    """Merge facts (step, pids, attempt...) into status.json without changing the state."""
+    if "state" in fields:
+        raise IllegalTransition("status field 'state': changed only through transition(); allowed here: other fields")
+    with _locked(run):
+        return run.write_status(**fields)
+
+
+@contextlib.contextmanager
+def _locked(run):
+    """Hold ``status.lock`` for one read-check-write (milliseconds)."""
+    from toolkit.runs.run_lock import open_lock_file
+
+    fd = open_lock_file(run.path / LOCK_NAME)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
