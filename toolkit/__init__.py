@@ -5,7 +5,7 @@
     handle = toolkit.resume("runs/demo-...")                     # from the newest valid checkpoint
     run = toolkit.open_run("runs/demo-...")                      # its status, events, checkpoints, config
     ws = toolkit.open_workspace(); toolkit.register_data(ws, "corpus", "data/corpus.txt", "uri_file")
-    toolkit.export_run(run.path); toolkit.register_model(ws, "runs/demo-.../export")
+    result = toolkit.export_run(run.path); toolkit.register_model(ws, result.path)
     with toolkit.serve("demo") as endpoint: endpoint.request({"prompt": "def "})
     toolkit.plan_job(cfg, compute="gpu", sku="Standard_NC24ads_A100_v4", instance_count=2)
 

@@ -55,20 +55,22 @@ def _follow(handle, max_steps: int) -> int:
     runs in its own session, so without this a closed terminal would leave it training, detached."""
     from toolkit.runs.progress import RunProgress, follow_in_terminal
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_terminated)
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
     print(f"run directory: {handle.path}", file=sys.stderr)
     progress = RunProgress(max_steps)
     try:
         final = follow_in_terminal(handle, max_steps, progress=progress)
     except (KeyboardInterrupt, _Terminated) as exc:
         signum = exc.args[0] if isinstance(exc, _Terminated) else signal.SIGINT
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the stop short
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the stop short
             signal.signal(sig, signal.SIG_IGN)
         _tell(f"interrupted ({signal.Signals(signum).name}): stopping the run")
         handle.stop()
         _tell(f"stopped at step {_last_step(handle, progress)}; {_resume_hint(handle)}")
         return 128 + signum
+    finally:  # the run has ended or been stopped: a signal now ends the CLI the ordinary way
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     code = handle.wait()
     status = handle.run.read_status()
     state, step = status.get("state"), _last_step(handle, progress)

@@ -265,9 +265,15 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+MAX_RUN_NAME = 200
+
+
 def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
     check_name(cfg.name, "name", ConfigError)  # it becomes the run folder's name
+    if len(cfg.name) > MAX_RUN_NAME:  # the folder adds "-YYYYmmdd-HHMMSS[-n]" and must stay under 255 bytes
+        raise ConfigError(f"name: {cfg.name[:20]!r}... has {len(cfg.name)} characters; allowed: at most "
+                          f"{MAX_RUN_NAME} (the run folder's name adds a timestamp)")
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             f"model.n_head: {cfg.model.n_head} does not divide model.n_embd={cfg.model.n_embd}; "

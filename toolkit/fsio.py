@@ -55,6 +55,29 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def open_log(path: Path, text: bool = False, fresh: bool = False):
+    """Open a log of a folder that may come from elsewhere (a run directory) for appending (or replacing:
+    ``fresh``): a link at ``path`` is refused (O_NOFOLLOW), never written through, and so is anything but a
+    regular file. Text mode is line-buffered, so each line reaches the OS as it is written."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    flags |= os.O_TRUNC if fresh else os.O_APPEND
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path.name}: {str(path)!r} is a link; allowed: a regular file (or none)") \
+                from None
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads (opened without waiting for a reader)
+            raise OSError(errno.EINVAL, f"{path.name}: {str(path)!r} is not a regular file; allowed: a regular "
+                                        "file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path.name}: {str(path)!r} is not a regular file; allowed: a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a" if text else "ab", buffering=1 if text else -1)
+
+
 FILE_TYPES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 

@@ -29,7 +29,8 @@ def check_name(value, field: str = "name", error: type[Exception] = ValueError) 
 def split_ref(ref) -> tuple[str, int | None] | None:
     """(name, version) of ``name`` or ``name:version`` (version None: the latest); None when ``ref`` is neither."""
     name, sep, version = str(ref).partition(":")
-    if not is_name(name) or (sep and not (version.isdigit() and int(version) >= 1)):
+    # isascii: str.isdigit also takes '²' and Arabic-Indic digits, which int() reads or refuses
+    if not is_name(name) or (sep and not (version.isascii() and version.isdigit() and int(version) >= 1)):
         return None
     return name, int(version) if sep else None
 

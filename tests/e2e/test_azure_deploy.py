@@ -109,7 +109,7 @@ def test_deployment_plan_files_load_back_through_the_sdk_with_the_planned_values
     assert deployment.environment_variables == {
         "TRAINBOOK_RUNTIME": runtime, "TRAINBOOK_MAX_BATCH": "32", "TRAINBOOK_MAX_WAIT_MS": "20",
         "WORKER_COUNT": "1", "GUNICORN_CMD_ARGS": "--threads 16", "TRAINBOOK_THREADS": "16",
-        "TRAINBOOK_HEADER_TIMEOUT_S": "20.0", "TRAINBOOK_BODY_TIMEOUT_S": "30.0", "TRAINBOOK_REQUEST_TIMEOUT_S": "120.0"}
+        "TRAINBOOK_HEADER_TIMEOUT_S": "20.0", "TRAINBOOK_BODY_TIMEOUT_S": "30.0", "TRAINBOOK_REQUEST_TIMEOUT_S": "10.0"}
     settings = deployment.request_settings
     assert settings.max_concurrent_requests_per_instance == entities.SERVER_THREADS == 16  # the server's threads
     assert (settings.request_timeout_ms, settings.max_queue_wait_ms) == (10_000, 500)

@@ -195,9 +195,15 @@ def test_the_top_level_must_be_a_mapping():
     assert config_mod.from_dict(None) == Config() == config_mod.from_dict({})
 
 
-@pytest.mark.parametrize("name", ["run", "r", "A.b-c_9", "0x", "n" * 255])
+@pytest.mark.parametrize("name", ["run", "r", "A.b-c_9", "0x", "n" * config_mod.MAX_RUN_NAME])
 def test_a_run_name_may_be_a_folder_name(name):
     assert build("name", name).name == name
+
+
+def test_a_run_name_leaves_room_for_the_folders_timestamp():
+    name = "n" * (config_mod.MAX_RUN_NAME + 1)
+    assert refused("name", name) == (f"name: {name[:20]!r}... has {len(name)} characters; allowed: at most "
+                                     f"{config_mod.MAX_RUN_NAME} (the run folder's name adds a timestamp)")
 
 
 @pytest.mark.parametrize("name", ["", "../up", "a/b", "-flag", ".hidden", "sp ace", "tab\t", "é", "n" * 256])

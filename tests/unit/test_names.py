@@ -24,7 +24,7 @@ def test_references(ref, parsed):
     assert names.split_ref(ref) == parsed == names.parse_ref(ref, "model")
 
 
-@pytest.mark.parametrize("ref", ["m:", "m:0", "m:-1", "m:x", ":1", "a/b:1", "m:1:2", "../m"])
+@pytest.mark.parametrize("ref", ["m:", "m:0", "m:-1", "m:x", ":1", "a/b:1", "m:1:2", "../m", "m:²", "m:\u0663"])
 def test_bad_references_are_refused(ref):
     assert names.split_ref(ref) is None
     with pytest.raises(ValueError, match=rf"^model: {ref!r} is not a reference; allowed: 'name' \(latest\)"):

@@ -29,3 +29,13 @@ def test_a_planted_link_is_not_followed(tmp_path):
     with pytest.raises(ValueError, match="run.lock: .* is a link; allowed: a regular file of the run directory"):
         run_lock.acquire(tmp_path / "r")
     assert outside.read_text() == "keep me"
+
+
+def test_a_planted_fifo_is_refused_and_leaves_no_descriptor_open(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / run_lock.LOCK_NAME)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="is not a regular file"):
+        run_lock.acquire(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == before

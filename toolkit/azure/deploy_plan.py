@@ -258,9 +258,10 @@ def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instanc
     for wrong, message in DEPLOY_RULES:
         if wrong(options):
             raise AzureError(message(options))
-    try:  # the serving knobs have one owner, shared with the local endpoint; Azure ML's server runs 16 threads
+    try:  # the serving knobs have one owner, shared with the local endpoint. Azure ML's server runs 16 threads
+        # and answers the client itself after REQUEST_TIMEOUT_MS: score.py gives up on a request at the same time
         serving = ServingOptions(runtime=str(runtime), max_batch=max_batch, max_wait_ms=max_wait_ms,
-                                 threads=entities.SERVER_THREADS)
+                                 threads=entities.SERVER_THREADS, request_timeout=entities.REQUEST_TIMEOUT_MS / 1000)
     except ServingOptionsError as exc:
         raise AzureError(str(exc)) from None
     the_sku = get_online_sku(sku)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from toolkit.fsio import open_log
+
 EVENTS_FILE = "events.jsonl"
 
 
@@ -40,7 +42,7 @@ class StatusEvent(Event):
     """The run's state changed: running (rank 0 started), completed (rank 0 finished), failed or killed
     (written by the supervisor or the launcher when the ranks died without saying so)."""
     kind: ClassVar[str] = "status"
-    state: str = _field("queued, running, completed, failed or killed (see rundir.STATES)")
+    state: str = _field("queued, running, completed, failed or killed (see toolkit.runs.status)")
     n_params: int | None = _field("running: the model's parameter count", optional=True)
     flops_per_item: float | None = _field("running: training FLOPs per token (or sample)", optional=True)
     peak_flops: float | None = _field("running: this device's peak FLOP/s, the denominator of MFU", optional=True)
@@ -183,7 +185,7 @@ class EventLog:
     at once."""
 
     def __init__(self, path: Path):
-        self._file = open(path, "a", buffering=1)  # line-buffered: each event reaches the OS as it is written
+        self._file = open_log(Path(path), text=True)  # line-buffered: each event reaches the OS as it is written
         self._lock = threading.Lock()  # the checkpoint thread writes events too
 
     def write(self, event: E) -> E:

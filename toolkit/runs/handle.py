@@ -98,8 +98,11 @@ class RunHandle:
         if self.run.read_status().get("state") in FINAL_STATES:
             return
         state, reason = ("completed", None) if code == 0 else ("killed", describe_exit(code))
+        try:  # the check above is not under the status lock: another process may record the end first
+            run_status.transition(self.run, "complete" if code == 0 else "kill", exit_code=code, error=reason)
+        except run_status.IllegalTransition:
+            return
         self.run.append_event(StatusEvent(state=state, exit_code=code, reason=reason or describe_exit(code)))
-        run_status.transition(self.run, "complete" if code == 0 else "kill", exit_code=code, error=reason)
 
 
 def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:

@@ -16,6 +16,7 @@ from typing import Iterator
 
 from toolkit import config as config_mod
 from toolkit import paths
+from toolkit.fsio import open_log
 from toolkit.runs import processes as run_processes
 from toolkit.runs import run_lock
 from toolkit.runs import status as run_status
@@ -50,7 +51,7 @@ def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset:
     the training processes hold it)."""
     token = run_processes.new_token()  # inherited by the supervisor, the launcher and every rank
     run_status.update(run, run_token=token)
-    with open(run.path / LOG_NAME, "ab") as log:
+    with open_log(run.path / LOG_NAME) as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "toolkit.runs.supervisor", str(run.path), "--max-restarts", str(max_restarts),
              "--lock-fd", str(lock_fd)],

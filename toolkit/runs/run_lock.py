@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 LOCK_NAME = "run.lock"
@@ -29,29 +30,35 @@ def acquire(run_dir: str | Path) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = open_lock_file(run_dir / LOCK_NAME)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, HOLDER_WIDTH, 0).decode(errors="replace").strip() or "not recorded yet"
-        os.close(fd)
-        raise RunBusyError(f"run_dir: {str(run_dir)!r} is in use by another run (pid {holder}); allowed: a run "
-                           "directory no live run holds (stop that run first, or choose another --run-dir)") from None
-    except BaseException:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, HOLDER_WIDTH, 0).decode(errors="replace").strip() or "not recorded yet"
+            raise RunBusyError(f"run_dir: {str(run_dir)!r} is in use by another run (pid {holder}); allowed: a "
+                               "run directory no live run holds (stop that run first, or choose another "
+                               "--run-dir)") from None
+        record_holder(fd, os.getpid())
+    except BaseException:  # refused, or the record could not be written: never keep a lock nobody can release
         os.close(fd)
         raise
-    record_holder(fd, os.getpid())
     return fd
 
 
 def open_lock_file(path: Path) -> int:
     """Open (creating) a lock file of the run directory. O_NOFOLLOW: a run directory may be a copy from elsewhere,
     and a planted link must not make us create, lock or truncate a file outside it."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:  # O_NONBLOCK: a planted FIFO would block the open; it is refused below instead
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ValueError(f"{path.name}: {str(path)!r} is a link; allowed: a regular file of the run "
                              "directory (or none)") from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path.name}: {str(path)!r} is not a regular file; allowed: a regular file of the run "
+                         "directory (or none)")
+    return fd
 
 
 def record_holder(fd: int, pid: int) -> None:

@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.fsio import open_log
 from toolkit.runs.parent_watch import parent_env
 
 STOP_GRACE_S = 10.0  # SIGTERM, then this long to exit, then SIGKILL
@@ -49,7 +50,7 @@ def start_service(cmd: list[str], log_path: Path, env: dict[str, str] | None = N
                   fresh_log: bool = False) -> ServiceProcess:
     """Start ``cmd`` with its output appended to ``log_path`` (or replacing it: ``fresh_log``); ``env`` is added
     to this process's environment."""
-    with open(log_path, "wb" if fresh_log else "ab") as log:
+    with open_log(Path(log_path), fresh=fresh_log) as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env={**os.environ, **(env or {}), **parent_env()})
     return ServiceProcess(process, Path(log_path))

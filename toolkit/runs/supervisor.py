@@ -9,6 +9,7 @@ what happens next. Only the supervisor writes the run's final state when the ran
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 
 from toolkit.checkpoint.store import CheckpointStore
+from toolkit.fsio import open_log
 from toolkit.runs import status as run_status
 from toolkit.runs.events import RestartEvent, StatusEvent
 from toolkit.runs.launchers import worker_command  # imports no torch
@@ -38,7 +40,7 @@ class Supervisor:
 
     def _start_worker(self, attempt: int) -> subprocess.Popen:
         cmd, extra_env = worker_command(self.run.read_config(), self.run.path)
-        with open(self.run.path / LOG_NAME, "ab") as log:
+        with open_log(self.run.path / LOG_NAME) as log:
             log.write(f"\n===== attempt {attempt}: {' '.join(cmd)}\n".encode())
             log.flush()
             worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -63,7 +65,13 @@ class Supervisor:
         attempt = int(self.run.read_status().get("attempt", -1)) + 1  # `resume` continues the count
         restarts = 0
         while True:
+            if self.stopping:  # stopped between two attempts: start nothing more
+                code = -signal.SIGTERM
+                break
             self.worker = self._start_worker(attempt)
+            if self.stopping:  # stopped while it was starting, before the handler could see it: pass it on
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.worker.pid, signal.SIGTERM)
             code = self.worker.wait()
             # completed, then died (in teardown): the training is done, another attempt would add nothing
             if code == 0 or self.stopping or self.run.read_status().get("state") == "completed":

@@ -62,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         if int(os.environ.get("RANK", "0")) == 0 and run.path.is_dir():
             message = f"{type(exc).__name__}: {exc}"
-            if trainer is not None and trainer.sink is not None:
-                trainer.sink.fail(message)
-            else:  # failed while building: no sink yet, but the run directory must still say why
-                run.append_event(ErrorEvent(message=message))
-                run_status.transition(run, "fail", error=message)
+            try:
+                if trainer is not None and trainer.sink is not None:
+                    trainer.sink.fail(message)
+                else:  # failed while building: no sink yet, but the run directory must still say why
+                    run.append_event(ErrorEvent(message=message))
+                    run_status.transition(run, "fail", error=message)
+            except run_status.IllegalTransition:
+                pass  # the run's end was recorded meanwhile (a stop, a lost supervisor): it stands
         return 1
     finally:
         if trainer is not None:

@@ -46,8 +46,9 @@ def cached_peak_record() -> dict:
     measured (about 1 s) and cached on first use."""
     record = _read_cache()
     if record is None:
-        store_peak(measure_matmul_peak())
-        record = _read_cache()
+        flops = store_peak(measure_matmul_peak())
+        # read back: another process may have stored a higher figure meanwhile; unreadable, ours
+        record = _read_cache() or {"flops": flops, "measured": time.time(), "machine": _machine_key()}
     return record
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from toolkit.fsio import atomic_write_text
+
 SUMMARY_ROWS = 25
 OPERATORS_FILE = "top_operators.json"  # the same rows as summary.txt, for tables a notebook renders
 
@@ -49,7 +51,7 @@ class StepProfiler:
         rows = [{"name": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3),
                  "self_cpu_pct": round(100 * e.self_cpu_time_total / total_us, 2),
                  "cpu_total_ms": round(e.cpu_time_total / 1e3, 3), "calls": e.count} for e in ranked]
-        (self.out_dir / OPERATORS_FILE).write_text(json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(self.out_dir / OPERATORS_FILE, json.dumps(rows, indent=1) + "\n")  # never through a link
         top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:5]
         if self.on_summary:
             self.on_summary({

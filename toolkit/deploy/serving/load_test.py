@@ -1,8 +1,9 @@
 """An endpoint's latency and throughput as its clients see them: the deployment notebook's figures and the
 serving benchmark's come from here.
 
-    latencies = latencies_s(Client(endpoint), 40, request_body("def ", 16, seed=0))
-    rate = throughput(endpoint, clients=16, per_client=2, body=lambda i: request_body("def ", 16, seed=i))
+    body = lambda i: request_body("def ", 16, seed=i)  # request i
+    latencies = latencies_s(Client(endpoint), 40, body)
+    rate = throughput(endpoint, clients=16, per_client=2, body=body)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import http.client
 import json
 import statistics
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -25,13 +27,13 @@ class Client:
     measured is the endpoint, not TCP set-up. Calling it sends one request and returns its seconds."""
 
     def __init__(self, endpoint, timeout: float = 120.0):
-        host, port = endpoint.url.removeprefix("http://").split(":")
-        self.connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
-        self.headers = endpoint.headers()
+        url = urllib.parse.urlsplit(endpoint.scoring_url)
+        self.connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+        self.path, self.headers = url.path, endpoint.headers()
 
     def __call__(self, data: bytes) -> float:
         t0 = time.perf_counter()
-        self.connection.request("POST", "/score", body=data, headers=self.headers)
+        self.connection.request("POST", self.path, body=data, headers=self.headers)
         response = self.connection.getresponse()
         answer = response.read()
         if response.status != 200:
