@@ -157,7 +157,7 @@ def test_an_interrupted_registration_leaves_the_catalogue_consistent(ws, tmp_pat
     folder.mkdir()
     for i in range(3000):
         (folder / f"f{i:05d}.bin").write_bytes(os.urandom(2048))
-    code = ("import sys; from toolkit import data_assets; from toolkit.catalogue.workspace import Workspace; "
+    code = ("import sys; from toolkit.catalogue import data_assets; from toolkit.catalogue.workspace import Workspace; "
             "data_assets.register(Workspace.open(sys.argv[1]), 'big', sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ws.root), str(folder)])
     blobs = ws.datastore / "blobs"
@@ -381,7 +381,7 @@ def _register_unreadable(tmp_path: Path) -> None:
             p.chmod(0o777 if p.is_dir() else 0o666)
         (folder / "locked.txt").chmod(0o000)
         prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-    code = ("import sys; from toolkit import data_assets; from toolkit.catalogue.workspace import Workspace\n"
+    code = ("import sys; from toolkit.catalogue import data_assets; from toolkit.catalogue.workspace import Workspace\n"
             "try:\n    data_assets.register(Workspace.open(sys.argv[1]), 'locked', sys.argv[2])\n"
             "except data_assets.DataAssetError as exc:\n    print(exc); sys.exit(3)\n")
     proc = subprocess.run([*prefix, sys.executable, "-c", code, str(ws_path), str(folder)], capture_output=True,

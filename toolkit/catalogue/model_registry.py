@@ -130,7 +130,7 @@ def resolve_model_dir(model: str | Path, workspace: str | Path | None = None) ->
     if path.is_dir():
         read_manifest(path)
         return path
-    if names.split_ref(model) is None:  # a path that is not a folder ('/' is never in a name)
+    if any(sep in str(model) for sep in ("/", "\\")) or not names.is_name(str(model).split(":")[0]):
         raise DataAssetError(f"model: {str(model)!r} is neither a folder nor a registered model; allowed: a folder "
                              "written by `trainbook export`, or NAME[:VERSION] from `trainbook models`")
     return get_model(Workspace.open(workspace), str(model)).path
