@@ -4,10 +4,13 @@
     handle = toolkit.start_run(cfg)                              # supervisor + training processes; handle.follow()
     handle = toolkit.resume("runs/demo-...")                     # from the newest valid checkpoint
     run = toolkit.open_run("runs/demo-...")                      # its status, events, checkpoints, config
+    speed = toolkit.steady_state(toolkit.read_events(run, toolkit.TrainEvent))  # tokens/s, MFU after start-up
     ws = toolkit.open_workspace(); toolkit.register_data(ws, "corpus", "data/corpus.txt", "uri_file")
+    toolkit.get_data(ws, "corpus:1").path; toolkit.register_pydoc(ws)  # a version; a built-in corpus
     result = toolkit.export_run(run.path); toolkit.register_model(ws, result.path)
     with toolkit.serve("demo") as endpoint: endpoint.request({"prompt": "def "})
-    toolkit.plan_job(cfg, compute="gpu", sku="Standard_NC24ads_A100_v4", instance_count=2)
+    plan = toolkit.plan_job(cfg, compute="gpu", sku="Standard_NC24ads_A100_v4", instance_count=2)
+    toolkit.write_job_plan(plan, "outputs/azure-plan")        # job.yaml, environment, submit.md: to review
 
 Kept import-light: each name loads its module on first use, and heavy modules (torch, deepspeed, tensorboard,
 azure.ai.ml) load inside the functions that need them, so ``import toolkit`` stays fast in a notebook kernel.
@@ -24,22 +27,42 @@ import sys as _sys
 # recompiles (~35 s). One cache per environment; `make setup` fills it.
 _os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
 
-# public name -> "module:attribute" (the one list the README's table and the tests read). No name may be a
-# subpackage's ("train", "data", ...): importing toolkit.train.trainer sets toolkit.train to the package.
+# public name -> "module:attribute" (the one list the README's table and the tests read). The guided notebooks
+# import from here only (tests/unit/test_notebook_imports.py): when a module moves, its line here follows it.
+# No name may be a subpackage's ("train", "data", ...): importing toolkit.train.trainer sets toolkit.train to
+# the package.
 PUBLIC_API = {
     "load_config": "toolkit.config:load",
     "start_run": "toolkit.runs.launch:start",
     "resume": "toolkit.runs.launch:resume",
     "open_run": "toolkit.runs.rundir:RunDir",
     "list_runs": "toolkit.runs.run_index:list_runs",
+    "default_runs_root": "toolkit.paths:runs_root",
+    "read_events": "toolkit.runs.events:read_events",
+    "StatusEvent": "toolkit.runs.events:StatusEvent",
+    "TrainEvent": "toolkit.runs.events:TrainEvent",
+    "CheckpointEvent": "toolkit.runs.events:CheckpointEvent",
+    "steady_state": "toolkit.train.metrics:steady_state",
     "start_tensorboard": "toolkit.runs.tensorboard:start_tensorboard",
     "advise_checkpoint_interval": "toolkit.checkpoint.interval_advisor:advise_for_run",
+    "facts_table": "toolkit.resources.doctor:facts_table",
+    "parse_param_count": "toolkit.resources.memory_estimate:parse_count",
+    "recommend_zero_stage": "toolkit.resources.memory_estimate:recommend_stage",
     "open_workspace": "toolkit.catalogue.workspace:Workspace.open",
     "register_data": "toolkit.catalogue.data_assets:register",
+    "get_data": "toolkit.catalogue.data_assets:get",
+    "register_pydoc": "toolkit.data.builtin:register_pydoc",
+    "register_digits": "toolkit.data.builtin:register_digits",
+    "load_mltable": "toolkit.catalogue.mltable:load_mltable",
     "export_run": "toolkit.deploy.export:export_run",
     "register_model": "toolkit.catalogue.model_registry:register_model",
     "serve": "toolkit.deploy.serving.endpoint:serve",
+    "generation_request": "toolkit.deploy.serving.load_test:request_body",
+    "LatencyClient": "toolkit.deploy.serving.load_test:Client",
+    "measure_latencies": "toolkit.deploy.serving.load_test:latencies_s",
+    "measure_throughput": "toolkit.deploy.serving.load_test:throughput",
     "plan_job": "toolkit.azure.plan:build_plan",
+    "write_job_plan": "toolkit.azure.plan:write_plan",
     "plan_deployment": "toolkit.azure.deploy_plan:build_deployment_plan",
 }
 __all__ = list(PUBLIC_API)
