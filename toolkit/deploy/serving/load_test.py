@@ -4,6 +4,7 @@ serving benchmark's come from here.
     body = lambda i: request_body("def ", 16, seed=i)  # request i
     latencies = latencies_s(Client(endpoint), 40, body)
     rate = throughput(endpoint, clients=16, per_client=2, body=body)
+    result = measure_endpoint(endpoint, "def ", max_new_tokens=16, requests=40)  # both, as the notebook shows them
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import statistics
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -71,3 +73,35 @@ def percentile_ms(seconds: list[float], q: int) -> float:
     if len(seconds) == 1:
         return seconds[0] * 1000
     return statistics.quantiles(seconds, n=100, method="inclusive")[q - 1] * 1000
+
+
+@dataclass(frozen=True)
+class LoadTestResult:
+    """What one client sees one request at a time, and what many concurrent clients get through together."""
+
+    latencies_s: list[float]  # one per sequential request
+    clients: int  # the concurrent clients of the throughput phase
+    requests_per_s: float  # with ``clients`` concurrent clients
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile_ms(self.latencies_s, 50)
+
+    def summary(self) -> str:
+        return (f"one at a time: p50 {self.p50_ms:.1f} ms; {self.clients} concurrent clients: "
+                f"{self.requests_per_s:.1f} requests/s")
+
+
+def measure_endpoint(endpoint, prompt: str, max_new_tokens: int, requests: int, clients: int = 16,
+                     per_client: int = 2) -> LoadTestResult:
+    """``requests`` generation requests one after another on one kept-alive connection, then ``clients``
+    concurrent clients sending ``per_client`` each; request i asks for ``max_new_tokens`` with seed i."""
+    def body(i: int) -> bytes:
+        return request_body(prompt, max_new_tokens, seed=i)
+
+    client = Client(endpoint)
+    try:
+        seconds = latencies_s(client, requests, body)
+    finally:
+        client.close()
+    return LoadTestResult(seconds, clients, throughput(endpoint, clients, per_client, body))
