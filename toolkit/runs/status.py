@@ -27,6 +27,8 @@ import fcntl
 import os
 import time
 
+from toolkit.errors import not_allowed
+
 STATES = ("queued", "running", "completed", "failed", "killed")
 FINAL_STATES = ("completed", "failed", "killed")
 RESUMABLE_STATES = ("failed", "killed")  # what a person resumes; queued/running only when left by a dead supervisor
@@ -54,7 +56,7 @@ class IllegalTransition(ValueError):
 def next_state(current: str | None, name: str) -> str:
     """The state ``name`` leads to from ``current``, or IllegalTransition saying what is allowed."""
     if name not in TRANSITIONS:
-        raise IllegalTransition(f"status transition: {name!r} is unknown; allowed: {', '.join(TRANSITIONS)}")
+        raise IllegalTransition(not_allowed("status transition", name, ", ".join(TRANSITIONS), problem="is unknown"))
     sources, target = TRANSITIONS[name]
     if current not in sources:
         shown = "a new run" if current is None else f"state {current!r}"
