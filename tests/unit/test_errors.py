@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from toolkit.errors import SHOWN_CHARS, bounded_repr, not_allowed, refused
 
 PROJECT = Path(__file__).resolve().parents[2]
+HAND_WRITTEN = re.compile(r"allowed(?: [^;:]*)?:")  # "allowed:", "allowed for type X:", "allowed from:" ...
 
 
 def test_a_bad_value_names_field_value_and_what_is_allowed():
@@ -50,12 +52,14 @@ def string_constants(tree: ast.AST):
 
 def hand_written_refusals(source: str, path: str) -> list[str]:
     return [f"{path}:{line}: {text!r}" for line, text in string_constants(ast.parse(source, path))
-            if "allowed:" in text]
+            if HAND_WRITTEN.search(text)]
 
 
 def test_the_scan_finds_a_hand_written_refusal_but_not_a_docstring():
-    planted = 'def f(x):\n    """x: bad; allowed: good"""\n    raise ValueError(f"x: {x!r} is bad; allowed: good")\n'
-    assert [hit.split(": ", 1)[0] for hit in hand_written_refusals(planted, "m.py")] == ["m.py:3"]
+    planted = ('def f(x):\n    """x: bad; allowed: good"""\n    raise ValueError(f"x: {x!r} is bad; allowed: good")\n'
+               '    raise ValueError(f"x: {x!r} is bad; allowed for y: good")\n'
+               '    raise ValueError(f"x: {x!r} is not allowed for y")\n')
+    assert [hit.split(": ", 1)[0] for hit in hand_written_refusals(planted, "m.py")] == ["m.py:3", "m.py:4"]
 
 
 def test_only_toolkit_errors_writes_the_refusal_wording():
