@@ -56,7 +56,7 @@ def load_folder(plan_dir: str | Path, loaders: dict[str, Callable], required: tu
             loaded[name] = load(folder / name)
         except Exception as exc:  # noqa: BLE001 - the SDK raises several types for a bad file; all mean "fix it"
             raise AzureError(refused(name, f"the Azure ML SDK cannot load it ({_first_line(exc)})",
-                                         f"a file written by `trainbook azure {verb}` ({verb} again)")) from None
+                                     f"a file written by `trainbook azure {verb}` ({verb} again)")) from None
     return folder, loaded
 
 

@@ -646,7 +646,7 @@ def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
         raise DataAssetError(f"data: the files of {where} at {str(asset.path)!r} are not the bytes it was registered "
                              f"with; nothing was cached; `trainbook data verify {asset.ref}` names the file")
     raise DataAssetError(refused("data", f"the files of {where} changed after they were hashed; nothing was cached",
-                                     "data that stays the same while a run reads it"))
+                                 "data that stays the same while a run reads it"))
 
 
 # --- verify -------------------------------------------------------------------------------------------------------
