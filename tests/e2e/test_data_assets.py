@@ -269,7 +269,7 @@ def test_training_on_registered_assets_pins_the_version(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--set", "data.asset=digits"], "data.asset: digits:1 is a mltable asset; allowed: uri_file (for model.name='gpt')"),
+    (["--set", "data.asset=digits"], "data.asset: digits:1 is a mltable asset; allowed: uri_file, uri_folder (for model.name='gpt')"),
     (["--set", "data.asset=nothing"], "data asset: 'nothing' is not registered"),
     (["--set", "data.asset=pydoc:x"], "data.asset: 'pydoc:x' is not a reference"),
 ])
