@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from toolkit.config import ConfigError
+from toolkit.errors import not_allowed, refused
 
 
 def _cmd_train(args) -> int:
@@ -23,7 +24,7 @@ def _cmd_train(args) -> int:
         overrides.append(f"engine.name={args.engine}")
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
     if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
+        raise ConfigError(not_allowed("--max-restarts", args.max_restarts, "0 or more", problem="is negative"))
     handle = launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root, max_restarts=args.max_restarts)
     return _follow(handle, cfg.train.max_steps)
 
@@ -32,7 +33,7 @@ def _cmd_resume(args) -> int:
     from toolkit.runs import launch
 
     if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
+        raise ConfigError(not_allowed("--max-restarts", args.max_restarts, "0 or more", problem="is negative"))
     try:
         handle = launch.resume(args.run_dir, max_restarts=args.max_restarts, from_checkpoint=args.from_checkpoint)
     except launch.NothingToResume as done:
@@ -114,7 +115,7 @@ def _cmd_checkpoints(args) -> int:
     from toolkit.checkpoint.store import CheckpointStore
 
     if not Path(args.run_dir).is_dir():
-        raise FileNotFoundError(f"run_dir: {args.run_dir!r} is not a folder; allowed: a run directory")
+        raise FileNotFoundError(not_allowed("run_dir", args.run_dir, "a run directory", problem="is not a folder"))
     store = CheckpointStore(args.run_dir)
     infos = store.list(verify=not args.quick)
     if not infos:
@@ -145,9 +146,9 @@ def _cmd_advise(args) -> int:
     from toolkit.checkpoint.interval_advisor import advise_for_run, mtbf_for_gpus
 
     if args.mtbf_hours is not None and args.mtbf_hours <= 0:
-        raise ConfigError(f"--mtbf-hours: {args.mtbf_hours} is not allowed; allowed: a positive number")
+        raise ConfigError(not_allowed("--mtbf-hours", args.mtbf_hours, "a positive number"))
     if args.gpus < 1:
-        raise ConfigError(f"--gpus: {args.gpus} is not allowed; allowed: 1 or more")
+        raise ConfigError(not_allowed("--gpus", args.gpus, "1 or more"))
     mtbf = args.mtbf_hours * 3600 if args.mtbf_hours is not None else mtbf_for_gpus(args.gpus)
     print(advise_for_run(args.run_dir, mtbf_s=mtbf, restart_s=args.restart_seconds).summary())
     return 0
@@ -167,7 +168,7 @@ def _parse_tags(pairs) -> dict:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--tag: {pair!r} is not allowed; allowed: key=value")
+            raise ConfigError(not_allowed("--tag", pair, "key=value"))
         tags[key] = value
     return tags
 
@@ -269,7 +270,7 @@ def _cmd_estimate(args) -> int:
     elif args.params:
         params = parse_count(args.params)
     else:
-        raise ConfigError("params: missing; allowed: a parameter count such as 350M, 7B or 1.3e9, or --config NAME")
+        raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, or --config NAME"))
     if args.zero_stage is not None:
         print(estimate(params, args.precision, args.zero_stage, args.gpus).formula())
         return 0

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from toolkit.errors import bounded_repr, not_allowed, refused
 from toolkit.names import check_name, parse_ref
 
 
@@ -226,7 +227,7 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{path}: {value!r} is not allowed; expected {_describe_type(tp)}")
+    raise ConfigError(not_allowed(path, value, _describe_type(tp)))
 
 
 def _check_bounds(path: str, value: Any, meta: typing.Mapping) -> None:
@@ -239,7 +240,7 @@ def _check_bounds(path: str, value: Any, meta: typing.Mapping) -> None:
     if le is not None:
         allowed.append(f"<= {le}")
     if (gt is not None and not value > gt) or (ge is not None and value < ge) or (le is not None and value > le):
-        raise ConfigError(f"{path}: {value!r} is out of range; allowed: {' and '.join(allowed)}")
+        raise ConfigError(not_allowed(path, value, " and ".join(allowed), problem="is out of range"))
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -251,7 +252,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"{where}{unknown[0]}: unknown field; allowed: {', '.join(fields)}")
+        raise ConfigError(refused(f"{where}{unknown[0]}", "unknown field", ", ".join(fields)))
     kwargs = {}
     for name, value in data.items():
         path = f"{prefix}.{name}" if prefix else name
@@ -272,30 +273,31 @@ def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
     check_name(cfg.name, "name", ConfigError)  # it becomes the run folder's name
     if len(cfg.name) > MAX_RUN_NAME:  # the folder adds "-YYYYmmdd-HHMMSS[-n]" and must stay under 255 bytes
-        raise ConfigError(f"name: {cfg.name[:20]!r}... has {len(cfg.name)} characters; allowed: at most "
-                          f"{MAX_RUN_NAME} (the run folder's name adds a timestamp)")
+        raise ConfigError(refused("name", f"{cfg.name[:20]!r}... has {len(cfg.name)} characters",
+                                  f"at most {MAX_RUN_NAME} (the run folder's name adds a timestamp)"))
     if cfg.model.n_embd % cfg.model.n_head:
-        raise ConfigError(
-            f"model.n_head: {cfg.model.n_head} does not divide model.n_embd={cfg.model.n_embd}; "
-            "allowed: a divisor of n_embd")
+        raise ConfigError(not_allowed("model.n_head", cfg.model.n_head, "a divisor of n_embd",
+                                      problem=f"does not divide model.n_embd={cfg.model.n_embd}"))
     if cfg.optim.min_lr > cfg.optim.lr:
-        raise ConfigError(f"optim.min_lr: {cfg.optim.min_lr} is above optim.lr={cfg.optim.lr}; allowed: <= lr")
+        raise ConfigError(not_allowed("optim.min_lr", cfg.optim.min_lr, "<= lr",
+                                      problem=f"is above optim.lr={cfg.optim.lr}"))
     from toolkit.train.models import MODELS  # local: the registry imports torch
 
     wanted = MODELS[cfg.model.name].dataset
     if cfg.data.dataset != wanted:
-        raise ConfigError(
-            f"data.dataset: {cfg.data.dataset!r} does not fit model.name={cfg.model.name!r}; allowed: {wanted!r}")
+        raise ConfigError(not_allowed("data.dataset", cfg.data.dataset, repr(wanted),
+                                      problem=f"does not fit model.name={cfg.model.name!r}"))
     if cfg.data.asset:
         parse_ref(cfg.data.asset, "data.asset", ConfigError)
     if cfg.data.asset and cfg.data.path:
-        raise ConfigError(f"data.path: {cfg.data.path!r} given together with data.asset={cfg.data.asset!r}; "
-                          "allowed: one of the two")
+        raise ConfigError(not_allowed("data.path", cfg.data.path, "one of the two",
+                                      problem=f"given together with data.asset={bounded_repr(cfg.data.asset)}"))
     if cfg.engine.name == "torch" and cfg.engine.zero_stage:
-        raise ConfigError(
-            f"engine.zero_stage: {cfg.engine.zero_stage} needs engine.name='deepspeed'; allowed with torch: 0")
+        raise ConfigError(not_allowed("engine.zero_stage", cfg.engine.zero_stage, "0 with engine.name='torch'",
+                                      problem="needs engine.name='deepspeed'"))
     if cfg.engine.launcher == "deepspeed" and cfg.engine.name != "deepspeed":
-        raise ConfigError("engine.launcher: 'deepspeed' needs engine.name='deepspeed'; allowed: 'auto', 'torchrun'")
+        raise ConfigError(not_allowed("engine.launcher", cfg.engine.launcher, "'auto', 'torchrun'",
+                                      problem="needs engine.name='deepspeed'"))
 
 
 def from_dict(data: dict | None) -> Config:
@@ -366,5 +368,6 @@ def resolve_config_path(path: str | Path) -> Path:
         if candidate.is_file():
             return candidate
     shipped = ", ".join(builtin_config_names())
-    raise ConfigError(f"config: {str(path)!r} is neither a file nor a shipped config; shipped: {shipped} "
-                      "(built into the package); allowed: one of these names or a path to a YAML file")
+    raise ConfigError(not_allowed("config", path, "one of these names or a path to a YAML file",
+                                  problem=f"is neither a file nor a shipped config; shipped: {shipped} (built into "
+                                          "the package)"))

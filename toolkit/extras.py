@@ -6,6 +6,8 @@ Core (training, checkpoints, data) never imports these at module level; each is 
 
 from __future__ import annotations
 
+from toolkit.errors import refused
+
 # Imported module (or dotted prefix) -> (distribution, extra). The longest matching prefix wins, so
 # azure.identity names its own distribution while the rest of the azure namespace names azure-ai-ml.
 OPTIONAL_IMPORTS = {
@@ -33,5 +35,6 @@ def missing_extra_message(exc: ModuleNotFoundError, what: str) -> str | None:
     if not prefixes:
         return None
     distribution, extra = OPTIONAL_IMPORTS[max(prefixes, key=len)]
-    return (f"{what} needs {distribution} (module {name!r} is not installed), which comes with the '{extra}' "
-            f"extra; allowed: pip install 'trainbook[{extra}]' (in a checkout, `make setup` installs every extra)")
+    return refused(None, f"{what} needs {distribution} (module {name!r} is not installed), which comes with the "
+                         f"'{extra}' extra",
+                   f"pip install 'trainbook[{extra}]' (in a checkout, `make setup` installs every extra)")

@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from toolkit.errors import bounded_repr, not_allowed
+
 # --- files ---------------------------------------------------------------------------------------------------------
 
 
@@ -65,15 +67,15 @@ def open_log(path: Path, text: bool = False, fresh: bool = False):
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, f"{path.name}: {str(path)!r} is a link; allowed: a regular file (or none)") \
+            raise OSError(errno.ELOOP, not_allowed(path.name, path, "a regular file (or none)", problem="is a link")) \
                 from None
         if exc.errno == errno.ENXIO:  # a FIFO nobody reads (opened without waiting for a reader)
-            raise OSError(errno.EINVAL, f"{path.name}: {str(path)!r} is not a regular file; allowed: a regular "
-                                        "file") from None
+            raise OSError(errno.EINVAL, not_allowed(path.name, path, "a regular file",
+                                                    problem="is not a regular file")) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, f"{path.name}: {str(path)!r} is not a regular file; allowed: a regular file")
+        raise OSError(errno.EINVAL, not_allowed(path.name, path, "a regular file", problem="is not a regular file"))
     os.set_blocking(fd, True)
     return os.fdopen(fd, "a" if text else "ab", buffering=1 if text else -1)
 
@@ -91,18 +93,19 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise error(f"{field}: {str(path)!r} is a symbolic link to {os.readlink(path)!r}; allowed: a regular "
-                        "file (a link is never followed: it could lead anywhere)") from None
+            raise error(not_allowed(field, path, "a regular file (a link is never followed: it could lead anywhere)",
+                                problem=f"is a symbolic link to {bounded_repr(os.readlink(path))}")) from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise error(f"{field}: {str(path)!r} is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular "
-                    "file; allowed: a regular file")
+        raise error(not_allowed(field, path, "a regular file",
+                                problem=f"is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular file"))
     with os.fdopen(fd, "rb") as f:
         data = f.read() if limit is None else f.read(limit + 1)
     if limit is not None and len(data) > limit:
-        raise error(f"{field}: {str(path)!r} is over {limit:,} bytes; allowed: the small file Trainbook writes there")
+        raise error(not_allowed(field, path, "the small file Trainbook writes there",
+                                problem=f"is over {limit:,} bytes"))
     return data
 
 
@@ -165,25 +168,26 @@ def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exceptio
     except FileNotFoundError:
         return
     if stat.S_ISLNK(mode):
-        raise error(f"{field}: {str(out)!r} is a symbolic link; allowed: a real folder path (a link is never "
-                    "written through or replaced)")
-    allowed = (f"allowed: a new or empty folder, or an earlier {kind} folder (it holds {marker} and only the files "
+        raise error(not_allowed(field, out, "a real folder path (a link is never written through or replaced)",
+                                problem="is a symbolic link"))
+    allowed = (f"a new or empty folder, or an earlier {kind} folder (it holds {marker} and only the files "
                "that lists; it is replaced)")
     if not stat.S_ISDIR(mode):
-        raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder; {allowed}")
+        raise error(not_allowed(field, out, allowed, problem=f"exists and is not a {kind} folder"))
     with os.scandir(out) as scan:
         entries = {entry.name: entry for entry in scan}
     if not entries:
         return
     if marker not in entries or not entries[marker].is_file(follow_symlinks=False):
-        raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder (no {marker}); {allowed}")
+        raise error(not_allowed(field, out, allowed, problem=f"exists and is not a {kind} folder (no {marker})"))
     try:
         known = set(may_hold(out)) | {marker}
     except error as exc:
-        raise error(f"{field}: {str(out)!r} exists and is not a {kind} folder ({exc}); {allowed}") from None
+        raise error(not_allowed(field, out, allowed, problem=f"exists and is not a {kind} folder ({exc})")) from None
     for name, entry in sorted(entries.items()):
         if name not in known or not entry.is_file(follow_symlinks=False):
-            raise error(f"{field}: {str(out)!r} holds {name!r}, which a {kind} folder does not; {allowed}")
+            raise error(not_allowed(field, out, allowed,
+                                    problem=f"holds {bounded_repr(name)}, which a {kind} folder does not"))
 
 
 # --- staging: where a folder is assembled ---------------------------------------------------------------------------

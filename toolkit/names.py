@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from toolkit.errors import not_allowed
+
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 NAME_ALLOWED = "letters, digits, '_', '-', '.', starting with a letter or digit, at most 255 characters"
 REF_ALLOWED = "'name' (latest) or 'name:version' with a version of 1 or more"
@@ -17,7 +19,7 @@ def is_name(value) -> bool:
 
 def name_problem(field: str, value) -> str | None:
     """The message that refuses ``value`` as the name in ``field``; None when it is a name."""
-    return None if is_name(value) else f"{field}: {value!r} is not allowed; allowed: {NAME_ALLOWED}"
+    return None if is_name(value) else not_allowed(field, value, NAME_ALLOWED)
 
 
 def check_name(value, field: str = "name", error: type[Exception] = ValueError) -> str:
@@ -37,5 +39,5 @@ def split_ref(ref) -> tuple[str, int | None] | None:
 
 def parse_ref(ref, field: str, error: type[Exception] = ValueError) -> tuple[str, int | None]:
     if (parsed := split_ref(ref)) is None:
-        raise error(f"{field}: {ref!r} is not a reference; allowed: {REF_ALLOWED}")
+        raise error(not_allowed(field, ref, REF_ALLOWED, problem="is not a reference"))
     return parsed

@@ -20,6 +20,8 @@ import importlib
 import os
 from pathlib import Path
 
+from toolkit.errors import refused
+
 FORCE_ENV = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
@@ -90,8 +92,8 @@ def load(path: str | Path, map_location=None):
 
 
 def unsafe_reason(path: str | Path, names: list[str]) -> str:
-    return (f"{Path(path).name}: loading it would import {', '.join(names) or 'something not allowed'}; allowed: "
-            "tensors and plain data (a Trainbook checkpoint names only " + ", ".join(ALLOWED_NAMES) + ")")
+    return refused(Path(path).name, f"loading it would import {', '.join(names) or 'something not allowed'}",
+                   f"tensors and plain data (a Trainbook checkpoint names only {', '.join(ALLOWED_NAMES)})")
 
 
 def disallowed_globals(path: str | Path) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import ipywidgets as w
 
+from toolkit.errors import not_allowed, refused
 from toolkit.runs import launch
 from toolkit.checkpoint.store import SUPERSEDED_PREFIX, CheckpointStore
 from toolkit.runs.events import CheckpointEvent, read_events
@@ -39,8 +40,8 @@ class CheckpointsPanel(Panel):
         super().__init__()
         self.run = RunDir(run_dir)
         if not self.run.config_path.is_file():
-            raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run "
-                                    "directory")
+            raise FileNotFoundError(not_allowed("run_dir", run_dir, "a run directory",
+                                                problem="holds no run (no config.yaml)"))
         self.store = CheckpointStore(self.run.path)
         self.verify = w.Checkbox(value=verify, description="verify checksums")
         self.table = w.HTML()
@@ -104,7 +105,7 @@ class CheckpointsPanel(Panel):
         the run in the background until it ends."""
         chosen, latest = self.resume_from.value, self.store.latest_name()
         if chosen is None:
-            raise ValueError("resume from: no valid checkpoint; allowed: a run that saved at least one")
+            raise ValueError(refused("resume from", "no valid checkpoint", "a run that saved at least one"))
         self.handle = handle = launch.resume(self.run.path, from_checkpoint=None if chosen == latest else chosen)
         self.message.value = ok_html(f"resumed from {chosen}" + ("" if chosen == latest else
                                                                   " (newer checkpoints set aside as superseded-*)"))

@@ -19,6 +19,7 @@ import ipywidgets as w
 
 from toolkit.catalogue import data_assets
 from toolkit.catalogue.workspace import Workspace
+from toolkit.errors import refused
 from widgets.panel import Panel, error_html, ok_html, plot_png, png_html, pre_html, table_html
 
 PICKER_ENTRIES = 200  # suggestions shown by the path box: enough to browse, few enough to stay responsive
@@ -130,7 +131,7 @@ class DataPanel(Panel):
         """Archive ``ref`` (default: the version chosen in the drop-down); archiving twice is harmless."""
         ref = ref or self.archive_choice.value
         if not ref:
-            raise ValueError("version: none chosen; allowed: one of the catalogue's versions")
+            raise ValueError(refused("version", "none chosen", "one of the catalogue's versions"))
         asset = data_assets.archive(self.ws, ref)
         self.message.value = ok_html(f"archived {asset.ref}: hidden from listings and from '{asset.name}' (latest); "
                                      f"'{asset.ref}' still resolves")
@@ -147,7 +148,7 @@ class DataPanel(Panel):
         from toolkit.runs.data_pin import pin_data_asset
 
         if not self.advisor_asset.value:
-            raise ValueError("asset: none chosen; allowed: a registered asset (register one above)")
+            raise ValueError(refused("asset", "none chosen", "a registered asset (register one above)"))
         cfg = pin_data_asset(config_mod.load(self.config_name, [f"data.asset={self.advisor_asset.value}",
                                                                 f"data.workspace={self.ws.root}"]))
         self.report = report = tune(cfg, steps=self.tune_steps)

@@ -33,6 +33,7 @@ from toolkit.catalogue.model_registry import RegisteredModel, register_model
 from toolkit.deploy.serving.endpoint import LocalEndpoint, mask_key, serve
 from toolkit.deploy.serving.runtimes import RUNTIMES
 from toolkit.catalogue.workspace import Workspace
+from toolkit.errors import refused
 from widgets.panel import Panel, error_html, field_row, ok_html, table_html
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all
@@ -118,7 +119,7 @@ class DeploymentPanel(Panel):
     def start_endpoint(self) -> LocalEndpoint:
         """Serve the export (its registered version when there is one) on 127.0.0.1 with a key."""
         if self.running:
-            raise RuntimeError(f"endpoint: {self.endpoint.name} is running; allowed: stop it first")
+            raise RuntimeError(refused("endpoint", f"{self.endpoint.name} is running", "stop it first"))
         model = self._model()
         with self._working("starting the endpoint…", "endpoint started"):
             self.endpoint = serve(model, runtime=self.runtime.value, name=self.endpoint_name.value)
@@ -137,7 +138,7 @@ class DeploymentPanel(Panel):
         """POST the prompt box to the endpoint with its key; returns the server's JSON with ``status`` (HTTP),
         ``prompt`` and ``client_ms`` added. A refusal (400 naming the field) is an answer, shown in red."""
         if not self.running:
-            raise RuntimeError("endpoint: not running; allowed: Start endpoint first")
+            raise RuntimeError(refused("endpoint", "not running", "Start endpoint first"))
         body = {"prompt": self.prompt.value, "max_new_tokens": self.max_new_tokens.value,
                 "temperature": self.temperature.value}
         with self._working("sending…", "answered"):
@@ -170,7 +171,7 @@ class DeploymentPanel(Panel):
     def _model(self) -> str:
         """What to serve and deploy: the registered version when there is one (it never changes), else the export."""
         if self.result is None:
-            raise ValueError("model: nothing exported yet; allowed: Export first")
+            raise ValueError(refused("model", "nothing exported yet", "Export first"))
         return self.model.ref if self.model else str(self.result.path)
 
     @property

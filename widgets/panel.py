@@ -18,6 +18,8 @@ from pathlib import Path
 import ipywidgets as w
 from IPython.display import HTML, display
 
+from toolkit.errors import refused
+
 # What a button's action may raise for bad input or a wrong state (OSError: a missing or unwritable path the
 # person typed); anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, RuntimeError, KeyError)
@@ -109,7 +111,8 @@ class Panel:
         disabled at once (a second click must not slip in before the thread runs) and ``what`` shows in
         ``self.busy`` meanwhile. One task at a time: ``wait()`` blocks until it ends and returns its result."""
         if self._task is not None and self._task.is_alive():
-            raise RuntimeError(f"panel: busy with {self._task_what or 'another task'}; allowed: wait for it to end")
+            raise RuntimeError(refused("panel", f"busy with {self._task_what or 'another task'}",
+                                       "wait for it to end"))
         buttons = list(buttons)
 
         def work() -> None:

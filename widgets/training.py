@@ -21,6 +21,7 @@ from pathlib import Path
 
 import ipywidgets as w
 from toolkit import config as config_mod
+from toolkit.errors import refused
 from toolkit.runs import launch
 from toolkit.report import plots
 from toolkit.runs.events import read_events
@@ -106,7 +107,7 @@ class TrainingPanel(Panel):
 
     def resume(self):
         if self.run is None:
-            raise ValueError("run: none yet; allowed: start or open a run first")
+            raise ValueError(refused("run", "none yet", "start or open a run first"))
         self.wait()
         self._follow(launch.resume(self.run.path), self.run.read_config().train.max_steps, keep_history=True)
         return self.handle
@@ -116,7 +117,7 @@ class TrainingPanel(Panel):
         from toolkit.runs.tensorboard import start_tensorboard
 
         if self.run is None:
-            raise ValueError("run: none yet; allowed: start or open a run first")
+            raise ValueError(refused("run", "none yet", "start or open a run first"))
         if self.tb_server is None:
             self.tb_server = start_tensorboard(self.run.path)
         url = self.tb_server.url

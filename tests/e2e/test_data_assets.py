@@ -105,8 +105,8 @@ def test_archive_hides_but_keeps_resolving(ws, tmp_path):
     (lambda ws, p: data_assets.register(ws, "bad name", p / "f.txt", type="uri_file"), r"name: 'bad name' is not allowed"),
     (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="csv"), r"type: 'csv' is not allowed; allowed: uri_file"),
     (lambda ws, p: data_assets.register(ws, "x", p / "missing", type="uri_file"), r"path: '.*missing' does not exist"),
-    (lambda ws, p: data_assets.register(ws, "x", p, type="uri_file"), r"is not a file; allowed for type uri_file"),
-    (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="uri_folder"), r"is not a folder; allowed for type uri_folder"),
+    (lambda ws, p: data_assets.register(ws, "x", p, type="uri_file"), r"is not a file; allowed: a single file \(type uri_file\)"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="uri_folder"), r"is not a folder; allowed: a folder \(type uri_folder\)"),
     (lambda ws, p: data_assets.register(ws, "x", p, type="mltable"), r"has no MLTable file"),
     (lambda ws, p: data_assets.register(ws, "x", p / "f.txt", type="uri_file", tags={"k": 1}), r"tags: .* strings to strings"),
     (lambda ws, p: data_assets.get(ws, "x:0"), r"'x:0' is not a reference"),
@@ -114,7 +114,7 @@ def test_archive_hides_but_keeps_resolving(ws, tmp_path):
     (lambda ws, p: data_assets.get(ws, "nothing"), r"'nothing' is not registered; no asset has that name"),
     (lambda ws, p: data_assets.register(ws, "a/b", p), r"name: 'a/b' is not allowed"),
     (lambda ws, p: data_assets.register(ws, "..", p), r"name: '\.\.' is not allowed"),
-    (lambda ws, p: data_assets.register(ws, "x" * 256, p), r"name: 'x{256}' is not allowed"),
+    (lambda ws, p: data_assets.register(ws, "x" * 256, p), r"name: 'x{199}\.\.\. \(258 characters\) is not allowed"),
     (lambda ws, p: data_assets.register(ws, "x", p / "empty"), r"is an empty folder"),
     (lambda ws, p: data_assets.register(ws, "x", p / "linked"), r"is a link to .*outside"),
     (lambda ws, p: data_assets.register(ws, "x", p / "badtable", type="mltable"), r"do not match its MLTable"),
@@ -269,7 +269,7 @@ def test_training_on_registered_assets_pins_the_version(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--set", "data.asset=digits"], "data.asset: digits:1 is a mltable asset; allowed for model.name='gpt': uri_file"),
+    (["--set", "data.asset=digits"], "data.asset: digits:1 is a mltable asset; allowed: uri_file, uri_folder (for model.name='gpt')"),
     (["--set", "data.asset=nothing"], "data asset: 'nothing' is not registered"),
     (["--set", "data.asset=pydoc:x"], "data.asset: 'pydoc:x' is not a reference"),
 ])

@@ -111,7 +111,7 @@ def test_bad_data_paths_are_refused_before_the_run_starts(tmp_path, flags, messa
 def test_a_table_path_is_refused_for_the_text_model(ws, tmp_path):
     table = BUILTINS["digits"](ws).path
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", f"data.path={table}")
-    assert proc.returncode == 2 and "is a mltable asset; allowed for model.name='gpt': uri_file" in proc.stderr
+    assert proc.returncode == 2 and "is a mltable asset; allowed: uri_file, uri_folder (for model.name='gpt')" in proc.stderr
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ def test_the_form_names_each_bad_field_before_anything_is_written(data_panel, tm
     assert "name: &#x27;bad name!&#x27; is not allowed" in panel.problems.value
     assert "does not exist" in panel.problems.value and panel.register_button.disabled
     panel.name.value, panel.path.value = "corpus", str(folder)  # a folder where a file is expected
-    assert "is not a file; allowed for type uri_file" in panel.problems.value
+    assert "is not a file; allowed: a single file (type uri_file)" in panel.problems.value
     panel.type.value = "uri_folder"  # an empty folder passes the form; register refuses it, inline
     assert panel.problems.value == "" and not panel.register_button.disabled
     panel.register_button.click()

@@ -23,7 +23,7 @@ def test_create_writes_config_and_queued_status(tmp_path):
 def test_status_rejects_unknown_states_and_leaves_the_file_intact(tmp_path):
     run = RunDir.create(tmp_path / "r", config_mod.load("tiny"))
     before = run.status_path.read_text()
-    with pytest.raises(ValueError, match="status.state: 'exploded'; allowed: queued, running"):
+    with pytest.raises(ValueError, match="status.state: 'exploded' is not allowed; allowed: queued, running"):
         run.write_status(state="exploded")
     assert run.status_path.read_text() == before
     assert [p.name for p in run.path.iterdir() if p.name.endswith(".tmp")] == []

@@ -13,6 +13,7 @@ import pytest
 
 from toolkit import config as config_mod
 from toolkit.config import Config, ConfigError
+from toolkit.errors import bounded_repr
 from toolkit.names import NAME_ALLOWED
 
 # Other fields a value needs to pass the checks between fields (a divisor of n_embd, min_lr <= lr, ...).
@@ -110,7 +111,7 @@ def test_an_integer_field_takes_its_bounds_and_refuses_past_them(path, tp, meta)
                                           (None, "None"), ([2], "[2]")])
 def test_an_integer_field_refuses_anything_but_an_integer(path, tp, meta, value, shown):
     # a bool is an int to Python: `true` must not train for 1 step; 2.0 must not silently become 2
-    assert refused(path, value) == f"{path}: {shown} is not allowed; expected an integer"
+    assert refused(path, value) == f"{path}: {shown} is not allowed; allowed: an integer"
 
 
 # --- numbers ----------------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def test_a_number_field_widens_integers_and_reads_exponents_without_a_dot(path, 
                                           (float("-inf"), "-inf"), ("0.5", "'0.5'"), ("fast", "'fast'"),
                                           ("1e", "'1e'"), (None, "None"), ({"a": 1}, "{'a': 1}")])
 def test_a_number_field_refuses_anything_but_a_finite_number(path, tp, meta, value, shown):
-    assert refused(path, value) == f"{path}: {shown} is not allowed; expected a number"
+    assert refused(path, value) == f"{path}: {shown} is not allowed; allowed: a number"
 
 
 # --- true/false, strings, choices -------------------------------------------------------------------------
@@ -156,13 +157,13 @@ def test_a_number_field_refuses_anything_but_a_finite_number(path, tp, meta, val
 def test_a_true_false_field_takes_only_booleans(path, tp, meta):
     assert read(build(path, True), path) is True and read(build(path, False), path) is False
     for value, shown in ((1, "1"), (0, "0"), ("yes", "'yes'"), ("true", "'true'"), (None, "None")):
-        assert refused(path, value) == f"{path}: {shown} is not allowed; expected true or false"
+        assert refused(path, value) == f"{path}: {shown} is not allowed; allowed: true or false"
 
 
 @pytest.mark.parametrize("path, tp, meta", BY_KIND["str"], ids=ids(BY_KIND["str"]))
 def test_a_string_field_refuses_other_types(path, tp, meta):
     for value, shown in ((3, "3"), (1.5, "1.5"), (True, "True"), (None, "None"), (["a"], "['a']")):
-        assert refused(path, value) == f"{path}: {shown} is not allowed; expected a string"
+        assert refused(path, value) == f"{path}: {shown} is not allowed; allowed: a string"
 
 
 @pytest.mark.parametrize("path, tp, meta", BY_KIND["choice"], ids=ids(BY_KIND["choice"]))
@@ -172,7 +173,7 @@ def test_a_choice_field_takes_each_choice_and_refuses_others_listing_them(path, 
         assert read(build(path, choice), path) == choice
     listed = ", ".join(repr(c) for c in choices)
     for value in (choices[0].upper(), choices[0] + " ", "", 0, None, True, list(choices)):
-        assert refused(path, value) == f"{path}: {value!r} is not allowed; expected one of {listed}"
+        assert refused(path, value) == f"{path}: {value!r} is not allowed; allowed: one of {listed}"
 
 
 # --- sections and the run name ----------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def test_a_run_name_leaves_room_for_the_folders_timestamp():
 @pytest.mark.parametrize("name", ["", "../up", "a/b", "-flag", ".hidden", "sp ace", "tab\t", "é", "n" * 256])
 def test_a_run_name_that_is_no_plain_folder_name_is_refused(name):
     # the run name becomes a folder: the same rule and message as every other name a user gives
-    assert refused("name", name) == f"name: {name!r} is not allowed; allowed: {NAME_ALLOWED}"
+    assert refused("name", name) == f"name: {bounded_repr(name)} is not allowed; allowed: {NAME_ALLOWED}"
 
 
 def test_data_asset_and_path_exclude_each_other():

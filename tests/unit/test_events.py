@@ -152,7 +152,7 @@ def test_a_follower_gets_each_event_once_and_waits_for_a_line_to_be_complete(tmp
 
 
 def test_a_kind_that_is_not_an_event_class_is_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="kind: 'train'; allowed: one of StatusEvent, TrainEvent"):
+    with pytest.raises(ValueError, match="kind: 'train' is not allowed; allowed: one of StatusEvent, TrainEvent"):
         read_events(tmp_path, "train")
 
 

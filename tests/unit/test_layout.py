@@ -11,7 +11,7 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[2]
 TOOLKIT = PROJECT / "toolkit"
 
-FOUNDATION = {"toolkit.fsio", "toolkit.paths", "toolkit.ports", "toolkit.safe_load", "toolkit.names"}
+FOUNDATION = {"toolkit.fsio", "toolkit.paths", "toolkit.ports", "toolkit.safe_load", "toolkit.names", "toolkit.errors"}
 # what a chapter must never import: the steps before deployment know nothing of it, of reports or of the cloud
 FORBIDDEN = {
     "train": {"azure", "deploy", "report"},

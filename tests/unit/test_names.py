@@ -3,6 +3,7 @@
 import pytest
 
 from toolkit import names
+from toolkit.errors import bounded_repr
 
 
 @pytest.mark.parametrize("good", ["a", "tiny", "my-model.v2", "A_1", "9lives", "x" * 255])
@@ -16,7 +17,7 @@ def test_names_that_are_refused_say_field_value_and_rule(bad):
     with pytest.raises(KeyError) as err:
         names.check_name(bad, "data.asset", KeyError)
     message = err.value.args[0]
-    assert message.startswith(f"data.asset: {bad!r} is not allowed; allowed: letters, digits")
+    assert message.startswith(f"data.asset: {bounded_repr(bad)} is not allowed; allowed: letters, digits")
 
 
 @pytest.mark.parametrize("ref, parsed", [("m", ("m", None)), ("m:1", ("m", 1)), ("m.v2:12", ("m.v2", 12))])

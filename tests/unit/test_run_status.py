@@ -51,8 +51,8 @@ def test_allowed_transitions(current, name, expected):
     (None, "start"),
 ])
 def test_illegal_transitions_name_the_transition_the_state_and_what_is_allowed(current, name):
-    with pytest.raises(IllegalTransition, match=rf"'{name}': not allowed from state '{current}'; allowed from: "
-                       if current else rf"'{name}': not allowed from a new run; allowed from: "):
+    with pytest.raises(IllegalTransition, match=rf"'{name}': not allowed from state '{current}'; allowed: from "
+                       if current else rf"'{name}': not allowed from a new run; allowed: from "):
         next_state(current, name)
 
 

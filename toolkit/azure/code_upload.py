@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.azure.errors import AzureError
+from toolkit.errors import not_allowed, refused
 
 # Azure ML's documented limit for a job's code snapshot ("300 MB and/or 2000 files").
 SNAPSHOT_LIMIT_BYTES = 300 * 10**6
@@ -94,22 +95,26 @@ def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
     file silently drops a file the job needs."""
     root = upload.root
     if not (root / "toolkit" / "__init__.py").is_file():
-        raise AzureError(f"code: {str(root)!r} has no toolkit/__init__.py; allowed: the Trainbook project folder")
+        raise AzureError(not_allowed(
+            "code", root, "the Trainbook project folder", problem="has no toolkit/__init__.py"))
     where = upload.ignore_file.name if upload.ignore_file else ".amlignore"
     biggest = ", ".join(f"{name} {size / MB:.1f} MB" for name, size in upload.biggest())
     if upload.total_bytes > limit_bytes:
-        raise AzureError(f"code: {str(root)!r} would upload {upload.total_bytes / MB:.1f} MB in {len(upload.files)} "
-                         f"files, over the {limit_bytes / MB:.0f} MB snapshot limit; biggest: {biggest}; allowed: "
-                         f"list the big entries in {where} (data belongs in a data asset)")
+        raise AzureError(not_allowed(
+            "code", root, f"list the big entries in {where} (data belongs in a data asset)",
+            problem=f"would upload {upload.total_bytes / MB:.1f} MB in {len(upload.files)} files, over the "
+                    f"{limit_bytes / MB:.0f} MB snapshot limit; biggest: {biggest}"))
     if len(upload.files) > limit_files:
-        raise AzureError(f"code: {str(root)!r} would upload {len(upload.files)} files, over the {limit_files}-file "
-                         f"snapshot limit; biggest: {biggest}; allowed: list what the job does not need in {where}")
+        raise AzureError(not_allowed(
+            "code", root, f"list what the job does not need in {where}",
+            problem=f"would upload {len(upload.files)} files, over the {limit_files}-file snapshot limit; "
+                    f"biggest: {biggest}"))
     uploaded = {rel for rel, _ in upload.files}
     dropped = sorted({p.relative_to(root).as_posix() for pattern in NEEDED for p in root.glob(pattern)
                       if p.is_file()} - uploaded)
     if dropped:
-        raise AzureError(f"code: {upload.ignore_file} drops files the job needs: {', '.join(dropped)}; allowed: "
-                         f"rules in {where} that keep {', '.join(NEEDED[:-1])} and {NEEDED[-1]}")
+        raise AzureError(refused("code", f"{upload.ignore_file} drops files the job needs: {', '.join(dropped)}",
+                                 f"rules in {where} that keep {', '.join(NEEDED[:-1])} and {NEEDED[-1]}"))
     _check_secrets(upload, where)
 
 
@@ -120,9 +125,10 @@ def _check_secrets(upload: CodeUpload, where: str) -> None:
         named = ", ".join(f"{rel} ({what})" for rel, what, _ in secrets[:10])
         more = f" and {len(secrets) - 10} more" if len(secrets) > 10 else ""
         rules = ", ".join(dict.fromkeys(rule for _, _, rule in secrets))
-        raise AzureError(f"code: {str(upload.root)!r} would upload secret-looking files: {named}{more}; allowed: "
-                         f"exclude them in {where} (add {rules}; a line without a leading '/' matches at any "
-                         "depth), or move them out of the project folder")
+        raise AzureError(not_allowed(
+            "code", upload.root, f"exclude them in {where} (add {rules}; a line without a leading '/' matches at "
+                                 "any depth), or move them out of the project folder",
+            problem=f"would upload secret-looking files: {named}{more}"))
 
 
 def _workspace_folders(files: set[str]) -> set[str]:
@@ -169,8 +175,9 @@ def require(upload: CodeUpload, rel: str, field: str, what: str) -> Path:
     path."""
     path = upload.root / rel
     if not path.is_file():
-        raise AzureError(f"{field}: {rel!r} is missing in {str(upload.root)!r}; allowed: {what} at that path")
+        raise AzureError(not_allowed(field, rel, f"{what} at that path", problem=f"is missing in {str(upload.root)!r}"))
     if rel not in {name for name, _ in upload.files}:
-        raise AzureError(f"{field}: {rel!r} is dropped by {upload.ignore_file}; allowed: rules in "
-                         f"{upload.ignore_file.name if upload.ignore_file else '.amlignore'} that keep it")
+        raise AzureError(not_allowed(
+            field, rel, f"rules in {upload.ignore_file.name if upload.ignore_file else '.amlignore'} that keep it",
+            problem=f"is dropped by {upload.ignore_file}"))
     return path

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.azure.errors import AzureError
+from toolkit.errors import not_allowed, refused
 
 KEYS = ("subscription_id", "resource_group", "workspace_name")
 SEARCH = (Path("config.json"), Path(".azureml") / "config.json")  # relative to the current folder, in this order
@@ -64,15 +65,17 @@ def _check_values(values: dict, where: str) -> WorkspaceRef:
     for key in KEYS:
         value = values.get(key)
         if value is None:
-            raise AzureError(f"{key}: missing in {where}; allowed: a config.json with subscription_id, "
-                             f"resource_group and workspace_name; {GET_ONE}")
+            raise AzureError(refused(
+                key, f"missing in {where}",
+                f"a config.json with subscription_id, resource_group and workspace_name; {GET_ONE}"))
         if not isinstance(value, str) or not value.strip():
-            shown = repr(mask(value)) if key == "subscription_id" and value else repr(value)
-            raise AzureError(f"{key}: {shown} in {where} is not allowed; allowed: a non-empty string")
+            shown = mask(value) if key == "subscription_id" and value else value
+            raise AzureError(not_allowed(key, shown, "a non-empty string", problem=f"in {where} is not allowed"))
     subscription = values["subscription_id"].strip()
     if not GUID_RE.fullmatch(subscription):
-        raise AzureError(f"subscription_id: {mask(subscription)!r} in {where} is not allowed; allowed: a GUID like "
-                         "00000000-0000-0000-0000-000000000000")
+        raise AzureError(not_allowed(
+            "subscription_id", mask(subscription), "a GUID like 00000000-0000-0000-0000-000000000000",
+            problem=f"in {where} is not allowed"))
     return WorkspaceRef(subscription, values["resource_group"].strip(), values["workspace_name"].strip(), where)
 
 
@@ -83,8 +86,8 @@ def find_config(path: str | Path | None = None, cwd: str | Path | None = None) -
         candidate = Path(path).expanduser()
         candidate = candidate / "config.json" if candidate.is_dir() else candidate
         if not candidate.is_file():
-            raise AzureError(f"--workspace-config: {str(candidate)!r} does not exist; allowed: an Azure ML config.json; "
-                             f"{GET_ONE}")
+            raise AzureError(not_allowed("--workspace-config", candidate, f"an Azure ML config.json; {GET_ONE}",
+                                         problem="does not exist"))
         return candidate
     base = Path(cwd) if cwd is not None else Path.cwd()
     tried = [base / rel for rel in SEARCH]
@@ -101,14 +104,16 @@ def read_config(path: str | Path) -> WorkspaceRef:
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise AzureError(f"--workspace-config: {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                         f"{exc.msg}); allowed: the config.json from the Azure ML studio workspace page") from None
+        raise AzureError(not_allowed(
+            "--workspace-config", path, "the config.json from the Azure ML studio workspace page",
+            problem=f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise AzureError(f"--workspace-config: {str(path)!r} cannot be read ({exc}); allowed: a readable "
-                         "config.json") from None
+        raise AzureError(not_allowed("--workspace-config", path, "a readable config.json",
+                                     problem=f"cannot be read ({exc})")) from None
     if not isinstance(values, dict):
-        raise AzureError(f"--workspace-config: {str(path)!r} holds a {type(values).__name__}, not an object; "
-                         "allowed: {\"subscription_id\": ..., \"resource_group\": ..., \"workspace_name\": ...}")
+        raise AzureError(not_allowed(
+            "--workspace-config", path, '{"subscription_id": ..., "resource_group": ..., "workspace_name": ...}',
+            problem=f"holds a {type(values).__name__}, not an object"))
     return _check_values(values, str(path))
 
 
@@ -120,14 +125,15 @@ def workspace_ref(config: str | Path | None = None, *, subscription_id: str | No
                 "workspace_name": workspace_name}
     if any(v is not None for v in explicit.values()):
         if config is not None:
-            raise AzureError("--workspace-config: given together with --subscription/--resource-group/"
-                             "--workspace-name; allowed: one or the other")
+            raise AzureError(refused("--workspace-config",
+                                     "given together with --subscription/--resource-group/--workspace-name",
+                                     "one or the other"))
         flags = {"subscription_id": "--subscription", "resource_group": "--resource-group",
                  "workspace_name": "--workspace-name"}
         missing = [flags[k] for k, v in explicit.items() if v is None]
         if missing:
-            raise AzureError(f"{missing[0]}: missing; allowed: all three of --subscription, --resource-group and "
-                             "--workspace-name, or --workspace-config PATH")
+            raise AzureError(refused(missing[0], "missing", "all three of --subscription, --resource-group and "
+                                                            "--workspace-name, or --workspace-config PATH"))
         return _check_values(explicit, "arguments")
     return read_config(find_config(config, cwd))
 
@@ -207,8 +213,8 @@ def check_credentials(credential=None, timeout: float = CREDENTIAL_TIMEOUT_S) ->
     if "ok" in outcome:
         return
     if "error" not in outcome:
-        raise AzureError(f"credentials: no token within {timeout:.0f} s; allowed: a network that reaches "
-                         "login.microsoftonline.com (check proxy settings)")
+        raise AzureError(refused("credentials", f"no token within {timeout:.0f} s",
+                                 "a network that reaches login.microsoftonline.com (check proxy settings)"))
     raise AzureError(_explain(outcome["error"]))
 
 

@@ -17,6 +17,7 @@ from toolkit.azure.deploy_plan import sdk_loaders
 from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import az_flags
 from toolkit.azure.submit import call, check_local_paths, connect, load_folder, log_to_stderr, recheck_code
+from toolkit.errors import not_allowed
 
 REQUIRED = ("endpoint.yaml", "deployment.yaml")
 
@@ -37,8 +38,8 @@ def load_deployment_plan(plan_dir: str | Path) -> LoadedDeploymentPlan:
     plan = LoadedDeploymentPlan(folder, loaded["endpoint.yaml"], loaded["deployment.yaml"])
     deployment = plan.deployment
     if deployment.endpoint_name != plan.endpoint.name:
-        raise AzureError(f"deployment.yaml endpoint_name: {deployment.endpoint_name!r} is not allowed; allowed: "
-                         f"{plan.endpoint.name!r}, the endpoint of endpoint.yaml")
+        raise AzureError(not_allowed("deployment.yaml endpoint_name", deployment.endpoint_name,
+                                     f"{plan.endpoint.name!r}, the endpoint of endpoint.yaml"))
     model_path = getattr(deployment.model, "path", deployment.model)
     check_local_paths(folder, [("deployment.yaml model.path", model_path),
                                ("deployment.yaml code_configuration.code", deployment.code_configuration.code)],

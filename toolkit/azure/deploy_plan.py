@@ -28,6 +28,7 @@ from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, env
 from toolkit.azure.skus import Sku, get_online_sku
 from toolkit.deploy.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
 from toolkit.deploy.serving.options import WEIGHTS, ServingOptions, ServingOptionsError
+from toolkit.errors import bounded_repr, not_allowed, refused
 
 # Online endpoint and deployment names: 3 to 32 letters, digits and '-', starting with a letter and not ending
 # with '-' (learn.microsoft.com, "Manage and increase quotas ... for Azure Machine Learning": managed online
@@ -54,14 +55,13 @@ class DeployOptions:
 # Checks of the options alone, in the order a person reads the flags: (is it wrong?, what to say).
 DEPLOY_RULES: list[tuple[Callable[[DeployOptions], bool], Callable[[DeployOptions], str]]] = [
     (lambda o: not ONLINE_NAME_RE.fullmatch(o.endpoint),
-     lambda o: f"--endpoint: {o.endpoint!r} is not allowed; allowed: {NAME_RULE}"),
+     lambda o: not_allowed("--endpoint", o.endpoint, NAME_RULE)),
     (lambda o: not ONLINE_NAME_RE.fullmatch(o.deployment),
-     lambda o: f"--deployment: {o.deployment!r} is not allowed; allowed: {NAME_RULE}"),
+     lambda o: not_allowed("--deployment", o.deployment, NAME_RULE)),
     (lambda o: o.instance_count < 1,
-     lambda o: f"--instance-count: {o.instance_count} is not allowed; allowed: 1 or more"),
+     lambda o: not_allowed("--instance-count", o.instance_count, "1 or more")),
     (lambda o: o.image is not None and not image_ok(o.image),
-     lambda o: f"--image: {o.image!r} is not allowed; allowed: an image reference like "
-               f"{entities.CPU_INFERENCE_IMAGE}"),
+     lambda o: not_allowed("--image", o.image, f"an image reference like {entities.CPU_INFERENCE_IMAGE}")),
 ]
 
 
@@ -124,16 +124,16 @@ def resolve_model(model: str | Path) -> tuple[Path, Any]:
     if path.is_dir():
         return path.resolve(), None
     if path.exists():
-        raise AzureError(f"MODEL: {given!r} is a file, not a folder; allowed: {MODEL_WHAT}")
+        raise AzureError(not_allowed("MODEL", given, MODEL_WHAT, problem="is a file, not a folder"))
     from toolkit.names import split_ref
 
     registered = _registered_model(given) if split_ref(given) else None
     if registered is None:
-        raise AzureError(f"MODEL: folder {given!r} does not exist; allowed: {MODEL_WHAT}")
+        raise AzureError(refused("MODEL", f"folder {bounded_repr(given)} does not exist", MODEL_WHAT))
     folder = Path(registered.path)
     if not folder.is_dir():
-        raise AzureError(f"MODEL: {given!r} is registered at {str(folder)!r}, which is not a folder any more; "
-                         f"allowed: {MODEL_WHAT}")
+        raise AzureError(not_allowed("MODEL", given, MODEL_WHAT,
+                                     problem=f"is registered at {str(folder)!r}, which is not a folder any more"))
     return folder.resolve(), registered
 
 
@@ -141,8 +141,8 @@ def _manifest_version(value, where: str) -> str | None:
     if value in (None, 0, "0", ""):
         return None
     if isinstance(value, bool) or not str(value).isdigit():
-        raise AzureError(f"MODEL: version {value!r} in {where} is not allowed; allowed: a whole number of 1 or more "
-                         "(or none for an unregistered export)")
+        raise AzureError(refused("MODEL", f"version {bounded_repr(value)} in {where} is not allowed",
+                                 "a whole number of 1 or more (or none for an unregistered export)"))
     return str(int(value))
 
 
@@ -168,8 +168,8 @@ def _verified_manifest(path: Path, runtime: str) -> dict:
         weights = WEIGHTS[runtime]
         if not (path / weights).is_file():
             other = next(r for r in WEIGHTS if r != runtime)
-            raise AzureError(f"MODEL: {str(path)!r} has no {weights}, which --runtime {runtime} loads; allowed: a "
-                             f"folder with {weights}, or --runtime {other}")
+            raise AzureError(not_allowed("MODEL", path, f"a folder with {weights}, or --runtime {other}",
+                                         problem=f"has no {weights}, which --runtime {runtime} loads"))
         return verify_model_folder(path)
     except ExportError as exc:
         raise AzureError(f"MODEL: {str(exc).removeprefix('model: ')}") from None
@@ -185,7 +185,7 @@ def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
     where = repr(str(path / MANIFEST))
     name = registered.name if registered else manifest.get("name") or _default_name(path, manifest)
     if not is_name(name):
-        raise AzureError(f"MODEL: name {name!r} of {where} is not allowed; allowed: {NAME_ALLOWED}")
+        raise AzureError(refused("MODEL", f"name {bounded_repr(name)} of {where} is not allowed", NAME_ALLOWED))
     version = _manifest_version(registered.version if registered else manifest.get("version"), where)
     description = str((registered.description if registered else "") or manifest.get("description")
                       or f"Trainbook model {name} ({manifest.get('format', '?')})")
@@ -203,13 +203,15 @@ def _check_scoring_script(upload: code_upload.CodeUpload) -> None:
         ast.parse(path.read_text(encoding="utf-8"), str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
         where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
-        raise AzureError(f"scoring_script: {str(path)!r} does not parse ({where}); allowed: valid Python") from None
+        raise AzureError(not_allowed(
+            "scoring_script", path, "valid Python", problem=f"does not parse ({where})")) from None
 
 
 def _check_serving_conda_file(conda: Path) -> None:
     if INFERENCE_SERVER not in read_conda_file(conda, field="environment.yml"):
-        raise AzureError(f"environment.yml: {str(conda)!r} has no {INFERENCE_SERVER} in its pip list; allowed: a "
-                         "conda file with it (Azure ML runs score.py with that server)")
+        raise AzureError(not_allowed(
+            "environment.yml", conda, "a conda file with it (Azure ML runs score.py with that server)",
+            problem=f"has no {INFERENCE_SERVER} in its pip list"))
 
 
 @dataclass

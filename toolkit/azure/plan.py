@@ -22,6 +22,7 @@ from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_sku
+from toolkit.errors import not_allowed, refused
 
 DEFAULT_IDLE_SECONDS = 1800
 # Azure ML compute cluster names: 3 to 24 letters, digits and '-', starting with a letter, and a '-' must be
@@ -53,23 +54,25 @@ def _compute_name_ok(name: str) -> bool:
 # Checks of the options alone, in the order a person reads the flags: (is it wrong?, what to say).
 OPTION_RULES: list[tuple[Callable[[Options], bool], Callable[[Options], str]]] = [
     (lambda o: not _compute_name_ok(o.compute),
-     lambda o: f"--compute: {o.compute!r} is not allowed; allowed: 3 to 24 letters, digits and '-', starting with a "
-               "letter, with a letter after the last '-'"),
+     lambda o: not_allowed("--compute", o.compute, "3 to 24 letters, digits and '-', starting with a letter, "
+                                                 "with a letter after the last '-'")),
     (lambda o: o.instance_count < 1,
-     lambda o: f"--instance-count: {o.instance_count} is not allowed; allowed: 1 or more"),
+     lambda o: not_allowed("--instance-count", o.instance_count, "1 or more")),
     (lambda o: o.gpus_per_node is not None and o.gpus_per_node < 1,
-     lambda o: f"--gpus-per-node: {o.gpus_per_node} is not allowed; allowed: 1 or more"),
-    (lambda o: o.min_nodes < 0, lambda o: f"--min-nodes: {o.min_nodes} is not allowed; allowed: 0 or more"),
-    (lambda o: o.max_nodes < 1, lambda o: f"--max-nodes: {o.max_nodes} is not allowed; allowed: 1 or more"),
+     lambda o: not_allowed("--gpus-per-node", o.gpus_per_node, "1 or more")),
+    (lambda o: o.min_nodes < 0, lambda o: not_allowed("--min-nodes", o.min_nodes, "0 or more")),
+    (lambda o: o.max_nodes < 1, lambda o: not_allowed("--max-nodes", o.max_nodes, "1 or more")),
     (lambda o: o.min_nodes > o.max_nodes,
-     lambda o: f"--min-nodes: {o.min_nodes} is above --max-nodes={o.max_nodes}; allowed: 0 to {o.max_nodes}"),
+     lambda o: not_allowed("--min-nodes", o.min_nodes, f"0 to {o.max_nodes}",
+                           problem=f"is above --max-nodes={o.max_nodes}")),
     (lambda o: o.instance_count > o.max_nodes,
-     lambda o: f"--instance-count: {o.instance_count} is above --max-nodes={o.max_nodes}; allowed: 1 to "
-               f"{o.max_nodes} (the cluster never grows past --max-nodes, the job would wait forever)"),
+     lambda o: not_allowed("--instance-count", o.instance_count,
+                           f"1 to {o.max_nodes} (the cluster never grows past --max-nodes, the job would wait forever)",
+                           problem=f"is above --max-nodes={o.max_nodes}")),
     (lambda o: o.idle_seconds < 0,
-     lambda o: f"--idle-seconds: {o.idle_seconds} is not allowed; allowed: 0 or more"),
+     lambda o: not_allowed("--idle-seconds", o.idle_seconds, "0 or more")),
     (lambda o: not image_ok(o.image),
-     lambda o: f"--image: {o.image!r} is not allowed; allowed: an image reference like {entities.DEFAULT_IMAGE}"),
+     lambda o: not_allowed("--image", o.image, f"an image reference like {entities.DEFAULT_IMAGE}")),
 ]
 
 
@@ -79,15 +82,17 @@ def _processes_per_node(cfg, sku: Sku, options: Options) -> int:
     if sku.gpus:
         wanted = options.gpus_per_node if options.gpus_per_node is not None else sku.gpus
         if wanted > sku.gpus:
-            raise AzureError(f"--gpus-per-node: {wanted} is not allowed on {sku.name}; allowed: 1 to {sku.gpus} "
-                             "(the GPUs of one node)")
+            raise AzureError(not_allowed("--gpus-per-node", wanted, f"1 to {sku.gpus} (the GPUs of one node)",
+                                         problem=f"is not allowed on {sku.name}"))
         return wanted
     if options.gpus_per_node is not None:
-        raise AzureError(f"--gpus-per-node: {options.gpus_per_node} is not allowed on {sku.name}, which has no GPUs; "
-                         "allowed: leave it out (processes per node come from engine.nproc)")
+        raise AzureError(not_allowed("--gpus-per-node", options.gpus_per_node,
+                                     "leave it out (processes per node come from engine.nproc)",
+                                     problem=f"is not allowed on {sku.name}, which has no GPUs"))
     if cfg.engine.nproc > sku.vcpus:
-        raise AzureError(f"engine.nproc: {cfg.engine.nproc} is not allowed on {sku.name}; allowed: 1 to {sku.vcpus} "
-                         "(one process per vCPU at most)")
+        raise AzureError(not_allowed(
+            "engine.nproc", cfg.engine.nproc, f"1 to {sku.vcpus} (one process per vCPU at most)",
+            problem=f"is not allowed on {sku.name}"))
     return cfg.engine.nproc
 
 
@@ -95,8 +100,9 @@ def _local_asset(cfg):
     """The registered asset the config names, or None. A local data.path is refused: the cluster cannot see it."""
     local_path = getattr(cfg.data, "path", "")
     if local_path:
-        raise AzureError(f"data.path: {local_path!r} is a path on this machine, which the cluster cannot read; "
-                         "allowed: register it (trainbook data register) and set data.asset instead")
+        raise AzureError(not_allowed("data.path", local_path,
+                                     "register it (trainbook data register) and set data.asset instead",
+                                     problem="is a path on this machine, which the cluster cannot read"))
     if not cfg.data.asset:
         return None
     from toolkit.catalogue import data_assets
@@ -112,8 +118,8 @@ def _local_asset(cfg):
     # hashes what it reads) would name different data than the catalogue.
     report = data_assets.verify(ws, asset.ref)
     if not report.ok:
-        raise AzureError(f"data.asset: {asset.ref} does not match its registration ({report.problems[0]}); allowed: "
-                         f"an asset that `trainbook data verify {asset.ref}` finds intact (try --repair)")
+        raise AzureError(refused("data.asset", f"{asset.ref} does not match its registration ({report.problems[0]})",
+                                 f"an asset that `trainbook data verify {asset.ref}` finds intact (try --repair)"))
     return asset
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolkit.azure.errors import AzureError
+from toolkit.errors import not_allowed
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def get_sku(name: str) -> Sku:
     sku = SKUS.get(str(name).strip().lower())
     if sku is None:
         known = ", ".join(s.name for s in _SIZES)
-        raise AzureError(f"--sku: {name!r} is not a known VM size; allowed: {known}")
+        raise AzureError(not_allowed("--sku", name, known, problem="is not a known VM size"))
     return sku
 
 
@@ -104,5 +105,5 @@ def get_online_sku(name: str) -> Sku:
     sku = get_sku(name)
     if not sku.online:
         allowed = ", ".join(s.name for s in _SIZES if s.online)
-        raise AzureError(f"--sku: {sku.name!r} is not allowed for managed online endpoints; allowed: {allowed}")
+        raise AzureError(not_allowed("--sku", sku.name, allowed, problem="is not allowed for managed online endpoints"))
     return sku

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from toolkit.azure.connection import WorkspaceRef, check_credentials, default_credential, ml_client
 from toolkit.azure.errors import AzureError
 from toolkit.azure.plan import sdk_loaders
+from toolkit.errors import not_allowed, refused
 
 REQUIRED = ("compute.yaml", "environment.yaml", "job.yaml")
 OPTIONAL = ("data.yaml",)
@@ -44,8 +45,8 @@ def load_folder(plan_dir: str | Path, loaders: dict[str, Callable], required: tu
     folder = Path(plan_dir).expanduser().absolute()
     missing = [name for name in required if not (folder / name).is_file()]
     if not folder.is_dir() or missing:
-        raise AzureError(f"plan_dir: {str(folder)!r} is not a {kind} folder (missing "
-                         f"{', '.join(missing or required)}); allowed: a folder written by `trainbook azure {verb}`")
+        raise AzureError(not_allowed("plan_dir", folder, f"a folder written by `trainbook azure {verb}`",
+                                     problem=f"is not a {kind} folder (missing {', '.join(missing or required)})"))
     loaded = {}
     for name, load in loaders.items():
         if not (folder / name).is_file():
@@ -54,8 +55,8 @@ def load_folder(plan_dir: str | Path, loaders: dict[str, Callable], required: tu
         try:
             loaded[name] = load(folder / name)
         except Exception as exc:  # noqa: BLE001 - the SDK raises several types for a bad file; all mean "fix it"
-            raise AzureError(f"{name}: the Azure ML SDK cannot load it ({_first_line(exc)}); allowed: a file "
-                             f"written by `trainbook azure {verb}` ({verb} again)") from None
+            raise AzureError(refused(name, f"the Azure ML SDK cannot load it ({_first_line(exc)})",
+                                     f"a file written by `trainbook azure {verb}` ({verb} again)")) from None
     return folder, loaded
 
 
@@ -66,8 +67,8 @@ def check_local_paths(folder: Path, checks: list[tuple[str, Any]], *, action: st
     for field, path in checks:
         if isinstance(path, str) and "://" not in path and not path.startswith("azureml:"):
             if not (folder / path).exists():  # absolute paths ignore the folder
-                raise AzureError(f"{field}: {path!r} does not exist on this machine; allowed: {action} from the "
-                                 f"machine that planned (or {verb} again)")
+                raise AzureError(not_allowed(field, path, f"{action} from the machine that planned (or {verb} again)",
+                                             problem="does not exist on this machine"))
 
 
 def load_plan(plan_dir: str | Path) -> LoadedPlan:
@@ -106,8 +107,8 @@ def _explain_service_error(exc: BaseException, step: str, ref: WorkspaceRef) -> 
     if isinstance(exc, ClientAuthenticationError) or status == 401:
         return f"credentials: refused by Azure for {ref.describe()}; run `az login` again"
     if status == 403:
-        return (f"workspace: no permission for {step} in {ref.describe()}; allowed: an identity with the AzureML "
-                "Data Scientist role (or Contributor) on the workspace")
+        return refused("workspace", f"no permission for {step} in {ref.describe()}",
+                       "an identity with the AzureML Data Scientist role (or Contributor) on the workspace")
     if status == 404 and step == "workspace":
         return f"workspace: {ref.describe()} was not found; check config.json (download it again from the studio)"
     if isinstance(exc, HttpResponseError):

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from toolkit import fsio, names
+from toolkit.errors import not_allowed, refused
 from toolkit.fsio import HASH_CHUNK, read_hashed, sha256_file
 from toolkit.catalogue.workspace import Workspace
 
@@ -86,12 +87,13 @@ def _files_of(path: Path) -> list[tuple[str, Path]]:
         if p.is_symlink():
             target = p.resolve()
             if not target.is_relative_to(root):
-                raise DataAssetError(f"path: {str(p)!r} is a link to {str(target)!r}, outside {str(root)!r}; "
-                                     "allowed: links to files inside the registered folder")
+                raise DataAssetError(not_allowed(
+                    "path", p, "links to files inside the registered folder",
+                    problem=f"is a link to {str(target)!r}, outside {str(root)!r}"))
         if p.is_file():
             files.append((p.relative_to(path).as_posix(), p))
     if not files:
-        raise DataAssetError(f"path: {str(path)!r} is an empty folder; allowed: a folder with at least one file")
+        raise DataAssetError(not_allowed("path", path, "a folder with at least one file", problem="is an empty folder"))
     return files
 
 
@@ -102,26 +104,27 @@ def registration_problems(name: str, path: str | Path, type: str) -> dict[str, s
     if problem := names.name_problem("name", name):
         problems["name"] = problem
     if type not in TYPES:
-        problems["type"] = f"type: {type!r} is not allowed; allowed: {', '.join(TYPES)}"
+        problems["type"] = not_allowed("type", type, ", ".join(TYPES))
     if not str(path).strip():
-        problems["path"] = "path: empty; allowed: an existing file or folder"
+        problems["path"] = refused("path", "empty", "an existing file or folder")
         return problems
     path = Path(path).expanduser()
     if not path.exists():
-        problems["path"] = f"path: {str(path)!r} does not exist; allowed: an existing file or folder"
+        problems["path"] = not_allowed("path", path, "an existing file or folder", problem="does not exist")
     elif type == "uri_file" and path.is_symlink() and path.is_file():
         # Refused, as a folder refuses links that leave it: followed, the asset's file would silently take the
         # target's name (the name is part of its identity) and the source would not be what was typed.
         target = str(path.resolve())
-        problems["path"] = (f"path: {str(path)!r} is a symbolic link to {target!r}; allowed for type uri_file: a "
-                            f"regular file (register {target!r} itself)")
+        problems["path"] = not_allowed("path", path, f"a regular file (type uri_file: register {target!r} itself)",
+                                        problem=f"is a symbolic link to {target!r}")
     elif type == "uri_file" and not path.is_file():
-        problems["path"] = f"path: {str(path)!r} is not a file; allowed for type uri_file: a single file"
+        problems["path"] = not_allowed("path", path, "a single file (type uri_file)", problem="is not a file")
     elif type in ("uri_folder", "mltable") and not path.is_dir():
-        problems["path"] = f"path: {str(path)!r} is not a folder; allowed for type {type}: a folder"
+        problems["path"] = not_allowed("path", path, f"a folder (type {type})", problem="is not a folder")
     elif type == "mltable" and not (path / "MLTable").is_file():
-        problems["path"] = (f"path: {str(path)!r} has no MLTable file; allowed for type mltable: a folder with an "
-                            "MLTable file describing the table")
+        problems["path"] = not_allowed(
+            "path", path, "a folder with an MLTable file describing the table (type mltable)",
+            problem="has no MLTable file")
     return problems
 
 
@@ -139,8 +142,9 @@ def _check_mltable(folder: Path) -> None:
     except MLTablePathError as exc:  # a path leaving the folder: the rows could change after registration
         raise DataAssetError(f"path: {str(folder)!r}: {exc}") from None
     except (MLTableError, ValueError, KeyError, TypeError, OSError) as exc:
-        raise DataAssetError(f"path: {str(folder)!r}: its files do not match its MLTable ({exc}); allowed: an "
-                             "MLTable whose paths exist and whose columns convert to the declared types") from None
+        raise DataAssetError(not_allowed(
+            "path", folder, "an MLTable whose paths exist and whose columns convert to the declared types",
+            problem=f"holds files that do not match its MLTable ({exc})")) from None
 
 
 # --- the store: blobs, listings, snapshots ----------------------------------------------------------------------
@@ -202,7 +206,8 @@ def _store_blob(path: Path, blobs: Path) -> str:
     try:
         return _copy_into_store(path, blobs)
     except PermissionError as exc:
-        raise DataAssetError(f"path: {str(path)!r} cannot be read ({exc.strerror}); allowed: readable files") from None
+        raise DataAssetError(not_allowed(
+            "path", path, "readable files", problem=f"cannot be read ({exc.strerror})")) from None
 
 
 def _copy_into_store(path: Path, blobs: Path) -> str:
@@ -433,7 +438,7 @@ def register(ws: Workspace, name: str, path: str | Path, type: str = "uri_folder
     _validate(name, source, type)
     tags = dict(tags or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
-        raise DataAssetError(f"tags: {tags!r} is not allowed; allowed: a mapping of strings to strings")
+        raise DataAssetError(not_allowed("tags", tags, "a mapping of strings to strings"))
     sha256, size, count, snapshot = store_snapshot(ws, source.resolve(), type)
     with ws.transaction() as conn:
         existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? "
@@ -554,7 +559,8 @@ def archive(ws: Workspace, ref: str) -> DataAsset:
     """Hide a version from listings and from 'name' (latest) look-ups; it stays resolvable as name:version."""
     name, version = parse_ref(ref)
     if version is None:
-        raise DataAssetError(f"data asset: {ref!r} names no version; allowed: 'name:version' (archive is explicit)")
+        raise DataAssetError(not_allowed("data asset", ref, "'name:version' (archive is explicit)",
+                                         problem="names no version"))
     asset = get(ws, ref)
     with ws.transaction() as conn:
         conn.execute("UPDATE data_assets SET archived = 1 WHERE name = ? AND version = ?", (name, version))
@@ -570,7 +576,7 @@ def open_path(path: str | Path, hash: bool = True) -> DataAsset:
     read in place has the registered asset's hash (and the run's lineage names it)."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise DataAssetError(f"data.path: {str(path)!r} does not exist; allowed: an existing file or folder")
+        raise DataAssetError(not_allowed("data.path", path, "an existing file or folder", problem="does not exist"))
     type = "uri_file" if path.is_file() else "mltable" if (path / "MLTable").is_file() else "uri_folder"
     listing = []
     if hash:  # else only the type is wanted (a check before launch): no need to read the data
@@ -630,16 +636,17 @@ def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
                         f"{hashed[name]}); nothing was cached; `trainbook data verify {where}` names the damage and "
                         "`trainbook data verify --repair` rebuilds the snapshot from intact blobs")
                 state = "appeared" if name not in hashed else "disappeared" if name not in read else "changed"
-                raise DataAssetError(f"data: {str(file)!r} {state} after it was hashed for {where}; nothing was "
-                                     "cached; allowed: data that stays the same while a run reads it (start the "
-                                     "run again to hash the new content)")
+                raise DataAssetError(not_allowed(
+                    "data", file, "data that stays the same while a run reads it (start the run again to hash the "
+                                  "new content)",
+                    problem=f"{state} after it was hashed for {where}; nothing was cached"))
     if content_hash(asset.type, listing) == asset.sha256:
         return
     if asset.version:  # unreachable through open_asset (its listing hashes to the registration): a backstop
         raise DataAssetError(f"data: the files of {where} at {str(asset.path)!r} are not the bytes it was registered "
                              f"with; nothing was cached; `trainbook data verify {asset.ref}` names the file")
-    raise DataAssetError(f"data: the files of {where} changed after they were hashed; nothing was cached; allowed: "
-                         "data that stays the same while a run reads it")
+    raise DataAssetError(refused("data", f"the files of {where} changed after they were hashed; nothing was cached",
+                                 "data that stays the same while a run reads it"))
 
 
 # --- verify -------------------------------------------------------------------------------------------------------

@@ -11,10 +11,12 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from toolkit.errors import bounded_repr, not_allowed, refused
+
 SCHEMA_URL = "https://azuremlschemas.azureedge.net/latest/MLTable.schema.json"
 PANDAS_TYPES = {"int": "int64", "float": "float64", "string": "string", "boolean": "bool"}
 SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # https:, azureml:, file:, and a Windows drive (C:)
-ALLOWED_PATHS = ("allowed: a file inside the folder, relative to it (no absolute path, no '..', no URL, no link "
+ALLOWED_PATHS = ("a file inside the folder, relative to it (no absolute path, no '..', no URL, no link "
                  "leaving the folder)")
 
 
@@ -31,7 +33,7 @@ def path_problem(entry) -> str | None:
     file = entry.get("file") if isinstance(entry, dict) else None
     if not isinstance(file, str) or not file.strip() or SCHEME_RE.match(file) or "\\" in file \
             or file.startswith("~") or PurePosixPath(file).is_absolute() or ".." in PurePosixPath(file).parts:
-        return f"paths entry {entry!r} is not allowed; {ALLOWED_PATHS}"
+        return refused(None, f"paths entry {bounded_repr(entry)} is not allowed", ALLOWED_PATHS)
     return None
 
 
@@ -41,7 +43,8 @@ def _file_inside(folder: Path, entry) -> Path:
     problem = path_problem(entry)
     target = (folder / entry["file"]).resolve() if problem is None else None
     if target is not None and not target.is_relative_to(folder.resolve()):
-        problem = f"paths entry {entry!r} is not allowed; {ALLOWED_PATHS}; it leads to {str(target)!r}"
+        problem = refused(None, f"paths entry {bounded_repr(entry)} is not allowed",
+                          f"{ALLOWED_PATHS}; it leads to {str(target)!r}")
     if problem is not None:
         raise MLTablePathError(f"{folder / 'MLTable'}: {problem}")
     return target
@@ -75,18 +78,19 @@ def load_mltable(folder: str | Path):
 
     folder = Path(folder)
     if (folder / "MLTable").resolve().parent != folder.resolve():
-        raise MLTablePathError(f"{folder / 'MLTable'}: is a link out of its folder; allowed: an MLTable file "
-                               "inside the folder it describes")
+        raise MLTablePathError(refused(f"{folder / 'MLTable'}", "is a link out of its folder",
+                                       "an MLTable file inside the folder it describes"))
     try:
         spec = yaml.safe_load((folder / "MLTable").read_text())
     except FileNotFoundError:
-        raise MLTableError(f"path: {str(folder)!r} has no MLTable file; allowed: an MLTable folder") from None
+        raise MLTableError(not_allowed("path", folder, "an MLTable folder", problem="has no MLTable file")) from None
     if not isinstance(spec, dict) or spec.get("type", "mltable") != "mltable" or not spec.get("paths"):
         raise MLTableError(f"{folder / 'MLTable'}: expected 'type: mltable' and a list of 'paths'")
     read = next((t["read_delimited"] for t in spec.get("transformations", []) if "read_delimited" in t), {})
     for entry in spec["paths"]:
         if not isinstance(entry, dict) or "file" not in entry:
-            raise MLTableError(f"{folder / 'MLTable'}: paths entry {entry!r} is not supported; allowed: 'file'")
+            raise MLTableError(refused(
+                f"{folder / 'MLTable'}", f"paths entry {bounded_repr(entry)} is not supported", "'file'"))
     files = [_file_inside(folder, entry) for entry in spec["paths"]]  # every path checked before any is read
     frames = [pd.read_csv(file, sep=read.get("delimiter", ",")) for file in files]
     frame = pd.concat(frames, ignore_index=True)

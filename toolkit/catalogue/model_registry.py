@@ -22,6 +22,7 @@ from toolkit import names
 from toolkit.catalogue.data_assets import DataAssetError, store_snapshot
 from toolkit.deploy.model_format import ExportError, read_manifest, verify_model_folder
 from toolkit.catalogue.workspace import Workspace
+from toolkit.errors import not_allowed, refused
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,9 @@ def get_model(ws: Workspace, ref: str) -> RegisteredModel:
     except (ExportError, KeyError, TypeError):
         registered = False
     if not registered:
-        raise DataAssetError(f"model: {model.ref}'s snapshot {str(model.path)!r} is not the registered version (its "
-                             "manifest lists other files); allowed: a model as registered (register its export again)")
+        raise DataAssetError(refused(
+            "model", f"{model.ref}'s snapshot {str(model.path)!r} is not the registered version (its manifest lists "
+                     "other files)", "a model as registered (register its export again)"))
     return model
 
 
@@ -131,6 +133,7 @@ def resolve_model_dir(model: str | Path, workspace: str | Path | None = None) ->
         read_manifest(path)
         return path
     if any(sep in str(model) for sep in ("/", "\\")) or not names.is_name(str(model).split(":")[0]):
-        raise DataAssetError(f"model: {str(model)!r} is neither a folder nor a registered model; allowed: a folder "
-                             "written by `trainbook export`, or NAME[:VERSION] from `trainbook models`")
+        raise DataAssetError(not_allowed(
+            "model", model, "a folder written by `trainbook export`, or NAME[:VERSION] from `trainbook models`",
+            problem="is neither a folder nor a registered model"))
     return get_model(Workspace.open(workspace), str(model)).path

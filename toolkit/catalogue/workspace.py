@@ -16,6 +16,8 @@ import os
 import sqlite3
 from pathlib import Path
 
+from toolkit.errors import not_allowed, refused
+
 DEFAULT_DIR = ".trainbook"
 BUSY_TIMEOUT_S = 60.0
 
@@ -92,7 +94,7 @@ class Workspace:
         """Open the workspace at ``path`` (default: :func:`default_path`), creating it on first use."""
         root = Path(path) if path is not None else default_path()
         if root.exists() and not root.is_dir():
-            raise WorkspaceError(f"workspace: {str(root)!r} is a file; allowed: a folder (created if missing)")
+            raise WorkspaceError(not_allowed("workspace", root, "a folder (created if missing)", problem="is a file"))
         root.mkdir(parents=True, exist_ok=True)
         ws = cls(root.resolve())
         ws.datastore.mkdir(exist_ok=True)
@@ -133,8 +135,9 @@ class Workspace:
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise WorkspaceError(f"workspace: {self.root} has schema version {version}, this Trainbook knows "
-                                     f"up to {SCHEMA_VERSION}; allowed: a workspace made by this or an older version")
+                raise WorkspaceError(refused(
+                    "workspace", f"{self.root} has schema version {version}, this Trainbook knows up to "
+                                 f"{SCHEMA_VERSION}", "a workspace made by this or an older version"))
             for script in MIGRATIONS[version:]:
                 for statement in filter(str.strip, script.split(";")):
                     conn.execute(statement)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
+from toolkit.errors import bounded_repr, not_allowed, refused
 from toolkit.fsio import atomic_write_text, fsync_path, name_inside, read_regular_file, swap_in
 
 MANIFEST = "manifest.json"
@@ -83,8 +84,9 @@ class CheckpointStore:
         """Refuse to write or delete through a checkpoints/ that is a link (a copied run directory could point it
         at any folder, whose step_* entries retention would then delete)."""
         if self.root.is_symlink():
-            raise CheckpointError(f"checkpoint: {self.root} is a link to {os.readlink(self.root)!r}; allowed: a "
-                                  "real folder inside the run directory (nothing was written or deleted)")
+            raise CheckpointError(refused(
+                "checkpoint", f"{self.root} is a link to {bounded_repr(os.readlink(self.root))}",
+                "a real folder inside the run directory (nothing was written or deleted)"))
 
     def publish(self, step: int, manifest: dict) -> Path:
         """Write the manifest into the finished temporary folder, rename it into place, then move LATEST."""
@@ -135,11 +137,13 @@ class CheckpointStore:
         self.check_own_folder()
         published = [p.name for p in self.published()]
         if name not in published:
-            raise CheckpointError(f"checkpoint: {name!r} is not a published checkpoint of this run; allowed: "
-                                  f"{', '.join(published) or 'none (the run has not checkpointed)'}")
+            raise CheckpointError(not_allowed(
+                "checkpoint", name, ", ".join(published) or "none (the run has not checkpointed)",
+                problem="is not a published checkpoint of this run"))
         info = self.inspect(self.root / name)
         if not info.valid:
-            raise CheckpointError(f"checkpoint: {name!r} is not valid ({info.reason}); allowed: a valid checkpoint")
+            raise CheckpointError(not_allowed("checkpoint", name, "a valid checkpoint",
+                                              problem=f"is not valid ({info.reason})"))
         stamp = int(time.time())
         moved = []
         for newer in (n for n in published if n > name):
@@ -178,7 +182,8 @@ class CheckpointStore:
             return CheckpointInfo(path.name, path, step, False, reason, size, created, manifest)
 
         if path.is_symlink():
-            return bad(f"is a link to {os.readlink(path)!r}; allowed: a folder inside the run's checkpoints/")
+            return bad(refused(None, f"is a link to {bounded_repr(os.readlink(path))}",
+                               "a folder inside the run's checkpoints/"))
         if not path.is_dir():
             return bad("folder does not exist")
         try:
@@ -244,8 +249,8 @@ class CheckpointStore:
             skipped.append(info)
         elif text is not None:  # LATEST names something that is not a checkpoint name: never followed
             skipped.append(CheckpointInfo(LATEST, self.root / LATEST, None, False,
-                                          f"LATEST holds {text!r}; allowed: a checkpoint name such as "
-                                          f"{step_name(100)}", 0, None, None))
+                                          refused(None, f"LATEST holds {bounded_repr(text)}",
+                                                  f"a checkpoint name such as {step_name(100)}"), 0, None, None))
         for path in reversed([p for p in self.published() if p.name != latest]):
             info = self.inspect(path)
             if info.valid:
@@ -258,31 +263,31 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
     """What is wrong with a checkpoint manifest read from disk (None if nothing): every field the loaders use,
     with the right type, and file names that stay inside the checkpoint folder."""
     if not isinstance(manifest, dict):
-        return f"a JSON {type(manifest).__name__}; allowed: a JSON object"
+        return refused(None, f"a JSON {type(manifest).__name__}", "a JSON object")
     step, trainer, files = manifest.get("step"), manifest.get("trainer"), manifest.get("files")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return f"step: {step!r}; allowed: an integer of 0 or more"
+        return not_allowed("step", step, "an integer of 0 or more")
     if STEP_RE.fullmatch(folder_name) and folder_name != step_name(step):
         return f"step: {step} does not match the folder name {folder_name!r}"
     world = manifest.get("world_size")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        return f"world_size: {world!r}; allowed: an integer of 1 or more"
+        return not_allowed("world_size", world, "an integer of 1 or more")
     if manifest.get("engine", "torch") not in ENGINES:
-        return f"engine: {manifest.get('engine')!r}; allowed: {', '.join(ENGINES)}"
+        return not_allowed("engine", manifest.get("engine"), ", ".join(ENGINES))
     if not isinstance(manifest.get("config", {}), dict):
-        return f"config: {type(manifest['config']).__name__}; allowed: a JSON object"
+        return refused("config", f"a JSON {type(manifest['config']).__name__}", "a JSON object")
     if not isinstance(trainer, dict) or trainer.get("step") != step or \
             not isinstance(trainer.get("train_seconds"), (int, float)) or \
             not isinstance(trainer.get("horizon"), int):
-        return f"trainer: {trainer!r}; allowed: an object with step (= {step}), horizon and train_seconds"
+        return not_allowed("trainer", trainer, f"an object with step (= {step}), horizon and train_seconds")
     if not isinstance(files, dict) or not files:
-        return f"files: {files!r}; allowed: an object of file name -> size and checksum"
+        return not_allowed("files", files, "an object of file name -> size and checksum")
     for name, meta in files.items():
         if not name_inside(name) or name == MANIFEST:
-            return f"files: {name!r} is not allowed; allowed: a relative path inside the checkpoint folder"
+            return not_allowed("files", name, "a relative path inside the checkpoint folder")
         if entry_checksum(meta) is None:
-            return (f"files.{name}: {meta!r}; allowed: an object with size (integer) and one checksum "
-                    f"({' or '.join(ALGORITHMS)}, hex string)")
+            return not_allowed(f"files.{name}", meta, "an object with size (integer) and one checksum "
+                                                      f"({' or '.join(ALGORITHMS)}, hex string)")
     return None
 
 
@@ -296,9 +301,9 @@ def _folder_problem(path: Path, files: dict) -> str | None:
             entry = here / name
             rel = entry.relative_to(path).as_posix()
             if entry.is_symlink():
-                return f"{rel} is a link; allowed: regular files only"
+                return refused(None, f"{rel} is a link", "regular files only")
             if not (entry.is_dir() or entry.is_file()):  # a FIFO or a device would block or never end a read
-                return f"{rel} is not a regular file; allowed: regular files only"
+                return refused(None, f"{rel} is not a regular file", "regular files only")
             if name in filenames:
                 found.add(rel)
     missing = sorted(set(files) - found)
@@ -306,7 +311,7 @@ def _folder_problem(path: Path, files: dict) -> str | None:
         return f"{missing[0]} is missing"
     extra = sorted(found - set(files) - {MANIFEST})
     if extra:
-        return f"{extra[0]} is not listed in manifest.json; allowed: only the files the manifest lists"
+        return refused(None, f"{extra[0]} is not listed in manifest.json", "only the files the manifest lists")
     return None
 
 

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from toolkit import paths
+from toolkit.errors import not_allowed, refused
 
 VAL_STREAM = 2**31 - 1  # the rank slot of the validation stream, so it never collides with a training rank
 
@@ -70,8 +71,8 @@ class ByteCorpus(Corpus):
         for split, data in self.splits.items():
             if len(data) <= block_size + 1:
                 raise ValueError(
-                    f"model.block_size: {block_size} is too long for the {split} split of {name} "
-                    f"({len(data)} bytes); allowed: < {len(data) - 1}")
+                    not_allowed("model.block_size", block_size, f"< {len(data) - 1}",
+                                problem=f"is too long for the {split} split of {name} ({len(data)} bytes)"))
         self._window = torch.arange(block_size + 1)
 
     @classmethod
@@ -177,7 +178,7 @@ def _table_asset(asset, cfg) -> Corpus:
 
     frame = load_mltable(asset.path)
     if "label" not in frame.columns:
-        raise ValueError(f"data.asset: {asset.ref} has no 'label' column; allowed: a table with a label column")
+        raise ValueError(refused("data.asset", f"{asset.ref} has no 'label' column", "a table with a label column"))
     features = frame.drop(columns=["label"]).to_numpy(dtype=np.float32)
     scale = float(np.abs(features).max()) or 1.0  # e.g. digits' 0-16 pixel values -> 0-1
     return TableCorpus(asset.ref, features / scale, frame["label"].to_numpy(), cfg.data.val_fraction)

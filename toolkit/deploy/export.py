@@ -30,6 +30,7 @@ import torch
 
 from toolkit import safe_load
 from toolkit.checkpoint.store import CheckpointStore
+from toolkit.errors import not_allowed
 from toolkit.fsio import sha256_file, staging_folder
 from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
 from toolkit.deploy.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
@@ -73,8 +74,8 @@ def load_trained_model(run_dir: str | Path):
     info, skipped = CheckpointStore(run.path).find_resume_point()
     if info is None:
         why = "; ".join(f"{s.name}: {s.reason}" for s in skipped) or "none was written"
-        raise ExportError(f"run_dir: {str(run_dir)!r} has no valid checkpoint ({why}); allowed: a run with "
-                          "checkpoint.at_end or checkpoint.every_steps set")
+        raise ExportError(not_allowed("run_dir", run_dir, "a run with checkpoint.at_end or checkpoint.every_steps set",
+                                      problem=f"has no valid checkpoint ({why})"))
     engine = info.manifest.get("engine", "torch")
     state = WEIGHT_READERS[engine](info.path, info.manifest)
     model = MODELS[cfg.model.name].build(cfg.model)

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from toolkit import fsio
+from toolkit.errors import bounded_repr, not_allowed, refused
 from toolkit.fsio import sha256_file
 
 MANIFEST = "trainbook-model.json"
@@ -34,19 +35,20 @@ def read_manifest(model_dir: str | Path) -> dict:
     :func:`verify_model_folder`)."""
     path = Path(model_dir) / MANIFEST
     if not path.is_file() and not path.is_symlink():
-        raise ExportError(f"model: {str(model_dir)!r} is not an exported model folder (no {MANIFEST}); allowed: "
-                          f"{WHAT}")
+        raise ExportError(not_allowed("model", model_dir, WHAT,
+                                      problem=f"is not an exported model folder (no {MANIFEST})"))
     try:  # a model folder from elsewhere may make its manifest a link, a FIFO or a huge file: refused, not read
         manifest = json.loads(fsio.read_regular_file(path, field="model", error=ExportError,
                                                      limit=MANIFEST_MAX_BYTES).decode("utf-8"))
     except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ExportError(f"model: {str(path)!r} cannot be read ({exc}); allowed: the manifest the export wrote "
-                          "(export again)") from None
+        raise ExportError(not_allowed("model", path, "the manifest the export wrote (export again)",
+                                      problem=f"cannot be read ({exc})")) from None
     if not isinstance(manifest, dict):
-        raise ExportError(f"model: {str(path)!r} holds a {type(manifest).__name__}, not an object; allowed: the "
-                          "manifest the export wrote (export again)")
+        raise ExportError(not_allowed("model", path, "the manifest the export wrote (export again)",
+                                      problem=f"holds a {type(manifest).__name__}, not an object"))
     if manifest.get("format") != FORMAT:
-        raise ExportError(f"model: {str(model_dir)!r} has format {manifest.get('format')!r}; allowed: {FORMAT}")
+        raise ExportError(not_allowed("model", model_dir, FORMAT,
+                                      problem=f"has format {bounded_repr(manifest.get('format'))}"))
     return manifest
 
 
@@ -61,15 +63,15 @@ def listed_files(manifest: dict, where: str) -> dict[str, dict]:
     """The manifest's ``files``: plain name -> {"size", "sha256"}; anything else is refused, naming ``where``."""
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
-        raise ExportError(f"model: files {files!r} in {where} is not allowed; allowed: an object naming every file "
-                          "of the folder with its size and sha256 (export again)")
+        raise ExportError(refused("model", f"files {bounded_repr(files)} in {where} is not allowed",
+                                  "an object naming every file of the folder with its size and sha256 (export again)"))
     for name, info in files.items():
         if not _plain_name(name):
-            raise ExportError(f"model: {where} lists {name!r}; allowed: plain file names inside the folder (no '/', "
-                              "'..' or leading '.')")
+            raise ExportError(refused("model", f"{where} lists {bounded_repr(name)}",
+                                      "plain file names inside the folder (no '/', '..' or leading '.')"))
         if not fsio.file_entry_ok(info):
-            raise ExportError(f"model: {where} lists {name!r} as {info!r}; allowed: {{\"size\": bytes, \"sha256\": "
-                              "64 hex digits}")
+            raise ExportError(refused("model", f"{where} lists {bounded_repr(name)} as {bounded_repr(info)}",
+                                      '{"size": bytes, "sha256": 64 hex digits}'))
     return files
 
 
@@ -78,18 +80,20 @@ def _check_entries(folder: Path, files: dict) -> None:
     are left alone: runtimes load fixed, listed names, and a registry may keep its own metadata there."""
     for entry in os.scandir(folder):
         if entry.is_symlink():
-            raise ExportError(f"model: {str(folder)!r} holds {entry.name}, a symbolic link; allowed: regular files "
-                              "only (a link would serve bytes from outside the folder)")
+            raise ExportError(not_allowed("model", folder,
+                                          "regular files only (a link would serve bytes from outside the folder)",
+                                          problem=f"holds {entry.name}, a symbolic link"))
         if entry.name in files and not entry.is_file(follow_symlinks=False):
-            raise ExportError(f"model: {str(folder)!r} holds {entry.name}, listed in {MANIFEST}, which is not a "
-                              "regular file; allowed: the files as exported (export again)")
+            raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
+                                          problem=f"holds {entry.name}, listed in {MANIFEST}, which is not a regular "
+                                                  "file"))
         if entry.name not in files and entry.name != MANIFEST and not entry.name.startswith("."):
-            raise ExportError(f"model: {str(folder)!r} holds {entry.name}, which {MANIFEST} does not list; allowed: "
-                              "only the exported files (remove it, or export again)")
+            raise ExportError(not_allowed("model", folder, "only the exported files (remove it, or export again)",
+                                          problem=f"holds {entry.name}, which {MANIFEST} does not list"))
     missing = sorted(name for name in files if not (folder / name).is_file())
     if missing:
-        raise ExportError(f"model: {str(folder)!r} lacks {', '.join(missing)}, listed in {MANIFEST}; allowed: a "
-                          "complete export (export again)")
+        raise ExportError(not_allowed("model", folder, "a complete export (export again)",
+                                      problem=f"lacks {', '.join(missing)}, listed in {MANIFEST}"))
 
 
 def verify_model_folder(model_dir: str | Path) -> dict:
@@ -103,12 +107,13 @@ def verify_model_folder(model_dir: str | Path) -> dict:
     for name, info in files.items():
         size = (folder / name).stat().st_size
         if size != info["size"]:
-            raise ExportError(f"model: {str(folder)!r} has {name} of {size} bytes, {MANIFEST} lists {info['size']}; "
-                              "allowed: the files as exported (export again)")
+            raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
+                                          problem=f"has {name} of {size} bytes, {MANIFEST} lists {info['size']}"))
     for name, info in files.items():
         if sha256_file(folder / name) != info["sha256"]:
-            raise ExportError(f"model: {str(folder)!r} has {name} whose sha256 differs from {MANIFEST}: it was "
-                              "changed after the export; allowed: the files as exported (export again)")
+            raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
+                                          problem=f"has {name} whose sha256 differs from {MANIFEST}: it was changed "
+                                                  "after the export"))
     return manifest
 
 

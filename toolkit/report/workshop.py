@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from toolkit.config import ConfigError
+from toolkit.errors import not_allowed
 from toolkit.report.demo import NOTEBOOKS, run_summary
 
 
@@ -45,26 +46,28 @@ def read_parameter_sets(path: str | Path, participants: int, notebook: Path) -> 
     import papermill
 
     if participants < 1:
-        raise ConfigError(f"--participants: {participants} is not allowed; allowed: 1 or more")
+        raise ConfigError(not_allowed("--participants", participants, "1 or more"))
     path = Path(path)
     try:
         sets = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--params: {str(path)!r} does not exist; allowed: a YAML list of parameter sets") from None
+        raise ConfigError(not_allowed("--params", path, "a YAML list of parameter sets",
+                                      problem="does not exist")) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--params: {str(path)!r} is not valid YAML ({exc})") from None
     if not isinstance(sets, list) or not all(isinstance(s, dict) for s in sets):
-        raise ConfigError(f"--params: {str(path)!r} holds a {type(sets).__name__}; allowed: a YAML list of "
-                          "mappings, one parameter set per participant")
+        raise ConfigError(not_allowed("--params", path, "a YAML list of mappings, one parameter set per participant",
+                                      problem=f"holds a {type(sets).__name__}"))
     if len(sets) < participants:
-        raise ConfigError(f"--participants: {participants} is more than the {len(sets)} parameter sets in {path}; "
-                          f"allowed: 1 to {len(sets)}")
+        raise ConfigError(not_allowed("--participants", participants, f"1 to {len(sets)}",
+                                      problem=f"is more than the {len(sets)} parameter sets in {path}"))
     declared = papermill.inspect_notebook(str(notebook))
     for i, params in enumerate(sets[:participants]):
         unknown = sorted(set(params) - set(declared))
         if unknown:
-            raise ConfigError(f"--params: participant {i + 1}: {unknown[0]!r} is not a parameter of {notebook.name}; "
-                              f"allowed: {', '.join(sorted(declared))}")
+            raise ConfigError(not_allowed(f"--params: participant {i + 1}", unknown[0],
+                                          ", ".join(sorted(declared)),
+                                          problem=f"is not a parameter of {notebook.name}"))
     return sets[:participants]
 
 
@@ -72,7 +75,7 @@ def _notebook(name: str) -> Path:
     found = sorted(NOTEBOOKS.glob(f"{name}*.ipynb"))
     if not found:
         shipped = ", ".join(p.stem for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
-        raise ConfigError(f"--notebook: {name!r} matches no notebook; allowed: {shipped}")
+        raise ConfigError(not_allowed("--notebook", name, shipped, problem="matches no notebook"))
     return found[0]
 
 
@@ -109,7 +112,7 @@ def run_workshop(participants: int, params_file: str | Path, notebook: str = "03
     cores = os.cpu_count() or 1
     parallel = parallel or min(cores, participants)
     if parallel < 1:
-        raise ConfigError(f"--parallel: {parallel} is not allowed; allowed: 1 or more")
+        raise ConfigError(not_allowed("--parallel", parallel, "1 or more"))
     out = Path(out) if out else PROJECT_ROOT / "outputs" / f"workshop-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     threads = max(1, cores // parallel)  # never more busy threads than cores

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from toolkit.errors import not_allowed
+
 STATUSES = ("pass", "warn", "fail")
 DISK_PROBE_BYTES = 128 * 2**20
 DISK_WARN_MBPS = 100.0  # below this, checkpoints of a 1B-parameter model (~16 GB with Adam) take minutes
@@ -264,9 +266,9 @@ def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, on
 
     unknown = [n for n in (only or []) + (skip or []) if n not in CHECKS]
     if unknown:
-        raise ValueError(f"check: {unknown[0]!r} is not a check; allowed: {', '.join(CHECKS)}")
+        raise ValueError(not_allowed("check", unknown[0], ", ".join(CHECKS), problem="is not a check"))
     if nproc is not None and nproc < 2:
-        raise ValueError(f"--nproc: {nproc} is not allowed; allowed: 2 or more (the all-reduce needs peers)")
+        raise ValueError(not_allowed("--nproc", nproc, "2 or more (the all-reduce needs peers)"))
     start = time.perf_counter()
     root = Path(workspace) if workspace else default_path()
     facts = machine.discover(root)

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.errors import not_allowed
 from toolkit.paths import PROJECT_ROOT
 
 ENVIRONMENT_FILE = PROJECT_ROOT / "environment.yml"
@@ -34,24 +35,25 @@ def declared_packages(path: Path = ENVIRONMENT_FILE, field: str = "environment.y
     is what the error messages call the file (e.g. the --conda-file flag)."""
     import yaml
 
-    allowed = "allowed: a conda environment file with a 'dependencies' list and a 'pip:' section"
+    allowed = "a conda environment file with a 'dependencies' list and a 'pip:' section"
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise EnvironmentFileError(f"{field}: {str(path)!r} does not exist; {allowed}") from None
+        raise EnvironmentFileError(not_allowed(field, path, allowed, problem="does not exist")) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise EnvironmentFileError(f"{field}: {str(path)!r} is not valid YAML ({where}"
-                                   f"{getattr(exc, 'problem', exc)}); {allowed}") from None
+        raise EnvironmentFileError(not_allowed(
+            field, path, allowed, problem=f"is not valid YAML ({where}{getattr(exc, 'problem', exc)})")) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise EnvironmentFileError(f"{field}: {str(path)!r} cannot be read ({exc}); {allowed}") from None
+        raise EnvironmentFileError(not_allowed(field, path, allowed, problem=f"cannot be read ({exc})")) from None
     deps = data.get("dependencies") if isinstance(data, dict) else None
     if not isinstance(deps, list):
-        raise EnvironmentFileError(f"{field}: {str(path)!r} has no dependencies list; {allowed}")
+        raise EnvironmentFileError(not_allowed(field, path, allowed, problem="has no dependencies list"))
     pip = [d["pip"] for d in deps if isinstance(d, dict) and "pip" in d]
     if not pip or not isinstance(pip[0], list):
-        raise EnvironmentFileError(f"{field}: {str(path)!r} has no 'pip:' list under dependencies; {allowed}")
+        raise EnvironmentFileError(not_allowed(field, path, allowed,
+                                                       problem="has no 'pip:' list under dependencies"))
     return [_requirement_name(spec) for spec in pip[0]]
 
 

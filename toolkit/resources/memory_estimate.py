@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from toolkit.config import ConfigError
+from toolkit.errors import not_allowed
 
 # Bytes per parameter of each part of the model state: (weights, gradients, optimizer state).
 # The optimizer state includes the fp32 master weights and fp32 gradients where the precision keeps them.
@@ -70,7 +71,7 @@ class MemoryEstimate:
 
 def _check(name: str, value, ok: bool, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{name}: {value!r} is not allowed; allowed: {allowed}")
+        raise ConfigError(not_allowed(name, value, allowed))
 
 
 def estimate(params: float, precision: str = "bf16", zero_stage: int = 0, gpus: int = 1) -> MemoryEstimate:
@@ -128,7 +129,7 @@ def parse_count(text: str) -> float:
     except ValueError:
         value = float("nan")
     if not value > 0:  # also catches nan
-        raise ConfigError(f"params: {text!r} is not allowed; allowed: a positive count such as 350M, 7B or 1.3e9")
+        raise ConfigError(not_allowed("params", text, "a positive count such as 350M, 7B or 1.3e9"))
     return value
 
 

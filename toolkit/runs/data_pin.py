@@ -4,6 +4,7 @@ a run directory, so it imports nothing of the launcher or the supervisor)."""
 from __future__ import annotations
 
 from toolkit import config as config_mod
+from toolkit.errors import refused
 
 
 def pin_data_asset(config: config_mod.Config) -> config_mod.Config:
@@ -29,6 +30,6 @@ def pin_data_asset(config: config_mod.Config) -> config_mod.Config:
     if asset.type not in allowed:
         shown = config.data.path if config.data.path else asset.ref
         raise data_assets.DataAssetError(
-            f"{field}: {shown} is a {asset.type} asset; allowed for model.name={config.model.name!r}: "
-            + ", ".join(allowed))
+            refused(field, f"{shown} is a {asset.type} asset",
+                    f"{', '.join(allowed)} (for model.name={config.model.name!r})"))
     return config

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from toolkit.errors import not_allowed, refused
 from toolkit.fsio import open_log
 
 EVENTS_FILE = "events.jsonl"
@@ -169,7 +170,7 @@ def from_record(record: dict) -> Event | None:
     ignored. Raises ValueError when the object is not an event (no kind, a required field missing)."""
     kind = record.get("event")
     if not isinstance(kind, str):
-        raise ValueError(f"'event': {kind!r}; allowed: the event's kind, a string")
+        raise ValueError(not_allowed("'event'", kind, "the event's kind, a string"))
     cls = KINDS.get(kind)
     if cls is None:
         return None
@@ -231,7 +232,7 @@ def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
         try:
             record = json.loads(line) if line.strip() else None
             if record is not None and not isinstance(record, dict):
-                raise ValueError(f"a JSON {type(record).__name__}; allowed: a JSON object")
+                raise ValueError(refused(None, f"a JSON {type(record).__name__}", "a JSON object"))
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             _skipped(path, at, exc)
             record = None
@@ -252,7 +253,7 @@ def read_events(run_dir, kind: type[E] | None = None) -> list[E]:
     """Every event of a run directory (a path or a RunDir) in the order written; only ``kind``'s when given,
     e.g. ``read_events(run, TrainEvent)``."""
     if kind is not None and KINDS.get(getattr(kind, "kind", None)) is not kind:
-        raise ValueError(f"kind: {kind!r}; allowed: one of {', '.join(c.__name__ for c in KINDS.values())}")
+        raise ValueError(not_allowed("kind", kind, f"one of {', '.join(c.__name__ for c in KINDS.values())}"))
     path = Path(getattr(run_dir, "path", run_dir)) / EVENTS_FILE
     events, _ = read_new(path)
     return [e for e in events if kind is None or isinstance(e, kind)]

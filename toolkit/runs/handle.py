@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterator
 
+from toolkit.errors import not_allowed
 from toolkit.runs import processes as run_processes
 from toolkit.runs import status as run_status
 from toolkit.runs.events import Event, StatusEvent, read_new
@@ -111,8 +112,8 @@ def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
     run = run if isinstance(run, RunDir) else RunDir(run)
     status = run.read_status()
     if status.get("state") in FINAL_STATES:
-        raise NotThisRunError(f"run_dir: {str(run.path)!r} has {status['state']}; nothing was signalled (allowed: "
-                              "a run that is running)")
+        raise NotThisRunError(not_allowed("run_dir", run.path, "a run that is running",
+                                          problem=f"has {status['state']}; nothing was signalled"))
     pgid = status.get("worker_pgid")
     if not isinstance(pgid, int) or pgid <= 1 or not run_processes.group_members(pgid):
         return False

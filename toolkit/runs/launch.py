@@ -16,6 +16,7 @@ from typing import Iterator
 
 from toolkit import config as config_mod
 from toolkit import paths
+from toolkit.errors import not_allowed
 from toolkit.fsio import open_log
 from toolkit.runs import processes as run_processes
 from toolkit.runs import run_lock
@@ -77,7 +78,7 @@ def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_roo
           max_restarts: int = 0) -> RunHandle:
     """Create the run directory, write the resolved config, and start training under a supervisor."""
     if max_restarts < 0:
-        raise ValueError(f"max_restarts: {max_restarts} is negative; allowed: 0 or more")
+        raise ValueError(not_allowed("max_restarts", max_restarts, "0 or more", problem="is negative"))
     config = pin_data_asset(config)
     run_dir = Path(run_dir or default_run_dir(config, runs_root))
     with _holding_run_lock(run_dir) as lock_fd:  # before anything is written: a second start is refused here
@@ -98,7 +99,8 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     is started, nothing changes) unless rolled back."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
-        raise FileNotFoundError(f"run_dir: {str(run_dir)!r} holds no run (no config.yaml); allowed: a run directory")
+        raise FileNotFoundError(not_allowed("run_dir", run_dir, "a run directory",
+                                             problem="holds no run (no config.yaml)"))
     run.read_config()  # a config the run could not start with is refused here, before anything changes
     with _holding_run_lock(run.path) as lock_fd:
         status = run.read_status()

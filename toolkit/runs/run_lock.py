@@ -15,6 +15,8 @@ import os
 import stat
 from pathlib import Path
 
+from toolkit.errors import not_allowed
+
 LOCK_NAME = "run.lock"
 HOLDER_WIDTH = 12  # bytes of the holder record: a right-aligned pid (Linux pids have at most 7 digits) and "\n"
 
@@ -34,9 +36,10 @@ def acquire(run_dir: str | Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, HOLDER_WIDTH, 0).decode(errors="replace").strip() or "not recorded yet"
-            raise RunBusyError(f"run_dir: {str(run_dir)!r} is in use by another run (pid {holder}); allowed: a "
-                               "run directory no live run holds (stop that run first, or choose another "
-                               "--run-dir)") from None
+            raise RunBusyError(not_allowed(
+                "run_dir", run_dir, "a run directory no live run holds (stop that run first, or choose another "
+                                    "--run-dir)",
+                problem=f"is in use by another run (pid {holder})")) from None
         record_holder(fd, os.getpid())
     except BaseException:  # refused, or the record could not be written: never keep a lock nobody can release
         os.close(fd)
@@ -51,13 +54,13 @@ def open_lock_file(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(f"{path.name}: {str(path)!r} is a link; allowed: a regular file of the run "
-                             "directory (or none)") from None
+            raise ValueError(not_allowed(path.name, path, "a regular file of the run directory (or none)",
+                                         problem="is a link")) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise ValueError(f"{path.name}: {str(path)!r} is not a regular file; allowed: a regular file of the run "
-                         "directory (or none)")
+        raise ValueError(not_allowed(path.name, path, "a regular file of the run directory (or none)",
+                                     problem="is not a regular file"))
     return fd
 
 

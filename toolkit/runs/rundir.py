@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from toolkit import config as config_mod
+from toolkit.errors import not_allowed, refused
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.runs import events as events_mod
 from toolkit.runs import status as run_status
@@ -39,7 +40,7 @@ class RunDir:
     def create(cls, path: str | Path, cfg: config_mod.Config) -> "RunDir":
         run = cls(path)
         if run.config_path.exists():
-            raise FileExistsError(f"--run-dir: {run.path} already holds a run; allowed: a new or empty folder")
+            raise FileExistsError(refused("--run-dir", f"{run.path} already holds a run", "a new or empty folder"))
         run.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.config_path, cfg.to_yaml())
         run_status.transition(run, "create")
@@ -65,7 +66,7 @@ class RunDir:
         except FileNotFoundError:
             return {}
         if not isinstance(data, dict):
-            raise ValueError(f"{field}: {str(path)!r} holds a JSON {type(data).__name__}; allowed: a JSON object")
+            raise ValueError(not_allowed(field, path, "a JSON object", problem=f"holds a JSON {type(data).__name__}"))
         return data
 
     def write_status(self, **fields) -> dict:
@@ -73,7 +74,7 @@ class RunDir:
         writers go through toolkit.runs.status, which checks each change of state and serialises the writers;
         calling this directly sets a state unchecked (what a test does to fake a run that died)."""
         if "state" in fields and fields["state"] not in STATES:
-            raise ValueError(f"status.state: {fields['state']!r}; allowed: {', '.join(STATES)}")
+            raise ValueError(not_allowed("status.state", fields["state"], ", ".join(STATES)))
         status = {**self.read_status(), **fields, "updated": time.time()}
         atomic_write_text(self.status_path, json.dumps(status, indent=1))
         return status

@@ -27,6 +27,8 @@ import fcntl
 import os
 import time
 
+from toolkit.errors import not_allowed, refused
+
 STATES = ("queued", "running", "completed", "failed", "killed")
 FINAL_STATES = ("completed", "failed", "killed")
 RESUMABLE_STATES = ("failed", "killed")  # what a person resumes; queued/running only when left by a dead supervisor
@@ -54,12 +56,12 @@ class IllegalTransition(ValueError):
 def next_state(current: str | None, name: str) -> str:
     """The state ``name`` leads to from ``current``, or IllegalTransition saying what is allowed."""
     if name not in TRANSITIONS:
-        raise IllegalTransition(f"status transition: {name!r} is unknown; allowed: {', '.join(TRANSITIONS)}")
+        raise IllegalTransition(not_allowed("status transition", name, ", ".join(TRANSITIONS), problem="is unknown"))
     sources, target = TRANSITIONS[name]
     if current not in sources:
         shown = "a new run" if current is None else f"state {current!r}"
         allowed = ", ".join("a new run" if s is None else s for s in sources)
-        raise IllegalTransition(f"status transition {name!r}: not allowed from {shown}; allowed from: {allowed}")
+        raise IllegalTransition(refused(f"status transition {name!r}", f"not allowed from {shown}", f"from {allowed}"))
     return target
 
 
@@ -81,7 +83,8 @@ def transition(run, name: str, **fields) -> dict:
 def update(run, **fields) -> dict:
     """Merge facts (step, pids, attempt...) into status.json without changing the state."""
     if "state" in fields:
-        raise IllegalTransition("status field 'state': changed only through transition(); allowed here: other fields")
+        raise IllegalTransition(refused("status field 'state'", "changed only through transition()",
+                                        "other fields here"))
     with _locked(run):
         return run.write_status(**fields)
 

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.errors import not_allowed
 from toolkit.ports import free_port
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 
@@ -40,7 +41,7 @@ def start_tensorboard(run_dir: str | Path, port: int | None = None) -> TensorBoa
     """Serve ``run_dir`` (its tb/ scalars and profile/ traces) and return once TensorBoard answers HTTP."""
     logdir = Path(run_dir)
     if not logdir.is_dir():
-        raise TensorBoardError(f"run_dir: {str(logdir)!r} is not a folder; allowed: a run directory")
+        raise TensorBoardError(not_allowed("run_dir", logdir, "a run directory", problem="is not a folder"))
     port = port or free_port()
     service = start_service([sys.executable, "-m", "toolkit.runs.tensorboard_main", "--logdir", str(logdir),
                              "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"],

@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit.errors import not_allowed
 from toolkit.names import check_name
 from toolkit.ports import free_port
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
@@ -141,7 +142,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     from toolkit.catalogue.workspace import Workspace
 
     if port is not None and not 1024 <= port <= 65535:
-        raise ValueError(f"--port: {port} is not allowed; allowed: 1024 to 65535")
+        raise ValueError(not_allowed("--port", port, "1024 to 65535"))
     serving = ServingOptions(runtime=runtime, **options)  # every bound checked here, before anything starts
     if warning := plain_http_warning(host):
         warnings.warn(warning, PlainHTTPWarning, stacklevel=2)

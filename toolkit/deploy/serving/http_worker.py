@@ -37,6 +37,7 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from toolkit.deploy.serving.options import ServingOptions
 from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, body_too_large
+from toolkit.errors import not_allowed, refused
 
 WORKER_CONNECTIONS = 1000  # gunicorn's default: open connections (reading, waiting or kept alive) at once
 GUNICORN_ARGS = ["--no-control-socket", "--worker-class", "toolkit.deploy.serving.http_worker.WholeRequestWorker",
@@ -94,10 +95,11 @@ class RequestScan:
 
     def timed_out(self) -> tuple[int, str]:
         if self.head_end is None:
-            return 408, (f"request: the request line and headers did not arrive within {self.header_timeout:g} s; "
-                         f"allowed: a whole request head within {self.header_timeout:g} s of connecting")
-        return 408, (f"body: {len(self.buf) - self.head_end:,} bytes arrived in {self.body_timeout:g} s; allowed: "
-                     f"the whole body within {self.body_timeout:g} s of the headers")
+            return 408, refused(
+                "request", f"the request line and headers did not arrive within {self.header_timeout:g} s",
+                f"a whole request head within {self.header_timeout:g} s of connecting")
+        return 408, refused("body", f"{len(self.buf) - self.head_end:,} bytes arrived in {self.body_timeout:g} s",
+                              f"the whole body within {self.body_timeout:g} s of the headers")
 
     def _find_head(self, now: float):
         """Only the bytes new since the last call are searched: a client trickling its head byte by byte must
@@ -107,10 +109,10 @@ class RequestScan:
         end = self.buf.find(b"\r\n\r\n", searched)
         if BARE_LF.search(self.buf, searched, end + 2 if end >= 0 else len(self.buf)):
             # gunicorn refuses a bare LF at once; waiting here for a CRLF CRLF that never comes would hang
-            return 400, "request: a line ends with a bare LF; allowed: lines that end with CRLF (RFC 9112)"
+            return 400, refused("request", "a line ends with a bare LF", "lines that end with CRLF (RFC 9112)")
         if (len(self.buf) if end < 0 else end + 4) - start > MAX_HEAD_BYTES:
-            return 431, (f"request: headers over {MAX_HEAD_BYTES:,} bytes; allowed: a request line and headers "
-                         f"of up to {MAX_HEAD_BYTES:,} bytes")
+            return 431, refused("request", f"headers over {MAX_HEAD_BYTES:,} bytes",
+                                  f"a request line and headers of up to {MAX_HEAD_BYTES:,} bytes")
         if end < 0:
             return None
         self.head_end = end + 4
@@ -128,8 +130,8 @@ class RequestScan:
             names = [c.strip(b" \t").lower() for c in b",".join(codings).split(b",")]
             unknown = [n for n in names if n not in TRANSFER_CODINGS]
             if unknown:  # gunicorn would answer 501: this is the client's error, and a 4xx says so
-                return 400, (f"Transfer-Encoding: {unknown[0].decode('latin-1')[:40]!r} is not supported; allowed: "
-                             "chunked")
+                return 400, not_allowed("Transfer-Encoding", unknown[0].decode("latin-1")[:40], "chunked",
+                                          problem="is not supported")
             if names[-1] == b"chunked" and names.count(b"chunked") == 1 and not lengths:
                 self.chunk_at = self.head_end
         elif len(lengths) == 1 and lengths[0].isdigit():  # anything else: no body, or gunicorn's 400
@@ -147,14 +149,14 @@ class RequestScan:
         while True:
             line_end = self.buf.find(b"\r\n", self.chunk_at)
             if line_end < 0:
-                return (400, f"body: a chunk-size line over {MAX_CHUNK_LINE} bytes; allowed: a hexadecimal size") \
+                return (400, refused("body", f"a chunk-size line over {MAX_CHUNK_LINE} bytes", "a hexadecimal size")) \
                     if len(self.buf) - self.chunk_at > MAX_CHUNK_LINE else None
             size_text, *extension = bytes(self.buf[self.chunk_at:line_end]).split(b";", 1)
             if extension:
                 size_text = size_text.rstrip(b" \t")  # whitespace only before an extension, as gunicorn reads it
             if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
-                return 400, (f"body: chunk size {size_text[:20].decode('latin-1')!r} is not hexadecimal; allowed: a "
-                             "chunked body (RFC 9112 section 7.1)")
+                return 400, refused("body", f"chunk size {size_text[:20].decode('latin-1')!r} is not hexadecimal",
+                                      "a chunked body (RFC 9112 section 7.1)")
             size = int(size_text, 16)  # at most MAX_CHUNK_LINE hex digits: linear to convert
             if self.chunked_bytes + size > MAX_BODY_BYTES or line_end - self.head_end > MAX_CHUNKED_BYTES:
                 return 413, str(body_too_large(self.chunked_bytes + size))
@@ -164,7 +166,7 @@ class RequestScan:
             if len(self.buf) < data_end + 2:
                 return None
             if self.buf[data_end:data_end + 2] != b"\r\n":
-                return 400, "body: a chunk is longer than its size says; allowed: a chunked body (RFC 9112 7.1)"
+                return 400, refused("body", "a chunk is longer than its size says", "a chunked body (RFC 9112 7.1)")
             self.chunked_bytes += size
             self.chunk_at = data_end + 2
 
@@ -172,7 +174,7 @@ class RequestScan:
         if self.buf[start:start + 2] == b"\r\n" or self.buf.find(b"\r\n\r\n", start) >= 0:
             return self.READY
         if len(self.buf) - start > MAX_HEAD_BYTES:
-            return 431, f"body: trailer fields over {MAX_HEAD_BYTES:,} bytes; allowed: up to {MAX_HEAD_BYTES:,}"
+            return 431, refused("body", f"trailer fields over {MAX_HEAD_BYTES:,} bytes", f"up to {MAX_HEAD_BYTES:,}")
         return None
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S
+from toolkit.errors import not_allowed
 
 WEIGHTS = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
 MAX_BATCH = 256
@@ -46,7 +47,7 @@ class ServingOptions:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             if problem := _problem(f.name, getattr(self, f.name)):
-                raise ServingOptionsError(f"{flag(f.name)}: {getattr(self, f.name)!r} is not allowed; allowed: {problem}")
+                raise ServingOptionsError(not_allowed(flag(f.name), getattr(self, f.name), problem))
 
     def environment(self) -> dict[str, str]:
         """The variables score.py and the HTTP server read: every option, one worker process with its threads."""
@@ -65,8 +66,7 @@ class ServingOptions:
                 try:
                     given[name] = convert(env[variable])
                 except ValueError:
-                    raise ServingOptionsError(f"{variable}: {env[variable]!r} is not allowed; allowed: "
-                                              f"{_problem(name, None)}") from None
+                    raise ServingOptionsError(not_allowed(variable, env[variable], _problem(name, None))) from None
         return cls(**given)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from toolkit.errors import not_allowed, refused
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; a scoring request needs a few hundred bytes
 HEADER_TIMEOUT_S = 20.0  # from connecting (or from the first byte of a kept-alive connection's next request)
@@ -66,7 +68,7 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     seen: dict = {}
     for name, value in pairs:
         if name in seen:
-            raise RequestError(f"{shown(name, quote=False)}: given twice; allowed: each field once")
+            raise RequestError(refused(shown(name, quote=False), "given twice", "each field once"))
         seen[name] = value
     return seen
 
@@ -90,24 +92,24 @@ def _int(body: dict, name: str, default, low: int, high: int) -> int | None:
     if value is None and default is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise RequestError(f"{name}: {shown(value)} is not allowed; allowed: an integer from {low} to {high:,}")
+        raise RequestError(refused(name, f"{shown(value)} is not allowed", f"an integer from {low} to {high:,}"))
     return value
 
 
 def _text(body: dict, name: str, limit: int) -> bytes:
     value = body.get(name)
-    allowed = f"allowed: a string of 1 to {limit:,} UTF-8 bytes"
+    allowed = f"a string of 1 to {limit:,} UTF-8 bytes"
     if not isinstance(value, str):
-        raise RequestError(f"{name}: {shown(value)} is not allowed; {allowed}")
+        raise RequestError(refused(name, f"{shown(value)} is not allowed", allowed))
     try:
         data = value.encode("utf-8")
     except UnicodeEncodeError as exc:  # JSON can spell a lone surrogate ("\ud800"), which is no character
-        raise RequestError(f"{name}: {value[exc.start]!r} at character {exc.start:,} is a lone surrogate, not "
-                           f"text; {allowed}") from None
+        raise RequestError(not_allowed(name, value[exc.start], allowed,
+                                       problem=f"at character {exc.start:,} is a lone surrogate, not text")) from None
     if not data:
-        raise RequestError(f"{name}: empty; {allowed}")
+        raise RequestError(refused(name, "empty", allowed))
     if len(data) > limit:
-        raise RequestError(f"{name}: {len(data):,} bytes is over the limit; {allowed}")
+        raise RequestError(refused(name, f"{len(data):,} bytes is over the limit", allowed))
     return data
 
 
@@ -115,8 +117,8 @@ def _generate(body: dict) -> GenerateRequest:
     temperature = body.get("temperature", 1.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
             not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise RequestError(f"temperature: {shown(temperature)} is not allowed; allowed: a number from 0 (greedy) "
-                           f"to {MAX_TEMPERATURE:g}")
+        raise RequestError(refused("temperature", f"{shown(temperature)} is not allowed",
+                                   f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}"))
     return GenerateRequest(prompt=_text(body, "prompt", MAX_PROMPT_BYTES),
                            max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
                            temperature=float(temperature), top_k=_int(body, "top_k", 0, 0, 256),
@@ -136,21 +138,21 @@ def body_too_large(size: int | str) -> RequestError:
     ``size`` may be a Content-Length's digits, however many."""
     size = int(size) if len(str(size)) <= _MAX_INT_DIGITS else _LongNumber(size)
     shown_size = f"{size:,} bytes" if isinstance(size, int) else shown(size)
-    return RequestError(f"body: {shown_size} is over the limit; allowed: up to {MAX_BODY_BYTES:,}", 413)
+    return RequestError(refused("body", f"{shown_size} is over the limit", f"up to {MAX_BODY_BYTES:,}"), 413)
 
 
 def _json(body: bytes):
     try:
         text = body.decode("utf-8")  # RFC 8259: JSON between systems is UTF-8 (json.loads would guess UTF-16/32)
     except UnicodeDecodeError:
-        raise RequestError("body: not UTF-8; allowed: a JSON object") from None
+        raise RequestError(refused("body", "not UTF-8", "a JSON object")) from None
     try:
         return json.loads(text, parse_int=_number, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
-        raise RequestError(f"body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                           "allowed: a JSON object") from None
+        raise RequestError(refused("body", f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+                                   "a JSON object")) from None
     except RecursionError:
-        raise RequestError("body: JSON nested too deeply; allowed: a JSON object of strings and numbers") from None
+        raise RequestError(refused("body", "JSON nested too deeply", "a JSON object of strings and numbers")) from None
 
 
 def parse(body: bytes) -> GenerateRequest | ScoreRequest:
@@ -160,14 +162,14 @@ def parse(body: bytes) -> GenerateRequest | ScoreRequest:
     data = _json(body)
     if not isinstance(data, dict):
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
-        raise RequestError(f"body: a JSON {kind}; allowed: a JSON object such as "
-                           '{"prompt": "def ", "max_new_tokens": 32}')
+        raise RequestError(refused("body", f"a JSON {kind}",
+                                   'a JSON object such as {"prompt": "def ", "max_new_tokens": 32}'))
     task = data.get("task", "generate")
     if not isinstance(task, str) or task not in TASKS:
-        raise RequestError(f"task: {shown(task)} is not allowed; allowed: {', '.join(TASKS)}")
+        raise RequestError(refused("task", f"{shown(task)} is not allowed", ", ".join(TASKS)))
     build, fields = TASKS[task]
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise RequestError(f"{shown(unknown[0], quote=False)}: unknown field for task {task!r}; allowed: "
-                           f"{', '.join(sorted(fields))}")
+        raise RequestError(refused(shown(unknown[0], quote=False), f"unknown field for task {task!r}",
+                                   ", ".join(sorted(fields))))
     return build(data)

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 from toolkit.deploy.serving.options import WEIGHTS
+from toolkit.errors import not_allowed
 
 
 class OnnxRuntime:
@@ -61,11 +62,11 @@ def load_runtime(model_dir: str | Path, name: str):
     from toolkit.deploy.model_format import verify_model_folder
 
     if name not in RUNTIMES:
-        raise ValueError(f"runtime: {name!r} is not allowed; allowed: {', '.join(RUNTIMES)}")
+        raise ValueError(not_allowed("runtime", name, ", ".join(RUNTIMES)))
     model_dir = Path(model_dir)
     manifest = verify_model_folder(model_dir)
     if manifest["model"] != "gpt":
-        raise ValueError(f"model: {manifest['model']!r} cannot be served as text; allowed: gpt")
+        raise ValueError(not_allowed("model", manifest["model"], "gpt", problem="cannot be served as text"))
     runtime = RUNTIMES[name](model_dir)
     runtime.block_size = manifest["block_size"]
     runtime.manifest = manifest

@@ -28,6 +28,7 @@ from toolkit.deploy.serving.options import ServingOptions  # noqa: E402
 from toolkit.deploy.serving.protocol import RequestError  # noqa: E402
 from toolkit.deploy.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
+from toolkit.errors import refused  # noqa: E402
 
 service: ScoringService | None = None
 
@@ -48,8 +49,9 @@ def run(request):
                 chunks.append(chunk)
                 size += len(chunk)
         except Exception as exc:  # the server decodes the framing (chunks, trailers) as we read: the client's error
-            raise RequestError(f"body: could not be read ({str(exc)[:80] or type(exc).__name__}); allowed: a body "
-                               "framed by Content-Length or valid chunked encoding (RFC 9112)") from None
+            raise RequestError(refused("body", f"could not be read ({str(exc)[:80] or type(exc).__name__})",
+                                       "a body framed by Content-Length or valid chunked encoding (RFC 9112)")) \
+                from None
         return b"".join(chunks)
 
     status, payload = service.handle(request.method, request.headers.get("Authorization"), request.content_length,

@@ -16,6 +16,7 @@ from toolkit.deploy.serving.batcher import Batcher
 from toolkit.deploy.serving.options import ServingOptions
 from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, RequestError, body_too_large, parse
 from toolkit.deploy.serving.runtimes import describe, load_runtime
+from toolkit.errors import refused
 
 CLIENT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still connected
 log = logging.getLogger("trainbook.serving")
@@ -49,10 +50,11 @@ class ScoringService:
         if method == "GET":  # readiness; the details (run, data asset, step, load) only for the key's holder
             return 200, {"ready": True, **self.info, **self.batcher.stats} if key_ok else {"ready": True}
         if method != "POST":
-            return 405, {"error": f"method: {method} is not allowed; allowed: GET (readiness), POST (score)"}
+            return 405, {"error": refused("method", f"{method} is not allowed", "GET (readiness), POST (score)")}
         if not key_ok:
             reason = "missing" if not authorization else "not valid"
-            return 401, {"error": f"Authorization: key {reason}; allowed: 'Authorization: Bearer <endpoint key>'"}
+            return 401, {"error": refused("Authorization", f"key {reason}",
+                                              "'Authorization: Bearer <endpoint key>'")}
         try:
             if content_length is not None and content_length > MAX_BODY_BYTES:
                 raise body_too_large(content_length)

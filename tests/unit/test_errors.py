@@ -1,0 +1,69 @@
+"""The one wording of a refused value (toolkit.errors), and that no other module writes it by hand."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from toolkit.errors import SHOWN_CHARS, bounded_repr, not_allowed, refused
+
+PROJECT = Path(__file__).resolve().parents[2]
+HAND_WRITTEN = re.compile(r"allowed(?: [^;:]*)?:")  # "allowed:", "allowed for type X:", "allowed from:" ...
+
+
+def test_a_bad_value_names_field_value_and_what_is_allowed():
+    assert not_allowed("train.lr", -1.0, "> 0") == "train.lr: -1.0 is not allowed; allowed: > 0"
+    assert not_allowed("--sku", "X", "A, B", problem="is not a known VM size") == \
+        "--sku: 'X' is not a known VM size; allowed: A, B"
+
+
+def test_a_path_is_shown_as_its_string():
+    assert not_allowed("run_dir", Path("/tmp/r"), "a run directory", problem="is not a folder") == \
+        "run_dir: '/tmp/r' is not a folder; allowed: a run directory"
+
+
+def test_a_refusal_without_a_shown_value_and_a_bare_reason():
+    assert refused("params", "missing", "a count") == "params: missing; allowed: a count"
+    assert refused(None, "a JSON list", "a JSON object") == "a JSON list; allowed: a JSON object"
+
+
+def test_a_huge_value_is_cut_and_its_length_given():
+    message = not_allowed("text", "x" * 1_000_000, "short text")
+    assert len(message) < SHOWN_CHARS + 100
+    assert message == f"text: {repr('x' * 1_000_000)[:SHOWN_CHARS]}... (1,000,002 characters) is not allowed; " \
+                      "allowed: short text"
+    assert bounded_repr("x" * (SHOWN_CHARS - 2)) == repr("x" * (SHOWN_CHARS - 2))  # exactly the limit: whole
+
+
+def test_an_integer_too_long_to_print_is_shown_by_its_size():
+    assert bounded_repr(10 ** 10_000) == f"an integer of {(10 ** 10_000).bit_length():,} bits"
+
+
+def string_constants(tree: ast.AST):
+    """Every string constant of a module except docstrings (a docstring may quote the format)."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def hand_written_refusals(source: str, path: str) -> list[str]:
+    return [f"{path}:{line}: {text!r}" for line, text in string_constants(ast.parse(source, path))
+            if HAND_WRITTEN.search(text)]
+
+
+def test_the_scan_finds_a_hand_written_refusal_but_not_a_docstring():
+    planted = ('def f(x):\n    """x: bad; allowed: good"""\n    raise ValueError(f"x: {x!r} is bad; allowed: good")\n'
+               '    raise ValueError(f"x: {x!r} is bad; allowed for y: good")\n'
+               '    raise ValueError(f"x: {x!r} is not allowed for y")\n')
+    assert [hit.split(": ", 1)[0] for hit in hand_written_refusals(planted, "m.py")] == ["m.py:3", "m.py:4"]
+
+
+def test_only_toolkit_errors_writes_the_refusal_wording():
+    offenders = [hit for folder in ("toolkit", "widgets") for path in sorted((PROJECT / folder).rglob("*.py"))
+                 if path != PROJECT / "toolkit" / "errors.py"
+                 for hit in hand_written_refusals(path.read_text(), str(path.relative_to(PROJECT)))]
+    assert not offenders, f"{len(offenders)} hand-written refusals; use toolkit.errors:\n" + "\n".join(offenders)
