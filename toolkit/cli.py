@@ -66,7 +66,7 @@ def _follow(handle, max_steps: int) -> int:
             signal.signal(sig, signal.SIG_IGN)
         _tell(f"interrupted ({signal.Signals(signum).name}): stopping the run")
         handle.stop()
-        _tell(f"stopped at step {_last_step(handle, progress)}; {_resume_hint(handle)}")
+        _tell(_stopped_message(handle, _last_step(handle, progress)))
         return 128 + signum
     finally:  # the run has ended or been stopped: a signal now ends the CLI the ordinary way
         for sig, handler in previous.items():
@@ -81,6 +81,8 @@ def _follow(handle, max_steps: int) -> int:
     if state == "killed":
         cause = str(status.get("error") or "a signal").removeprefix("signal ")
         print(f"killed by {cause} at step {step} (the last step logged)\n{_resume_hint(handle)}", file=sys.stderr)
+    elif state == "stopped":  # stopped from elsewhere (a stop button, a SIGTERM to the supervisor): not a failure
+        print(_stopped_message(handle, step), file=sys.stderr)
     else:
         print(f"{state}: step {step} {summary}".rstrip(), file=sys.stderr)
         if code != 0:
@@ -91,6 +93,10 @@ def _follow(handle, max_steps: int) -> int:
 def _last_step(handle, progress) -> int | None:
     """The last step the run logged: from its events (status.json's step is refreshed only every few seconds)."""
     return progress.step if progress.train else handle.run.read_status().get("step")
+
+
+def _stopped_message(handle, step: int | None) -> str:
+    return f"stopped at step {step}; {_resume_hint(handle)}"
 
 
 def _resume_hint(handle) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import select
 import signal
@@ -80,6 +81,7 @@ def test_two_trains_into_one_run_dir_at_once_one_is_refused_naming_the_holder(tm
         await_train_step(run, 3)
         winner.send_signal(signal.SIGINT)
         winner.communicate(timeout=60)
+        assert run.read_status()["state"] == "stopped", run.read_status()  # Ctrl-C is a stop, not a death
         steps = [e["step"] for e in run.events("train")]
         assert len(steps) == len(set(steps)), "a step was trained twice: two writers in one run directory"
 
@@ -95,7 +97,8 @@ def test_a_terminated_foreground_train_stops_its_run(tmp_path, sig):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode != 0, err
         status = run.read_status()
-        assert status["state"] == "killed", status
+        assert status["state"] == "stopped", status  # asked for: not a death, still resumable
+        assert re.search(r"stopped at step \d+; ", err) and f"resume {run.path}" in err, err
         with pytest.raises(ProcessLookupError):
             os.killpg(status["worker_pgid"], 0)  # no training process outlives the CLI
 

@@ -51,7 +51,7 @@ class Supervisor:
         return worker
 
     def _on_stop_signal(self, signum, frame):
-        """The user stopped the run: pass it on to every rank, then record it as killed."""
+        """The run was stopped on request: pass it on to every rank, then record it as stopped (not killed)."""
         self.stopping = True
         if self.worker is not None and self.worker.poll() is None:
             try:
@@ -91,10 +91,10 @@ class Supervisor:
             run_status.transition(self.run, "restart", last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state")
         if code != 0 and (state not in FINAL_STATES or state == "completed"):
-            final = "killed" if self.stopping or code < 0 else "failed"
+            final, name = ("stopped", "stop") if self.stopping else ("killed", "kill") if code < 0 else \
+                ("failed", "fail")
             self.run.append_event(StatusEvent(state=final, exit_code=code, reason=describe_exit(code)))
-            run_status.transition(self.run, "kill" if final == "killed" else "fail", exit_code=code,
-                                  error=describe_exit(code))
+            run_status.transition(self.run, name, exit_code=code, error=describe_exit(code))
         return 0 if code == 0 else 1
 
 
