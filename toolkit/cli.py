@@ -24,8 +24,8 @@ def _cmd_train(args) -> int:
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
-    handle = launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root, max_restarts=args.max_restarts)
-    return _follow(handle, cfg.train.max_steps)
+    return _start_and_follow(lambda: launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root,
+                                                  max_restarts=args.max_restarts))
 
 
 def _cmd_resume(args) -> int:
@@ -33,13 +33,18 @@ def _cmd_resume(args) -> int:
 
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: {args.max_restarts} is negative; allowed: 0 or more")
-    try:
-        handle = launch.resume(args.run_dir, max_restarts=args.max_restarts, from_checkpoint=args.from_checkpoint)
-    except launch.NothingToResume as done:
-        print(done, file=sys.stderr)
-        return 0
-    print(handle.plan, file=sys.stderr)
-    return _follow(handle, handle.run.read_config().train.max_steps)
+
+    def start():
+        try:
+            handle = launch.resume(args.run_dir, max_restarts=args.max_restarts,
+                                   from_checkpoint=args.from_checkpoint)
+        except launch.NothingToResume as done:
+            print(done, file=sys.stderr)
+            return None
+        print(handle.plan, file=sys.stderr)
+        return handle
+
+    return _start_and_follow(start)
 
 
 class _Terminated(Exception):
@@ -50,15 +55,38 @@ def _raise_terminated(signum, frame):
     raise _Terminated(signum)
 
 
-def _follow(handle, max_steps: int) -> int:
+def _start_and_follow(start) -> int:
+    """Start a run (``start()`` returns its handle, or None when nothing was started) and follow it to its end.
+    The signals that stop a run are caught from before the start: one that arrives while the run is starting is
+    remembered and stops the run as soon as its handle exists (raised inside the start, it would kill the CLI
+    alone, or leave a supervisor started with no handle to stop it: a run training on, detached)."""
+    pending: list[int] = []
+    stop_signals = [sig for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # a shell's ignored Ctrl-C stays so
+                    if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN)]
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in stop_signals}
+    try:
+        handle = start()
+        if handle is None:
+            return 128 + pending[0] if pending else 0
+        return _follow(handle, handle.run.read_config().train.max_steps, pending, previous)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _follow(handle, max_steps: int, pending: list[int], previous: dict) -> int:
     """Follow the run in the terminal until it ends. Ctrl-C, SIGTERM and SIGHUP stop the run with the CLI: it
-    runs in its own session, so without this a closed terminal would leave it training, detached."""
+    runs in its own session, so without this a closed terminal would leave it training, detached. ``pending``:
+    the signals that arrived while it started; ``previous``: the handlers to restore once it has ended."""
     from toolkit.runs.progress import RunProgress, follow_in_terminal
 
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    print(f"run directory: {handle.path}", file=sys.stderr)
     progress = RunProgress(max_steps)
-    try:
+    try:  # from here every stop signal raises, into the except below (handle.stop())
+        for sig in previous:
+            signal.signal(sig, previous[sig] if sig == signal.SIGINT else _raise_terminated)
+        print(f"run directory: {handle.path}", file=sys.stderr)
+        if pending:  # arrived while the run was starting
+            raise _Terminated(pending[0])
         final = follow_in_terminal(handle, max_steps, progress=progress)
     except (KeyboardInterrupt, _Terminated) as exc:
         signum = exc.args[0] if isinstance(exc, _Terminated) else signal.SIGINT
