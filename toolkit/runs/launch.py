@@ -59,7 +59,7 @@ def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset:
     run_status.update(run, run_token=token)
     with open_log(run.path / LOG_NAME) as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.runs.supervisor", str(run.path), "--max-restarts", str(max_restarts),
+            [sys.executable, "-m", run_processes.SUPERVISOR_MODULE, str(run.path), "--max-restarts", str(max_restarts),
              "--lock-fd", str(lock_fd)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, run_processes.TOKEN_ENV: token}, pass_fds=(lock_fd,))

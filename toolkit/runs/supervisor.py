@@ -24,6 +24,7 @@ from toolkit.runs.launchers import worker_command  # imports no torch
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES
 
+ATTEMPT_ENV = "TRAINBOOK_ATTEMPT"  # which attempt a training process belongs to: 0 first, +1 per restart or resume
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
 
 
@@ -44,7 +45,7 @@ class Supervisor:
             log.write(f"\n===== attempt {attempt}: {' '.join(cmd)}\n".encode())
             log.flush()
             worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env={**os.environ, **extra_env, "TRAINBOOK_ATTEMPT": str(attempt)},
+                                      env={**os.environ, **extra_env, ATTEMPT_ENV: str(attempt)},
                                       start_new_session=True,  # its own group: killpg reaches every rank
                                       pass_fds=() if self.lock_fd is None else (self.lock_fd,))
         run_status.update(self.run, worker_pgid=worker.pid, attempt=attempt, command=cmd)
