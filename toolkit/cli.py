@@ -25,8 +25,8 @@ def _cmd_train(args) -> int:
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
     if args.max_restarts < 0:
         raise ConfigError(not_allowed("--max-restarts", args.max_restarts, "0 or more", problem="is negative"))
-    handle = launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root, max_restarts=args.max_restarts)
-    return _follow(handle, cfg.train.max_steps)
+    return _start_and_follow(lambda: launch.start(cfg, run_dir=args.run_dir, runs_root=args.runs_root,
+                                                  max_restarts=args.max_restarts))
 
 
 def _cmd_resume(args) -> int:
@@ -34,13 +34,18 @@ def _cmd_resume(args) -> int:
 
     if args.max_restarts < 0:
         raise ConfigError(not_allowed("--max-restarts", args.max_restarts, "0 or more", problem="is negative"))
-    try:
-        handle = launch.resume(args.run_dir, max_restarts=args.max_restarts, from_checkpoint=args.from_checkpoint)
-    except launch.NothingToResume as done:
-        print(done, file=sys.stderr)
-        return 0
-    print(handle.plan, file=sys.stderr)
-    return _follow(handle, handle.run.read_config().train.max_steps)
+
+    def start():
+        try:
+            handle = launch.resume(args.run_dir, max_restarts=args.max_restarts,
+                                   from_checkpoint=args.from_checkpoint)
+        except launch.NothingToResume as done:
+            print(done, file=sys.stderr)
+            return None
+        print(handle.plan, file=sys.stderr)
+        return handle
+
+    return _start_and_follow(start)
 
 
 class _Terminated(Exception):
@@ -51,15 +56,38 @@ def _raise_terminated(signum, frame):
     raise _Terminated(signum)
 
 
-def _follow(handle, max_steps: int) -> int:
+def _start_and_follow(start) -> int:
+    """Start a run (``start()`` returns its handle, or None when nothing was started) and follow it to its end.
+    The signals that stop a run are caught from before the start: one that arrives while the run is starting is
+    remembered and stops the run as soon as its handle exists (raised inside the start, it would kill the CLI
+    alone, or leave a supervisor started with no handle to stop it: a run training on, detached)."""
+    pending: list[int] = []
+    stop_signals = [sig for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # a shell's ignored Ctrl-C stays so
+                    if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN)]
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in stop_signals}
+    try:
+        handle = start()
+        if handle is None:
+            return 128 + pending[0] if pending else 0
+        return _follow(handle, handle.run.read_config().train.max_steps, pending, previous)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _follow(handle, max_steps: int, pending: list[int], previous: dict) -> int:
     """Follow the run in the terminal until it ends. Ctrl-C, SIGTERM and SIGHUP stop the run with the CLI: it
-    runs in its own session, so without this a closed terminal would leave it training, detached."""
+    runs in its own session, so without this a closed terminal would leave it training, detached. ``pending``:
+    the signals that arrived while it started; ``previous``: the handlers to restore once it has ended."""
     from toolkit.runs.progress import RunProgress, follow_in_terminal
 
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    print(f"run directory: {handle.path}", file=sys.stderr)
     progress = RunProgress(max_steps)
-    try:
+    try:  # from here every stop signal raises, into the except below (handle.stop())
+        for sig in previous:
+            signal.signal(sig, previous[sig] if sig == signal.SIGINT else _raise_terminated)
+        print(f"run directory: {handle.path}", file=sys.stderr)
+        if pending:  # arrived while the run was starting
+            raise _Terminated(pending[0])
         final = follow_in_terminal(handle, max_steps, progress=progress)
     except (KeyboardInterrupt, _Terminated) as exc:
         signum = exc.args[0] if isinstance(exc, _Terminated) else signal.SIGINT
@@ -67,7 +95,7 @@ def _follow(handle, max_steps: int) -> int:
             signal.signal(sig, signal.SIG_IGN)
         _tell(f"interrupted ({signal.Signals(signum).name}): stopping the run")
         handle.stop()
-        _tell(f"stopped at step {_last_step(handle, progress)}; {_resume_hint(handle)}")
+        _tell(_stopped_message(handle, _last_step(handle, progress)))
         return 128 + signum
     finally:  # the run has ended or been stopped: a signal now ends the CLI the ordinary way
         for sig, handler in previous.items():
@@ -82,6 +110,8 @@ def _follow(handle, max_steps: int) -> int:
     if state == "killed":
         cause = str(status.get("error") or "a signal").removeprefix("signal ")
         print(f"killed by {cause} at step {step} (the last step logged)\n{_resume_hint(handle)}", file=sys.stderr)
+    elif state == "stopped":  # stopped from elsewhere (a stop button, a SIGTERM to the supervisor): not a failure
+        print(_stopped_message(handle, step), file=sys.stderr)
     else:
         print(f"{state}: step {step} {summary}".rstrip(), file=sys.stderr)
         if code != 0:
@@ -92,6 +122,10 @@ def _follow(handle, max_steps: int) -> int:
 def _last_step(handle, progress) -> int | None:
     """The last step the run logged: from its events (status.json's step is refreshed only every few seconds)."""
     return progress.step if progress.train else handle.run.read_status().get("step")
+
+
+def _stopped_message(handle, step: int | None) -> str:
+    return f"stopped at step {step}; {_resume_hint(handle)}"
 
 
 def _resume_hint(handle) -> str:

@@ -12,7 +12,7 @@ from toolkit.runs.progress import RunProgress
 from widgets.panel import badge_html
 
 STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",
-                 "killed": "#ff7f0e"}
+                 "stopped": "#9467bd", "killed": "#ff7f0e"}
 
 
 def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEvent | None, val: EvalEvent | None,

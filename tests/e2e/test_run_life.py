@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import select
 import signal
@@ -80,6 +81,7 @@ def test_two_trains_into_one_run_dir_at_once_one_is_refused_naming_the_holder(tm
         await_train_step(run, 3)
         winner.send_signal(signal.SIGINT)
         winner.communicate(timeout=60)
+        assert run.read_status()["state"] == "stopped", run.read_status()  # Ctrl-C is a stop, not a death
         steps = [e["step"] for e in run.events("train")]
         assert len(steps) == len(set(steps)), "a step was trained twice: two writers in one run directory"
 
@@ -95,9 +97,32 @@ def test_a_terminated_foreground_train_stops_its_run(tmp_path, sig):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode != 0, err
         status = run.read_status()
-        assert status["state"] == "killed", status
+        assert status["state"] == "stopped", status  # asked for: not a death, still resumable
+        assert re.search(r"stopped at step \d+; ", err) and f"resume {run.path}" in err, err
         with pytest.raises(ProcessLookupError):
             os.killpg(status["worker_pgid"], 0)  # no training process outlives the CLI
+
+
+def test_a_terminate_while_the_run_starts_stops_it_too(tmp_path):
+    """SIGTERM once the run directory is written, before the CLI follows the run: the CLI must not die alone and
+    leave the run training, detached (its handlers are in place before it starts anything)."""
+    run = RunDir(tmp_path / "r")
+    proc = start_cli("train", "tiny", "--run-dir", str(run.path), *LONG)
+    with no_runaway_training(run, proc):
+        deadline = time.monotonic() + 60
+        while not run.config_path.exists():  # written by the start itself, before the supervisor is started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        status = run.read_status()
+        assert status["state"] == "stopped", status
+        with pytest.raises(ProcessLookupError):
+            os.kill(status["supervisor_pid"], 0)
+        if isinstance(status.get("worker_pgid"), int):
+            with pytest.raises(ProcessLookupError):
+                os.killpg(status["worker_pgid"], 0)
 
 
 def _failed_copy_of(tmp_path, *flags: str) -> RunDir:

@@ -114,7 +114,7 @@ def test_a_failing_run_says_why_and_exits_nonzero(train_tiny):
     assert "Traceback" in (run.path / launch.LOG_NAME).read_text()
 
 
-def test_stopping_a_run_marks_it_killed(tmp_path):
+def test_stopping_a_run_marks_it_stopped_not_killed(tmp_path):
     handle = launch.train("tiny", ["train.max_steps=100000", "train.log_every=1"], run_dir=tmp_path / "k")
     for event in handle.follow(interval_s=0.2):  # wait until training is really under way
         if isinstance(event, TrainEvent):
@@ -124,8 +124,8 @@ def test_stopping_a_run_marks_it_killed(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)  # no training process outlives the stop
     status = handle.run.read_status()
-    assert status["state"] == "killed" and status["error"] == "signal SIGTERM", status
-    assert handle.run.events("status")[-1]["state"] == "killed"
+    assert status["state"] == "stopped" and status["error"] == "signal SIGTERM", status
+    assert handle.run.events("status")[-1]["state"] == "stopped"
 
 
 def test_killing_the_training_processes_marks_the_run_killed(tmp_path):

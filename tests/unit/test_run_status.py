@@ -25,6 +25,11 @@ PROJECT = Path(__file__).resolve().parents[2]
     ("running", "kill", "killed"),
     ("queued", "fail", "failed"),  # died while building
     ("queued", "kill", "killed"),
+    ("running", "stop", "stopped"),  # stopped on request (Ctrl-C, SIGTERM, stop()): not a death
+    ("queued", "stop", "stopped"),
+    ("completed", "stop", "stopped"),  # reported completion, then stopped in teardown
+    ("stopped", "resume", "queued"),
+    ("stopped", "roll_back", "queued"),
     ("completed", "fail", "failed"),  # reported completion, then died in teardown
     ("failed", "restart", "running"),
     ("running", "restart", "running"),
@@ -46,6 +51,10 @@ def test_allowed_transitions(current, name, expected):
     ("failed", "complete"),
     ("queued", "complete"),  # completion is reported by a run that ran
     ("killed", "kill"),
+    ("stopped", "start"),
+    ("stopped", "stop"),
+    ("stopped", "kill"),  # a stopped run has no processes left for a lost node to take down
+    ("killed", "stop"),
     ("failed", "fail"),
     ("queued", "create"),
     (None, "start"),
@@ -59,10 +68,16 @@ def test_illegal_transitions_name_the_transition_the_state_and_what_is_allowed(c
 def test_every_final_state_is_left_only_towards_queued_or_by_a_death_after_completion():
     for name, (sources, target) in status.TRANSITIONS.items():
         for source in sources:
-            if source in ("failed", "killed") and target != "queued":
+            if source in ("failed", "stopped", "killed") and target != "queued":
                 assert (name, source, target) == ("restart", "failed", "running"), name
             if source == "completed":
-                assert target in ("queued", "failed", "killed"), name
+                assert target in ("queued", "failed", "stopped", "killed"), name
+
+
+def test_a_stopped_run_is_final_and_resumable_like_a_killed_one():
+    assert "stopped" in status.STATES and "stopped" in status.FINAL_STATES
+    assert set(status.RESUMABLE_STATES) == {"failed", "stopped", "killed"}
+    assert set(status.FINAL_STATES) == set(status.STATES) - {"queued", "running"}
 
 
 def test_unknown_transition_and_a_state_passed_in_are_refused():
@@ -98,3 +113,10 @@ def test_status_json_is_written_only_through_the_status_module():
                if re.search(r"\.write_status\(|status_path\b.*write", line)]
     assert writers == [], writers
 
+
+
+def test_every_state_has_its_own_colour_in_the_run_card():
+    from widgets.run_progress import STATE_COLOURS
+
+    assert set(STATE_COLOURS) == set(status.STATES)
+    assert STATE_COLOURS["stopped"] != STATE_COLOURS["killed"]

@@ -6,6 +6,8 @@ import html
 import json
 from pathlib import Path
 
+from toolkit.runs.rundir import OPERATORS_FILE, RunDir
+
 
 def html_table(rows: list[dict], columns: dict[str, str], caption: str = "") -> str:
     """``rows`` as an HTML table; ``columns`` maps a row key to its header, in order. Cells are escaped."""
@@ -25,9 +27,7 @@ def _cell(value) -> str:
 def top_operators_html(run_dir: str | Path, rows: int = 15) -> str | None:
     """The profiler's most expensive operators of a run (its profile/top_operators.json); None when the run
     was not profiled."""
-    from toolkit.train.profiling import OPERATORS_FILE
-
-    path = Path(run_dir) / "profile" / OPERATORS_FILE
+    path = RunDir(run_dir).profile_dir / OPERATORS_FILE
     if not path.is_file():
         return None
     ops = json.loads(path.read_text())[:rows]

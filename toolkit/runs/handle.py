@@ -32,6 +32,7 @@ class RunHandle:
         self.process = process  # the supervisor
         self._offset = from_offset
         self.plan = plan  # what a resume starts from, in words ("resuming from step_00000040"); "" for a new run
+        self.stop_requested = False  # stop() was called: a supervisor that then dies unrecorded was stopped
 
     @property
     def path(self) -> Path:
@@ -63,7 +64,9 @@ class RunHandle:
             raise
 
     def stop(self, grace_s: float = 15.0) -> int:
-        """Stop the run for good: SIGTERM to the supervisor (which passes it to the ranks), then SIGKILL."""
+        """Stop the run for good: SIGTERM to the supervisor (which passes it to the ranks), then SIGKILL. The run
+        ends "stopped" (resumable), even when the supervisor had to be SIGKILLed."""
+        self.stop_requested = True
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -95,12 +98,17 @@ class RunHandle:
                 return
 
     def _finalize(self, code: int) -> None:
-        """If even the supervisor died without a final state (it was SIGKILLed), record that."""
+        """If even the supervisor died without a final state (it was SIGKILLed), record that: stopped when this
+        handle asked for the stop, killed otherwise."""
         if self.run.read_status().get("state") in FINAL_STATES:
             return
-        state, reason = ("completed", None) if code == 0 else ("killed", describe_exit(code))
+        if code == 0:
+            name, state, reason = "complete", "completed", None
+        else:
+            name, state = ("stop", "stopped") if self.stop_requested else ("kill", "killed")
+            reason = describe_exit(code)
         try:  # the check above is not under the status lock: another process may record the end first
-            run_status.transition(self.run, "complete" if code == 0 else "kill", exit_code=code, error=reason)
+            run_status.transition(self.run, name, exit_code=code, error=reason)
         except run_status.IllegalTransition:
             return
         self.run.append_event(StatusEvent(state=state, exit_code=code, reason=reason or describe_exit(code)))

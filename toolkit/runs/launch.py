@@ -7,6 +7,7 @@ or a DeepSpeed launcher cannot take the caller down, and one ``killpg`` stops ev
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -31,14 +32,19 @@ from toolkit.runs.supervisor import LOG_NAME
 
 
 def default_run_dir(cfg, root: str | Path | None = None) -> Path:
+    """A new, empty run directory named after the config and the time, created here: the name is taken when it is
+    chosen (mkdir fails if it exists), so two starts in the same second, in one process or two, never pick the
+    same one (the second would be refused by the first one's run lock); a suffix -2, -3... tells them apart."""
     root = Path(root) if root else paths.runs_root()
+    root.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = root / f"{cfg.name}-{stamp}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = root / f"{cfg.name}-{stamp}-{n}"
-    return path
+    for n in itertools.count(1):
+        path = root / (f"{cfg.name}-{stamp}" if n == 1 else f"{cfg.name}-{stamp}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
 
 
 class NothingToResume(RuntimeError):
@@ -54,7 +60,7 @@ def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset:
     run_status.update(run, run_token=token)
     with open_log(run.path / LOG_NAME) as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.runs.supervisor", str(run.path), "--max-restarts", str(max_restarts),
+            [sys.executable, "-m", run_processes.SUPERVISOR_MODULE, str(run.path), "--max-restarts", str(max_restarts),
              "--lock-fd", str(lock_fd)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, run_processes.TOKEN_ENV: token}, pass_fds=(lock_fd,))

@@ -12,6 +12,7 @@ import os
 import secrets
 
 TOKEN_ENV = "TRAINBOOK_RUN_TOKEN"
+SUPERVISOR_MODULE = "toolkit.runs.supervisor"  # run with -m by the launcher; recognised here by its command line
 
 
 def new_token() -> str:
@@ -54,7 +55,7 @@ def may_be_runs(pid, token: str | None, run_dir) -> bool:
         command = process.cmdline()
     except psutil.Error:
         return True  # cannot tell: assume it is (starting a second supervisor would corrupt the run)
-    return "toolkit.runs.supervisor" in command and any(os.path.abspath(arg) == os.path.abspath(run_dir)
+    return SUPERVISOR_MODULE in command and any(os.path.abspath(arg) == os.path.abspath(run_dir)
                                                    for arg in command)
 
 

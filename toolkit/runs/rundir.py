@@ -6,7 +6,7 @@
       events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/runs/events.py)
       lineage.json   data name and hash, git commit, package versions, host
       tb/            TensorBoard scalars
-      profile/       torch.profiler traces + summary.txt
+      profile/       torch.profiler traces + summary.txt + top_operators.json
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ from toolkit.runs import events as events_mod
 from toolkit.runs import status as run_status
 from toolkit.runs.status import STATES
 
+# named here, the module that imports no torch, for the profiler that writes them and the reports that read them
+PROFILE_DIR = "profile"
+OPERATORS_FILE = "top_operators.json"  # the rows of the profiler's summary.txt, for tables a notebook renders
+
 
 class RunDir:
     def __init__(self, path: str | Path):
@@ -34,7 +38,7 @@ class RunDir:
     events_path = property(lambda self: self.path / events_mod.EVENTS_FILE)
     lineage_path = property(lambda self: self.path / "lineage.json")
     tb_dir = property(lambda self: self.path / "tb")
-    profile_dir = property(lambda self: self.path / "profile")
+    profile_dir = property(lambda self: self.path / PROFILE_DIR)
 
     @classmethod
     def create(cls, path: str | Path, cfg: config_mod.Config) -> "RunDir":

@@ -11,9 +11,12 @@ with :class:`IllegalTransition` (the file is left as it was).
     restart  queued, running, failed             -> running    the supervisor starts the next attempt
     complete running                             -> completed  rank 0 finished and published its last checkpoint
     fail     queued, running, completed          -> failed     an error (after completed: the processes then died)
-    kill     queued, running, completed          -> killed     a signal (a stop, a lost node, a SIGKILLed supervisor)
-    resume   queued, running, failed, killed     -> queued     `resume` (queued/running: left by a dead supervisor;
-                                                               a new run: a copy without its status.json)
+    stop     queued, running, completed          -> stopped    stopped on request (Ctrl-C or SIGTERM/SIGHUP to
+                                                               `trainbook train`, handle.stop(), the stop button)
+    kill     queued, running, completed          -> killed     a death nobody asked for (a lost node, a SIGKILLed
+                                                               worker or supervisor, `trainbook kill`)
+    resume   queued, running, failed, stopped,   -> queued     `resume` (queued/running: left by a dead supervisor;
+             killed                                            a new run: a copy without its status.json)
     roll_back  any state                         -> queued     `resume --from CHECKPOINT`, a completed run included
     retry    any state                           -> queued     an external launcher (Azure ML) re-runs the job
 
@@ -29,9 +32,9 @@ import time
 
 from toolkit.errors import not_allowed, refused
 
-STATES = ("queued", "running", "completed", "failed", "killed")
-FINAL_STATES = ("completed", "failed", "killed")
-RESUMABLE_STATES = ("failed", "killed")  # what a person resumes; queued/running only when left by a dead supervisor
+STATES = ("queued", "running", "completed", "failed", "stopped", "killed")
+FINAL_STATES = ("completed", "failed", "stopped", "killed")
+RESUMABLE_STATES = ("failed", "stopped", "killed")  # what a person resumes; queued/running only when left by a dead supervisor
 
 LOCK_NAME = "status.lock"
 
@@ -42,8 +45,9 @@ TRANSITIONS: dict[str, tuple[tuple[str | None, ...], str]] = {
     "restart": (("queued", "running", "failed"), "running"),
     "complete": (("running",), "completed"),
     "fail": (("queued", "running", "completed"), "failed"),
+    "stop": (("queued", "running", "completed"), "stopped"),
     "kill": (("queued", "running", "completed"), "killed"),
-    "resume": ((None, "queued", "running", "failed", "killed"), "queued"),
+    "resume": ((None, "queued", "running", "failed", "stopped", "killed"), "queued"),
     "roll_back": ((None, *STATES), "queued"),
     "retry": ((None, *STATES), "queued"),
 }

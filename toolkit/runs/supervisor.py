@@ -20,7 +20,7 @@ from toolkit.checkpoint.store import CheckpointStore
 from toolkit.fsio import open_log
 from toolkit.runs import status as run_status
 from toolkit.runs.events import RestartEvent, StatusEvent
-from toolkit.runs.launchers import worker_command  # imports no torch
+from toolkit.runs.launchers import ATTEMPT_ENV, worker_command  # imports no torch
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES
 
@@ -44,14 +44,14 @@ class Supervisor:
             log.write(f"\n===== attempt {attempt}: {' '.join(cmd)}\n".encode())
             log.flush()
             worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env={**os.environ, **extra_env, "TRAINBOOK_ATTEMPT": str(attempt)},
+                                      env={**os.environ, **extra_env, ATTEMPT_ENV: str(attempt)},
                                       start_new_session=True,  # its own group: killpg reaches every rank
                                       pass_fds=() if self.lock_fd is None else (self.lock_fd,))
         run_status.update(self.run, worker_pgid=worker.pid, attempt=attempt, command=cmd)
         return worker
 
     def _on_stop_signal(self, signum, frame):
-        """The user stopped the run: pass it on to every rank, then record it as killed."""
+        """The run was stopped on request: pass it on to every rank, then record it as stopped (not killed)."""
         self.stopping = True
         if self.worker is not None and self.worker.poll() is None:
             try:
@@ -91,10 +91,10 @@ class Supervisor:
             run_status.transition(self.run, "restart", last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state")
         if code != 0 and (state not in FINAL_STATES or state == "completed"):
-            final = "killed" if self.stopping or code < 0 else "failed"
+            final, name = ("stopped", "stop") if self.stopping else ("killed", "kill") if code < 0 else \
+                ("failed", "fail")
             self.run.append_event(StatusEvent(state=final, exit_code=code, reason=describe_exit(code)))
-            run_status.transition(self.run, "kill" if final == "killed" else "fail", exit_code=code,
-                                  error=describe_exit(code))
+            run_status.transition(self.run, name, exit_code=code, error=describe_exit(code))
         return 0 if code == 0 else 1
 
 

@@ -8,6 +8,7 @@ and its first status event), so its MFU stays explainable whatever the cache hol
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -16,6 +17,7 @@ import time
 import torch
 
 from toolkit import paths
+from toolkit.fsio import atomic_write_text
 
 CACHE = paths.cache_dir() / "matmul_peak.json"
 
@@ -72,11 +74,16 @@ def store_peak(flops: float) -> float:
     figure seen is the best estimate. Replacing it with the latest one let a `doctor` run under load halve the
     denominator and double the MFU of every run after it. The max is kept per machine key (host, CPU, core count,
     torch version): a new machine or a new torch, whose BLAS may be slower, starts afresh."""
-    cached = _read_cache()
-    if cached is not None and cached["flops"] >= flops:
-        return cached["flops"]
     CACHE.parent.mkdir(parents=True, exist_ok=True)
-    tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"machine": _machine_key(), "flops": flops, "measured": time.time()}))
-    os.replace(tmp, CACHE)
-    return flops
+    # read-compare-write under an exclusive lock: two writers (a doctor, a bench, runs starting) each reading the
+    # old figure and writing their own would let the lower one land last
+    fd = os.open(CACHE.with_name(CACHE.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        cached = _read_cache()
+        if cached is not None and cached["flops"] >= flops:
+            return cached["flops"]
+        atomic_write_text(CACHE, json.dumps({"machine": _machine_key(), "flops": flops, "measured": time.time()}))
+        return flops
+    finally:
+        os.close(fd)  # releases the lock

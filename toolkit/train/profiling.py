@@ -13,9 +13,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from toolkit.fsio import atomic_write_text
+from toolkit.runs.rundir import OPERATORS_FILE
 
 SUMMARY_ROWS = 25
-OPERATORS_FILE = "top_operators.json"  # the same rows as summary.txt, for tables a notebook renders
 
 
 class StepProfiler:

@@ -30,10 +30,11 @@ from toolkit.train.rng import restore_rng
 from toolkit import safe_load
 from toolkit.runs.events import CheckpointInvalidEvent
 from toolkit.runs.rundir import RunDir
+from toolkit.runs.launchers import ATTEMPT_ENV
 
 # Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
 # fires on the first attempt only, so a restarted run gets past the step that killed it.
-ATTEMPT = int(os.environ.get("TRAINBOOK_ATTEMPT", "0"))
+ATTEMPT = int(os.environ.get(ATTEMPT_ENV, "0"))
 
 
 def _print_checkpoint_error(step: int, message: str) -> None:

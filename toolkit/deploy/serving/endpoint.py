@@ -27,7 +27,7 @@ from toolkit.errors import not_allowed
 from toolkit.names import check_name
 from toolkit.ports import free_port
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
-from toolkit.deploy.serving.options import ServingOptions
+from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
@@ -155,7 +155,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     port = port or free_port()
     # one process, many request threads, so concurrent requests can share a batch (server_main adds the worker
     # class that gives threads only whole requests, and turns gunicorn's control socket off)
-    env = {"PYTHONUNBUFFERED": "1", **serving.environment(), "TRAINBOOK_KEY_FILE": str(folder / "key")}
+    env = {"PYTHONUNBUFFERED": "1", **serving.environment(), KEY_FILE_ENV: str(folder / "key")}
     cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     service = start_service(cmd, folder / "server.log", env, fresh_log=True)

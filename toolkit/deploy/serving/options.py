@@ -73,6 +73,7 @@ class ServingOptions:
 ENV = {"runtime": "TRAINBOOK_RUNTIME", "max_batch": "TRAINBOOK_MAX_BATCH", "max_wait_ms": "TRAINBOOK_MAX_WAIT_MS",
        "threads": "TRAINBOOK_THREADS", "header_timeout": "TRAINBOOK_HEADER_TIMEOUT_S",
        "body_timeout": "TRAINBOOK_BODY_TIMEOUT_S", "request_timeout": "TRAINBOOK_REQUEST_TIMEOUT_S"}
+KEY_FILE_ENV = "TRAINBOOK_KEY_FILE"  # local endpoint only (Azure ML checks keys itself): the file holding the key
 # gunicorn takes its threads from GUNICORN_CMD_ARGS; TRAINBOOK_THREADS says the same to our own code
 
 

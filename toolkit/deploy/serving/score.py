@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from azureml_inference_server_http.api.aml_request import rawhttp  # noqa: E402
 from azureml_inference_server_http.api.aml_response import AMLResponse  # noqa: E402
 
-from toolkit.deploy.serving.options import ServingOptions  # noqa: E402
+from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions  # noqa: E402
 from toolkit.deploy.serving.protocol import RequestError  # noqa: E402
 from toolkit.deploy.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
@@ -35,7 +35,7 @@ service: ScoringService | None = None
 
 def init() -> None:
     global service
-    key_file = os.environ.get("TRAINBOOK_KEY_FILE")
+    key_file = os.environ.get(KEY_FILE_ENV)
     service = ScoringService(find_model_dir(os.environ["AZUREML_MODEL_DIR"]), ServingOptions.from_environment(),
                              key=Path(key_file).read_text().strip() if key_file else None)
 
