@@ -109,7 +109,9 @@ def run_workshop(participants: int, params_file: str | Path, notebook: str = "03
 
     nb = _notebook(notebook)
     sets = read_parameter_sets(params_file, participants, nb)
-    cores = os.cpu_count() or 1
+    from toolkit.resources.machine import usable_cores
+
+    cores = usable_cores()
     parallel = parallel or min(cores, participants)
     if parallel < 1:
         raise ConfigError(not_allowed("--parallel", parallel, "1 or more"))

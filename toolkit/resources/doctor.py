@@ -181,13 +181,13 @@ def check_disk(ctx: DoctorContext) -> tuple[str, str, dict]:
 
 
 def check_shm(ctx: DoctorContext) -> tuple[str, str, dict]:
-    from toolkit.resources.machine import shm_shortfall
+    from toolkit.resources.machine import shm_shortfall, usable_cores
 
     info = ctx.facts["shm"]
     if not info["present"]:
         return "warn", "no /dev/shm: DataLoader workers cannot share batches; use data.num_workers=0", {}
     # One worker per core, prefetching 2 batches of 32 x 2048 int64 tokens (a GPU-sized language-model batch).
-    workers, batch_bytes = os.cpu_count() or 1, 2 * 32 * 2048 * 8
+    workers, batch_bytes = usable_cores(), 2 * 32 * 2048 * 8
     shortfall = shm_shortfall(workers, 2, batch_bytes)
     summary = f"/dev/shm {info['size_mib']:,} MiB ({info['free_mib']:,} free) for {workers} DataLoader workers"
     return ("warn", shortfall, info) if shortfall else ("pass", summary, info)

@@ -11,6 +11,14 @@ import sys
 from pathlib import Path
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cgroup cpuset, a container's --cpuset-cpus,
+    a pinned test worker), which can be fewer than the machine's ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def gpus() -> list[dict]:
     import torch
 

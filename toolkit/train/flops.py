@@ -18,6 +18,7 @@ import torch
 
 from toolkit import paths
 from toolkit.fsio import atomic_write_text
+from toolkit.resources.machine import usable_cores
 
 CACHE = paths.cache_dir() / "matmul_peak.json"
 
@@ -25,7 +26,7 @@ CACHE = paths.cache_dir() / "matmul_peak.json"
 def measure_matmul_peak(n: int = 2048, seconds: float = 1.0, threads: int | None = None) -> float:
     """Best-of-several FLOP/s of an n x n float32 matmul (2 n^3 FLOPs each)."""
     old = torch.get_num_threads()
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    torch.set_num_threads(threads or usable_cores())
     try:
         a, b = torch.randn(n, n), torch.randn(n, n)
         torch.mm(a, b)  # warm up the BLAS thread pool

@@ -31,6 +31,7 @@ from toolkit import safe_load
 from toolkit.runs.events import CheckpointInvalidEvent
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.launchers import ATTEMPT_ENV
+from toolkit.resources.machine import usable_cores
 
 # Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
 # fires on the first attempt only, so a restarted run gets past the step that killed it.
@@ -61,9 +62,10 @@ def time_budget_horizon(step: int, seconds: float, train) -> int:
 
 
 def default_threads(cfg) -> int:
-    """Share the cores between the processes on this machine, so two ranks do not fight over one core."""
+    """Share the cores this process may use between the ranks on this node, so two ranks do not fight over one
+    core."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    return cfg.train.threads or max(1, (os.cpu_count() or 1) // local_world)
+    return cfg.train.threads or max(1, usable_cores() // local_world)
 
 
 class Trainer:
