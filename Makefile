@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m toolkit.report.demo
 
+# One pytest worker per core (pytest-xdist), each pinned to its core by tests/conftest.py.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 # Pure logic only (no subprocess, no training): seconds.
 test-unit: $(STAMP)

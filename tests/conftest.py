@@ -26,6 +26,19 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=PROJECT)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs ``-n auto``), pin each worker, and so every process its tests start, to
+    its own share of the cores. Unpinned, two workers' training runs each start a thread per core and the threads
+    fight: torch's pools spin-wait for the core the other run holds, and a step of the tiny model slows tenfold.
+    Pinned, each run sees its cores (``toolkit.resources.machine.usable_cores``) and sizes its threads to them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    count, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(worker.removeprefix("gw"))
+    os.sched_setaffinity(0, cores[index::count] or [cores[index % len(cores)]])
+
+
 @pytest.fixture(autouse=True)
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace."""
