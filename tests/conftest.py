@@ -6,6 +6,7 @@ import contextlib
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,21 @@ def private_workspace(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINBOOK_WORKSPACE", str(tmp_path / "workspace"))
 
 
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """Opt in (``pytestmark = pytest.mark.usefixtures("private_cache")``) where a test counts or plants token
+    files: they go to the user cache, and with this each test (and every process it starts) gets its own."""
+    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A fresh workspace (catalogue) of this test's own."""
+    from toolkit.catalogue.workspace import Workspace
+
+    return Workspace.open(tmp_path / "ws")
+
+
 SEED_ENV = "TRAINBOOK_TEST_SEED"
 
 
@@ -76,6 +92,37 @@ def train_tiny(tmp_path):
         return proc, RunDir(run_dir)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def finished_runs(tmp_path_factory):
+    """``finished_runs(*flags)``: the finished run of ``trainbook train tiny FLAGS``, trained once per session (per
+    xdist worker) on first use and shared by every test that asks for the same flags: read it, never change it
+    (``finished_run_copy`` gives a test a copy of its own)."""
+    root = tmp_path_factory.mktemp("finished-runs")
+    cache: dict[tuple[str, ...], RunDir] = {}
+
+    def get(*flags: str) -> RunDir:
+        if flags not in cache:
+            run_dir = root / f"run{len(cache)}"
+            proc = cli("train", "tiny", "--run-dir", str(run_dir), *flags)
+            assert proc.returncode == 0, proc.stderr
+            cache[flags] = RunDir(run_dir)
+        return cache[flags]
+
+    return get
+
+
+@pytest.fixture
+def finished_run_copy(finished_runs, tmp_path):
+    """``finished_run_copy(*flags, name="run")``: this test's own copy of ``finished_runs(*flags)``, to resume,
+    export into, corrupt or tamper with."""
+
+    def copy(*flags: str, name: str = "run") -> RunDir:
+        shutil.copytree(finished_runs(*flags).path, tmp_path / name)
+        return RunDir(tmp_path / name)
+
+    return copy
 
 
 @pytest.fixture

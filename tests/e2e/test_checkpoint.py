@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import uuid
 from pathlib import Path
 
 import pytest
@@ -36,21 +35,10 @@ def assert_log_matches(resumed: RunDir, reference: RunDir) -> None:
     assert not mismatched, f"losses differ after resume (step, resumed, uninterrupted): {mismatched[:5]}"
 
 
-@pytest.fixture(scope="module")
-def reference_runs(tmp_path_factory):
+@pytest.fixture
+def reference_runs(finished_runs):
     """Uninterrupted runs, one per engine/world size, trained once and shared by the golden tests."""
-    root = tmp_path_factory.mktemp("reference")
-    cache = {}
-
-    def get(flags: tuple[str, ...]) -> RunDir:
-        if flags not in cache:
-            run_dir = root / uuid.uuid4().hex[:8]
-            proc = cli("train", "tiny", "--run-dir", str(run_dir), *CKPT, *flags)
-            assert proc.returncode == 0, proc.stderr
-            cache[flags] = RunDir(run_dir)
-        return cache[flags]
-
-    return get
+    return lambda flags: finished_runs(*CKPT, *flags)
 
 
 GOLDEN = [
@@ -120,7 +108,7 @@ def test_supervisor_survives_two_kills_and_finishes(tmp_path):
     assert status["state"] == "completed" and status["restarts"] == 2 and status["step"] == 60
 
 
-def _finished_run(tmp_path, name="src", extra=()) -> RunDir:
+def _finished_run(tmp_path, extra, name="src") -> RunDir:
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / name), *CKPT, *extra)
     assert proc.returncode == 0, proc.stderr
     return RunDir(tmp_path / name)
@@ -139,8 +127,8 @@ def _copy_with_config(run: RunDir, dest: Path, **changes) -> RunDir:
     return copy
 
 
-def test_checkpoints_from_another_config_or_world_size_are_refused(tmp_path):
-    src = _finished_run(tmp_path)
+def test_checkpoints_from_another_config_or_world_size_are_refused(tmp_path, finished_run_copy):
+    src = finished_run_copy(*CKPT, name="src")
     other = _copy_with_config(src, tmp_path / "wider", model__n_embd=64)
     proc = cli("resume", str(other.path))
     assert proc.returncode == 1
@@ -207,8 +195,8 @@ def test_a_kill_during_the_background_write_leaves_the_previous_checkpoint(tmp_p
     assert_log_matches(run, reference_runs(()))
 
 
-def test_partial_folders_are_listed_as_invalid_and_removed_on_resume(tmp_path):
-    src = _finished_run(tmp_path)
+def test_partial_folders_are_listed_as_invalid_and_removed_on_resume(finished_run_copy):
+    src = finished_run_copy(*CKPT, name="src")
     partial = CheckpointStore(src.path).tmp_folder(50)
     partial.mkdir()
     (partial / "model.pt").write_bytes(b"half a checkpoint")
@@ -245,8 +233,8 @@ def test_retention_keeps_the_newest_and_never_the_one_latest_names(tmp_path):
     assert all(len(f["xxh3_128"]) == 32 for f in manifest["files"].values())
 
 
-def test_checkpoint_events_report_lost_blocking_persist_and_bytes(tmp_path):
-    run = _finished_run(tmp_path)
+def test_checkpoint_events_report_lost_blocking_persist_and_bytes(finished_runs):
+    run = finished_runs(*CKPT)  # read only
     events = run.events("checkpoint")
     assert [e["step"] for e in events] == [10, 20, 30, 40]
     for e in events:
@@ -271,8 +259,8 @@ def test_lost_time_reports_the_slowdown_injected_after_each_checkpoint(tmp_path)
     assert "training time lost" in advice.summary()
 
 
-def test_advise_command_reads_a_run(tmp_path):
-    run = _finished_run(tmp_path)
+def test_advise_command_reads_a_run(finished_runs):
+    run = finished_runs(*CKPT)  # read only
     proc = cli("advise", str(run.path), "--mtbf-hours", "4")
     assert proc.returncode == 0, proc.stderr
     assert "checkpoint every" in proc.stdout and "T = sqrt(2 C M) - C" in proc.stdout
@@ -280,10 +268,9 @@ def test_advise_command_reads_a_run(tmp_path):
     assert proc.returncode == 2 and "--mtbf-hours: -1.0 is not allowed" in proc.stderr
 
 
-def test_resume_from_an_older_checkpoint_rolls_back_and_replays_the_same_losses(tmp_path, reference_runs):
+def test_resume_from_an_older_checkpoint_rolls_back_and_replays_the_same_losses(reference_runs, finished_run_copy):
     reference = reference_runs(())
-    run_dir = tmp_path / "r"
-    shutil.copytree(reference.path, run_dir)  # a finished run (retention kept steps 20, 30, 40), rolled back to 20
+    run_dir = finished_run_copy(*CKPT, name="r").path  # a finished run (retention kept 20, 30, 40), rolled back to 20
     bad = cli("resume", str(run_dir), "--from", "step_99999999")
     assert bad.returncode == 2 and "checkpoint: 'step_99999999' is not a published checkpoint" in bad.stderr
     assert "allowed: step_00000020, step_00000030, step_00000040" in bad.stderr, bad.stderr

@@ -22,15 +22,7 @@ from toolkit.catalogue.workspace import SCHEMA_VERSION, Workspace, WorkspaceErro
 from conftest import cli
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return Workspace.open(tmp_path / "ws")
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Token files go to the user cache: each test (and every process it starts) gets its own."""
-    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # each test reads and writes token files of its own
 
 
 def test_workspace_is_created_with_the_current_schema(tmp_path):

@@ -26,10 +26,7 @@ from conftest import cli
 TEXTS = {"a.txt": b"alpha " * 400, "sub/b.txt": b"beta, other bytes " * 150, "c.txt": b"gamma\n" * 300}
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Token files go to the user cache: each test (and every process it starts) gets its own."""
-    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # each test reads and writes token files of its own
 
 
 def _old_workspace(root: Path, name: str, files: dict[str, bytes], type: str = "uri_folder") -> dict:

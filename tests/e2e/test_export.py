@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -38,8 +39,14 @@ def _trained(train_tiny, *flags, name="run"):
     return run
 
 
-def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoint(train_tiny):
-    run = _trained(train_tiny)
+@pytest.fixture
+def trained(finished_run_copy) -> RunDir:
+    """``_trained`` without flags: this test's own copy of a run trained once and shared."""
+    return finished_run_copy("--set", "train.max_steps=20", "--set", "train.eval_every=20")
+
+
+def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoint(trained):
+    run = trained
     result = export_run(run.path)
     assert {p.name for p in result.path.iterdir()} == FILES and result.path == run.path / "model"
     manifest = read_manifest(result.path)
@@ -56,8 +63,8 @@ def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoi
     assert _val_loss_of_export(result.path, run) == pytest.approx(run.events("eval")[-1]["val_loss"], abs=1e-5)
 
 
-def test_export_replaces_an_older_export_whole_and_the_cli_reports_parity(train_tiny, tmp_path):
-    run = _trained(train_tiny)
+def test_export_replaces_an_older_export_whole_and_the_cli_reports_parity(trained, tmp_path):
+    run = trained
     older = export_run(run.path).path
     # an older exporter's extra file (ONNX external weights), listed by its manifest: replaced with the folder
     (older / "model.onnx.data").write_bytes(b"external weights")
@@ -130,9 +137,8 @@ def test_a_folder_that_is_not_an_export_is_refused(tmp_path):
         read_manifest(tmp_path / "weights")
 
 
-def test_a_tampered_export_is_neither_registered_nor_served(train_tiny, tmp_path):
-    run = _trained(train_tiny)
-    model = export_run(run.path).path
+def test_a_tampered_export_is_neither_registered_nor_served(trained, tmp_path):
+    model = export_run(trained.path).path
     weights = bytearray((model / "model.safetensors").read_bytes())
     weights[-1] ^= 0x01  # one bit of one weight: the manifest's sha256 no longer matches
     (model / "model.safetensors").write_bytes(bytes(weights))
@@ -143,13 +149,12 @@ def test_a_tampered_export_is_neither_registered_nor_served(train_tiny, tmp_path
     assert served.returncode == 2 and "model.safetensors" in served.stderr, served.stderr
 
 
-def test_a_registered_snapshot_swapped_for_another_export_is_not_served_as_that_version(train_tiny, tmp_path):
+def test_a_registered_snapshot_swapped_for_another_export_is_not_served_as_that_version(trained, train_tiny,
+                                                                                      tmp_path):
     """Replacing a snapshot's files and manifest together (nothing written through a link, every hash consistent)
     still does not pass: the catalogue names the version's payload, and the manifest must be that payload."""
-    import shutil
-
     ws = Workspace.open(tmp_path / "ws")
-    first = register_model(ws, export_run(_trained(train_tiny).path).path)
+    first = register_model(ws, export_run(trained.path).path)
     other = export_run(_trained(train_tiny, "--set", "train.seed=2", name="other").path).path
     for name in ("model.onnx", "model.safetensors", MANIFEST):
         (first.path / name).unlink()

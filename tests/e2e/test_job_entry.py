@@ -17,20 +17,11 @@ from toolkit.data import corpus as data_mod
 from toolkit.data.builtin import BUILTINS
 from toolkit.ports import free_port
 from toolkit.runs.rundir import RunDir
-from toolkit.catalogue.workspace import Workspace
 
 from conftest import PROJECT, cli
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return Workspace.open(tmp_path / "ws")
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Token files go to the user cache: each test (and every process it starts) gets its own."""
-    monkeypatch.setenv("TRAINBOOK_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # each test reads and writes token files of its own
 
 
 @pytest.mark.parametrize("which", ["pydoc", "digits"])

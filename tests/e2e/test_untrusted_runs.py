@@ -18,7 +18,7 @@ from toolkit.runs.rundir import RunDir
 from conftest import PROJECT, cli
 from unit.test_untrusted_checkpoints import RunsCode
 
-ONE_CHECKPOINT = ("--set", "train.max_steps=10", "--set", "checkpoint.every_steps=10")
+ONE_CHECKPOINT = ("--set", "train.max_steps=5", "--set", "checkpoint.every_steps=5")
 
 # Builds the run's engine in a process of its own (DeepSpeed needs a process group) and loads a checkpoint folder
 # straight into it, past the listing's checks: the loaders themselves must refuse code.
@@ -58,9 +58,8 @@ def load_into_engine(run: RunDir, folder: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=300, cwd=PROJECT)
 
 
-def test_a_planted_pickle_is_refused_by_checkpoints_export_resume_and_the_torch_loader(train_tiny, tmp_path):
-    proc, run = train_tiny(*ONE_CHECKPOINT)
-    assert proc.returncode == 0, proc.stderr
+def test_a_planted_pickle_is_refused_by_checkpoints_export_resume_and_the_torch_loader(finished_run_copy, tmp_path):
+    run = finished_run_copy(*ONE_CHECKPOINT)
     (folder,) = (run.path / "checkpoints").glob("step_*")
     marker = tmp_path / "code-ran"
     plant(folder, "rank_00000.pt", marker)
@@ -113,9 +112,8 @@ def bystander():
     process.wait()
 
 
-def test_kill_refuses_a_finished_run_and_a_group_that_is_not_the_runs(train_tiny, bystander):
-    proc, run = train_tiny("--set", "train.max_steps=5")
-    assert proc.returncode == 0, proc.stderr
+def test_kill_refuses_a_finished_run_and_a_group_that_is_not_the_runs(finished_run_copy, bystander):
+    run = finished_run_copy(*ONE_CHECKPOINT)
     run.write_status(worker_pgid=bystander.pid)  # the finished run's group id, now some other program's
 
     refused = cli("kill", str(run.path))
@@ -128,20 +126,18 @@ def test_kill_refuses_a_finished_run_and_a_group_that_is_not_the_runs(train_tiny
     assert bystander.poll() is None, "kill signalled a process that is not the run's"
 
 
-def test_resume_is_not_blocked_by_a_recycled_supervisor_pid(train_tiny, bystander):
-    proc, run = train_tiny("--set", "train.max_steps=5", "--set", "checkpoint.every_steps=5")
-    assert proc.returncode == 0, proc.stderr
+def test_resume_is_not_blocked_by_a_recycled_supervisor_pid(finished_run_copy, bystander):
+    run = finished_run_copy(*ONE_CHECKPOINT)
     run.write_status(state="running", supervisor_pid=bystander.pid)  # a crash left "running" behind
     resumed = cli("resume", str(run.path))
     assert resumed.returncode == 0, resumed.stderr
     assert bystander.poll() is None
 
 
-def test_resume_refuses_when_a_live_supervisor_of_the_run_cannot_be_ruled_out(train_tiny):
+def test_resume_refuses_when_a_live_supervisor_of_the_run_cannot_be_ruled_out(finished_run_copy):
     """A run started before run tokens existed (or whose supervisor's environment cannot be read) has no token to
     compare: resume then fails closed while a process whose command line is that run's supervisor is alive."""
-    proc, run = train_tiny("--set", "train.max_steps=5")
-    assert proc.returncode == 0, proc.stderr
+    run = finished_run_copy(*ONE_CHECKPOINT)
     supervisor = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "toolkit.runs.supervisor",
                                    str(run.path)], stdin=subprocess.PIPE)
     try:

@@ -12,8 +12,11 @@ from widgets.training import TrainingPanel
 
 @pytest.fixture
 def panel(tmp_path):
+    # Every step after the first checkpoint sleeps 15 ms (sleeps change no loss): 400 tiny steps would otherwise end
+    # in ~3 s, and the kill clicked once step 60 shows could come after the end on a busy machine.
     panel = TrainingPanel(config="tiny", steps=400, checkpoint_every=20, profile=False, runs_root=tmp_path,
-                          plot_every_s=0.5)
+                          plot_every_s=0.5, overrides=["fault.slow_steps_after_checkpoint=20",
+                                                       "fault.slow_step_ms=15"])
     panel.show()
     yield panel
     panel.stop()
