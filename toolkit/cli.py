@@ -208,7 +208,7 @@ def _parse_tags(pairs) -> dict:
 
 
 def _cmd_data(args) -> int:
-    from toolkit.catalogue import data_assets
+    from toolkit.catalogue import data_assets, data_verify
     from toolkit.catalogue.workspace import Workspace
 
     ws = Workspace.open(args.workspace)
@@ -229,7 +229,7 @@ def _cmd_data(args) -> int:
     elif args.data_verb == "archive":
         print(f"archived {data_assets.archive(ws, args.ref).ref}")
     elif args.data_verb == "verify":
-        report = data_assets.verify(ws, args.ref, repair=args.repair, progress=True)
+        report = data_verify.verify(ws, args.ref, repair=args.repair, progress=True)
         print(json.dumps(report.as_dict(), indent=1) if args.json else report.summary())
         return 0 if report.ok else 1
     elif args.data_verb == "tune":

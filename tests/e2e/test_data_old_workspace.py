@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.catalogue import data_assets
+from toolkit.catalogue import data_assets, data_verify
 from toolkit.catalogue.workspace import Workspace
 
 from conftest import cli
@@ -90,7 +90,7 @@ def test_training_on_an_old_workspace_reads_the_registered_bytes_and_upgrades_th
     assert _files_in(old["snapshot"]) == TEXTS
     ws = Workspace.open(tmp_path / "ws")
     assert (ws.datastore / "listings" / f"{old['content']}.json").is_file()
-    report = data_assets.verify(ws)
+    report = data_verify.verify(ws)
     assert report.ok, report.summary()
     assert data_assets.open_path(old["snapshot"]).sha256 == old["content"]
 
@@ -107,7 +107,7 @@ def test_load_corpus_on_an_old_asset_needs_no_repair_step(tmp_path, type):
     assert corpus.asset["sha256"] == corpus.sha256 == old["content"]
     assert bytes(corpus.splits["train"].numpy()) + bytes(corpus.splits["val"].numpy()) == old["tokens"]
     assert _files_in(old["snapshot"]) == files, "the old Trainbook's files are gone from the snapshot"
-    assert data_assets.verify(Workspace.open(tmp_path / "ws")).ok
+    assert data_verify.verify(Workspace.open(tmp_path / "ws")).ok
     again = data_mod.load_corpus(cfg)  # the next use: already in the current layout, the same token file
     assert again.asset == corpus.asset and [p.read_bytes() for p in _cached(tmp_path)] == [old["tokens"]]
 
@@ -180,5 +180,5 @@ def test_ranks_starting_together_on_an_old_asset_all_read_it(tmp_path):
     assert [code for code, _, _ in results] == [0] * 4, "\n".join(err[-2000:] for _, _, err in results)
     assert {out for _, out, _ in results} == {f"{old['content']} {len(old['tokens'])}\n"}
     assert _files_in(old["snapshot"]) == files
-    report = data_assets.verify(Workspace.open(tmp_path / "ws"))
+    report = data_verify.verify(Workspace.open(tmp_path / "ws"))
     assert report.ok, report.summary()

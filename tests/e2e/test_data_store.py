@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.catalogue import data_assets
+from toolkit.catalogue import data_assets, data_verify
 from toolkit.catalogue.data_assets import DataAssetError
 from toolkit.catalogue.mltable import MLTableError, load_mltable, write_mltable
 from toolkit.catalogue.workspace import Workspace
@@ -77,7 +77,7 @@ def test_registering_a_snapshot_folder_keeps_every_blob_intact(ws, tmp_path):
     assert again.ref == "copy:1"
     assert _bad_blobs(ws) == []
     assert _files_in(asset.path) == {"a.txt": b"alpha", "sub/b.txt": b"beta"}
-    report = data_assets.verify(ws)
+    report = data_verify.verify(ws)
     assert report.ok, report.summary()
 
 
@@ -86,7 +86,7 @@ def test_a_uri_file_named_like_an_internal_file_is_data(ws, tmp_path):
     src.write_bytes(b"not a listing")
     asset = data_assets.register(ws, "odd", src, type="uri_file")
     assert asset.path.name == ".listing.json" and asset.path.read_bytes() == b"not a listing"
-    assert _bad_blobs(ws) == [] and data_assets.verify(ws).ok
+    assert _bad_blobs(ws) == [] and data_verify.verify(ws).ok
 
 
 def _damaged_workspace(ws, tmp_path):
@@ -116,7 +116,7 @@ def _damaged_workspace(ws, tmp_path):
 
 def test_verify_names_every_damaged_version_and_file(ws, tmp_path):
     refs, bad_blob = _damaged_workspace(ws, tmp_path)
-    report = data_assets.verify(ws)
+    report = data_verify.verify(ws)
     assert not report.ok
     found = {(p.asset, p.file) for p in report.problems}
     assert ("blobby:1", "a.txt") in found, report.summary()
@@ -128,10 +128,10 @@ def test_verify_names_every_damaged_version_and_file(ws, tmp_path):
     assert not any(p.asset == "blobby:1" and p.file == "b.txt" for p in report.problems), "b.txt is intact"
     assert len(report.problems) == 4, text
 
-    only = data_assets.verify(ws, "extra:1")
+    only = data_verify.verify(ws, "extra:1")
     assert [(p.asset, p.file) for p in only.problems] == [("extra:1", "planted.txt")], only.summary()
     with pytest.raises(DataAssetError, match="'nothing' is not registered"):
-        data_assets.verify(ws, "nothing")
+        data_verify.verify(ws, "nothing")
 
 
 def test_data_verify_cli_exit_code_and_json(ws, tmp_path):
@@ -160,7 +160,7 @@ def test_a_tampered_blob_is_replaced_by_the_next_registration_of_its_content(ws,
     again = data_assets.register(ws, "blobby", tmp_path / "blobby")  # the source is still intact
     assert again.ref == "blobby:1"
     assert _files_in(again.path) == {"a.txt": b"A" * 10, "b.txt": b"B" * 10}, "serves the registered bytes again"
-    assert not any(p.asset == "blobby:1" for p in data_assets.verify(ws).problems)
+    assert not any(p.asset == "blobby:1" for p in data_verify.verify(ws).problems)
 
 
 def _one_file_asset(ws, tmp_path):
@@ -179,7 +179,7 @@ def test_a_blob_changed_in_size_behind_its_read_only_mode_is_replaced_by_the_nex
     blob.chmod(0o444)  # the mode as it was: only the size tells, and a registration reads no intact-looking blob
     assert data_assets.register(ws, "src", folder).ref == "src:1"
     assert _bad_blobs(ws) == [] and (asset.path / "a.txt").read_bytes() == b"A" * 100
-    assert data_assets.verify(ws).ok
+    assert data_verify.verify(ws).ok
 
 
 def test_a_writable_blob_is_checked_and_made_read_only_again_in_place(ws, tmp_path):
@@ -189,7 +189,7 @@ def test_a_writable_blob_is_checked_and_made_read_only_again_in_place(ws, tmp_pa
     data_assets.register(ws, "src", folder)
     assert blob.stat().st_mode & 0o777 == 0o444, "read-only again, so the next registration need not read it"
     assert blob.stat().st_ino == inode == (asset.path / "a.txt").stat().st_ino, "intact: kept, links unchanged"
-    assert _bad_blobs(ws) == [] and data_assets.verify(ws).ok
+    assert _bad_blobs(ws) == [] and data_verify.verify(ws).ok
 
 
 def test_training_reads_only_the_registered_files_and_refuses_one_that_was_replaced(ws, tmp_path, monkeypatch):
@@ -216,7 +216,7 @@ def test_training_reads_only_the_registered_files_and_refuses_one_that_was_repla
     # read by its listing: a file that is not in it is never read (data verify still reports it)
     tokens = data_mod.token_file(data_assets.open_asset(ws, "texts:1"))
     assert tokens.read_bytes() == b"A" * 400 + b"\n\n" + b"B" * 400
-    assert [p.file for p in data_assets.verify(ws).problems] == ["planted.txt"]
+    assert [p.file for p in data_verify.verify(ws).problems] == ["planted.txt"]
 
 
 def _as_old_layout(ws, asset) -> None:
@@ -236,7 +236,7 @@ def test_an_old_layout_snapshot_is_reported_and_rebuilt(ws, tmp_path):
     asset = data_assets.register(ws, "old", folder)
     _as_old_layout(ws, asset)
     assert data_assets.open_path(asset.path).sha256 != asset.sha256, "the old layout changes what a job hashes"
-    report = data_assets.verify(ws)
+    report = data_verify.verify(ws)
     assert not report.ok and "older Trainbook" in report.summary(), report.summary()
     assert {p.file for p in report.problems} >= {".listing.json", ".tokens-bytes-v1.u8"}, report.summary()
 
@@ -244,7 +244,7 @@ def test_an_old_layout_snapshot_is_reported_and_rebuilt(ws, tmp_path):
     assert again.ref == "old:1"
     assert _files_in(again.path) == {"a.txt": b"old workspace"}
     assert data_assets.open_path(again.path).sha256 == asset.sha256
-    assert data_assets.verify(ws).ok
+    assert data_verify.verify(ws).ok
 
 
 def test_repair_rebuilds_old_snapshots_from_intact_blobs_only(ws, tmp_path):
@@ -259,10 +259,10 @@ def test_repair_rebuilds_old_snapshots_from_intact_blobs_only(ws, tmp_path):
     broken_blob = ws.datastore / "blobs" / hashlib.sha256(b"broken" * 100).hexdigest()
     broken_blob.chmod(0o644)
     broken_blob.write_bytes(b"rot")  # the source is gone too: nothing to rebuild this one from
-    report = data_assets.verify(ws, repair=True)
+    report = data_verify.verify(ws, repair=True)
     assert report.repaired == ["gone:1"], report.summary()
     assert _files_in(data_assets.get(ws, "gone:1").path) == {"gone.txt": b"gone" * 100}
-    after = data_assets.verify(ws)
+    after = data_verify.verify(ws)
     assert {p.asset for p in after.problems} == {"broken:1"}, after.summary()
     assert "register its source again" in after.summary()
 
@@ -423,7 +423,7 @@ def test_sigkill_during_register_leaves_a_consistent_catalogue(ws, tmp_path, rng
         proc.wait()
         err = proc.stderr.read()
         proc.stdout.close(), proc.stderr.close()
-        report = data_assets.verify(ws)
+        report = data_verify.verify(ws)
         log.append(f"#{i} {name} <- {key}: delay {delay:.3f} s, exit {proc.returncode}, "
                    f"{len(report.leftovers)} leftover(s)")
         context = "\n".join(log)
@@ -444,5 +444,5 @@ def test_sigkill_during_register_leaves_a_consistent_catalogue(ws, tmp_path, rng
         assert done.returncode == 0, f"{done.stderr}\n{context}"
         asset = data_assets.get(ws, done.stdout.strip())
         assert data_assets.open_path(asset.path).sha256 == asset.sha256 == data_assets.open_path(path).sha256
-    final = data_assets.verify(ws)
+    final = data_verify.verify(ws)
     assert final.ok and _bad_blobs(ws) == [], f"{final.summary()}\n{context}"

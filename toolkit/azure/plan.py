@@ -105,7 +105,7 @@ def _local_asset(cfg):
                                      problem="is a path on this machine, which the cluster cannot read"))
     if not cfg.data.asset:
         return None
-    from toolkit.catalogue import data_assets
+    from toolkit.catalogue import data_assets, data_verify
     from toolkit.catalogue.workspace import Workspace, WorkspaceError
 
     try:
@@ -116,7 +116,7 @@ def _local_asset(cfg):
         raise AzureError(f"data.asset: {detail}") from None
     # The snapshot goes up as it is on disk: its bytes must be the registered ones, or the job's lineage (which
     # hashes what it reads) would name different data than the catalogue.
-    report = data_assets.verify(ws, asset.ref)
+    report = data_verify.verify(ws, asset.ref)
     if not report.ok:
         raise AzureError(refused("data.asset", f"{asset.ref} does not match its registration ({report.problems[0]})",
                                  f"an asset that `trainbook data verify {asset.ref}` finds intact (try --repair)"))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import names
-from toolkit.catalogue.data_assets import DataAssetError, store_snapshot
+from toolkit.catalogue.data_store import DataAssetError, files_of, store_snapshot
 from toolkit.deploy.model_format import ExportError, read_manifest, verify_model_folder
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import not_allowed, refused
@@ -68,7 +68,7 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
         config = yaml.safe_load((model_dir / "config.yaml").read_text())
         name = str(config.get("name") if isinstance(config, dict) else manifest["model"])
     names.check_name(name, "name", DataAssetError)
-    _, size, _, snapshot = store_snapshot(ws, model_dir.resolve(), "uri_folder")
+    _, size, _, snapshot = store_snapshot(ws, files_of(model_dir.resolve(), "uri_folder"), "uri_folder")
     # The snapshot is what will be served: its bytes must be the ones its manifest (and so the version) names.
     manifest = verify_model_folder(ws.root / snapshot)
     sha256 = payload_hash(manifest)

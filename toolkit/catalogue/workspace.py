@@ -3,7 +3,8 @@
     .trainbook/
       catalogue.sqlite     data assets, runs and models, schema versioned by PRAGMA user_version
       datastore/           immutable, content-addressed snapshots of registered data (blobs/, listings/,
-                           snapshots/: the layout is toolkit.catalogue.data_assets' to define and check)
+                           snapshots/: the layout is toolkit.catalogue.data_store's to define,
+                           toolkit.catalogue.data_verify's to check)
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, so several processes registering at once serialise on
 the database lock: nothing is lost and no version number is handed out twice.
