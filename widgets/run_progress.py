@@ -52,9 +52,11 @@ def follow_run(handle, max_steps: int, show=None) -> dict:
     if show is None:
         card = display(HTML(card_html()), display_id=True)
         show = lambda text: card.update(HTML(text))  # noqa: E731
-    for event in handle.follow():
-        progress.apply(event)
-        show(card_html())
+    for batch in handle.follow_batches():  # one redraw per read, so the card keeps up with a fast run
+        for event in batch:
+            progress.apply(event)
+        if batch:
+            show(card_html())
     status = handle.run.read_status()
     if status.get("state") == "completed":
         progress.max_steps = progress.step  # a run stopped by its time budget is complete at the step it reached

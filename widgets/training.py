@@ -152,8 +152,13 @@ class TrainingPanel(Panel):
         self._watcher.start()
 
     def _watch(self) -> None:
-        for event in self.handle.follow():
-            self._progress.apply(event)
+        # One redraw per read of the event log, not per event: drawing (the card, the plot, the static twin) costs
+        # more than a tiny step, and on a busy core a per-event redraw fell ever further behind the run.
+        for batch in self.handle.follow_batches():
+            if not batch:
+                continue
+            for event in batch:
+                self._progress.apply(event)
             self.refresh()
             with self._changed:
                 self._changed.notify_all()

@@ -85,16 +85,22 @@ class RunHandle:
 
     def follow(self, interval_s: float = 0.5) -> Iterator[Event]:
         """Yield events as they are written, until the supervisor exits (then the rest, then stop)."""
+        for batch in self.follow_batches(interval_s):
+            yield from batch
+
+    def follow_batches(self, interval_s: float = 0.5) -> Iterator[list[Event]]:
+        """``follow``, a read at a time: the events written since the last read, together (possibly none). A
+        display redraws once per batch, so a slow display catches up with a fast run instead of lagging behind."""
         while True:
             try:
                 self.process.wait(interval_s)  # wakes as soon as the run ends; otherwise every interval
                 finished = True
             except subprocess.TimeoutExpired:
                 finished = False
-            yield from self.new_events()
+            yield self.new_events()
             if finished:
                 self.wait()
-                yield from self.new_events()
+                yield self.new_events()
                 return
 
     def _finalize(self, code: int) -> None:
