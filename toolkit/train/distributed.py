@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ def setup(engine_cfg) -> Topology:
             import deepspeed
 
             deepspeed.init_distributed(dist_backend=backend)
+            _unlink_deepspeed_shm_buffer(rank)
         else:
             dist.init_process_group(backend=backend)
     return Topology(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
@@ -66,6 +68,24 @@ def all_reduce_sum(values: list[float], device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def _unlink_deepspeed_shm_buffer(rank: int) -> None:
+    """Remove this rank's name for DeepSpeed's CPU allreduce buffer once every rank has mapped it.
+
+    With LOCAL_SIZE set (the DeepSpeed launcher on CPU), each rank creates a 66 MB file
+    /dev/shm/deepspeed_allreduce_buffer_{uid}_{MASTER_ADDR}_{MASTER_PORT}_{rank} and maps every peer's; DeepSpeed
+    never unlinks them, so each run left 66 MB per rank of RAM-backed /dev/shm behind. After the barrier all ranks
+    have mapped all buffers (DeepSpeed's init waits for each peer's file), so dropping the name keeps the mappings
+    and lets the kernel free the memory when the processes end, however they end.
+    """
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    buffer = Path("/dev/shm") / name
+    if not buffer.exists():  # no shm allreduce in this world (torchrun sets no LOCAL_SIZE; GPUs use NCCL)
+        return
+    dist.barrier()
+    buffer.unlink(missing_ok=True)
 
 
 def teardown() -> None:
