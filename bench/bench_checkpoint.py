@@ -44,6 +44,7 @@ from toolkit.checkpoint.checkpointer import Checkpointer, _without_zip_crc32  # 
 from toolkit.checkpoint.checksum import ChecksummedWriter, bounce_buffer  # noqa: E402
 from toolkit.train.distributed import Topology  # noqa: E402
 from toolkit.train.engines.torch_engine import TorchEngine  # noqa: E402
+from toolkit.train.models import loss_function  # noqa: E402
 from toolkit.train.models.gpt import GPT  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.runs.rundir import RunDir  # noqa: E402
@@ -72,15 +73,14 @@ def lost_time_comparison(rounds: int, layers: int, width: int, workdir: Path) ->
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     cfg = big_model_config(layers, width)
     torch.manual_seed(0)
-    engine = TorchEngine(GPT(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")))
+    engine = TorchEngine(GPT(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")), loss_function(cfg.model))
     n_params = sum(p.numel() for p in engine.module.parameters())
     corpus = data_mod.load_corpus(cfg)
     generator = torch.Generator().manual_seed(0)
 
     def step(before_update=None) -> float:
         t0 = time.perf_counter()
-        x, y = corpus.batch("train", cfg.train.batch_size, generator)
-        engine.train_step(x, y, before_update=before_update)
+        engine.train_step(corpus.batch("train", cfg.train.batch_size, generator), before_update=before_update)
         return time.perf_counter() - t0
 
     step()  # AdamW creates its moment buffers on the first step: now the state is full size

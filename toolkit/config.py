@@ -33,9 +33,39 @@ def bounded(default: Any, *, ge: float | None = None, le: float | None = None, g
 
 
 @dataclass
+class HFModelConfig:
+    source: str = ""
+    """A folder in save_pretrained layout (config.json + weights), or a hub id where the machine has a network;
+    empty: build a new model with random weights from hf.architecture and hf.config."""
+    architecture: str = ""
+    """transformers model type to build from a config, e.g. 'llama' or 'gpt2' (used when hf.source is empty)."""
+    config: dict = field(default_factory=dict)
+    """Fields of the architecture's config, e.g. {hidden_size: 128, num_hidden_layers: 4} (with architecture)."""
+    task: Literal["causal_lm", "sequence_classification"] = "causal_lm"
+    """What the model is trained to do: next-token prediction, or one label per text."""
+    num_labels: int = bounded(2, ge=2, le=100000)
+    """Classes of a sequence classifier (hf.task=sequence_classification)."""
+
+
+@dataclass
+class LoraConfig:
+    rank: int = bounded(0, ge=0, le=4096)
+    """LoRA rank r (peft); 0 turns LoRA off and every weight trains."""
+    alpha: float = bounded(16.0, gt=0.0)
+    """LoRA scaling numerator: the adapter's update is scaled by alpha / rank."""
+    dropout: float = bounded(0.0, ge=0.0, le=0.9)
+    """Dropout on the adapter's input."""
+    target_modules: list[str] = field(default_factory=list)
+    """Names (or name suffixes) of the modules that get adapters; empty: peft's default for the architecture."""
+    merge_on_export: bool = True
+    """export writes the adapter merged into the weights (plain transformers loads it); false: kept separate."""
+
+
+@dataclass
 class ModelConfig:
-    name: Literal["gpt", "digits_mlp"] = "gpt"
-    """Model from the registry in toolkit.train.models (each model names the dataset it trains on)."""
+    name: Literal["gpt", "digits_mlp", "hf", "custom"] = "gpt"
+    """Which model: a built-in (gpt, digits_mlp), a Hugging Face transformers model (model.hf) or any nn.Module
+    from your code (model.factory)."""
     n_layer: int = bounded(4, ge=1, le=64)
     """Transformer blocks (gpt) or hidden layers (digits_mlp)."""
     n_head: int = bounded(4, ge=1, le=64)
@@ -43,17 +73,33 @@ class ModelConfig:
     n_embd: int = bounded(128, ge=8, le=8192)
     """Width of the residual stream (gpt) or of the hidden layers (digits_mlp)."""
     block_size: int = bounded(128, ge=8, le=8192)
-    """Context length in bytes (gpt only)."""
+    """Context length in tokens: the length of every training sequence (bytes for the byte tokenizer)."""
     dropout: float = bounded(0.0, ge=0.0, le=0.9)
     """Dropout probability; 0 is best for short runs on small data."""
     activation: Literal["silu", "gelu", "relu"] = "silu"
     """MLP non-linearity; on CPU exact GELU costs ~5x SiLU's time for the same quality at this size."""
+    factory: str = ""
+    """model.name=custom: 'package.module:function' or 'path/to/file.py:function', called with no arguments,
+    returning the nn.Module to train."""
+    loss: str = ""
+    """model.name=custom: 'module:function' taking (model, batch) and returning the loss; empty: model(**batch),
+    which returns the loss or an object with .loss."""
+    flops_per_item: float = bounded(0.0, ge=0.0)
+    """Training FLOPs per token (or sample) for MFU; 0: the model's own formula, else 6 x parameters (an estimate)."""
+    init_from: str = ""
+    """Start from pretrained weights: a save_pretrained folder, a Trainbook export, or a registered model
+    NAME:VERSION; empty: the model's own initialisation."""
+    hf: HFModelConfig = field(default_factory=HFModelConfig)
+    """A Hugging Face transformers model (model.name=hf)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (peft): train only small adapter matrices."""
 
 
 @dataclass
 class DataConfig:
-    dataset: Literal["pydoc", "digits"] = "pydoc"
-    """Built-in corpus: 'pydoc' (CPython's docs as bytes) or 'digits' (scikit-learn's 8x8 digits)."""
+    dataset: Literal["pydoc", "stdlib", "digits"] = "pydoc"
+    """Built-in corpus: 'pydoc' (CPython's docs), 'stdlib' (the standard library's .py sources, a code corpus)
+    or 'digits' (scikit-learn's 8x8 digits)."""
     asset: str = ""
     """Registered data asset, 'name' (latest) or 'name:version'; pinned to a version when the run starts.
     Empty: the built-in dataset named by data.dataset."""
@@ -62,6 +108,17 @@ class DataConfig:
     path: str = ""
     """A file or folder read in place, no catalogue (how an Azure ML job gets its mounted data input); the type
     follows the contents: file uri_file, folder with an MLTable file mltable, other folder uri_folder."""
+    tokenizer: str = "auto"
+    """How text becomes token ids: 'bytes' (one id per byte), 'model' (the tokenizer in model.hf.source), a
+    registered tokenizer 'name[:version]' or a folder holding tokenizer.json; auto: the model's own, else bytes."""
+    text_field: str = "text"
+    """JSON Lines data: the field holding each document's text."""
+    prompt_field: str = ""
+    """JSON Lines instruction data: the prompt's field (with data.completion_field; loss on the completion only)."""
+    completion_field: str = ""
+    """JSON Lines instruction data: the completion's field (with data.prompt_field)."""
+    label_field: str = "label"
+    """Classification data (JSON Lines or a table): the field or column holding each example's label."""
     val_fraction: float = bounded(0.1, gt=0.0, le=0.5)
     """Share of the corpus held out for validation (the tail of the text, never trained on)."""
     num_workers: int = bounded(0, ge=0, le=64)
@@ -205,7 +262,19 @@ _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 def _describe_type(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    if typing.get_origin(tp) is list:
+        return "a list of strings"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            dict: "a mapping of names to plain values (numbers, strings, true/false, lists)"}.get(tp, str(tp))
+
+
+def _plain_data(value: Any) -> bool:
+    """A value a YAML or JSON file can hold and a config can be fingerprinted from: no objects, no NaN."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _coerce(path: str, value: Any, tp: Any) -> Any:
@@ -227,6 +296,14 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+    elif typing.get_origin(tp) is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]  # --set model.lora.target_modules=q,v
+        if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+            return list(value)
+    elif tp is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value) and _plain_data(value):
+            return dict(value)
     raise ConfigError(not_allowed(path, value, _describe_type(tp)))
 
 
@@ -275,6 +352,15 @@ def _check_relations(cfg: Config) -> None:
     if len(cfg.name) > MAX_RUN_NAME:  # the folder adds "-YYYYmmdd-HHMMSS[-n]" and must stay under 255 bytes
         raise ConfigError(refused("name", f"{cfg.name[:20]!r}... has {len(cfg.name)} characters",
                                   f"at most {MAX_RUN_NAME} (the run folder's name adds a timestamp)"))
+    _check_model_source(cfg)
+    if cfg.data.prompt_field and cfg.data.prompt_field == cfg.data.completion_field:
+        raise ConfigError(not_allowed("data.completion_field", cfg.data.completion_field,
+                                      "a field other than data.prompt_field", problem="is the prompt's field too"))
+    if bool(cfg.data.prompt_field) != bool(cfg.data.completion_field):
+        given, missing = ("data.prompt_field", "data.completion_field") if cfg.data.prompt_field else \
+            ("data.completion_field", "data.prompt_field")
+        raise ConfigError(refused(missing, f"is empty while {given} is set",
+                                  "both fields set (instruction tuning) or neither"))
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(not_allowed("model.n_head", cfg.model.n_head, "a divisor of n_embd",
                                       problem=f"does not divide model.n_embd={cfg.model.n_embd}"))
@@ -283,9 +369,14 @@ def _check_relations(cfg: Config) -> None:
                                       problem=f"is above optim.lr={cfg.optim.lr}"))
     from toolkit.train.models import MODELS  # local: the registry imports torch
 
-    wanted = MODELS[cfg.model.name].dataset
-    if cfg.data.dataset != wanted:
-        raise ConfigError(not_allowed("data.dataset", cfg.data.dataset, repr(wanted),
+    wanted = MODELS[cfg.model.name].datasets(cfg.model)
+    if not wanted and not (cfg.data.asset or cfg.data.path):
+        raise ConfigError(refused("data.asset", f"is empty, and no built-in dataset fits model.name="
+                                                f"{cfg.model.name!r} (task {cfg.model.hf.task!r})",
+                                  "a registered asset or a data.path of labelled examples (JSON Lines with "
+                                  "data.text_field and data.label_field, or a table)"))
+    if wanted and cfg.data.dataset not in wanted:
+        raise ConfigError(not_allowed("data.dataset", cfg.data.dataset, ", ".join(map(repr, wanted)),
                                       problem=f"does not fit model.name={cfg.model.name!r}"))
     if cfg.data.asset:
         parse_ref(cfg.data.asset, "data.asset", ConfigError)
@@ -298,6 +389,31 @@ def _check_relations(cfg: Config) -> None:
     if cfg.engine.launcher == "deepspeed" and cfg.engine.name != "deepspeed":
         raise ConfigError(not_allowed("engine.launcher", cfg.engine.launcher, "'auto', 'torchrun'",
                                       problem="needs engine.name='deepspeed'"))
+
+
+def _check_model_source(cfg: Config) -> None:
+    """Where the model comes from: each model.name has its own fields, and the others' stay empty."""
+    m = cfg.model
+    if m.name == "custom" and not m.factory:
+        raise ConfigError(refused("model.factory", "is empty while model.name='custom'",
+                                  "'package.module:function' or 'path/to/file.py:function' returning an nn.Module"))
+    if m.name != "custom":
+        for path, value in (("model.factory", m.factory), ("model.loss", m.loss)):
+            if value:
+                raise ConfigError(not_allowed(path, value, "empty unless model.name='custom'",
+                                              problem=f"is set while model.name={m.name!r}"))
+    if m.name == "hf":
+        if not m.hf.source and not m.hf.architecture:
+            raise ConfigError(refused("model.hf.source", "is empty and so is model.hf.architecture",
+                                      "a save_pretrained folder in model.hf.source, or an architecture such as "
+                                      "'llama' in model.hf.architecture (with sizes in model.hf.config)"))
+        if m.hf.source and (m.hf.architecture or m.hf.config):
+            other = "model.hf.architecture" if m.hf.architecture else "model.hf.config"
+            raise ConfigError(not_allowed(other, m.hf.architecture or m.hf.config, "empty with model.hf.source",
+                                          problem=f"is set together with model.hf.source={bounded_repr(m.hf.source)} "
+                                                  "(the folder's config.json says what to build)"))
+    elif m.hf.source or m.hf.architecture or m.hf.config:
+        raise ConfigError(refused("model.hf", f"is set while model.name={m.name!r}", "model.name='hf' with it"))
 
 
 def from_dict(data: dict | None) -> Config:

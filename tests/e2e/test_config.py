@@ -61,7 +61,7 @@ def test_integer_widens_to_float_but_not_the_other_way():
     ("model.n_head=3", r"model\.n_head: 3 does not divide model\.n_embd=32"),
     ("optim.min_lr=0.5", r"optim\.min_lr: 0\.5 is above optim\.lr=0\.003"),
     ("engine.zero_stage=2", r"engine\.zero_stage: 2 needs engine\.name='deepspeed'"),
-    ("data.dataset=digits", r"data\.dataset: 'digits' does not fit model\.name='gpt'; allowed: 'pydoc'"),
+    ("data.dataset=digits", r"data\.dataset: 'digits' does not fit model\.name='gpt'; allowed: 'pydoc', 'stdlib'"),
     ("engine.launcher=deepspeed", r"engine\.launcher: 'deepspeed' needs engine\.name='deepspeed'"),
     ("nonsense", r"--set 'nonsense': expected section\.field=value"),
     ("train.max_steps=[1", r"--set train\.max_steps: '\[1' is not a readable value"),

@@ -27,12 +27,12 @@ import os, sys
 from pathlib import Path
 from toolkit.train import distributed
 from toolkit.train.engines import build_engine
-from toolkit.train.models import MODELS
+from toolkit.train.models import build_model
 from toolkit.runs.rundir import RunDir
 from toolkit.safe_load import UnsafeCheckpointError
 os.environ.update(distributed.single_process_env())
 cfg = RunDir(sys.argv[1]).read_config()
-engine = build_engine(MODELS[cfg.model.name].build(cfg.model), cfg, distributed.setup(cfg.engine))
+engine = build_engine(build_model(cfg.model), cfg, distributed.setup(cfg.engine))
 try:
     engine.load_checkpoint_state(Path(sys.argv[2]))
 except UnsafeCheckpointError as exc:

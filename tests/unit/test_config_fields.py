@@ -25,40 +25,53 @@ COMPANIONS = {
     "model.name": {"data.dataset": None},  # None: the dataset the chosen model needs (set below)
     "data.dataset": {"model.name": None},
     "data.asset": {"data.path": ""},
+    "model.factory": {"model.name": "custom"},
+    "model.loss": {"model.name": "custom", "model.factory": "m:f"},
+    "model.hf.source": {"model.name": "hf"},
+    "model.hf.architecture": {"model.name": "hf"},
+    "data.prompt_field": {"data.completion_field": "completion"},
+    "data.completion_field": {"data.prompt_field": "prompt"},
 }
+# The fields of model.hf need model.name=hf and something to build (every path under it not listed above).
+HF_COMPANIONS = {"model.name": "hf", "model.hf.architecture": "llama", "data.path": "labelled.jsonl"}
+SOURCES = {"custom": {"model.factory": "m:f"}, "hf": {"model.hf.architecture": "llama"}}
 NEEDS = {"gpt": "pydoc", "digits_mlp": "digits"}
 
 
-def fields() -> list[tuple[str, typing.Any, dict]]:
-    """(dotted path, annotation, metadata) of every leaf field."""
+def fields(cls=Config, prefix: str = "") -> list[tuple[str, typing.Any, dict]]:
+    """(dotted path, annotation, metadata) of every leaf field, nested sections (model.hf, ...) included."""
     out = []
-    for section in dataclasses.fields(Config):
-        section_type = typing.get_type_hints(Config)[section.name]
-        if not dataclasses.is_dataclass(section_type):
-            out.append((section.name, section_type, dict(section.metadata)))
-            continue
-        hints = typing.get_type_hints(section_type)
-        out += [(f"{section.name}.{f.name}", hints[f.name], dict(f.metadata)) for f in dataclasses.fields(section_type)]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += fields(hints[f.name], f"{path}.")
+        else:
+            out.append((path, hints[f.name], dict(f.metadata)))
     return out
 
 
 def kind(tp) -> str:
     if typing.get_origin(tp) is Literal:
         return "choice"
-    return {int: "int", float: "float", bool: "bool", str: "str"}[tp]
+    if typing.get_origin(tp) is list:
+        return "list"
+    return {int: "int", float: "float", bool: "bool", str: "str", dict: "dict"}[tp]
 
 
 FIELDS = fields()
-BY_KIND = {k: [(path, tp, meta) for path, tp, meta in FIELDS if kind(tp) == k]
-           for k in ("int", "float", "bool", "str", "choice")}
+KINDS = ("int", "float", "bool", "str", "choice", "list", "dict")
+BY_KIND = {k: [(path, tp, meta) for path, tp, meta in FIELDS if kind(tp) == k] for k in KINDS}
 
 
 def build(path: str, value) -> Config:
     """from_dict with one field set (and the companions that field needs)."""
     data: dict = {}
-    settings = {path: value, **{p: v for p, v in COMPANIONS.get(path, {}).items()}}
+    companions = COMPANIONS.get(path, HF_COMPANIONS if path.startswith("model.hf.") else {})
+    settings = {path: value, **companions}
     if path == "model.name":
         settings["data.dataset"] = NEEDS.get(value, "pydoc") if isinstance(value, str) else "pydoc"
+        settings.update(SOURCES.get(value, {}) if isinstance(value, str) else {})
     if path == "data.dataset":
         settings["model.name"] = {v: k for k, v in NEEDS.items()}.get(value, "gpt") if isinstance(value, str) else "gpt"
     for dotted, v in settings.items():
@@ -174,6 +187,27 @@ def test_a_choice_field_takes_each_choice_and_refuses_others_listing_them(path, 
     listed = ", ".join(repr(c) for c in choices)
     for value in (choices[0].upper(), choices[0] + " ", "", 0, None, True, list(choices)):
         assert refused(path, value) == f"{path}: {value!r} is not allowed; allowed: one of {listed}"
+
+
+# --- lists and mappings ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, tp, meta", BY_KIND["list"], ids=ids(BY_KIND["list"]))
+def test_a_list_field_takes_strings_or_a_comma_separated_line(path, tp, meta):
+    assert read(build(path, ["q_proj", "v_proj"]), path) == ["q_proj", "v_proj"]
+    assert read(build(path, "q_proj, v_proj"), path) == ["q_proj", "v_proj"]  # as --set writes it
+    assert read(build(path, []), path) == []
+    for value, shown in ((3, "3"), ([1], "[1]"), ([""], "['']"), ({"a": 1}, "{'a': 1}"), (None, "None")):
+        assert refused(path, value) == f"{path}: {shown} is not allowed; allowed: a list of strings"
+
+
+@pytest.mark.parametrize("path, tp, meta", BY_KIND["dict"], ids=ids(BY_KIND["dict"]))
+def test_a_mapping_field_takes_plain_values_only(path, tp, meta):
+    plain = {"hidden_size": 64, "rope_scaling": None, "act": "silu", "tie": True, "sizes": [1, 2]}
+    assert read(build(path, plain), path) == plain
+    for value in ([1], "x", {1: 2}, {"a": float("nan")}, {"a": object()}):
+        message = refused(path, value)
+        assert message.startswith(f"{path}: ") and message.endswith(
+            "allowed: a mapping of names to plain values (numbers, strings, true/false, lists)"), message
 
 
 # --- sections and the run name ----------------------------------------------------------------------------

@@ -19,8 +19,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from toolkit import paths
+from toolkit.data.batch import INPUT_IDS, INPUTS, LABELS
+from toolkit.data.tokenizers import BYTES_KEY
 from toolkit.errors import not_allowed, refused
 
+
+SEPARATOR = b"\n\n"  # between two files of a folder asset
 VAL_STREAM = 2**31 - 1  # the rank slot of the validation stream, so it never collides with a training rank
 
 
@@ -47,9 +51,10 @@ class Corpus:
     bytes_per_item: float | None = None  # set for byte-level text, so val loss converts to bits per byte
     asset: dict | None = None  # the registered data asset it came from (ref, sha256, type), if any
 
-    def batch(self, split: str, batch_size: int, generator: torch.Generator, shard: tuple[int, int] = (0, 1)):
-        """A batch drawn with ``generator`` from ``split``; ``shard`` = (rank, world) restricts it to that
-        rank's disjoint share."""
+    def batch(self, split: str, batch_size: int, generator: torch.Generator,
+              shard: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+        """A batch (a dict of tensors, keyed as toolkit.train.models describes) drawn with ``generator`` from
+        ``split``; ``shard`` = (rank, world) restricts it to that rank's disjoint share."""
         raise NotImplementedError
 
 
@@ -85,7 +90,7 @@ class ByteCorpus(Corpus):
         low, high = _shard_range(len(data) - self.block_size - 1, shard)
         starts = torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
         chunk = data[starts[:, None] + self._window].long()  # (B, T+1): one gather, no Python loop per token
-        return chunk[:, :-1], chunk[:, 1:]
+        return {INPUT_IDS: chunk[:, :-1], LABELS: chunk[:, 1:]}
 
 
 class TableCorpus(Corpus):
@@ -105,7 +110,7 @@ class TableCorpus(Corpus):
         data = self.splits[split]
         low, high = _shard_range(len(data.targets), shard)
         rows = torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
-        return data.inputs[rows], data.targets[rows]
+        return {INPUTS: data.inputs[rows], LABELS: data.targets[rows]}
 
 
 def pydoc_text() -> bytes:
@@ -115,8 +120,33 @@ def pydoc_text() -> bytes:
     return "\n\n".join(topics[key] for key in sorted(topics)).encode("utf-8")
 
 
+def stdlib_files() -> list[Path]:
+    """The standard library's own .py sources, in a fixed order: a real code corpus in every Python (tests,
+    third-party site-packages and IDLE left out)."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__", "lib2to3"}
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in skip]  # pruned, not walked: site-packages is large
+        found += [Path(folder) / n for n in names if n.endswith(".py")]
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def stdlib_text() -> bytes:
+    """The files of :func:`stdlib_files`, each preceded by a '# file: NAME' line, joined by SEPARATOR (~20 MB)."""
+    root = Path(__import__("sysconfig").get_paths()["stdlib"])
+    return SEPARATOR.join(b"# file: " + p.relative_to(root).as_posix().encode() + b"\n" + p.read_bytes()
+                          for p in stdlib_files())
+
+
 def _load_pydoc(cfg) -> Corpus:
     return ByteCorpus.from_bytes("pydoc", pydoc_text(), cfg.model.block_size, cfg.data.val_fraction)
+
+
+def _load_stdlib(cfg) -> Corpus:
+    return ByteCorpus.from_bytes("stdlib", stdlib_text(), cfg.model.block_size, cfg.data.val_fraction)
 
 
 def _load_digits(cfg) -> Corpus:
@@ -126,11 +156,7 @@ def _load_digits(cfg) -> Corpus:
     return TableCorpus("digits", digits.data / 16.0, digits.target, cfg.data.val_fraction)
 
 
-DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "digits": _load_digits}
-
-
-TOKENIZER = "bytes-v1"  # part of the cache key: a different tokenizer gets its own token file
-SEPARATOR = b"\n\n"  # between two files of a folder asset
+DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "stdlib": _load_stdlib, "digits": _load_digits}
 
 
 def token_file(asset) -> Path:
@@ -147,7 +173,7 @@ def token_file(asset) -> Path:
 
     if not asset.sha256:
         raise ValueError(f"data: {asset.source!r} was opened without hashing; a token file needs its content hash")
-    cache = paths.cache_dir() / "tokens" / f"{asset.sha256}-{TOKENIZER}.u8"
+    cache = paths.cache_dir() / "tokens" / f"{asset.sha256}-{BYTES_KEY}.u8"
     if cache.exists():
         return cache
     cache.parent.mkdir(parents=True, exist_ok=True)

@@ -85,17 +85,18 @@ def _measure(cfg, corpus, steps: int) -> Trial:
     from toolkit.data import corpus as data_mod
     from toolkit.train.distributed import Topology
     from toolkit.train.engines.torch_engine import TorchEngine
-    from toolkit.train.models import MODELS
+    from toolkit.train.models import build_model, loss_function
 
     torch.manual_seed(cfg.train.seed)
-    engine = TorchEngine(MODELS[cfg.model.name].build(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")))
+    engine = TorchEngine(build_model(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")),
+                         loss_function(cfg.model))
     loader = iter(data_mod.train_loader(corpus, cfg, rank=0, first_step=0))
     waits, totals = [], []
     for i in range(steps + 3):
         t0 = time.perf_counter()
-        x, y = next(loader)
+        batch = next(loader)
         t1 = time.perf_counter()
-        engine.train_step(x, y)
+        engine.train_step(batch)
         if i >= 3:  # the first batches include worker start-up
             waits.append(t1 - t0)
             totals.append(time.perf_counter() - t0)
@@ -132,8 +133,8 @@ def tune(cfg, grid=DEFAULT_GRID, steps: int = 20, target_pct: float = 2.0) -> Tu
         from toolkit.catalogue.workspace import Workspace
 
         asset = data_assets.get(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
-        x, y = corpus.batch("train", cfg.train.batch_size, torch.Generator().manual_seed(0))
-        batch_bytes = x.element_size() * x.numel() + y.element_size() * y.numel()
+        batch = corpus.batch("train", cfg.train.batch_size, torch.Generator().manual_seed(0))
+        batch_bytes = sum(t.element_size() * t.numel() for t in batch.values())
         chosen = recommended or trials[-1]
         warnings = layout_warnings(asset.path, chosen.num_workers, batch_bytes, chosen.prefetch_factor)
     return TuneReport(cfg.data.asset or cfg.data.dataset, trials, recommended, target_pct, warnings)

@@ -65,7 +65,7 @@ WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weigh
 
 def load_trained_model(run_dir: str | Path):
     """(model in eval mode, config, checkpoint info) from the run's newest valid checkpoint."""
-    from toolkit.train.models import MODELS
+    from toolkit.train.models import build_model
 
     run = RunDir(run_dir)
     if not run.config_path.exists():
@@ -78,7 +78,7 @@ def load_trained_model(run_dir: str | Path):
                                       problem=f"has no valid checkpoint ({why})"))
     engine = info.manifest.get("engine", "torch")
     state = WEIGHT_READERS[engine](info.path, info.manifest)
-    model = MODELS[cfg.model.name].build(cfg.model)
+    model = build_model(cfg.model)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied weights (lm_head = wte) may be saved once; anything else missing or extra is a real mismatch.
     missing = [k for k in missing if k != "lm_head.weight"]
@@ -113,7 +113,8 @@ class ExportResult:
 def _example_inputs(model_name: str, cfg, corpus, batch: int, seq: int | None) -> torch.Tensor:
     """Held-out inputs of a given shape: validation windows (text) or rows (tables)."""
     generator = torch.Generator().manual_seed(1234 + batch)
-    inputs, _ = corpus.batch("val", batch, generator)
+    example = corpus.batch("val", batch, generator)
+    inputs = example["input_ids"] if "input_ids" in example else example["inputs"]
     return inputs[:, :seq] if seq is not None and inputs.dim() == 2 and model_name == "gpt" else inputs
 
 
@@ -172,16 +173,18 @@ def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]
     """Every file of the model folder into ``tmp``, the manifest last; returns (manifest, parity)."""
     from safetensors.torch import save_model
 
-    from toolkit.data.corpus import TOKENIZER, load_corpus
+    from toolkit.data.corpus import load_corpus
+    from toolkit.data.tokenizers import load_tokenizer
     from toolkit.catalogue.lineage import package_versions
 
     corpus = load_corpus(cfg)
     save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
     (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file
-    (tmp / "tokenizer.json").write_text(json.dumps(
-        {"type": TOKENIZER, "vocab_size": 256, "encode": "UTF-8 bytes, id = byte value",
-         "decode": "ids as bytes, UTF-8 with replacement"} if cfg.model.name == "gpt" else
-        {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
+    if cfg.model.name == "gpt":
+        load_tokenizer(cfg).save(tmp)
+    else:
+        (tmp / "tokenizer.json").write_text(json.dumps(
+            {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
     example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
     opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
     parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")

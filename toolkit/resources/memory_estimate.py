@@ -137,8 +137,8 @@ def model_params(cfg) -> int:
     """Parameters of a config's model, counted on the meta device (no memory, any size)."""
     import torch
 
-    from toolkit.train.models import MODELS
+    from toolkit.train.models import build_model
 
     with torch.device("meta"):
-        model = MODELS[cfg.model.name].build(cfg.model)
+        model = build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())

@@ -46,6 +46,8 @@ class StatusEvent(Event):
     state: str = _field("queued, running, completed, failed, stopped or killed (see toolkit.runs.status)")
     n_params: int | None = _field("running: the model's parameter count", optional=True)
     flops_per_item: float | None = _field("running: training FLOPs per token (or sample)", optional=True)
+    flops_source: str | None = _field("running: where flops_per_item comes from (a formula, the config, or an "
+                                      "estimate of 6 x parameters)", optional=True)
     peak_flops: float | None = _field("running: this device's peak FLOP/s, the denominator of MFU", optional=True)
     attempt: int | None = _field("running: 0 for the first start, +1 per restart or resume", optional=True)
     resumed_from: str | None = _field("running: the checkpoint this attempt resumed from", optional=True)

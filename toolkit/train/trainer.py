@@ -25,7 +25,7 @@ from toolkit.train.engines import build_engine
 from toolkit.train.flops import cached_peak_record
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
-from toolkit.train.models import MODELS
+from toolkit.train.models import build_model, flops_per_item
 from toolkit.train.rng import restore_rng
 from toolkit import safe_load
 from toolkit.runs.events import CheckpointInvalidEvent
@@ -76,9 +76,8 @@ class Trainer:
         self.topo = distributed.setup(cfg.engine)
 
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-        spec = MODELS[cfg.model.name]
-        model = spec.build(cfg.model)
-        self.flops_per_item = spec.flops_per_item(model, cfg.model)
+        model = build_model(cfg.model)
+        self.flops_per_item, self.flops_source = flops_per_item(model, cfg.model)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.engine = build_engine(model, cfg, self.topo)
         torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
@@ -108,7 +107,8 @@ class Trainer:
         if self.sink:
             lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak}
             self.sink.start(lineage=lineage, n_params=self.n_params,
-                            flops_per_item=self.flops_per_item, peak_flops=self.peak_flops,
+                            flops_per_item=self.flops_per_item, flops_source=self.flops_source,
+                            peak_flops=self.peak_flops,
                             attempt=ATTEMPT, **self.resumed_from)
         profiler = self._profiler()
         batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
@@ -124,14 +124,14 @@ class Trainer:
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
             eval_seconds = 0.0
-            x, y = next(batches)
+            batch = next(batches)
             t1 = time.perf_counter()
             if slow_steps:
                 slow_steps -= 1
                 time.sleep(cfg.fault.slow_step_ms / 1e3)
-            x, y = x.to(topo.device, non_blocking=True), y.to(topo.device, non_blocking=True)
+            batch = {k: v.to(topo.device, non_blocking=True) for k, v in batch.items()}
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
-            loss_sum += engine.train_step(x, y, before_update=self.checkpointer.before_update).to(torch.float64)
+            loss_sum += engine.train_step(batch, before_update=self.checkpointer.before_update).to(torch.float64)
             if profiler:
                 profiler.step()
             self.step += 1
@@ -231,8 +231,8 @@ class Trainer:
         """Mean validation loss over the fixed validation batches, each rank taking its share."""
         self.engine.eval()
         loss_sum, count = 0.0, 0
-        for x, y in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
-            loss_sum += self.engine.eval_loss(x.to(self.topo.device), y.to(self.topo.device)).item()
+        for batch in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
+            loss_sum += self.engine.eval_loss({k: v.to(self.topo.device) for k, v in batch.items()}).item()
             count += 1
         loss_sum, count = distributed.all_reduce_sum([loss_sum, count], self.topo.device)
         self.engine.train()

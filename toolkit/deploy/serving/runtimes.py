@@ -40,10 +40,10 @@ class TorchRuntime:
         from safetensors.torch import load_model
 
         from toolkit import config as config_mod
-        from toolkit.train.models import MODELS
+        from toolkit.train.models import build_model
 
         cfg = config_mod.from_dict(yaml.safe_load((model_dir / "config.yaml").read_text()))
-        self.model = MODELS[cfg.model.name].build(cfg.model)
+        self.model = build_model(cfg.model)
         load_model(self.model, str(model_dir / WEIGHTS[self.name]), strict=False)  # the tied lm_head is shared
         self.model.eval()
         self._torch = torch

@@ -68,8 +68,10 @@ class _CapturingCheckpointEngine:
 
 
 class DeepSpeedEngine:
-    def __init__(self, model, cfg, topo):
+    def __init__(self, model, cfg, topo, loss_fn):
         import deepspeed
+
+        self.loss_fn = loss_fn  # (model, batch) -> loss: the model's adapter, called with DeepSpeed's engine
 
         model = model.to(topo.device)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
@@ -88,12 +90,14 @@ class DeepSpeedEngine:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
 
-    def _cast(self, x):
+    def _cast(self, batch: dict) -> dict:
         # bf16 mode keeps the weights in bf16, so float inputs (the digits features) must match them.
-        return x.to(self._dtype) if self._dtype is not None and x.is_floating_point() else x
+        if self._dtype is None:
+            return batch
+        return {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in batch.items()}
 
-    def train_step(self, x, y, before_update=None) -> torch.Tensor:
-        loss = self.engine(self._cast(x), y)
+    def train_step(self, batch: dict, before_update=None) -> torch.Tensor:
+        loss = self.loss_fn(self.engine, self._cast(batch))
         self.engine.backward(loss)
         if before_update is not None:
             before_update()  # the last moment the weights are still those of the previous step
@@ -101,8 +105,8 @@ class DeepSpeedEngine:
         return loss.detach().float()
 
     @torch.no_grad()
-    def eval_loss(self, x, y) -> torch.Tensor:
-        return self.engine(self._cast(x), y).float()
+    def eval_loss(self, batch: dict) -> torch.Tensor:
+        return self.loss_fn(self.engine, self._cast(batch)).float()
 
     def checkpoint_state(self, folder, is_writer: bool) -> dict:
         """The engine's own (ZeRO-partitioned) checkpoint files, captured in memory instead of written.

@@ -12,7 +12,8 @@ from toolkit.train.engines.param_groups import adamw_param_groups
 
 
 class TorchEngine:
-    def __init__(self, model, cfg, topo):
+    def __init__(self, model, cfg, topo, loss_fn):
+        self.loss_fn = loss_fn  # (model, batch) -> loss: the model's adapter (toolkit.train.models)
         self.module = model.to(topo.device)
         if topo.world_size > 1:
             device_ids = [topo.device.index] if topo.device.type == "cuda" else None
@@ -32,9 +33,9 @@ class TorchEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, x, y, before_update=None) -> torch.Tensor:
+    def train_step(self, batch: dict, before_update=None) -> torch.Tensor:
         with self._autocast():
-            loss = self.model(x, y)
+            loss = self.loss_fn(self.model, batch)
         loss.backward()
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
@@ -45,9 +46,9 @@ class TorchEngine:
         return loss.detach()
 
     @torch.no_grad()
-    def eval_loss(self, x, y) -> torch.Tensor:
+    def eval_loss(self, batch: dict) -> torch.Tensor:
         with self._autocast():
-            return self.model(x, y)
+            return self.loss_fn(self.model, batch)
 
     cheap_state_capture = True  # state_dict() hands out references: no copy, no collective
 

@@ -1,7 +1,14 @@
-"""Model registry: a name in ``model.name`` maps to a builder and the dataset it trains on.
+"""Model registry: ``model.name`` maps to how the model is built, which data it trains on, and how a batch
+becomes its loss.
 
-The training loop only needs ``model(inputs, targets) -> scalar loss``; everything model-specific
-(the FLOPs formula for MFU, the dataset) lives in the registry entry.
+The training loop knows nothing of any model. It asks the spec for three things:
+
+    model = build_model(cfg.model)                  an nn.Module
+    loss_fn = loss_function(cfg.model)              loss_fn(model, batch) -> a scalar tensor (batch: see below)
+    flops, how = flops_per_item(model, cfg.model)   training FLOPs per token or sample, for MFU, and their source
+
+A batch is a dict of tensors, the same for every model of a kind of data (toolkit.data.batch says which keys).
+Models with another calling convention bring an adapter (``loss``) rather than changing the loop.
 """
 
 from __future__ import annotations
@@ -9,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable  # (ModelConfig) -> torch.nn.Module
-    dataset: str  # the built-in data.dataset this model is trained on
+    datasets: Callable  # (ModelConfig) -> the built-in data.dataset values it can train on
     asset_types: tuple  # data asset types it can train on (text: uri_file/uri_folder; tables: mltable)
-    flops_per_item: Callable  # (model, ModelConfig) -> training FLOPs per token/sample (forward + backward)
+    loss: Callable  # (ModelConfig) -> the adapter: (model, batch dict) -> scalar loss tensor
+    flops_per_item: Callable | None  # (model, ModelConfig) -> training FLOPs per token/sample; None: estimate
 
 
 def _build_gpt(cfg):
@@ -36,14 +43,80 @@ def _build_digits(cfg):
     return DigitsMLP(cfg)
 
 
-def _mlp_flops(model, cfg):
-    # Every weight is used once per sample in a matmul: 2 FLOPs forward, 4 backward.
+def matmul_flops(model, cfg=None) -> float:
+    """6 x the weights of matrices: each is used once per item in a matmul, 2 FLOPs forward and 4 backward (an
+    estimate for a model without its own formula: it leaves out attention scores and any reused weight)."""
     return 6 * sum(p.numel() for p in model.parameters() if p.dim() > 1)
 
 
+def _text_loss(model, batch):
+    return model(batch["input_ids"], batch["labels"])
+
+
+def _table_loss(model, batch):
+    return model(batch["inputs"], batch["labels"])
+
+
+TEXT_DATASETS = ("pydoc", "stdlib")
+TEXT_ASSETS = ("uri_file", "uri_folder")
+
+def _build_custom(cfg):
+    from toolkit.train.models import custom
+
+    return custom.build(cfg)
+
+
+def _custom_loss(cfg):
+    from toolkit.train.models import custom
+
+    return custom.loss_function(cfg)
+
+
+def _build_hf(cfg):
+    from toolkit.train.models import hf
+
+    return hf.build(cfg)
+
+
+def _hf_loss(cfg):
+    from toolkit.train.models import hf
+
+    return hf.loss_function(cfg)
+
+
+def _hf_datasets(cfg):
+    return TEXT_DATASETS if cfg.hf.task == "causal_lm" else ()
+
+
 MODELS: dict[str, ModelSpec] = {
-    "gpt": ModelSpec(build=_build_gpt, dataset="pydoc", asset_types=("uri_file", "uri_folder"),
-                     flops_per_item=_gpt_flops),
-    "digits_mlp": ModelSpec(build=_build_digits, dataset="digits", asset_types=("mltable",),
-                            flops_per_item=_mlp_flops),
+    "gpt": ModelSpec(build=_build_gpt, datasets=lambda cfg: TEXT_DATASETS, asset_types=TEXT_ASSETS,
+                     loss=lambda cfg: _text_loss, flops_per_item=_gpt_flops),
+    "digits_mlp": ModelSpec(build=_build_digits, datasets=lambda cfg: ("digits",), asset_types=("mltable",),
+                            loss=lambda cfg: _table_loss, flops_per_item=matmul_flops),
+    "hf": ModelSpec(build=_build_hf, datasets=_hf_datasets, asset_types=TEXT_ASSETS, loss=_hf_loss,
+                    flops_per_item=None),
+    # The user's own module trains on whatever data it is given: the batch's keys say what it is.
+    "custom": ModelSpec(build=_build_custom, datasets=lambda cfg: TEXT_DATASETS + ("digits",),
+                        asset_types=TEXT_ASSETS + ("mltable",), loss=_custom_loss, flops_per_item=None),
 }
+
+
+def build_model(cfg):
+    """The nn.Module ``cfg`` (a ModelConfig) names, with the spec's own initialisation."""
+    return MODELS[cfg.name].build(cfg)
+
+
+def loss_function(cfg):
+    """(model, batch) -> scalar loss, for the model ``cfg`` (a ModelConfig) names."""
+    return MODELS[cfg.name].loss(cfg)
+
+
+def flops_per_item(model, cfg) -> tuple[float, str]:
+    """Training FLOPs per token or sample, and where the figure comes from: model.flops_per_item when set, the
+    model's own formula, else an estimate of 6 x the matrix weights (MFU is then an estimate, and says so)."""
+    if cfg.flops_per_item:
+        return float(cfg.flops_per_item), "model.flops_per_item"
+    formula = MODELS[cfg.name].flops_per_item
+    if formula is not None:
+        return float(formula(model, cfg)), f"the {cfg.name} formula"
+    return float(matmul_flops(model)), "estimated as 6 x parameters (set model.flops_per_item for an exact MFU)"

@@ -1,0 +1,14 @@
+"""What a batch is: the one contract between the data (toolkit.data.corpus makes batches) and the models
+(toolkit.train.models turns them into a loss). A batch is a dict of tensors:
+
+    text     input_ids (B, T) int64; labels (B, T) int64, the next token of each position (already shifted), or
+             IGNORE_INDEX where no loss counts (a prompt in instruction tuning, padding); attention_mask (B, T)
+             where some positions are padding
+    tables   inputs (B, F) float32; labels (B,) int64
+    labelled text (classification)   input_ids (B, T), attention_mask (B, T), labels (B,) int64
+"""
+
+from __future__ import annotations
+
+IGNORE_INDEX = -100  # a label that counts for no loss (torch's cross_entropy and Hugging Face's convention)
+INPUT_IDS, LABELS, ATTENTION_MASK, INPUTS = "input_ids", "labels", "attention_mask", "inputs"
