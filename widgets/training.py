@@ -34,7 +34,8 @@ from widgets.run_progress import render_card
 
 class TrainingPanel(Panel):
     def __init__(self, config: str = "demo", engine: str = "torch", nproc: int = 1, zero_stage: int = 0,
-                 steps: int | None = None, checkpoint_every: int = 0, profile: bool = True,
+                 steps: int | None = None, checkpoint_every: int = 0, profile: bool = True, model: str = "",
+                 tokenizer: str = "",
                  overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
         super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
@@ -46,6 +47,13 @@ class TrainingPanel(Panel):
         self.checkpoint_every = w.IntText(value=checkpoint_every, description="ckpt every",
                                           tooltip="checkpoint every N steps; 0 only at the end")
         self.profile = w.Checkbox(value=profile, description="profile")
+        # Your own model in one string (toolkit.train.models.model_overrides): an import path or an HF folder.
+        self.model = w.Text(value=model, description="your model", placeholder="the config's model",
+                            tooltip="package.module:function, path/to/file.py:function, or a save_pretrained folder",
+                            layout=w.Layout(width="420px"))
+        self.tokenizer = w.Text(value=tokenizer, description="tokenizer", placeholder="the config's (auto)",
+                                tooltip="bytes, model (the HF folder's), a registered name[:version], or a folder "
+                                        "with tokenizer.json", layout=w.Layout(width="300px"))
         self.buttons = {name: self.button(name, getattr(self, name.lower()), style) for name, style in
                         (("Start", "primary"), ("Stop", ""), ("Kill", "danger"), ("Resume", ""),
                          ("TensorBoard", "info"))}
@@ -54,7 +62,8 @@ class TrainingPanel(Panel):
         self.plot = w.Image(format="png", layout=w.Layout(max_width="900px"))
         self.links = w.HTML()
         form = w.VBox([w.HBox([self.config, self.engine, self.nproc]),
-                       w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile])])
+                       w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile]),
+                       w.HBox([self.model, self.tokenizer])])
         self.view = w.VBox([form, w.HBox(list(self.buttons.values())), self.message, self.progress, self.card,
                             self.plot, self.links])
         self.handle = None
@@ -72,9 +81,13 @@ class TrainingPanel(Panel):
 
     def settings(self) -> list[str]:
         """The form as config overrides (the same strings `--set` takes)."""
+        from toolkit.train.models import model_overrides  # names only: the registry imports no torch
+
         settings = [f"engine.name={self.engine.value}", f"engine.nproc={self.nproc.value}",
                     f"engine.zero_stage={self.zero_stage.value}", f"profile.enabled={str(self.profile.value).lower()}",
-                    *self.overrides]
+                    *model_overrides(self.model.value), *self.overrides]
+        if self.tokenizer.value.strip():
+            settings.append(f"data.tokenizer={self.tokenizer.value.strip()}")
         if self.steps.value:
             settings += [f"train.max_steps={self.steps.value}", "train.max_seconds=0"]
         if self.checkpoint_every.value:

@@ -90,14 +90,14 @@ def test_bad_config_files(tmp_path):
 
 def test_built_in_configs_are_found_by_name_from_any_folder_and_live_in_the_package(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a name must not depend on the current folder (a wheel has no checkout around it)
-    assert config_mod.builtin_config_names() == ["demo", "tiny"]
+    assert config_mod.builtin_config_names() == ["demo", "llama", "tiny"]
     for name in ("tiny", "tiny.yaml"):
         path = config_mod.resolve_config_path(name)
         assert path.parent == config_mod.CONFIG_DIR and path.name == "tiny.yaml"
     assert config_mod.CONFIG_DIR.parent == Path(config_mod.__file__).resolve().parent
     (tmp_path / "tiny.yaml").write_text("train:\n  max_steps: 3\n")  # a file in the folder wins over the name
     assert config_mod.load("tiny.yaml").train.max_steps == 3
-    with pytest.raises(ConfigError, match=r"^config: 'tinyy' is neither a file nor a shipped config; shipped: demo, tiny "
+    with pytest.raises(ConfigError, match=r"^config: 'tinyy' is neither a file nor a shipped config; shipped: demo, llama, tiny "
                                           r"\(built into the package\); allowed: one of these names or a path"):
         config_mod.load("tinyy")
 

@@ -304,7 +304,7 @@ def test_ranks_draw_from_disjoint_shares():
     drawn = []
     for rank in (0, 1):
         batches = data_mod.StepBatches(corpus, 64, seed=1, rank=rank, world_size=2)
-        drawn.append({int(v) for step in range(20) for v in batches[step][0].flatten()})
+        drawn.append({int(v) for step in range(20) for v in batches[step]["inputs"].flatten()})
     assert drawn[0] and drawn[1] and not drawn[0] & drawn[1]
     assert len(drawn[0] | drawn[1]) > 800  # together they cover (nearly) all 900 training rows
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from toolkit.data import corpus as data_mod
+from toolkit.train.models import loss_function
 from toolkit.catalogue.data_assets import DataAssetError
 from toolkit.deploy.export import MANIFEST, ExportError, export_run, read_manifest
 from toolkit.catalogue.model_registry import get_model, list_models, register_model, resolve_model_dir
@@ -28,8 +29,9 @@ def _val_loss_of_export(model_dir, run: RunDir) -> float:
     cfg = run.read_config()
     corpus = data_mod.load_corpus(cfg)
     model = TorchRuntime(model_dir).model
+    loss_fn = loss_function(cfg.model)
     with torch.no_grad():
-        losses = [model(x, y).item() for x, y in data_mod.val_batches(corpus, cfg, 0, 1)]
+        losses = [loss_fn(model, batch).item() for batch in data_mod.val_batches(corpus, cfg, 0, 1)]
     return sum(losses) / len(losses)
 
 

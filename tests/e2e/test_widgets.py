@@ -72,3 +72,40 @@ def test_the_tensorboard_button_serves_the_run(panel):
     assert "http://127.0.0.1:" in panel.links.value
     with urllib.request.urlopen(panel.tb_server.url + "data/runs", timeout=30) as response:
         assert response.status == 200
+
+
+USER_MODEL = '''
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Bigram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(256, 256)
+
+    def forward(self, input_ids, labels):
+        logits = self.table(input_ids)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def build():
+    return Bigram()
+'''
+
+
+def test_the_form_trains_your_own_model_and_refuses_one_that_is_not(panel, tmp_path):
+    source = tmp_path / "my_model.py"
+    source.write_text(USER_MODEL)
+    panel.steps.value = 20
+    panel.model.value = "not a model"
+    panel.buttons["Start"].click()
+    assert "model: &#x27;not a model&#x27; is neither an import path nor a folder" in panel.message.value
+    assert panel.handle is None
+
+    panel.model.value = f"{source}:build"
+    panel.buttons["Start"].click()
+    assert panel.message.value == "", panel.message.value
+    assert panel.wait()["state"] == "completed"
+    cfg = panel.run.read_config()
+    assert (cfg.model.name, cfg.model.factory) == ("custom", f"{source}:build")

@@ -120,3 +120,27 @@ def flops_per_item(model, cfg) -> tuple[float, str]:
     if formula is not None:
         return float(formula(model, cfg)), f"the {cfg.name} formula"
     return float(matmul_flops(model)), "estimated as 6 x parameters (set model.flops_per_item for an exact MFU)"
+
+
+def model_overrides(text: str) -> list[str]:
+    """The config settings (``--set`` strings) that train the model ``text`` names: an import path
+    ('package.module:function' or 'file.py:function') becomes a custom model, a folder in save_pretrained layout
+    a Hugging Face one (its own weights and config); empty: none (the config's model). For forms and flags that
+    take "your model" as one string."""
+    from pathlib import Path
+
+    from toolkit.errors import not_allowed
+
+    text = text.strip()
+    if not text:
+        return []
+    if Path(text).expanduser().is_dir():
+        return ["model.name=hf", f"model.hf.source={Path(text).expanduser()}", "model.hf.architecture=",
+                "model.hf.config={}", "model.factory=", "model.loss="]
+    where, sep, attr = text.rpartition(":")
+    if sep and where and attr.isidentifier():
+        return ["model.name=custom", f"model.factory={text}", "model.hf.architecture=", "model.hf.config={}",
+                "model.hf.source="]
+    raise ValueError(not_allowed("model", text, "'package.module:function', 'path/to/file.py:function' or a "
+                                                "folder in save_pretrained layout",
+                                 problem="is neither an import path nor a folder"))
