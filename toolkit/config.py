@@ -157,6 +157,8 @@ class TrainConfig:
     """Stop after this much training time even if max_steps is not reached; 0 means no limit."""
     eval_every: int = bounded(100, ge=1)
     """Run validation every this many steps (and always at the last step)."""
+    eval_at_start: bool = False
+    """Also evaluate before the first step (step 0): the baseline a fine-tune is measured against."""
     eval_batches: int = bounded(8, ge=1)
     """Validation batches per evaluation (split across processes)."""
     log_every: int = bounded(10, ge=1)

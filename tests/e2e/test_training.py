@@ -73,10 +73,14 @@ def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
 
 
 def test_same_seed_same_losses(train_tiny):
-    """The run is a pure function of its config: two runs log identical losses, step for step."""
-    runs = [train_tiny("--set", "train.max_steps=10", "--set", "train.log_every=1", name=f"r{i}")[1] for i in (1, 2)]
+    """The run is a pure function of its config: two runs log identical losses, step for step; an evaluation
+    before the first step (train.eval_at_start, a fine-tune's baseline) is logged at step 0 and changes none."""
+    runs = [train_tiny("--set", "train.max_steps=10", "--set", "train.log_every=1", *extra, name=f"r{i}")[1]
+            for i, extra in ((1, ()), (2, ("--set", "train.eval_at_start=true")))]
     losses = [[e["loss"] for e in r.events("train")] for r in runs]
     assert len(losses[0]) == 10 and losses[0] == losses[1]
+    assert [e["step"] for e in runs[0].events("eval")] == [10]
+    assert [e["step"] for e in runs[1].events("eval")] == [0, 10]
 
 
 def test_time_budget_stops_the_run_and_finishes_the_schedule(train_tiny):

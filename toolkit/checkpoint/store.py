@@ -40,7 +40,7 @@ ENGINES = ("torch", "deepspeed")
 # Config fields that may change between a checkpoint and the run that resumes from it: they steer the loop
 # (how long, how often to log or save), not what a step computes.
 RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval_every", "train.eval_batches",
-                     "train.log_every", "profile.", "checkpoint.", "fault.", "data.num_workers",
+                     "train.eval_at_start", "train.log_every", "profile.", "checkpoint.", "fault.", "data.num_workers",
                      "data.prefetch_factor")
 
 

@@ -113,6 +113,8 @@ class Trainer:
         profiler = self._profiler()
         batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
                                              world_size=topo.world_size))
+        if cfg.train.eval_at_start and self.step == 0:
+            self.evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
         engine.train()
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
