@@ -32,7 +32,7 @@ def trainable_state(model: torch.nn.Module) -> dict:
 def load_trainable_state(model: torch.nn.Module, state: dict, where) -> None:
     """Load a :func:`trainable_state` over a rebuilt model: exactly its trainable tensors, nothing else."""
     result = model.load_state_dict(state, strict=False)
-    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     frozen |= {name for name, _ in model.named_buffers()}
     missing = [k for k in result.missing_keys if k not in frozen]
     if missing or result.unexpected_keys:

@@ -36,7 +36,7 @@ class ModelImportError(ValueError):
     """An import path that does not import, lacks the attribute, or gives something unusable."""
 
 
-def _split(field: str, spec: str) -> tuple[str, str]:
+def split_spec(field: str, spec: str) -> tuple[str, str]:
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr.isidentifier():
         raise ModelImportError(not_allowed(field, spec, FACTORY_ALLOWED, problem="is not an import path"))
@@ -60,7 +60,7 @@ def _importable_from(code_path: str) -> None:
 
 def source_file(field: str, spec: str, code_path: str = "") -> Path | None:
     """The .py file ``spec`` names or imports from (None for a module without one, e.g. a built-in)."""
-    where, _ = _split(field, spec)
+    where, _ = split_spec(field, spec)
     if is_file_path(where):
         return _file(where, code_path)
     _importable_from(code_path)
@@ -79,7 +79,7 @@ def source_file(field: str, spec: str, code_path: str = "") -> Path | None:
 def resolve(field: str, spec: str, code_path: str = "") -> Callable:
     """The object ``spec`` names, imported (``code_path`` first on sys.path); every failure is a ModelImportError
     naming ``field``."""
-    where, attr = _split(field, spec)
+    where, attr = split_spec(field, spec)
     _importable_from(code_path)
     try:
         if is_file_path(where):
@@ -196,7 +196,7 @@ def pin(cfg):
     changes = {}
     code_path = cfg.code_path and str(Path(cfg.code_path).expanduser().resolve())
     for field, spec in specs(cfg):
-        where, attr = _split(field, spec)
+        where, attr = split_spec(field, spec)
         if is_file_path(where):
             changes[field.split(".")[1]] = f"{_file(where, code_path)}:{attr}"
         elif not code_path:
