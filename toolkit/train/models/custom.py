@@ -206,12 +206,19 @@ def pin(cfg):
 
 
 def code_lineage(cfg) -> dict:
-    """What the run imports, for lineage.json: each import path, the file it reads and that file's sha256."""
+    """What the run imports, for lineage.json: each import path, the file that defines what it names (a package's
+    module, not its __init__.py) and that file's sha256."""
+    import inspect
+
     from toolkit.fsio import sha256_file
 
     out = {"code_path": cfg.code_path} if cfg.code_path else {}
     for field, spec in specs(cfg):
-        path = source_file(field, spec, cfg.code_path)
+        try:
+            defined = inspect.getsourcefile(resolve(field, spec, cfg.code_path))
+        except TypeError:  # a callable instance or a built-in: the module's file is what there is
+            defined = None
+        path = Path(defined) if defined else source_file(field, spec, cfg.code_path)
         out[field.split(".")[1]] = {"import": spec, "file": str(path) if path else None,
                                     "sha256": sha256_file(path) if path and path.is_file() else None}
     return out

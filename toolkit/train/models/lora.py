@@ -72,9 +72,13 @@ def check_targets(model, cfg) -> None:
 
 def wrap(model, cfg):
     """``model`` with adapters on the target modules and every other weight frozen (a peft PeftModel)."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
     task = TASK_TYPES[cfg.hf.task] if cfg.name == "hf" else None
     config = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                         target_modules=targets(model, cfg), task_type=task)
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft 0.21 asks transformers 5 with a name it deprecates: noise in every log
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        return get_peft_model(model, config)

@@ -16,6 +16,7 @@ config, not values.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -35,8 +36,25 @@ def needs_checks(cfg) -> bool:
     return m.name not in BUILT_IN or bool(m.init_from) or m.lora.rank > 0
 
 
+@contextlib.contextmanager
+def _refusals():
+    """Every refusal as a ModelCheckError on one line: ModelImportError, PretrainedError, ExportError, ConfigError...
+    already name their field; a user's or a library's message may span several lines, which the CLI prints as one."""
+    try:
+        yield
+    except ValueError as exc:
+        if type(exc) is ModelCheckError:
+            raise
+        raise ModelCheckError(_one_line(str(exc))) from None
+
+
 def pin_model(cfg):
     """``cfg`` with everything that names a place made independent of the current folder (see the module doc)."""
+    with _refusals():
+        return _pinned(cfg)
+
+
+def _pinned(cfg):
     m = cfg.model
     if m.name == "custom":
         from toolkit.train.models import custom
@@ -169,11 +187,7 @@ def check_model(cfg) -> None:
     """Run every check on ``cfg`` (pinned: :func:`pin_model`); the first failure raises, its message on one line."""
     if not needs_checks(cfg):
         return
-    try:
+    with _refusals():
         model = _build_for_checks(cfg)
         for check in CHECKS:
             check(cfg, model)
-    except ValueError as exc:  # ModelImportError, PretrainedError, ExportError, ConfigError...: all name their field
-        if type(exc) is ModelCheckError:
-            raise
-        raise ModelCheckError(_one_line(str(exc))) from None
