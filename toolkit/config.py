@@ -84,6 +84,9 @@ class ModelConfig:
     loss: str = ""
     """model.name=custom: 'module:function' taking (model, batch) and returning the loss; empty: model(**batch),
     which returns the loss or an object with .loss."""
+    code_path: str = ""
+    """model.name=custom: a folder put first on sys.path before model.factory and model.loss are imported (relative
+    file paths in them are read from it); empty: set at launch to the folder a module path was found in."""
     flops_per_item: float = bounded(0.0, ge=0.0)
     """Training FLOPs per token (or sample) for MFU; 0: the model's own formula, else 6 x parameters (an estimate)."""
     init_from: str = ""
@@ -400,7 +403,7 @@ def _check_model_source(cfg: Config) -> None:
         raise ConfigError(refused("model.factory", "is empty while model.name='custom'",
                                   "'package.module:function' or 'path/to/file.py:function' returning an nn.Module"))
     if m.name != "custom":
-        for path, value in (("model.factory", m.factory), ("model.loss", m.loss)):
+        for path, value in (("model.factory", m.factory), ("model.loss", m.loss), ("model.code_path", m.code_path)):
             if value:
                 raise ConfigError(not_allowed(path, value, "empty unless model.name='custom'",
                                               problem=f"is set while model.name={m.name!r}"))
@@ -416,6 +419,13 @@ def _check_model_source(cfg: Config) -> None:
                                                   "(the folder's config.json says what to build)"))
     elif m.hf.source or m.hf.architecture or m.hf.config:
         raise ConfigError(refused("model.hf", f"is set while model.name={m.name!r}", "model.name='hf' with it"))
+    if m.lora.rank and not m.lora.target_modules and m.name != "hf":
+        # peft knows default targets for transformers architectures only
+        raise ConfigError(refused("model.lora.target_modules", f"is empty while model.lora.rank={m.lora.rank} and "
+                                                               f"model.name={m.name!r}",
+                                  "the names (or name suffixes) of the Linear, Embedding or Conv modules to adapt, "
+                                  "e.g. [qkv, proj] for the built-in gpt; peft has defaults for transformers models "
+                                  "only"))
 
 
 def from_dict(data: dict | None) -> Config:

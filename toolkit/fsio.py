@@ -157,12 +157,13 @@ def file_entry_ok(entry) -> bool:
 
 
 def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exception], may_hold: Callable[[Path], set],
-                      field: str = "--out") -> None:
+                      field: str = "--out", subfolders: frozenset[str] = frozenset()) -> None:
     """``out`` may be written: it is missing, an empty folder, or an earlier ``kind`` folder, never a link, a file
     or someone else's folder (replacing deletes what is there). An earlier folder holds ``marker`` and nothing but
-    regular files named in ``may_hold(out)`` (which reads the marker, raising ``error`` if it is not one of ours):
-    a folder that merely contains a file of the marker's name, beside other files, is not replaced. Refusals are
-    ``error``, naming ``field``."""
+    regular files named in ``may_hold(out)`` (which reads the marker, raising ``error`` if it is not one of ours)
+    and real folders named in ``subfolders`` (what the writer copies in whole, e.g. a plan's model code): a folder
+    that merely contains a file of the marker's name, beside other files, is not replaced. Refusals are ``error``,
+    naming ``field``."""
     try:
         mode = os.lstat(out).st_mode
     except FileNotFoundError:
@@ -185,7 +186,8 @@ def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exceptio
     except error as exc:
         raise error(not_allowed(field, out, allowed, problem=f"exists and is not a {kind} folder ({exc})")) from None
     for name, entry in sorted(entries.items()):
-        if name not in known or not entry.is_file(follow_symlinks=False):
+        ours = entry.is_file(follow_symlinks=False) or (name in subfolders and entry.is_dir(follow_symlinks=False))
+        if name not in known | subfolders or not ours:
             raise error(not_allowed(field, out, allowed,
                                     problem=f"holds {bounded_repr(name)}, which a {kind} folder does not"))
 
@@ -276,6 +278,8 @@ def fsync_tree(folder: Path) -> None:
     for entry in os.scandir(folder):
         if entry.is_file(follow_symlinks=False):
             fsync_path(Path(entry.path))
+        elif entry.is_dir(follow_symlinks=False):
+            fsync_tree(Path(entry.path))
     fsync_path(folder)
 
 
@@ -333,13 +337,14 @@ def swap_in(new: Path, dest: Path) -> Path | None:
 
 
 def publish_folder(tmp: Path, out: Path, *, marker: str, kind: str, error: type[Exception],
-                   may_hold: Callable[[Path], set], field: str = "--out") -> None:
+                   may_hold: Callable[[Path], set], field: str = "--out", subfolders: frozenset[str] = frozenset()) -> None:
     """Make the assembled folder ``tmp`` (from :func:`staging_folder`) the folder ``out``: fsync every file and
     the folder, check once more that ``out`` may be replaced (:func:`check_replaceable`: it may have changed
     during the work), swap in one step, fsync the parent (the swap itself is durable), then remove the previous
     folder."""
     fsync_tree(tmp)
-    rule = {"marker": marker, "kind": kind, "error": error, "may_hold": may_hold, "field": field}
+    rule = {"marker": marker, "kind": kind, "error": error, "may_hold": may_hold, "field": field,
+            "subfolders": subfolders}
     check_replaceable(out, **rule)
     try:
         previous = swap_in(tmp, out)

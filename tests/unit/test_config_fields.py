@@ -27,6 +27,8 @@ COMPANIONS = {
     "data.asset": {"data.path": ""},
     "model.factory": {"model.name": "custom"},
     "model.loss": {"model.name": "custom", "model.factory": "m:f"},
+    "model.code_path": {"model.name": "custom", "model.factory": "m:f"},
+    "model.lora.rank": {"model.lora.target_modules": ["qkv"]},
     "model.hf.source": {"model.name": "hf"},
     "model.hf.architecture": {"model.name": "hf"},
     "data.prompt_field": {"data.completion_field": "completion"},

@@ -181,3 +181,104 @@ def require(upload: CodeUpload, rel: str, field: str, what: str) -> Path:
             field, rel, f"rules in {upload.ignore_file.name if upload.ignore_file else '.amlignore'} that keep it",
             problem=f"is dropped by {upload.ignore_file}"))
     return path
+
+
+# --- the user's model code (model.name=custom): uploaded with the job as its own input -------------------------------
+
+MODEL_CODE = "model-code"  # the plan's folder holding copies of the user's model code; the job's model_code input
+CACHES = ("__pycache__",)  # compiled files Python writes beside sources: never needed, never uploaded
+
+
+@dataclass(frozen=True)
+class ModelCode:
+    """What a job needs of the user's own code: the files to copy into the plan's model-code folder, and
+    model.factory / model.loss as the job reads them (file paths relative to that folder, which the job mounts and
+    names as model.code_path)."""
+
+    files: tuple[tuple[str, Path], ...]  # (path inside model-code/, source file)
+    factory: str
+    loss: str
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(path.stat().st_size for _, path in self.files)
+
+    def describe(self) -> str:
+        tops = sorted({rel.split("/")[0] for rel, _ in self.files})
+        return f"{MODEL_CODE}/: {', '.join(tops)} ({len(self.files)} files, {self.total_bytes / MB:.2f} MB)"
+
+
+def _package_files(top: Path, field: str) -> list[tuple[str, Path]]:
+    """Every file of the package folder ``top`` as (path from its parent, path): regular files only, no link
+    followed or copied (a link could bring in anything from outside), compiled caches left out."""
+    found = []
+    for folder, dirnames, filenames in os.walk(top):  # followlinks=False: a linked folder is seen, not entered
+        here = Path(folder)
+        for name in sorted(dirnames + filenames):
+            if (here / name).is_symlink():
+                raise AzureError(not_allowed(field, top, "a package of regular files and folders (a link could "
+                                                         "upload anything from outside it)",
+                                             problem=f"holds {(here / name).relative_to(top.parent)}, a symbolic "
+                                                     "link"))
+        dirnames[:] = sorted(d for d in dirnames if d not in CACHES)
+        found += [((here / n).relative_to(top.parent).as_posix(), here / n) for n in sorted(filenames)
+                  if not n.endswith((".pyc", ".pyo"))]
+    return found
+
+
+def model_code(model_cfg, limit_bytes: int = SNAPSHOT_LIMIT_BYTES, limit_files: int = SNAPSHOT_LIMIT_FILES):
+    """The user's model code a custom model's job must upload (None for other models): a file path's file, a
+    module path's top-level package folder (or module file) from model.code_path (``model_cfg`` is pinned:
+    toolkit.train.models.custom.pin). A module of an installed package is not copied: environment.yml installs it.
+    Refused: links, files over the snapshot limits, secret-looking files, two different sources of one name."""
+    from toolkit.train.models import custom
+
+    if model_cfg.name != "custom":
+        return None
+    files: dict[str, Path] = {}
+    job_specs = {}
+    for field, spec in custom.specs(model_cfg):
+        where, attr = custom.split_spec(field, spec)
+        if custom.is_file_path(where):
+            source = Path(where)
+            if not source.is_file():
+                raise AzureError(not_allowed(field, spec, "a path to a .py file", problem="names no file"))
+            entries = [(source.name, source)]
+            job_specs[field] = f"{source.name}:{attr}"
+        else:
+            job_specs[field] = spec
+            top = where.partition(".")[0]
+            root = Path(model_cfg.code_path) if model_cfg.code_path else None
+            if root is None or top == "toolkit":  # installed, or Trainbook itself: the job has it already
+                continue
+            package, module = root / top, root / f"{top}.py"
+            if package.is_dir():
+                entries = _package_files(package, field)
+            elif module.is_file():
+                entries = [(module.name, module)]
+            else:
+                raise AzureError(not_allowed(field, spec, f"a module under model.code_path={str(root)!r}",
+                                             problem=f"is not found there (no {top}/ or {top}.py)"))
+        for rel, path in entries:
+            if rel in files and files[rel].resolve() != path.resolve():
+                raise AzureError(refused(field, f"{spec} brings {rel}, and so does another source ({files[rel]})",
+                                         "model.factory and model.loss from one file or package, or files of "
+                                         "different names"))
+            files[rel] = path
+    if not files:
+        return None
+    total = sum(path.stat().st_size for path in files.values())
+    if total > limit_bytes or len(files) > limit_files:
+        raise AzureError(refused("model.factory", f"the model code would upload {total / MB:.1f} MB in "
+                                                  f"{len(files)} files",
+                                 f"at most {limit_bytes / MB:.0f} MB and {limit_files} files (data belongs in a data "
+                                 "asset)"))
+    workspaces = _workspace_folders(set(files))
+    # each file's own root (the folder its relative name starts from), for the checks that read a file's content
+    found = ((rel, _secret_kind(path.parents[rel.count("/")], rel, workspaces)) for rel, path in files.items())
+    secrets = [(rel, kind[0]) for rel, kind in found if kind]
+    if secrets:
+        named = ", ".join(f"{files[rel]} ({what})" for rel, what in secrets[:10])
+        raise AzureError(refused("model.factory", f"the model code would upload secret-looking files: {named}",
+                                 "model code without keys or credentials (move them out of the package)"))
+    return ModelCode(tuple(sorted(files.items())), job_specs.get("model.factory", ""), job_specs.get("model.loss", ""))

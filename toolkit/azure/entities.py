@@ -24,10 +24,13 @@ RUN_DIR = "outputs/run"  # Azure ML uploads ./outputs as the job's artifacts, so
 TB_DIR = f"{RUN_DIR}/tb"
 
 
-def command(with_data: bool) -> str:
-    """The job's command: one process per rank (PyTorchDistribution sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
+def command(with_data: bool, mounted: dict[str, str] | None = None) -> str:
+    """The job's command: one process per rank (PyTorchDistribution sets RANK, WORLD_SIZE, MASTER_ADDR...).
+    ``mounted``: input name -> the config field that names where the job mounts it (the user's model code, model
+    weights), e.g. {"model_code": "model.code_path"}."""
     text = "python -m toolkit.runs.worker " + RUN_DIR + " --config ${{inputs.config}}"
-    return text + " --set data.path=${{inputs.data}}" if with_data else text
+    text += " --set data.path=${{inputs.data}}" if with_data else ""
+    return text + "".join(f" --set {field}=${{{{inputs.{name}}}}}" for name, field in (mounted or {}).items())
 
 
 # --- environment variables -------------------------------------------------------------------------------------
@@ -112,11 +115,12 @@ def data(asset):
 
 
 def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, instance_count: int,
-        processes_per_node: int, config_path: str, data_asset=None):
+        processes_per_node: int, config_path: str, data_asset=None, folders: dict[str, tuple[str, str]] | None = None):
     """The CommandJob: ``python -m toolkit.runs.worker`` once per rank under PyTorchDistribution.
 
     DeepSpeed configs use PyTorchDistribution too: Azure ML starts every rank with RANK/WORLD_SIZE/MASTER_ADDR set
-    and deepspeed.init_distributed reads them, so no SSH, hostfile or MPI launcher is involved.
+    and deepspeed.init_distributed reads them, so no SSH, hostfile or MPI launcher is involved. ``folders``: input
+    name -> (local folder, uploaded with the job; the config field set to where the job mounts it).
     """
     from azure.ai.ml import Input, PyTorchDistribution
     from azure.ai.ml.entities import CommandJob, JobResourceConfiguration, TensorBoardJobService
@@ -125,9 +129,12 @@ def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, i
     if data_asset is not None:
         inputs["data"] = Input(type=data_asset.type, path=f"azureml:{data_asset.name}:{data_asset.version}",
                                mode="ro_mount")
+    for name, (path, _) in (folders or {}).items():
+        inputs[name] = Input(type="uri_folder", path=path, mode="ro_mount")
     world = instance_count * processes_per_node
     return CommandJob(
-        command=command(data_asset is not None), code=str(code), compute=compute_name, environment=environment_ref,
+        command=command(data_asset is not None, {name: field for name, (_, field) in (folders or {}).items()}),
+        code=str(code), compute=compute_name, environment=environment_ref,
         distribution=PyTorchDistribution(process_count_per_instance=processes_per_node),
         resources=JobResourceConfiguration(instance_count=instance_count, shm_size=shm_size(sku)),
         environment_variables=environment_variables(sku), inputs=inputs,

@@ -134,6 +134,7 @@ class Plan:
     processes_per_node: int
     conda_file: Path
     code: code_upload.CodeUpload
+    model_code: code_upload.ModelCode | None  # the user's model code, uploaded as the job's model_code input
     asset: Any  # toolkit.catalogue.data_assets.DataAsset or None
     workspace: WorkspaceRef | None
     compute: Any  # azure.ai.ml.entities.AmlCompute
@@ -162,6 +163,7 @@ class Plan:
                       f"{self.environment.version})"),
             ("data", data),
             ("code upload", self.code.describe()),
+            *([("model code", self.model_code.describe())] if self.model_code else []),
             ("workspace", self.workspace.describe() if self.workspace else "not given (placeholders in submit.md)"),
         ]
         return "\n".join(f"{name:<12} {value}" for name, value in rows)
@@ -193,19 +195,50 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
     conda = Path(conda_file).expanduser().resolve() if conda_file is not None else root / "environment.yml"
     read_conda_file(conda)
 
+    job_model, model_code, folders = _job_model(cfg, code_limit_bytes, code_limit_files)
     job_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, asset="", workspace=""),
-                                  engine=dataclasses.replace(cfg.engine, nproc=processes))
+                                  engine=dataclasses.replace(cfg.engine, nproc=processes), model=job_model)
     environment = entities.environment(options.image, conda)
     return Plan(
         cfg=cfg, job_cfg=job_cfg, sku=the_sku, options=options, processes_per_node=processes, conda_file=conda,
-        code=upload, asset=asset, workspace=workspace,
+        code=upload, model_code=model_code, asset=asset, workspace=workspace,
         compute=entities.compute(options.compute, the_sku, options.min_nodes, options.max_nodes,
                                  options.idle_seconds, options.low_priority),
         environment=environment, data=entities.data(asset) if asset is not None else None,
         job=entities.job(job_cfg, compute_name=options.compute, sku=the_sku, code=root,
                          environment_ref=f"azureml:{environment.name}:{environment.version}",
                          instance_count=options.instance_count, processes_per_node=processes,
-                         config_path=f"./{entities.CONFIG_INPUT}", data_asset=asset))
+                         config_path=f"./{entities.CONFIG_INPUT}", data_asset=asset, folders=folders))
+
+
+def _job_model(cfg, limit_bytes: int, limit_files: int):
+    """(the model section the job runs, the model code it uploads or None, the folders it uploads as inputs: name
+    -> (path, the config field the command points at the mounted copy)). The cluster sees none of this machine's
+    paths: a custom model's code goes up as the model_code input (copied into the plan; the job's model.factory and
+    model.loss name the copies, file paths relative to the mount), a model.hf.source or model.init_from folder as
+    an input of its own, uploaded from where it is (its weights checked first: safetensors, no link)."""
+    from toolkit.catalogue.pretrained import open_weights
+    from toolkit.train.models import hf
+    from toolkit.train.models.preflight import pin_model
+
+    try:
+        pinned = pin_model(cfg).model  # absolute paths, module roots, registered models as their snapshot folder
+        if pinned.name == "hf" and pinned.hf.source:
+            hf.check_source(pinned)
+        if pinned.init_from:
+            open_weights(pinned.init_from)
+    except ValueError as exc:  # ModelImportError, PretrainedError, ExportError: all name their field
+        raise AzureError(str(exc)) from None
+    folders = {}
+    if pinned.name == "hf" and Path(pinned.hf.source).is_absolute():
+        folders["hf_source"] = (pinned.hf.source, "model.hf.source")
+    if pinned.init_from:
+        folders["init_from"] = (pinned.init_from, "model.init_from")
+    code = code_upload.model_code(pinned, limit_bytes, limit_files)
+    if code is not None:
+        folders["model_code"] = (f"./{code_upload.MODEL_CODE}", "model.code_path")
+        pinned = dataclasses.replace(pinned, factory=code.factory, loss=code.loss)
+    return dataclasses.replace(pinned, code_path=""), code, folders
 
 
 # --- writing ---------------------------------------------------------------------------------------------------
@@ -303,5 +336,8 @@ PLAN_FILES = frozenset({"compute.yaml", "environment.yaml", "data.yaml", "job.ya
 def write_plan(plan: Plan, out_dir: str | Path) -> Path:
     """Write the plan folder; returns its path. An earlier plan there is replaced as a whole."""
     out = Path(out_dir).expanduser().absolute()
-    return publish(out, files=_files(plan, out), copies={CONDA_COPY: plan.conda_file}, loaders=sdk_loaders(),
-                   marker="job.yaml", kind="plan", may_hold=PLAN_FILES)
+    copies = {CONDA_COPY: plan.conda_file}
+    if plan.model_code:
+        copies.update({f"{code_upload.MODEL_CODE}/{rel}": source for rel, source in plan.model_code.files})
+    return publish(out, files=_files(plan, out), copies=copies, loaders=sdk_loaders(),
+                   marker="job.yaml", kind="plan", may_hold=PLAN_FILES, subfolders=frozenset({code_upload.MODEL_CODE}))

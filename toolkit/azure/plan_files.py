@@ -101,16 +101,19 @@ def verify(folder: Path, loaders: dict[str, Callable]) -> None:
 
 
 def publish(out_dir: str | Path, *, files: dict[str, str], copies: dict[str, Path], loaders: dict[str, Callable],
-            marker: str, kind: str, may_hold: frozenset[str]) -> Path:
-    """Write ``files`` (name -> text) and ``copies`` (name -> source file) as the folder ``out_dir``, verified
-    with ``loaders``; an earlier ``kind`` there (a folder holding ``marker`` and only names of ``may_hold``) is
-    replaced as a whole. Returns the folder's path."""
+            marker: str, kind: str, may_hold: frozenset[str], subfolders: frozenset[str] = frozenset()) -> Path:
+    """Write ``files`` (name -> text) and ``copies`` (name -> source file; a name may lie inside one of
+    ``subfolders``, e.g. 'model-code/pkg/mod.py') as the folder ``out_dir``, verified with ``loaders``; an earlier
+    ``kind`` there (a folder holding ``marker`` and only names of ``may_hold`` and ``subfolders``) is replaced as a
+    whole. Returns the folder's path."""
     out = Path(out_dir).expanduser().absolute()
     # new, empty or an earlier ``kind``; never a link, never a folder holding anything a plan does not write
-    rule = {"marker": marker, "kind": kind, "error": AzureError, "may_hold": lambda _: may_hold}
+    rule = {"marker": marker, "kind": kind, "error": AzureError, "may_hold": lambda _: may_hold,
+            "subfolders": subfolders}
     fsio.check_replaceable(out, **rule)  # before any work; checked again just before the swap
     with fsio.staging_folder(out) as tmp:
         for name, source in copies.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, tmp / name)
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")

@@ -80,6 +80,9 @@ def load_plan(plan_dir: str | Path) -> LoadedPlan:
     checks = [("job.yaml code", plan.job.code)]
     if plan.data is not None:
         checks.append(("data.yaml path", plan.data.path))
+    for name, given in plan.job.inputs.items():  # the config, the user's model code, model weights: local folders
+        path = getattr(given, "path", None) or getattr(getattr(given, "_data", None), "path", None)
+        checks.append((f"job.yaml inputs.{name}", path))
     check_local_paths(folder, checks)
     recheck_code(folder, plan.job.code)
     return plan

@@ -55,17 +55,27 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
         return {k: v.float() for k, v in weights.items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    # Reassembles the fp32 master weights from every rank's optimizer partition (stages 1-3).
+    # Reassembles the fp32 master weights from every rank's optimizer partition (stages 1-3); a LoRA run saved its
+    # adapters only (exclude_frozen_parameters), and the reader must be told so.
+    lora = bool(((manifest.get("config") or {}).get("model") or {}).get("lora", {}).get("rank"))
     with safe_load.weights_only_everywhere():  # DeepSpeed's reader unpickles with weights_only=False
-        return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
+        return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG, exclude_frozen_parameters=lora)
 
 
 WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weights, "deepspeed": _deepspeed_weights}
 
 
 def load_trained_model(run_dir: str | Path):
-    """(model in eval mode, config, checkpoint info) from the run's newest valid checkpoint."""
-    from toolkit.train.models import build_model
+    """(model in eval mode, config, checkpoint info) from the run's newest valid checkpoint, for any model.name.
+
+    The model is rebuilt as training built it (toolkit.train.models.prepare_model: the seed, the spec, and with
+    LoRA the frozen base from model.hf.source / model.init_from and fresh adapters), then the checkpoint's weights
+    are loaded over it: every weight, or with LoRA the adapters (all the checkpoint holds). With LoRA the result is
+    the base with the adapters merged in (peft's merge_and_unload: a plain model of the base's class, e.g. a
+    transformers LlamaForCausalLM) when model.lora.merge_on_export is true, else the peft PeftModel itself.
+    Float32 on the CPU, whatever the training precision."""
+    from toolkit.train.engines.param_groups import load_trainable_state, trainable_only
+    from toolkit.train.models import prepare_model
 
     run = RunDir(run_dir)
     if not run.config_path.exists():
@@ -78,14 +88,25 @@ def load_trained_model(run_dir: str | Path):
                                       problem=f"has no valid checkpoint ({why})"))
     engine = info.manifest.get("engine", "torch")
     state = WEIGHT_READERS[engine](info.path, info.manifest)
-    model = build_model(cfg.model)
+    model, _ = prepare_model(cfg, pretrained=trainable_only(cfg))  # the base only matters when it is not saved
+    if trainable_only(cfg):
+        try:
+            load_trainable_state(model, state, info.path)
+        except RuntimeError as exc:
+            raise ExportError(str(exc)) from None
+        if cfg.model.lora.merge_on_export:
+            model = model.merge_and_unload()
+        return model.float().eval(), cfg, info
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied weights (lm_head = wte) may be saved once; anything else missing or extra is a real mismatch.
-    missing = [k for k in missing if k != "lm_head.weight"]
+    from toolkit.train.models.init_from import aliases
+
+    tied = aliases(model)
+    missing = [k for k in missing if not (tied.get(k, set()) - set(missing))]
     if missing or unexpected:
         raise ExportError(f"{info.path}: weights do not fit model {cfg.model.name} (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
-    return model.eval(), cfg, info
+    return model.float().eval(), cfg, info
 
 
 # --- the export ------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class StatusEvent(Event):
     kind: ClassVar[str] = "status"
     state: str = _field("queued, running, completed, failed, stopped or killed (see toolkit.runs.status)")
     n_params: int | None = _field("running: the model's parameter count", optional=True)
+    n_trainable: int | None = _field("running: how many of them train (fewer with LoRA)", optional=True)
     flops_per_item: float | None = _field("running: training FLOPs per token (or sample)", optional=True)
     flops_source: str | None = _field("running: where flops_per_item comes from (a formula, the config, or an "
                                       "estimate of 6 x parameters)", optional=True)

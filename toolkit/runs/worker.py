@@ -26,10 +26,11 @@ def create_for_external_launcher(run: RunDir, config_file: str, overrides: list[
     """Write RUN_DIR from the config once per node, exactly as the in-house launcher would have."""
     from toolkit import config as config_mod
     from toolkit.runs.data_pin import pin_data_asset
+    from toolkit.train.models.preflight import pin_model
 
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         if not run.config_path.exists():
-            RunDir.create(run.path, pin_data_asset(config_mod.load(config_file, overrides)))
+            RunDir.create(run.path, pin_model(pin_data_asset(config_mod.load(config_file, overrides))))
         elif int(os.environ.get("RANK", "0")) == 0:  # a restarted job finds its own run directory and resumes it
             run_status.transition(run, "retry", resumed=time.time())
         return

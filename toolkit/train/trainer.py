@@ -18,14 +18,14 @@ import time
 import torch
 
 from toolkit.data import corpus as data_mod
-from toolkit.checkpoint.store import check_compatible
+from toolkit.checkpoint.store import CheckpointStore, check_compatible
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import distributed
 from toolkit.train.engines import build_engine
 from toolkit.train.flops import cached_peak_record
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
-from toolkit.train.models import build_model, flops_per_item
+from toolkit.train.models import flops_per_item, prepare_model
 from toolkit.train.rng import restore_rng
 from toolkit import safe_load
 from toolkit.runs.events import CheckpointInvalidEvent
@@ -75,10 +75,15 @@ class Trainer:
         torch.set_num_threads(default_threads(cfg))
         self.topo = distributed.setup(cfg.engine)
 
-        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-        model = build_model(cfg.model)
+        store = CheckpointStore(run.path)
+        if self.topo.is_main:
+            store.discard_partial()  # writes that a crash interrupted; nothing is in flight at start-up
+        # Found before the model is built: a resumed run takes its weights from the checkpoint, not init_from
+        self.resume_point, self.unusable = store.find_resume_point()
+        model, self.pretrained = prepare_model(cfg, pretrained=self.resume_point is None)
         self.flops_per_item, self.flops_source = flops_per_item(model, cfg.model)
         self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.engine = build_engine(model, cfg, self.topo)
         torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
 
@@ -105,8 +110,9 @@ class Trainer:
     def train(self) -> dict:
         cfg, topo, engine = self.cfg, self.topo, self.engine
         if self.sink:
-            lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak}
-            self.sink.start(lineage=lineage, n_params=self.n_params,
+            lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak,
+                       "model": self._model_lineage()}
+            self.sink.start(lineage=lineage, n_params=self.n_params, n_trainable=self.n_trainable,
                             flops_per_item=self.flops_per_item, flops_source=self.flops_source,
                             peak_flops=self.peak_flops,
                             attempt=ATTEMPT, **self.resumed_from)
@@ -205,11 +211,8 @@ class Trainer:
         RNG, and the data position (batches are a function of the step), so the losses after the resume
         point equal those of a run that was never interrupted, bit for bit.
         """
-        store = self.checkpointer.store
-        if self.topo.is_main:
-            store.discard_partial()  # writes that a crash interrupted; nothing is in flight at start-up
-        info, skipped = store.find_resume_point()
-        for bad in skipped:
+        info = self.resume_point
+        for bad in self.unusable:
             print(f"checkpoint {bad.name} is not usable: {bad.reason}; trying an older one", file=sys.stderr)
             if self.sink:
                 self.sink.events.write(CheckpointInvalidEvent(checkpoint=bad.name, reason=bad.reason))
@@ -228,6 +231,26 @@ class Trainer:
         return {"resumed_from": info.name, "resumed_step": self.step}
 
     # --- components -----------------------------------------------------------------------------------------
+
+    def _model_lineage(self) -> dict:
+        """Where the model came from: the user's code (each import path and its file's sha256, read now: a resume
+        runs the code as it is now) and the pretrained weights, recorded by the start that loaded them (a resume
+        takes its weights from the checkpoint and keeps that record)."""
+        m = self.cfg.model
+        out = {"name": m.name}
+        if m.name == "custom":
+            from toolkit.train.models.custom import code_lineage
+
+            out["code"] = code_lineage(m)
+        if m.name == "hf":
+            out["hf"] = {"source": m.hf.source} if m.hf.source else {"architecture": m.hf.architecture}
+        if m.init_from:
+            earlier = (self.run.read_lineage().get("model") or {}).get("init_from") if self.resume_point else None
+            out["init_from"] = self.pretrained or earlier or {"init_from": m.init_from}
+        if m.lora.rank:
+            out["lora"] = {"rank": m.lora.rank, "alpha": m.lora.alpha, "trainable_parameters": self.n_trainable}
+        return out
+
 
     def evaluate(self) -> dict:
         """Mean validation loss over the fixed validation batches, each rank taking its share."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from toolkit import safe_load
-from toolkit.train.engines.param_groups import adamw_param_groups
+from toolkit.train.engines.param_groups import adamw_param_groups, trainable_only
 
 
 def deepspeed_config(cfg) -> dict:
@@ -80,6 +80,7 @@ class DeepSpeedEngine:
             config=deepspeed_config(cfg),
         )
         self.module = self.engine.module
+        self.trainable_only = trainable_only(cfg)  # LoRA: checkpoints leave the frozen base out
         self.device = topo.device
         self._dtype = torch.bfloat16 if cfg.engine.precision == "bf16" else None
         # ZeRO-3 gathers and releases parameters inside forward: stage its state before training goes on.
@@ -118,7 +119,8 @@ class DeepSpeedEngine:
         capture = _CapturingCheckpointEngine()
         default, self.engine.checkpoint_engine = self.engine.checkpoint_engine, capture
         try:
-            self.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)
+            self.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False,
+                                        exclude_frozen_parameters=self.trainable_only)
         finally:
             self.engine.checkpoint_engine = default
         return {str(Path(path).relative_to(folder)): state for path, state in capture.files.items()}
@@ -129,8 +131,10 @@ class DeepSpeedEngine:
         default, self.engine.checkpoint_engine = self.engine.checkpoint_engine, capture
         try:
             with safe_load.weights_only_everywhere():
+                # without the frozen base in the file, its (rebuilt) weights must stay as they are
                 path, _ = self.engine.load_checkpoint(str(folder), tag=DS_TAG, load_optimizer_states=True,
-                                                      load_lr_scheduler_states=False)
+                                                      load_lr_scheduler_states=False,
+                                                      load_module_strict=not self.trainable_only)
         finally:
             self.engine.checkpoint_engine = default
         if path is None:

@@ -8,7 +8,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
-from toolkit.train.engines.param_groups import adamw_param_groups
+from toolkit.train.engines.param_groups import (adamw_param_groups, load_trainable_state, trainable_only,
+                                                trainable_state)
 
 
 class TorchEngine:
@@ -24,6 +25,7 @@ class TorchEngine:
         self.optimizer = torch.optim.AdamW(
             adamw_param_groups(self.module, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2))
         self.grad_clip = o.grad_clip
+        self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
         self.device = topo.device
         bf16 = cfg.engine.precision == "bf16"
         self._autocast = (lambda: torch.autocast(topo.device.type, dtype=torch.bfloat16)) if bf16 \
@@ -56,11 +58,16 @@ class TorchEngine:
     def checkpoint_state(self, folder, is_writer: bool) -> dict:
         if not is_writer:
             return {}
-        return {"model.pt": self.module.state_dict(), "optimizer.pt": self.optimizer.state_dict()}
+        weights = trainable_state(self.module) if self.trainable_only else self.module.state_dict()
+        return {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict()}
 
     def load_checkpoint_state(self, folder) -> None:
         # A run directory may be a copy from elsewhere: tensors and plain data only (toolkit.safe_load).
-        self.module.load_state_dict(safe_load.load(folder / "model.pt", map_location=self.device))
+        weights = safe_load.load(folder / "model.pt", map_location=self.device)
+        if self.trainable_only:
+            load_trainable_state(self.module, weights, folder / "model.pt")
+        else:
+            self.module.load_state_dict(weights)
         self.optimizer.load_state_dict(safe_load.load(folder / "optimizer.pt", map_location=self.device))
 
     def train(self):

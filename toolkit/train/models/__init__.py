@@ -3,7 +3,8 @@ becomes its loss.
 
 The training loop knows nothing of any model. It asks the spec for three things:
 
-    model = build_model(cfg.model)                  an nn.Module
+    model, origin = prepare_model(cfg)              the nn.Module a run trains: built, pretrained weights, LoRA
+    model = build_model(cfg.model)                  an nn.Module as the spec builds it
     loss_fn = loss_function(cfg.model)              loss_fn(model, batch) -> a scalar tensor (batch: see below)
     flops, how = flops_per_item(model, cfg.model)   training FLOPs per token or sample, for MFU, and their source
 
@@ -22,7 +23,7 @@ class ModelSpec:
     datasets: Callable  # (ModelConfig) -> the built-in data.dataset values it can train on
     asset_types: tuple  # data asset types it can train on (text: uri_file/uri_folder; tables: mltable)
     loss: Callable  # (ModelConfig) -> the adapter: (model, batch dict) -> scalar loss tensor
-    flops_per_item: Callable | None  # (model, ModelConfig) -> training FLOPs per token/sample; None: estimate
+    flops_per_item: Callable | None  # (model, ModelConfig) -> training FLOPs per token/sample (None: estimate)
 
 
 def _build_gpt(cfg):
@@ -84,6 +85,12 @@ def _hf_loss(cfg):
     return hf.loss_function(cfg)
 
 
+def _hf_flops(model, cfg):
+    from toolkit.train.models import hf
+
+    return hf.training_flops_per_token(model, cfg)
+
+
 def _hf_datasets(cfg):
     return TEXT_DATASETS if cfg.hf.task == "causal_lm" else ()
 
@@ -94,7 +101,7 @@ MODELS: dict[str, ModelSpec] = {
     "digits_mlp": ModelSpec(build=_build_digits, datasets=lambda cfg: ("digits",), asset_types=("mltable",),
                             loss=lambda cfg: _table_loss, flops_per_item=matmul_flops),
     "hf": ModelSpec(build=_build_hf, datasets=_hf_datasets, asset_types=TEXT_ASSETS, loss=_hf_loss,
-                    flops_per_item=None),
+                    flops_per_item=_hf_flops),
     # The user's own module trains on whatever data it is given: the batch's keys say what it is.
     "custom": ModelSpec(build=_build_custom, datasets=lambda cfg: TEXT_DATASETS + ("digits",),
                         asset_types=TEXT_ASSETS + ("mltable",), loss=_custom_loss, flops_per_item=None),
@@ -104,6 +111,27 @@ MODELS: dict[str, ModelSpec] = {
 def build_model(cfg):
     """The nn.Module ``cfg`` (a ModelConfig) names, with the spec's own initialisation."""
     return MODELS[cfg.name].build(cfg)
+
+
+def prepare_model(cfg, pretrained: bool = True):
+    """The model a run trains, the same in every process and at every resume (``cfg`` is the whole Config): seeded
+    with train.seed, built by its spec, then model.init_from's weights, then model.lora's adapters. ``pretrained``
+    False skips init_from (a resumed run without LoRA takes every weight from its checkpoint; with LoRA the frozen
+    base must be rebuilt, so it always loads). Returns (model, lineage of the pretrained weights: {} when none)."""
+    import torch
+
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank and at every rebuild
+    model = build_model(cfg.model)
+    origin = {}
+    if cfg.model.init_from and (pretrained or cfg.model.lora.rank):
+        from toolkit.train.models import init_from
+
+        origin = init_from.apply(model, cfg.model)
+    if cfg.model.lora.rank:
+        from toolkit.train.models import lora
+
+        model = lora.wrap(model, cfg.model)
+    return model, origin
 
 
 def loss_function(cfg):
@@ -117,8 +145,9 @@ def flops_per_item(model, cfg) -> tuple[float, str]:
     if cfg.flops_per_item:
         return float(cfg.flops_per_item), "model.flops_per_item"
     formula = MODELS[cfg.name].flops_per_item
-    if formula is not None:
-        return float(formula(model, cfg)), f"the {cfg.name} formula"
+    flops = formula(model, cfg) if formula is not None else None
+    if flops is not None:
+        return float(flops), f"the {cfg.name} formula"
     return float(matmul_flops(model)), "estimated as 6 x parameters (set model.flops_per_item for an exact MFU)"
 
 

@@ -11,11 +11,18 @@
       hf: {source: path/to/folder}     # config.json + model.safetensors, as save_pretrained writes them
 
 Nothing is downloaded here: a hub id only resolves on a machine with a network (transformers' own cache rules).
+Weights are read from safetensors only (a pickled pytorch_model.bin is refused before launch: see
+toolkit.catalogue.pretrained).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from pathlib import Path
+
 from toolkit.data.batch import IGNORE_INDEX
+from toolkit.errors import not_allowed, refused
 
 TASKS = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification"}
 
@@ -41,11 +48,121 @@ def hf_config(cfg):
 
 def build(cfg):
     """The model: the folder's weights with hf.source, else fresh weights (seeded by the caller's torch seed)."""
+    import torch
+
     cls = auto_class(cfg)
     config = hf_config(cfg)
     if cfg.hf.source:
-        return cls.from_pretrained(cfg.hf.source, config=config)
+        # float32 whatever the folder's dtype: the engines keep fp32 weights (bf16 is autocast or DeepSpeed's own)
+        return cls.from_pretrained(cfg.hf.source, config=config, use_safetensors=True, dtype=torch.float32)
     return cls.from_config(config)
+
+
+def build_empty(cfg):
+    """The model's structure on the meta device (shapes, no weights, nothing allocated or read): what the pre-launch
+    checks need, at any model size."""
+    import torch
+
+    with torch.device("meta"):
+        return auto_class(cfg).from_config(hf_config(cfg))
+
+
+# --- before launch ------------------------------------------------------------------------------------------------
+
+EXAMPLES = ("llama", "gpt2", "gpt_neox", "mistral", "qwen2", "bert")
+
+
+def _task_models(task: str) -> dict:
+    from transformers.models.auto import modeling_auto
+
+    return {"causal_lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            "sequence_classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES}[task]
+
+
+def check_architecture(cfg) -> None:
+    """model.hf.architecture must be a transformers model type with a model for model.hf.task."""
+    from transformers import CONFIG_MAPPING
+
+    arch, task = cfg.hf.architecture, cfg.hf.task
+    fits = _task_models(task)
+    examples = ", ".join(e for e in EXAMPLES if e in fits)
+    if arch not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(arch, list(CONFIG_MAPPING.keys()), n=3)
+        raise ValueError(not_allowed("model.hf.architecture", arch,
+                                     f"a transformers model type such as {examples} ({len(fits)} fit {task})",
+                                     problem="is not a transformers architecture" +
+                                             (f" (close: {', '.join(close)})" if close else "")))
+    if arch not in fits:
+        raise ValueError(not_allowed("model.hf.architecture", arch, f"one with a {task} model, such as {examples}",
+                                     problem=f"has no {task} model in transformers"))
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~")) or Path(source).expanduser().exists()
+
+
+def check_source(cfg) -> None:
+    """A model.hf.source folder holds config.json and safetensors weights; a hub id must resolve (a network, or
+    transformers' cache)."""
+    from toolkit.catalogue.pretrained import PretrainedError, weight_files
+
+    source = cfg.hf.source
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        config = folder / "config.json"
+        if config.is_symlink() or not config.is_file():
+            raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder (config.json and "
+                                                                         "safetensors weights)",
+                                              problem="has no config.json" if not config.is_symlink() else
+                                              "has a config.json that is a link"))
+        weight_files(folder, "model.hf.source")
+        return
+    if _looks_like_path(source):
+        raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder, or a hub id",
+                                          problem="is not a folder"))
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(source)
+    except Exception as exc:  # offline, unknown id, gated repository: transformers' own wording, first line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder on this machine, or "
+                                                                     "a hub id where the machine has a network",
+                                          problem=f"is not a folder, and as a hub id it cannot be read ({reason})"))
+
+
+def check_context(cfg, model) -> None:
+    """model.block_size (the training sequence length) fits the model's position table."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and cfg.block_size > limit:
+        raise ValueError(not_allowed("model.block_size", cfg.block_size, f"<= {limit}",
+                                     problem=f"is longer than the model's max_position_embeddings={limit}"))
+
+
+def pin(cfg):
+    """``cfg`` (a ModelConfig) with a relative model.hf.source folder made absolute."""
+    folder = Path(cfg.hf.source).expanduser()
+    if not cfg.hf.source or not folder.is_dir():
+        return cfg
+    return dataclasses.replace(cfg, hf=dataclasses.replace(cfg.hf, source=str(folder.resolve())))
+
+
+def training_flops_per_token(model, cfg) -> float | None:
+    """6N + 12 * layers * width * context, as for the built-in GPT (toolkit.train.models.gpt), when the config
+    names its layers and width; N leaves out embedding tables used only as lookups (a tied output embedding counts,
+    as the lm_head matmul). None: no such fields, the caller estimates."""
+    import torch.nn as nn
+
+    config = getattr(model, "config", None)
+    layers, width = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
+    if not (isinstance(layers, int) and isinstance(width, int)):
+        return None
+    matmul = {id(p): p.numel() for m in model.modules() if not isinstance(m, nn.Embedding)
+              for p in m.parameters(recurse=False)}
+    lookup = {id(p): p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
+              for p in m.parameters(recurse=False) if id(p) not in matmul}
+    n_params = sum(p.numel() for p in model.parameters()) - sum(lookup.values())
+    return 6 * n_params + 12 * layers * width * cfg.block_size
 
 
 def causal_lm_loss(model, batch):
