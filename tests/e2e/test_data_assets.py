@@ -236,7 +236,7 @@ def test_builtin_assets_and_mltable_round_trip(ws):
 
 def test_training_on_registered_assets_pins_the_version(tmp_path):
     ws = str(tmp_path / "ws")
-    assert cli("data", "--workspace", ws, "register-builtin").stdout.split() == ["pydoc:1", "digits:1"]
+    assert cli("data", "--workspace", ws, "register-builtin").stdout.split() == ["pydoc:1", "stdlib:1", "digits:1"]
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "text"), "--set", "data.asset=pydoc",
                "--set", f"data.workspace={ws}", "--set", "train.max_steps=10")
     assert proc.returncode == 0, proc.stderr
@@ -304,7 +304,7 @@ def test_ranks_draw_from_disjoint_shares():
     drawn = []
     for rank in (0, 1):
         batches = data_mod.StepBatches(corpus, 64, seed=1, rank=rank, world_size=2)
-        drawn.append({int(v) for step in range(20) for v in batches[step][0].flatten()})
+        drawn.append({int(v) for step in range(20) for v in batches[step]["inputs"].flatten()})
     assert drawn[0] and drawn[1] and not drawn[0] & drawn[1]
     assert len(drawn[0] | drawn[1]) > 800  # together they cover (nearly) all 900 training rows
 
