@@ -177,6 +177,8 @@ def test_every_tokenizer_saves_what_plain_transformers_loads_and_uses_alike(tmp_
         assert load_tokenizer(load(f"data.tokenizer={out}")).sha256 == ours.sha256, f"{kind}: same identity saved"
     assert load_tokenizer(configs["auto"]).sha256 == load_tokenizer(configs["folder"]).sha256
     assert isinstance(load_tokenizer(configs["bytes"]), ByteTokenizer)
+    saved_bytes = load(f"data.tokenizer={tmp_path / 'saved-bytes'}")
+    assert isinstance(load_tokenizer(saved_bytes), ByteTokenizer), "the byte tokenizer's files are the byte tokenizer"
 
     plain_bytes = AutoTokenizer.from_pretrained(str(tmp_path / "saved-bytes"))
     for _ in range(200):  # any bytes at all: ids are the byte values, invalid UTF-8 decodes as Python replaces it

@@ -66,3 +66,27 @@ def test_a_tokenizer_that_cannot_be_found_is_refused_naming_it(overrides, proble
 def test_a_pinned_content_hash_must_be_a_sha256():
     with pytest.raises(config_mod.ConfigError, match="data.tokenizer_sha256: 'abc' is not allowed"):
         config_mod.load("tiny", ["data.tokenizer_sha256=abc"])
+
+
+def test_a_byte_level_tokenizers_byte_lengths_count_every_byte_exactly(rng):
+    from toolkit.data.tokenizer_training import train_bpe
+
+    corpus = [random_text(rng, 200) for _ in range(50)] + ["the quick brown fox jumps " * 20]
+    tokenizer = HFTokenizer(train_bpe(corpus, 400), "trained")
+    lengths = tokenizer.byte_lengths()
+    assert lengths[tokenizer.eos_id] == 0 and lengths.max() > 1
+    for _ in range(100):
+        text = random_text(rng, rng.randrange(0, 80))
+        assert lengths[tokenizer.encode(text)].sum() == len(text.encode("utf-8")), text
+
+
+def test_other_tokenizers_byte_lengths_read_the_tokens_text():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"▁the": 0, "▁cat": 1, "<0x0A>": 2, "s": 3, "é": 4, "</s>": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    tokenizer = HFTokenizer(PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>"), "sentencepiece-like")
+    assert tokenizer.byte_lengths().tolist() == [4, 4, 1, 1, 2, 0]

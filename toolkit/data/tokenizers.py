@@ -221,7 +221,15 @@ def registered(value: str) -> bool:
 
 def resolve(cfg) -> tuple[str, object]:
     """(the data.tokenizer value to pin, the tokenizer): 'auto' becomes what it chose ('bytes', 'model' or the
-    init_from folder), a registered 'name' becomes 'name:version'."""
+    init_from folder), a registered 'name' becomes 'name:version'. Files holding the byte tokenizer (a byte-level
+    model's export, say) are the byte tokenizer: 'bytes', with its fast path and its token files."""
+    value, tokenizer = _resolve(cfg)
+    if tokenizer.sha256 == BYTES_SHA256:
+        return "bytes", ByteTokenizer()
+    return value, tokenizer
+
+
+def _resolve(cfg) -> tuple[str, object]:
     from toolkit import names
 
     value = cfg.data.tokenizer
@@ -276,7 +284,11 @@ def check_tokenizer_fits(cfg, model) -> None:
     """Refuse, before launch, a tokenizer with ids the model's input embedding has no row for (naming both sizes).
     ``model`` is the built model (an HF model, a peft wrapper, the built-in GPT, or a user's module with
     get_input_embeddings); a model without a token embedding (a table model) has nothing to check."""
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else getattr(model, "wte", None)
+    try:
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else \
+            getattr(model, "wte", None)
+    except NotImplementedError:  # a transformers model class that does not say which module it is
+        embedding = None
     weight = getattr(embedding, "weight", None)
     if weight is None:
         return
