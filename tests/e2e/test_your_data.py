@@ -291,12 +291,19 @@ def test_instruction_batches_learn_from_completion_tokens_only(tmp_path, bpe):
             assert (labels[length - 1:] == IGNORE_INDEX).all(), "no loss on padding"
             seen += 1
     assert seen == 160
+    val = [rows[i] for i in corpus.splits["val"]]  # bits per byte: the completions' bytes per counted token
+    assert corpus.bytes_per_item == sum(len(r["completion"].encode()) for r in val) / \
+        sum(len(tokenizer.encode(r["completion"])) + 1 for r in val)
+    as_bytes = data_mod.load_corpus(load(f"data.path={qa}", "data.prompt_field=prompt",
+                                         "data.completion_field=completion"))
+    assert as_bytes.bytes_per_item == 1.0
 
 
-def test_an_instruction_run_trains_and_resumes_exactly_after_sigkill(tmp_path, bpe, rng):
+@pytest.mark.parametrize("processes", [(), ("--nproc", "2")], ids=["1-process", "ddp-2"])
+def test_an_instruction_run_trains_and_resumes_exactly_after_sigkill(tmp_path, bpe, rng, processes):
     qa = write_jsonl(tmp_path / "qa.jsonl", qa_examples())
     flags = [*llama(512), "--set", f"data.path={qa}", "--set", f"data.tokenizer={bpe(400)}",
-             "--set", "data.prompt_field=prompt", "--set", "data.completion_field=completion", *CKPT]
+             "--set", "data.prompt_field=prompt", "--set", "data.completion_field=completion", *CKPT, *processes]
     reference = cli("train", "tiny", "--run-dir", str(tmp_path / "ref"), *flags)
     assert reference.returncode == 0, reference.stderr[-3000:]
     ref = RunDir(tmp_path / "ref")
@@ -355,7 +362,8 @@ def test_classification_batches_from_jsonl_and_from_an_mltable(tmp_path, bpe):
         tokenizer = load_tokenizer(load(f"data.tokenizer={bpe(400)}"))
         for split in ("train", "val"):
             batch = corpus.batch(split, 8, data_mod._generator(0, 0, 1))
-            assert batch["input_ids"].shape == batch["attention_mask"].shape == (8, 16) and batch["labels"].shape == (8,)
+            assert batch["input_ids"].shape == batch["attention_mask"].shape == (8, 16)
+            assert batch["labels"].shape == (8,)
             for ids, mask, label in zip(batch["input_ids"], batch["attention_mask"], batch["labels"]):
                 text = tokenizer.decode(ids[mask.bool()])
                 expected = next(r for r in rows if r["text"] == text or len(ids) == mask.sum() and

@@ -1,7 +1,8 @@
 """Table assets in Azure ML's MLTable format: delimited files plus an ``MLTable`` YAML with column types.
 
 Only the part of the format Trainbook writes and reads is supported: ``paths`` of ``file`` entries,
-``read_delimited`` (or ``read_parquet``, with pyarrow installed) and ``convert_column_types``. The same folder registers as an Azure ML ``mltable`` asset.
+``read_delimited`` (or ``read_parquet``, with pyarrow installed) and ``convert_column_types``. The same folder
+registers as an Azure ML ``mltable`` asset.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class ExampleCorpus(Corpus):
     shuffled once (a fixed order) and the tail is held out."""
 
     def __init__(self, name: str, files: TokenFiles, sha256: str, block_size: int, val_fraction: float,
-                 pad_id: int, byte_lengths: np.ndarray | None, labelled: bool):
+                 pad_id: int, byte_lengths: np.ndarray, labelled: bool):
         self.name, self.sha256, self.size_bytes = name, sha256, files.meta["bytes"]
         self.block_size, self.pad_id, self.labelled = block_size, pad_id, labelled
         self.tokens, self.starts, self.mask, self.labels = files.tokens, files.starts, files.mask, files.labels
@@ -150,7 +150,7 @@ class ExampleCorpus(Corpus):
                                          "splits (or more examples)",
                                          problem=f"splits the {count} examples of {name} into {cut} and {count - cut}"))
         self.splits = {"train": order[:cut], "val": order[cut:]}
-        if not labelled and byte_lengths is not None:
+        if not labelled:
             in_val = np.zeros(count, dtype=bool)
             in_val[self.splits["val"]] = True
             counted = np.repeat(in_val, np.diff(self.starts)) & (self.mask == 1)
@@ -216,12 +216,12 @@ def _tokenized(cfg, fmt: DataFormat, source, tokenizer, name: str) -> Corpus:
     """A corpus from a source's token files (built on first use) for ``tokenizer``."""
     files = build_token_files(source.sha256, tokenizer, fmt, fmt.tag(source.has_jsonl), source.batches(fmt),
                               source.size_bytes, source.name)
-    lengths = None if isinstance(tokenizer, ByteTokenizer) else tokenizer.byte_lengths()
     if fmt.mode == "text":
+        lengths = None if isinstance(tokenizer, ByteTokenizer) else tokenizer.byte_lengths()  # None: 1 byte a token
         return PackedCorpus(name, torch.from_numpy(files.tokens), source.sha256, cfg.model.block_size,
                             cfg.data.val_fraction, lengths, size_bytes=source.size_bytes)
     corpus = ExampleCorpus(name, files, source.sha256, cfg.model.block_size, cfg.data.val_fraction,
-                           tokenizer.pad_id, lengths, labelled=fmt.mode == "labelled")
+                           tokenizer.pad_id, tokenizer.byte_lengths(), labelled=fmt.mode == "labelled")
     if fmt.mode == "labelled":
         corpus.check_labels(cfg.model.hf.num_labels)
     return corpus

@@ -24,8 +24,8 @@ MAX_VOCAB = 262_144
 
 def check_vocab(vocab_size) -> int:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
-        raise TokenizerError(not_allowed("--vocab", vocab_size, f"an integer from {MIN_VOCAB} (the 256 bytes and "
-                                                                f"{EOS_TOKEN}) to {MAX_VOCAB:,}", problem="is out of range"))
+        allowed = f"an integer from {MIN_VOCAB} (the 256 bytes and {EOS_TOKEN}) to {MAX_VOCAB:,}"
+        raise TokenizerError(not_allowed("--vocab", vocab_size, allowed, problem="is out of range"))
     return vocab_size
 
 
