@@ -239,6 +239,14 @@ def _cmd_data(args) -> int:
 
         cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])
         print(tune(pin_data_asset(cfg), steps=args.steps).summary())
+    elif args.data_verb == "tokenizer":
+        from toolkit.data.tokenizer_training import train_tokenizer
+
+        tokenizer = train_tokenizer(ws, args.asset, args.vocab, name=args.name, text_field=args.text_field,
+                                    prompt_field=args.prompt_field, completion_field=args.completion_field,
+                                    progress=sys.stderr.isatty())
+        print(tokenizer.ref)
+        print(f"  {tokenizer.description}; use it with --set data.tokenizer={tokenizer.ref}", file=sys.stderr)
     elif args.data_verb == "register-builtin":
         from toolkit.data.builtin import BUILTINS
 
@@ -436,7 +444,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE")
     tune.add_argument("--steps", type=int, default=20, help="training steps timed per setting")
     builtin = data_verbs.add_parser("register-builtin", help="register the corpora that ship with Python/sklearn")
-    builtin.add_argument("which", nargs="?", default="all", choices=["all", "pydoc", "digits"])
+    builtin.add_argument("which", nargs="?", default="all", choices=["all", "pydoc", "stdlib", "digits"])
+    tokenizer = data_verbs.add_parser("tokenizer", help="tokenizers in the workspace (data assets tagged "
+                                      "kind=tokenizer)")
+    tokenizer_verbs = tokenizer.add_subparsers(dest="tokenizer_verb", required=True)
+    tok_train = tokenizer_verbs.add_parser("train", help="train a byte-level BPE tokenizer on a text asset and "
+                                           "register it (data.tokenizer=NAME:VERSION uses it)")
+    tok_train.add_argument("asset", help="the text asset, NAME or NAME:VERSION")
+    tok_train.add_argument("--vocab", type=int, required=True, help="vocabulary size, 257 or more")
+    tok_train.add_argument("--name", help="register it as NAME (default: ASSET-bpeVOCAB)")
+    tok_train.add_argument("--text-field", default="text", help="JSON Lines files: the field with the text")
+    tok_train.add_argument("--prompt-field", default="", help="JSON Lines instruction data: the prompt's field")
+    tok_train.add_argument("--completion-field", default="", help="JSON Lines instruction data: the completion's")
     data.set_defaults(func=_cmd_data)
 
     runs = verbs.add_parser("runs", help="runs indexed in the workspace: state, step, data asset, engine")

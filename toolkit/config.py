@@ -114,6 +114,9 @@ class DataConfig:
     tokenizer: str = "auto"
     """How text becomes token ids: 'bytes' (one id per byte), 'model' (the tokenizer in model.hf.source), a
     registered tokenizer 'name[:version]' or a folder holding tokenizer.json; auto: the model's own, else bytes."""
+    tokenizer_sha256: str = ""
+    """Set at launch: the content hash of the tokenizer data.tokenizer resolved to; the run (its resume and export
+    too) refuses any other. Empty: not pinned (bytes need no pin)."""
     text_field: str = "text"
     """JSON Lines data: the field holding each document's text."""
     prompt_field: str = ""
@@ -358,6 +361,9 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(refused("name", f"{cfg.name[:20]!r}... has {len(cfg.name)} characters",
                                   f"at most {MAX_RUN_NAME} (the run folder's name adds a timestamp)"))
     _check_model_source(cfg)
+    if cfg.data.tokenizer_sha256 and not re.fullmatch(r"[0-9a-f]{64}", cfg.data.tokenizer_sha256):
+        raise ConfigError(not_allowed("data.tokenizer_sha256", cfg.data.tokenizer_sha256,
+                                      "empty, or the 64 hex digits of a sha256 (set at launch)"))
     if cfg.data.prompt_field and cfg.data.prompt_field == cfg.data.completion_field:
         raise ConfigError(not_allowed("data.completion_field", cfg.data.completion_field,
                                       "a field other than data.prompt_field", problem="is the prompt's field too"))

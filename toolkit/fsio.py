@@ -1,6 +1,7 @@
 """Atomic file and folder writes: the one owner of "readers see the old bytes or the new, never half, never none".
 
     atomic_write_text(path, text)         a file replaced in one rename, fsynced first
+    atomic_files(paths)                   several files written under temporary names, renamed in order at the end
     fsync_path(path)                      a file's or folder's bytes and names on disk
     read_regular_file(path, ...)          the bytes of a file from an untrusted folder: never through a link, never
                                           waiting on a FIFO
@@ -45,16 +46,31 @@ def fsync_path(path: Path) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``: readers never see half, and
     a link at ``path`` is replaced, never written through."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with atomic_files([path]) as (f,):
+        f.write(text.encode())
+
+
+@contextlib.contextmanager
+def atomic_files(paths: list[Path]):
+    """Binary files to write, one for each of ``paths``, each under a temporary name in its folder; when the block
+    ends without an error each is fsynced and renamed over its path, in the order given, so a reader that checks
+    the last one finds all of them whole. On an error nothing is renamed and the temporary files are removed."""
+    files = []
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        for path in paths:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            files.append((os.fdopen(fd, "wb"), Path(tmp)))
+        yield [f for f, _ in files]
+        for f, _ in files:
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            f.close()
+        for (_, tmp), path in zip(files, paths):
+            os.replace(tmp, path)
+    finally:
+        for f, tmp in files:
+            f.close()
+            tmp.unlink(missing_ok=True)
 
 
 def open_log(path: Path, text: bool = False, fresh: bool = False):

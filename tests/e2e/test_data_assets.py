@@ -236,7 +236,7 @@ def test_builtin_assets_and_mltable_round_trip(ws):
 
 def test_training_on_registered_assets_pins_the_version(tmp_path):
     ws = str(tmp_path / "ws")
-    assert cli("data", "--workspace", ws, "register-builtin").stdout.split() == ["pydoc:1", "digits:1"]
+    assert cli("data", "--workspace", ws, "register-builtin").stdout.split() == ["pydoc:1", "stdlib:1", "digits:1"]
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "text"), "--set", "data.asset=pydoc",
                "--set", f"data.workspace={ws}", "--set", "train.max_steps=10")
     assert proc.returncode == 0, proc.stderr

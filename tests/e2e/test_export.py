@@ -19,7 +19,8 @@ from toolkit.catalogue.workspace import Workspace
 
 from conftest import cli
 
-FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", MANIFEST}
+FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", "tokenizer_config.json",
+         MANIFEST}
 
 
 def _val_loss_of_export(model_dir, run: RunDir) -> float:

@@ -35,7 +35,8 @@ def package_versions() -> dict[str, str | None]:
 def collect_lineage(cfg, corpus, world_size: int) -> dict:
     return {
         "data": {"name": corpus.name, "sha256": corpus.sha256, "size_bytes": corpus.size_bytes,
-                 "asset": corpus.asset},
+                 "asset": corpus.asset, "tokenizer": corpus.tokenizer,
+                 **({"label_names": corpus.label_names} if corpus.label_names else {})},
         "config_sha256": cfg.fingerprint(),
         "git_commit": git_commit(),
         "python": sys.version.split()[0],

@@ -1,11 +1,13 @@
 """Table assets in Azure ML's MLTable format: delimited files plus an ``MLTable`` YAML with column types.
 
 Only the part of the format Trainbook writes and reads is supported: ``paths`` of ``file`` entries,
-``read_delimited`` and ``convert_column_types``. The same folder registers as an Azure ML ``mltable`` asset.
+``read_delimited`` (or ``read_parquet``, with pyarrow installed) and ``convert_column_types``. The same folder
+registers as an Azure ML ``mltable`` asset.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path, PurePosixPath
 
@@ -86,13 +88,19 @@ def load_mltable(folder: str | Path):
         raise MLTableError(not_allowed("path", folder, "an MLTable folder", problem="has no MLTable file")) from None
     if not isinstance(spec, dict) or spec.get("type", "mltable") != "mltable" or not spec.get("paths"):
         raise MLTableError(f"{folder / 'MLTable'}: expected 'type: mltable' and a list of 'paths'")
-    read = next((t["read_delimited"] for t in spec.get("transformations", []) if "read_delimited" in t), {})
+    transformations = spec.get("transformations", [])
+    read = next((t["read_delimited"] for t in transformations if "read_delimited" in t), {})
+    parquet = any(isinstance(t, dict) and "read_parquet" in t for t in transformations)
+    if parquet and importlib.util.find_spec("pyarrow") is None:
+        raise MLTableError(refused(f"{folder / 'MLTable'}", "reads Parquet files (read_parquet), which needs pyarrow, "
+                                                            "and pyarrow is not installed",
+                                   "CSV tables (read_delimited), or `pip install pyarrow` for Parquet"))
     for entry in spec["paths"]:
         if not isinstance(entry, dict) or "file" not in entry:
             raise MLTableError(refused(
                 f"{folder / 'MLTable'}", f"paths entry {bounded_repr(entry)} is not supported", "'file'"))
     files = [_file_inside(folder, entry) for entry in spec["paths"]]  # every path checked before any is read
-    frames = [pd.read_csv(file, sep=read.get("delimiter", ",")) for file in files]
+    frames = [pd.read_parquet(file) if parquet else pd.read_csv(file, sep=read.get("delimiter", ",")) for file in files]
     frame = pd.concat(frames, ignore_index=True)
     for t in spec.get("transformations", []):
         for column in t.get("convert_column_types", []):

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from toolkit.catalogue import data_assets
-from toolkit.data.corpus import pydoc_text
+from toolkit.data.shipped import pydoc_text, stdlib_text
 from toolkit.catalogue.mltable import write_mltable
 
 
@@ -17,6 +17,19 @@ def register_pydoc(ws) -> data_assets.DataAsset:
         path.write_bytes(pydoc_text())
         return data_assets.register(ws, "pydoc", path, type="uri_file", tags={"source": "pydoc_data.topics"},
                                     description="CPython's own documentation, the byte-level LM corpus")
+
+
+def register_stdlib(ws) -> data_assets.DataAsset:
+    """The standard library's own .py sources (the built-in data.dataset 'stdlib': each file after a '# file: NAME'
+    line, joined by blank lines) as a text file asset, ``stdlib``: a code corpus."""
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stdlib.txt"
+        path.write_bytes(stdlib_text())
+        return data_assets.register(ws, "stdlib", path, type="uri_file",
+                                    tags={"source": f"python{sys.version_info.major}.{sys.version_info.minor} stdlib"},
+                                    description="The Python standard library's own source code, a code corpus")
 
 
 def register_digits(ws) -> data_assets.DataAsset:
@@ -33,4 +46,4 @@ def register_digits(ws) -> data_assets.DataAsset:
                                     description="1,797 handwritten digits, 8x8 pixels with values 0-16")
 
 
-BUILTINS = {"pydoc": register_pydoc, "digits": register_digits}
+BUILTINS = {"pydoc": register_pydoc, "stdlib": register_stdlib, "digits": register_digits}

@@ -1,31 +1,41 @@
-"""Built-in datasets and the batch pipeline.
+"""Datasets and the batch pipeline.
 
 A batch is addressed by its step number: batch ``i`` of rank ``r`` is drawn from a generator seeded by
 (seed, r, i). That makes sampling free of Python per-token work, gives every rank its own stream, and means
 "the data loader position" is just the step, so a resumed run sees exactly the batches it would have seen.
+
+Three shapes of data, each a Corpus:
+
+    PackedCorpus    documents packed into one token stream (EOS, or SEPARATOR for bytes, between documents); a row
+                    is a random window of block_size + 1 tokens
+    ExampleCorpus   one example a row, padded to block_size with an attention_mask: instruction pairs (labels only
+                    on the completion) or labelled texts (one class per row)
+    TableCorpus     feature rows and class labels (digits)
+
+Text is tokenized once into memory-mapped token files (toolkit.data.token_files) from its source
+(toolkit.data.sources) as toolkit.data.documents reads it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from toolkit import paths
-from toolkit.data.batch import INPUT_IDS, INPUTS, LABELS
-from toolkit.data.tokenizers import BYTES_KEY
+from toolkit.data.batch import ATTENTION_MASK, IGNORE_INDEX, INPUT_IDS, INPUTS, LABELS
+from toolkit.data.documents import SEPARATOR, DataFormat, DataFormatError, data_format
+from toolkit.data.shipped import pydoc_documents, pydoc_text, stdlib_documents, stdlib_files, stdlib_text  # noqa: F401
+from toolkit.data.token_files import TokenFiles, build_token_files, token_file  # noqa: F401 (token_file: public)
+from toolkit.data.tokenizers import ByteTokenizer, load_tokenizer
 from toolkit.errors import not_allowed, refused
 
-
-SEPARATOR = b"\n\n"  # between two files of a folder asset
 VAL_STREAM = 2**31 - 1  # the rank slot of the validation stream, so it never collides with a training rank
+EXAMPLE_ORDER_SEED = 0  # examples are shuffled once, the same way everywhere, before the tail is held out
 
 
 def _generator(seed: int, stream: int, index: int) -> torch.Generator:
@@ -36,10 +46,10 @@ def _generator(seed: int, stream: int, index: int) -> torch.Generator:
 
 @dataclass
 class Split:
-    """One split of a dataset, as tensors in memory (the built-ins are small)."""
+    """One split of a table, as tensors in memory (tables are small)."""
 
-    inputs: torch.Tensor  # bytes (text) or feature rows (tables)
-    targets: torch.Tensor | None  # None for text: targets are the inputs shifted by one
+    inputs: torch.Tensor
+    targets: torch.Tensor
 
 
 class Corpus:
@@ -48,12 +58,16 @@ class Corpus:
     name: str
     sha256: str
     size_bytes: int
-    bytes_per_item: float | None = None  # set for byte-level text, so val loss converts to bits per byte
+    # UTF-8 bytes per predicted token of the validation split, so val loss converts to bits per byte; None when the
+    # data is not text to predict (tables, labelled examples)
+    bytes_per_item: float | None = None
     asset: dict | None = None  # the registered data asset it came from (ref, sha256, type), if any
+    tokenizer: dict | None = None  # the tokenizer's key, sha256, source and vocab_size (text only)
+    label_names: list[str] | None = None  # class names in id order, when the labels were names
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator,
               shard: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
-        """A batch (a dict of tensors, keyed as toolkit.train.models describes) drawn with ``generator`` from
+        """A batch (a dict of tensors, keyed as toolkit.data.batch describes) drawn with ``generator`` from
         ``split``; ``shard`` = (rank, world) restricts it to that rank's disjoint share."""
         raise NotImplementedError
 
@@ -64,33 +78,119 @@ def _shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
     return n * rank // world, n * (rank + 1) // world
 
 
-class ByteCorpus(Corpus):
-    """Text as raw bytes; a batch is random windows of block_size + 1 bytes (input and shifted target)."""
+def _draw(n: int, batch_size: int, generator: torch.Generator, shard: tuple[int, int]) -> torch.Tensor:
+    low, high = _shard_range(n, shard)
+    return torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
 
-    bytes_per_item = 1.0
 
-    def __init__(self, name: str, tokens: torch.Tensor, sha256: str, block_size: int, val_fraction: float):
-        self.name, self.block_size, self.sha256, self.size_bytes = name, block_size, sha256, len(tokens)
+class PackedCorpus(Corpus):
+    """Documents as one token stream; a batch is random windows of block_size + 1 tokens (input and shifted
+    target). ``byte_lengths`` (UTF-8 bytes per id) sets bits per byte; None: one token is one byte."""
+
+    def __init__(self, name: str, tokens: torch.Tensor, sha256: str, block_size: int, val_fraction: float,
+                 byte_lengths: np.ndarray | None = None, size_bytes: int | None = None):
+        self.name, self.block_size, self.sha256 = name, block_size, sha256
+        self.size_bytes = len(tokens) if size_bytes is None else size_bytes
         cut = int(len(tokens) * (1 - val_fraction))  # the tail is held out, never trained on
         self.splits = {"train": tokens[:cut], "val": tokens[cut:]}
+        unit = "bytes" if byte_lengths is None else "tokens"
         for split, data in self.splits.items():
             if len(data) <= block_size + 1:
                 raise ValueError(
                     not_allowed("model.block_size", block_size, f"< {len(data) - 1}",
-                                problem=f"is too long for the {split} split of {name} ({len(data)} bytes)"))
+                                problem=f"is too long for the {split} split of {name} ({len(data)} {unit})"))
+        self.bytes_per_item = 1.0 if byte_lengths is None else \
+            bytes_per_token(byte_lengths, self.splits["val"].numpy())
         self._window = torch.arange(block_size + 1)
 
     @classmethod
-    def from_bytes(cls, name: str, text: bytes, block_size: int, val_fraction: float) -> "ByteCorpus":
+    def from_bytes(cls, name: str, text: bytes, block_size: int, val_fraction: float) -> "PackedCorpus":
         tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         return cls(name, tokens, hashlib.sha256(text).hexdigest(), block_size, val_fraction)
 
     def batch(self, split, batch_size, generator, shard=(0, 1)):
         data = self.splits[split]
-        low, high = _shard_range(len(data) - self.block_size - 1, shard)
-        starts = torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
+        starts = _draw(len(data) - self.block_size - 1, batch_size, generator, shard)
         chunk = data[starts[:, None] + self._window].long()  # (B, T+1): one gather, no Python loop per token
         return {INPUT_IDS: chunk[:, :-1], LABELS: chunk[:, 1:]}
+
+
+def bytes_per_token(byte_lengths: np.ndarray, tokens: np.ndarray) -> float:
+    """UTF-8 bytes per token over ``tokens``, counted exactly (each id's bytes), not averaged over a vocabulary."""
+    return float(byte_lengths[np.asarray(tokens, dtype=np.int64)].sum()) / max(1, len(tokens))
+
+
+def fit_example(prompt_len: int, length: int, room: int) -> tuple[int, int]:
+    """The slice [start, stop) of an example (its first ``prompt_len`` tokens the prompt, ``length`` in all) that
+    fits a row of ``room`` tokens: all of it when it fits; else the completion keeps at least half the row (or all
+    of itself, with the prompt's end before it), so every row has completion tokens to learn from."""
+    if length <= room:
+        return 0, length
+    kept_prompt = min(prompt_len, max(room // 2, room - (length - prompt_len)))
+    start = prompt_len - kept_prompt
+    return start, start + room
+
+
+class ExampleCorpus(Corpus):
+    """One example a row: instruction pairs (``labelled`` False: input_ids, labels on the completion only,
+    attention_mask; rows of block_size) or labelled texts (input_ids, attention_mask, one label a row). Examples are
+    shuffled once (a fixed order) and the tail is held out."""
+
+    def __init__(self, name: str, files: TokenFiles, sha256: str, block_size: int, val_fraction: float,
+                 pad_id: int, byte_lengths: np.ndarray, labelled: bool):
+        self.name, self.sha256, self.size_bytes = name, sha256, files.meta["bytes"]
+        self.block_size, self.pad_id, self.labelled = block_size, pad_id, labelled
+        self.tokens, self.starts, self.mask, self.labels = files.tokens, files.starts, files.mask, files.labels
+        self.label_names = files.meta.get("label_names")
+        count = len(self.starts) - 1
+        order = np.random.default_rng(EXAMPLE_ORDER_SEED).permutation(count)
+        cut = int(count * (1 - val_fraction))
+        if cut < 1 or cut == count:
+            raise ValueError(not_allowed("data.val_fraction", val_fraction, "a share that leaves examples in both "
+                                         "splits (or more examples)",
+                                         problem=f"splits the {count} examples of {name} into {cut} and {count - cut}"))
+        self.splits = {"train": order[:cut], "val": order[cut:]}
+        if not labelled:
+            in_val = np.zeros(count, dtype=bool)
+            in_val[self.splits["val"]] = True
+            counted = np.repeat(in_val, np.diff(self.starts)) & (self.mask == 1)
+            self.bytes_per_item = bytes_per_token(byte_lengths, self.tokens[counted])
+
+    def check_labels(self, num_labels: int) -> None:
+        """Refuse labels the classifier has no output for."""
+        top = int(self.labels.max())
+        if top >= num_labels:
+            seen = f"{len(self.label_names)} class names ({', '.join(self.label_names[:5])}" \
+                   f"{', ...' if len(self.label_names) > 5 else ''})" if self.label_names else f"class {top}"
+            raise DataFormatError(not_allowed("model.hf.num_labels", num_labels, f"{top + 1} or more",
+                                              problem=f"is too few for {self.name}, which has {seen}"))
+
+    def _rows(self, examples: np.ndarray, room: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, counted, valid), each (B, room): the examples cut to fit, padded with pad_id at the end."""
+        ids = np.full((len(examples), room), self.pad_id, dtype=np.int64)
+        counted = np.zeros((len(examples), room), dtype=bool)
+        valid = np.zeros((len(examples), room), dtype=bool)
+        for row, i in enumerate(examples):
+            first, end = int(self.starts[i]), int(self.starts[i + 1])
+            if self.labelled:
+                start, stop = 0, min(end - first, room)  # a text keeps its beginning
+            else:
+                prompt_len = int(np.argmax(self.mask[first:end]))  # the first counted token ends the prompt
+                start, stop = fit_example(prompt_len, end - first, room)
+                counted[row, :stop - start] = self.mask[first + start:first + stop] == 1
+            ids[row, :stop - start] = self.tokens[first + start:first + stop]
+            valid[row, :stop - start] = True
+        return torch.from_numpy(ids), torch.from_numpy(counted), torch.from_numpy(valid)
+
+    def batch(self, split, batch_size, generator, shard=(0, 1)):
+        examples = self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()]
+        if self.labelled:
+            ids, _, valid = self._rows(examples, self.block_size)
+            return {INPUT_IDS: ids, ATTENTION_MASK: valid.long(),
+                    LABELS: torch.from_numpy(np.asarray(self.labels[examples], dtype=np.int64))}
+        ids, counted, valid = self._rows(examples, self.block_size + 1)
+        labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
+        return {INPUT_IDS: ids[:, :-1], LABELS: labels, ATTENTION_MASK: valid[:, :-1].long()}
 
 
 class TableCorpus(Corpus):
@@ -108,45 +208,45 @@ class TableCorpus(Corpus):
 
     def batch(self, split, batch_size, generator, shard=(0, 1)):
         data = self.splits[split]
-        low, high = _shard_range(len(data.targets), shard)
-        rows = torch.randint(low, max(high, low + 1), (batch_size,), generator=generator)
+        rows = _draw(len(data.targets), batch_size, generator, shard)
         return {INPUTS: data.inputs[rows], LABELS: data.targets[rows]}
 
 
-def pydoc_text() -> bytes:
-    """CPython's own documentation (pydoc_data.topics, ~466 kB of English and code), in a fixed order."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[key] for key in sorted(topics)).encode("utf-8")
-
-
-def stdlib_files() -> list[Path]:
-    """The standard library's own .py sources, in a fixed order: a real code corpus in every Python (tests,
-    third-party site-packages and IDLE left out)."""
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__", "lib2to3"}
-    found = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [d for d in subfolders if d not in skip]  # pruned, not walked: site-packages is large
-        found += [Path(folder) / n for n in names if n.endswith(".py")]
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+def _tokenized(cfg, fmt: DataFormat, source, tokenizer, name: str) -> Corpus:
+    """A corpus from a source's token files (built on first use) for ``tokenizer``."""
+    files = build_token_files(source.sha256, tokenizer, fmt, fmt.tag(source.has_jsonl), source.batches(fmt),
+                              source.size_bytes, source.name)
+    if fmt.mode == "text":
+        lengths = None if isinstance(tokenizer, ByteTokenizer) else tokenizer.byte_lengths()  # None: 1 byte a token
+        return PackedCorpus(name, torch.from_numpy(files.tokens), source.sha256, cfg.model.block_size,
+                            cfg.data.val_fraction, lengths, size_bytes=source.size_bytes)
+    corpus = ExampleCorpus(name, files, source.sha256, cfg.model.block_size, cfg.data.val_fraction,
+                           tokenizer.pad_id, tokenizer.byte_lengths(), labelled=fmt.mode == "labelled")
+    if fmt.mode == "labelled":
+        corpus.check_labels(cfg.model.hf.num_labels)
+    return corpus
 
 
-def stdlib_text() -> bytes:
-    """The files of :func:`stdlib_files`, each preceded by a '# file: NAME' line, joined by SEPARATOR (~20 MB)."""
-    root = Path(__import__("sysconfig").get_paths()["stdlib"])
-    return SEPARATOR.join(b"# file: " + p.relative_to(root).as_posix().encode() + b"\n" + p.read_bytes()
-                          for p in stdlib_files())
+def _builtin_text(name: str, documents: Callable[[], list[bytes]]) -> Callable:
+    def load(cfg) -> Corpus:
+        from toolkit.data.sources import builtin_source
 
+        fmt = data_format(cfg)
+        if fmt.mode != "text":
+            raise DataFormatError(refused("data.dataset", f"{name!r} is plain text; {fmt.mode} data needs its own "
+                                                          "examples", "data.asset or data.path with JSON Lines"))
+        tokenizer = load_tokenizer(cfg)
+        docs = documents()
+        text = SEPARATOR.join(docs)
+        if isinstance(tokenizer, ByteTokenizer):
+            corpus = PackedCorpus.from_bytes(name, text, cfg.model.block_size, cfg.data.val_fraction)
+        else:
+            corpus = _tokenized(cfg, fmt, builtin_source(name, docs, hashlib.sha256(text).hexdigest()), tokenizer,
+                                name)
+        corpus.tokenizer = tokenizer.identity()
+        return corpus
 
-def _load_pydoc(cfg) -> Corpus:
-    return ByteCorpus.from_bytes("pydoc", pydoc_text(), cfg.model.block_size, cfg.data.val_fraction)
-
-
-def _load_stdlib(cfg) -> Corpus:
-    return ByteCorpus.from_bytes("stdlib", stdlib_text(), cfg.model.block_size, cfg.data.val_fraction)
+    return load
 
 
 def _load_digits(cfg) -> Corpus:
@@ -156,47 +256,28 @@ def _load_digits(cfg) -> Corpus:
     return TableCorpus("digits", digits.data / 16.0, digits.target, cfg.data.val_fraction)
 
 
-DATASETS: dict[str, Callable] = {"pydoc": _load_pydoc, "stdlib": _load_stdlib, "digits": _load_digits}
+DATASETS: dict[str, Callable] = {"pydoc": _builtin_text("pydoc", pydoc_documents),
+                                 "stdlib": _builtin_text("stdlib", stdlib_documents), "digits": _load_digits}
 
 
-def token_file(asset) -> Path:
-    """Tokenize a text asset once per content: its files' bytes in file-name order, joined by SEPARATOR, in one
-    flat file in the user cache keyed by the content hash and the tokenizer (never beside the data: not in a
-    snapshot, not in the user's folder), written atomically. The files are the asset's listing for a registered
-    version (from :func:`toolkit.catalogue.data_assets.open_asset`), never a walk of its snapshot. Each file is hashed as it
-    is copied, and bytes that are not the ones the asset was hashed as are refused, so the tokens are always what
-    the lineage names."""
-    import uuid
+def _text_asset(asset, cfg, fmt: DataFormat, ref: str) -> Corpus:
+    from toolkit.data.sources import asset_source, table_source
 
-    from toolkit.catalogue.data_assets import asset_files, check_unchanged
-    from toolkit.fsio import read_hashed
-
-    if not asset.sha256:
-        raise ValueError(f"data: {asset.source!r} was opened without hashing; a token file needs its content hash")
-    cache = paths.cache_dir() / "tokens" / f"{asset.sha256}-{BYTES_KEY}.u8"
-    if cache.exists():
-        return cache
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    files = asset_files(asset)
-    tmp = cache.with_name(f".{cache.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        read = {}
-        with open(tmp, "xb") as out:
-            for i, (name, path) in enumerate(sorted(files)):
-                out.write(SEPARATOR if i else b"")
-                read[name] = read_hashed(path, out)
-        check_unchanged(asset, [{"name": name, "sha256": read[name][0], "size": read[name][1]} for name, _ in files])
-        os.replace(tmp, cache)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return cache
-
-
-def _text_asset(asset, cfg) -> Corpus:
-    # Memory-mapped: ranks and DataLoader workers share the page cache instead of each holding a copy.
-    # mode="c" (copy-on-write) gives torch a writable view without ever writing to the file.
-    tokens = torch.from_numpy(np.memmap(token_file(asset), dtype=np.uint8, mode="c"))
-    return ByteCorpus(asset.ref, tokens, asset.sha256, cfg.model.block_size, cfg.data.val_fraction)
+    tokenizer = load_tokenizer(cfg)
+    if asset.type == "mltable":
+        if fmt.mode != "labelled":
+            raise DataFormatError(refused("data", f"{ref} is a table (mltable); {fmt.mode} data is read from files",
+                                          "uri_file or uri_folder assets of text or JSON Lines"))
+        source = table_source(asset, ref)
+    else:
+        source = asset_source(asset, ref)
+    if fmt.mode == "text" and isinstance(tokenizer, ByteTokenizer) and not source.has_jsonl:
+        tokens = torch.from_numpy(np.memmap(token_file(asset), dtype=np.uint8, mode="c"))
+        corpus = PackedCorpus(asset.ref, tokens, asset.sha256, cfg.model.block_size, cfg.data.val_fraction)
+    else:
+        corpus = _tokenized(cfg, fmt, source, tokenizer, asset.ref)
+    corpus.tokenizer = tokenizer.identity()
+    return corpus
 
 
 def _table_asset(asset, cfg) -> Corpus:
@@ -210,12 +291,10 @@ def _table_asset(asset, cfg) -> Corpus:
     return TableCorpus(asset.ref, features / scale, frame["label"].to_numpy(), cfg.data.val_fraction)
 
 
-ASSET_LOADERS: dict[str, Callable] = {"uri_file": _text_asset, "uri_folder": _text_asset, "mltable": _table_asset}
-
-
 def load_corpus(cfg) -> Corpus:
     """The file or folder at data.path, else the registered asset named by data.asset (pinned to a version at
-    launch), else a built-in dataset."""
+    launch), else a built-in dataset. Text of any kind is tokenized by data.tokenizer; a table trains a feature
+    model, or a sequence classifier on its text and label columns."""
     from toolkit.catalogue import data_assets
 
     if cfg.data.path:
@@ -227,8 +306,13 @@ def load_corpus(cfg) -> Corpus:
         asset = data_assets.open_asset(Workspace.open(cfg.data.workspace or None), cfg.data.asset)
     else:
         return DATASETS[cfg.data.dataset](cfg)
-    corpus = ASSET_LOADERS[asset.type](asset, cfg)
-    corpus.asset = {"ref": asset.source if cfg.data.path else asset.ref, "sha256": asset.sha256, "type": asset.type}
+    ref = asset.source if cfg.data.path else asset.ref
+    fmt = data_format(cfg)
+    if asset.type == "mltable" and fmt.mode == "text":
+        corpus = _table_asset(asset, cfg)
+    else:
+        corpus = _text_asset(asset, cfg, fmt, ref)
+    corpus.asset = {"ref": ref, "sha256": asset.sha256, "type": asset.type}
     return corpus
 
 
@@ -267,6 +351,8 @@ def val_batches(corpus: Corpus, cfg, rank: int, world_size: int):
 
 
 def bits_per_byte(loss_nats: float, corpus: Corpus) -> float | None:
+    """Validation loss (nats per predicted token) as bits per UTF-8 byte: loss / ln 2 x tokens per byte of the
+    validation split (1 for bytes)."""
     if corpus.bytes_per_item is None:
         return None
     return loss_nats / math.log(2) / corpus.bytes_per_item

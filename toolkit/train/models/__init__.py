@@ -100,7 +100,8 @@ MODELS: dict[str, ModelSpec] = {
                      loss=lambda cfg: _text_loss, flops_per_item=_gpt_flops),
     "digits_mlp": ModelSpec(build=_build_digits, datasets=lambda cfg: ("digits",), asset_types=("mltable",),
                             loss=lambda cfg: _table_loss, flops_per_item=matmul_flops),
-    "hf": ModelSpec(build=_build_hf, datasets=_hf_datasets, asset_types=TEXT_ASSETS, loss=_hf_loss,
+    # mltable: labelled text for a sequence classifier (toolkit.data refuses a table for a causal LM)
+    "hf": ModelSpec(build=_build_hf, datasets=_hf_datasets, asset_types=TEXT_ASSETS + ("mltable",), loss=_hf_loss,
                     flops_per_item=_hf_flops),
     # The user's own module trains on whatever data it is given: the batch's keys say what it is.
     "custom": ModelSpec(build=_build_custom, datasets=lambda cfg: TEXT_DATASETS + ("digits",),

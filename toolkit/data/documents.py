@@ -1,0 +1,187 @@
+"""What a data file holds, before any tokenizer: documents (plain text, JSON Lines with a text field), instruction
+examples (prompt and completion fields) or labelled examples (text and label). Parsing only: no torch, no files
+opened here, every bad line refused with its file and line number.
+
+    data_format(cfg)                        which of the three a run trains on, and the fields it reads
+    file_records(name, data, fmt, where)    one file's documents or examples
+    table_records(frame, fmt, where)        an MLTable's labelled examples
+    label_ids(labels, ...)                  class ids for integer labels, or for class names in sorted order
+
+A file is JSON Lines when its name ends in .jsonl (in a uri_file or uri_folder asset, or at data.path); any other
+file is one plain-text document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import numpy as np
+
+from toolkit.errors import bounded_repr, refused
+
+SEPARATOR = b"\n\n"  # between two documents, for a tokenizer without an end-of-text token (bytes)
+FORMAT_VERSION = 1  # part of every cache tag: a change to what a token file holds gets new files
+MODES = ("text", "instruction", "labelled")
+
+
+class DataFormatError(ValueError):
+    """Data that cannot be read as the config says (a bad JSON line, a missing field or column, a mixed label);
+    the message names the file and line (or row) and what is allowed."""
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    mode: str  # text: documents to pack; instruction: prompt/completion pairs; labelled: text with a class
+    text_field: str = ""
+    prompt_field: str = ""
+    completion_field: str = ""
+    label_field: str = ""
+
+    def tag(self, has_jsonl: bool) -> str:
+        """This format's part of a token file's name: empty for plain text (so byte-level text keeps its name),
+        else a short hash of the mode and the fields read."""
+        if self.mode == "text" and not has_jsonl:
+            return ""
+        described = json.dumps({"v": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return "-" + hashlib.sha256(described.encode()).hexdigest()[:12]
+
+    def allowed(self) -> str:
+        """What a JSON Lines line must be, for messages."""
+        if self.mode == "instruction":
+            return (f"one JSON object per line with string fields {self.prompt_field!r} (data.prompt_field) and "
+                    f"{self.completion_field!r} (data.completion_field)")
+        if self.mode == "labelled":
+            return (f"one JSON object per line with a string field {self.text_field!r} (data.text_field) and a label "
+                    f"{self.label_field!r} (data.label_field): a class number (0, 1, ...) or a class name")
+        return f"one JSON object per line with a string field {self.text_field!r} (data.text_field)"
+
+
+def data_format(cfg) -> DataFormat:
+    """The format a config reads its text data as: labelled for a sequence classifier, instruction when
+    data.prompt_field is set, else documents."""
+    data = cfg.data
+    if cfg.model.name == "hf" and cfg.model.hf.task == "sequence_classification":
+        return DataFormat("labelled", text_field=data.text_field, label_field=data.label_field)
+    if data.prompt_field:
+        return DataFormat("instruction", prompt_field=data.prompt_field, completion_field=data.completion_field)
+    return DataFormat("text", text_field=data.text_field)
+
+
+def is_jsonl(name: str) -> bool:
+    return name.lower().endswith(".jsonl")
+
+
+def jsonl_objects(data: bytes, where: str, fmt: DataFormat) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of every non-blank line; a line that is not UTF-8 JSON or not an object is refused."""
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except UnicodeDecodeError:
+            raise DataFormatError(refused("data", f"line {number} of {where} is not UTF-8", fmt.allowed())) from None
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(refused(
+                "data", f"line {number} of {where} is not JSON ({exc.msg} at column {exc.colno})", fmt.allowed())) \
+                from None
+        if not isinstance(value, dict):
+            raise DataFormatError(refused(
+                "data", f"line {number} of {where} is {bounded_repr(value)}, not a JSON object", fmt.allowed()))
+        yield number, value
+
+
+def _string(obj: dict, field: str, number: int, where: str, fmt: DataFormat) -> str:
+    value = obj.get(field)
+    if not isinstance(value, str):
+        problem = "has no field" if field not in obj else f"has {bounded_repr(value)}, not a string, in field"
+        raise DataFormatError(refused("data", f"line {number} of {where} {problem} {field!r}", fmt.allowed()))
+    return value
+
+
+def label_value(value, field: str, place: str, allowed: str):
+    """A label as given: a class number (int >= 0) or a class name (non-empty string)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value:
+        return value
+    problem = "has no label" if value is None else f"has label {bounded_repr(value)}"
+    raise DataFormatError(refused("data", f"{place} {problem} in {field!r}", allowed))
+
+
+def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
+    """One file's records: text mode, documents (a plain file is one, bytes as read; a .jsonl file one per line);
+    instruction mode, (prompt, completion) pairs; labelled mode, (text, label, line number). ``where`` names the file in
+    messages (e.g. "'train.jsonl' of qa:1")."""
+    if not is_jsonl(name):
+        if fmt.mode != "text":
+            kind = "instruction" if fmt.mode == "instruction" else "labelled"
+            raise DataFormatError(refused("data", f"{where} is not JSON Lines (its name does not end in .jsonl)",
+                                          f"{kind} data as .jsonl files: {fmt.allowed()}"
+                                          + (", or an MLTable" if fmt.mode == "labelled" else "")))
+        return [data]
+    records = []
+    for number, obj in jsonl_objects(data, where, fmt):
+        if fmt.mode == "text":
+            records.append(_string(obj, fmt.text_field, number, where, fmt))
+        elif fmt.mode == "instruction":
+            prompt = _string(obj, fmt.prompt_field, number, where, fmt)
+            completion = _string(obj, fmt.completion_field, number, where, fmt)
+            if not prompt and not completion:
+                raise DataFormatError(refused("data", f"line {number} of {where} has an empty prompt and an empty "
+                                                      "completion: nothing to learn from", fmt.allowed()))
+            records.append((prompt, completion))
+        else:
+            text = _string(obj, fmt.text_field, number, where, fmt)
+            records.append((text, label_value(obj.get(fmt.label_field), fmt.label_field,
+                                              f"line {number} of {where}", fmt.allowed()), number))
+    return records
+
+
+def table_records(frame, fmt: DataFormat, where: str) -> list[tuple[str, object, int]]:
+    """An MLTable's (text, label, row number) rows; ``where`` names the table. Rows are numbered from 1 (the header
+    not counted)."""
+    allowed = (f"a table with a text column {fmt.text_field!r} (data.text_field) and a label column "
+               f"{fmt.label_field!r} (data.label_field)")
+    missing = [c for c in (fmt.text_field, fmt.label_field) if c not in frame.columns]
+    if missing:
+        raise DataFormatError(refused("data", f"{where} has no column {missing[0]!r} (its columns: "
+                                              f"{', '.join(map(str, frame.columns))})", allowed))
+    records = []
+    for row, (text, label) in enumerate(zip(frame[fmt.text_field].tolist(), frame[fmt.label_field].tolist()), 1):
+        if not isinstance(text, str):
+            raise DataFormatError(refused("data", f"row {row} of {where} has {bounded_repr(text)}, not text, in "
+                                                  f"{fmt.text_field!r}", allowed))
+        if isinstance(label, float) and label.is_integer():  # pandas reads an int column with gaps as floats
+            label = int(label)
+        records.append((text, label_value(label if label == label else None, fmt.label_field, f"row {row} of {where}",
+                                          allowed), row))
+    return records
+
+
+def label_ids(labels: list) -> tuple[np.ndarray, list[str] | None]:
+    """(class ids, class names): integer labels are the ids (names None); string labels are numbered in sorted
+    order (names: that order). ``labels`` must be all of one kind (:class:`LabelKinds` checks as they are read)."""
+    if not labels or not isinstance(labels[0], str):
+        return np.asarray(labels, dtype=np.int64), None
+    names = sorted(set(labels))
+    index = {name: i for i, name in enumerate(names)}
+    return np.asarray([index[label] for label in labels], dtype=np.int64), names
+
+
+class LabelKinds:
+    """Remembers where the first number and the first name label were seen, to refuse data that mixes them."""
+
+    def __init__(self):
+        self.first: dict[type, str] = {}
+
+    def see(self, label, number: int, where: str, unit: str = "line") -> None:
+        kind = str if isinstance(label, str) else int
+        if kind not in self.first:
+            self.first[kind] = f"{unit} {number} of {where}"
+        if len(self.first) == 2:
+            raise DataFormatError(refused(
+                "data", f"labels mix class numbers (first at {self.first[int]}) and class names (first at "
+                        f"{self.first[str]})", "all labels numbers (0, 1, ...) or all names"))
