@@ -504,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = verbs.add_parser("serve", help="a local online endpoint (Azure ML's scoring contract) on 127.0.0.1")
     serve.add_argument("model", help="a model folder, or a registered NAME[:VERSION]")
     serve.add_argument("--port", type=int, help="port (default: a free one)")
-    serve.add_argument("--runtime", default="onnx", help="onnx (default) or torch")
+    serve.add_argument("--runtime", help="onnx or torch (default: torch for a transformers model, which generates "
+                                         "with a KV cache; onnx for the built-in models)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--max-batch", type=int, default=16, help="requests per forward pass (1: no batching)")
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long an idle model waits to fill a batch")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from toolkit.fsio import remove_stale_staging, replace_in_two_steps, staging_folder
-from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder, verify_model_folder
+from toolkit.deploy.model_format import (FORMAT, MANIFEST, ExportError, check_replaceable, check_runtime, publish_folder,
+                                         served_tasks, verify_model_folder)
 
 FILES = ("model.onnx", "model.safetensors", "config.yaml", "tokenizer.json", "parity.json")
 
@@ -229,3 +231,37 @@ def test_a_folder_with_a_stray_manifest_beside_other_files_is_not_an_export(tmp_
     (earlier / "sub").mkdir()
     assert "holds 'sub', which a model folder does not" in _refusal(earlier)
     assert (victim / "sub" / "important.txt").read_text() == "precious"
+
+
+# --- what a folder serves ------------------------------------------------------------------------------------------
+
+def test_each_kind_of_export_serves_its_tasks_and_a_model_no_endpoint_serves_is_named():
+    assert served_tasks({"model": "gpt"}) == ("generate", "score")
+    assert served_tasks({"model": "hf", "task": "causal_lm"}) == ("generate", "score")
+    assert served_tasks({"model": "hf", "task": "sequence_classification"}) == ("classify",)
+    allowed = "allowed: gpt, hf (causal_lm), hf (sequence_classification)"
+    with pytest.raises(ExportError, match=rf"^model: 'digits_mlp' cannot be served; {re.escape(allowed)}$"):
+        served_tasks({"model": "digits_mlp"})
+    with pytest.raises(ExportError, match=r"^model: 'hf \(token_classification\)' cannot be served"):
+        served_tasks({"model": "hf", "task": "token_classification"})
+
+
+def test_the_runtime_defaults_to_the_models_and_needs_its_weights(tmp_path):
+    folder = _export(tmp_path / "model")
+    gpt = verify_model_folder(folder)
+    assert check_runtime(folder, gpt, None) == "onnx" and check_runtime(folder, gpt, "torch") == "torch"
+    hf = _manifest(folder, model="hf", task="causal_lm")
+    assert check_runtime(folder, hf, None) == "torch", "a transformers model generates with its KV cache on torch"
+    with pytest.raises(ExportError, match=r"^runtime: 'tensorrt' is not allowed; allowed: onnx, torch$"):
+        check_runtime(folder, hf, "tensorrt")
+
+    # an architecture torch.onnx.export could not handle: exported without model.onnx, and the manifest says why
+    (folder / "model.onnx").unlink()
+    why = "torch.onnx.export failed: ValueError: Cannot handle batch sizes > 1 if no padding token is defined."
+    no_onnx = _manifest(folder, [n for n in FILES if n != "model.onnx"], model="hf", task="causal_lm",
+                        onnx_not_exported=why)
+    assert check_runtime(folder, no_onnx, None) == "torch"
+    with pytest.raises(ExportError) as refused:
+        check_runtime(folder, no_onnx, "onnx")
+    assert str(refused.value) == (f"model: '{folder}' has no model.onnx, which --runtime onnx loads (the export could "
+                                  f"not write it: {why}); allowed: a folder with model.onnx, or --runtime torch")

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from toolkit.deploy.serving.protocol import (MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, MAX_TEXT_BYTES,
-                                      GenerateRequest, RequestError, ScoreRequest, body_too_large, parse)
+                                      ClassifyRequest, GenerateRequest, RequestError, ScoreRequest, body_too_large,
+                                      parse)
 
 HUGE = "9" * 5000  # past Python's 4,300-digit int conversion limit
 
@@ -152,3 +153,24 @@ def test_a_missing_field_takes_its_default_and_an_explicit_default_is_the_same()
 def test_an_oversized_body_is_one_413_whoever_notices_it(size, message):
     error = body_too_large(size)
     assert error.status == 413 and str(error).startswith(message), str(error)
+
+
+CLASSIFY = ("classify",)  # what a sequence classifier's endpoint answers (toolkit.deploy.model_format.served_tasks)
+
+
+def test_a_classifier_takes_classify_requests_and_refuses_the_language_model_tasks():
+    assert parse(b'{"task": "classify", "text": "what a day"}', CLASSIFY) == ClassifyRequest(b"what a day")
+    assert parse(b'{"text": "what a day"}', CLASSIFY) == ClassifyRequest(b"what a day"), "its first task is the default"
+    with pytest.raises(RequestError, match=r"^task: 'generate' is not allowed; allowed: classify$"):
+        parse(b'{"task": "generate", "prompt": "x"}', CLASSIFY)
+    with pytest.raises(RequestError, match=r"^prompt: unknown field for task 'classify'; allowed: task, text$"):
+        parse(b'{"prompt": "x"}', CLASSIFY)
+    with pytest.raises(RequestError, match=r"^text: None is not allowed; allowed: a string of 1 to 16,384 UTF-8"):
+        parse(b'{"task": "classify"}', CLASSIFY)
+    with pytest.raises(RequestError, match=r"^text: empty; allowed"):
+        parse(b'{"text": ""}', CLASSIFY)
+
+
+def test_a_language_model_refuses_classify():
+    with pytest.raises(RequestError, match=r"^task: 'classify' is not allowed; allowed: generate, score$"):
+        parse(b'{"task": "classify", "text": "x"}')

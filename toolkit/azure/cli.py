@@ -127,8 +127,8 @@ def _add_deploy_plan(verbs) -> None:
     plan.add_argument("--sku", required=True, help="VM size of one instance, e.g. Standard_DS3_v2")
     plan.add_argument("--instance-count", type=int, default=1, help="instances (default: 1; 3 for production)")
     plan.add_argument("--deployment", default="blue", help="deployment name (default: blue)")
-    plan.add_argument("--runtime", default="onnx", help="onnx (model.onnx) or torch (model.safetensors); "
-                                                        "default: onnx")
+    plan.add_argument("--runtime", help="onnx (model.onnx) or torch (model.safetensors); default: torch for a "
+                                         "transformers model (it generates with a KV cache), onnx for the built-ins")
     plan.add_argument("--max-batch", type=int, default=16, help=f"requests batched together, 1 to {MAX_BATCH} "
                                                                 "(default: 16)")
     plan.add_argument("--max-wait-ms", type=int, default=5,

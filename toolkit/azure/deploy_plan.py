@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -77,6 +78,7 @@ class ModelFolder:
     name: str
     version: str | None  # None: not registered locally; Azure ML gives the next free version
     description: str
+    runtime: str  # what serves it: the runtime asked for, or the folder's default
 
     @property
     def ref(self) -> str:
@@ -159,29 +161,28 @@ def _default_name(path: Path, manifest: dict) -> str | None:
     return name or manifest.get("model")
 
 
-def _verified_manifest(path: Path, runtime: str) -> dict:
-    """The manifest of the folder the plan uploads as the model, once every file matches it (the owner of the
-    check is toolkit.deploy.model_format); the weights ``runtime`` loads are named first, with the other runtime as the
-    way out."""
+def _verified_manifest(path: Path, runtime: str | None) -> tuple[dict, str]:
+    """The manifest of the folder the plan uploads as the model, once every file matches it, and the runtime that
+    serves it (``runtime``, or the folder's default). The owner of both checks is toolkit.deploy.model_format; the
+    weights the runtime loads are named first, with the other runtime as the way out."""
+    from toolkit.deploy.model_format import check_runtime, served_tasks
+
     try:
-        read_manifest(path)
-        weights = WEIGHTS[runtime]
-        if not (path / weights).is_file():
-            other = next(r for r in WEIGHTS if r != runtime)
-            raise AzureError(not_allowed("MODEL", path, f"a folder with {weights}, or --runtime {other}",
-                                         problem=f"has no {weights}, which --runtime {runtime} loads"))
-        return verify_model_folder(path)
+        manifest = read_manifest(path)
+        runtime = check_runtime(path, manifest, runtime)
+        served_tasks(manifest)
+        return verify_model_folder(path), runtime
     except ExportError as exc:
         raise AzureError(f"MODEL: {str(exc).removeprefix('model: ')}") from None
 
 
-def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
+def read_model_folder(path: Path, runtime: str | None, registered=None) -> ModelFolder:
     """Check an exported model folder: its manifest, every file it lists (size and sha256), and the weights
-    ``runtime`` loads. Name and version: the local registration's if MODEL named one, else the manifest's, else
-    the run config's name and no version (Azure ML numbers it)."""
+    ``runtime`` (None: the folder's default) loads. Name and version: the local registration's if MODEL named one,
+    else the manifest's, else the run config's name and no version (Azure ML numbers it)."""
     from toolkit.names import NAME_ALLOWED, is_name
 
-    manifest = _verified_manifest(path, runtime)
+    manifest, runtime = _verified_manifest(path, runtime)
     where = repr(str(path / MANIFEST))
     name = registered.name if registered else manifest.get("name") or _default_name(path, manifest)
     if not is_name(name):
@@ -189,7 +190,7 @@ def read_model_folder(path: Path, runtime: str, registered=None) -> ModelFolder:
     version = _manifest_version(registered.version if registered else manifest.get("version"), where)
     description = str((registered.description if registered else "") or manifest.get("description")
                       or f"Trainbook model {name} ({manifest.get('format', '?')})")
-    return ModelFolder(path, manifest, name, version, description)
+    return ModelFolder(path, manifest, name, version, description, runtime)
 
 
 # --- the plan --------------------------------------------------------------------------------------------------
@@ -248,11 +249,13 @@ class DeploymentPlan:
 
 
 def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instance_count: int = 1,
-                          deployment: str = "blue", runtime: str = "onnx", max_batch: int = 16, max_wait_ms: int = 5,
+                          deployment: str = "blue", runtime: str | None = None, max_batch: int = 16,
+                          max_wait_ms: int = 5,
                           image: str | None = None, workspace: WorkspaceRef | None = None,
                           project_root: str | Path | None = None) -> DeploymentPlan:
     """Validate everything (options, size, model folder, code upload and score.py, environment.yml) and build
-    the endpoint, model, environment and deployment entities."""
+    the endpoint, model, environment and deployment entities. ``runtime`` None: the model folder's default (torch
+    for a transformers model, onnx for the built-ins)."""
     from toolkit.paths import PROJECT_ROOT
 
     options = DeployOptions(endpoint=str(endpoint), deployment=str(deployment), instance_count=instance_count,
@@ -262,13 +265,15 @@ def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instanc
             raise AzureError(message(options))
     try:  # the serving knobs have one owner, shared with the local endpoint. Azure ML's server runs 16 threads
         # and answers the client itself after REQUEST_TIMEOUT_MS: score.py gives up on a request at the same time
-        serving = ServingOptions(runtime=str(runtime), max_batch=max_batch, max_wait_ms=max_wait_ms,
-                                 threads=entities.SERVER_THREADS, request_timeout=entities.REQUEST_TIMEOUT_MS / 1000)
+        serving = ServingOptions(**({"runtime": str(runtime)} if runtime is not None else {}), max_batch=max_batch,
+                                 max_wait_ms=max_wait_ms, threads=entities.SERVER_THREADS,
+                                 request_timeout=entities.REQUEST_TIMEOUT_MS / 1000)
     except ServingOptionsError as exc:
         raise AzureError(str(exc)) from None
     the_sku = get_online_sku(sku)
     model_dir, registered = resolve_model(model)
-    folder = read_model_folder(model_dir, serving.runtime, registered)
+    folder = read_model_folder(model_dir, runtime, registered)
+    serving = dataclasses.replace(serving, runtime=folder.runtime)
     root = Path(project_root or PROJECT_ROOT).resolve()
     upload = code_upload.scan(root)
     code_upload.check(upload)

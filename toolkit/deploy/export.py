@@ -8,6 +8,10 @@
       tokenizer.json         how text becomes input ids (bytes: id = byte value)
       parity.json            max |eager PyTorch - ONNX Runtime| on held-out inputs, per shape
 
+A transformers model (model.name=hf) is written as a folder plain transformers loads (save_pretrained's
+config.json, generation_config.json and model.safetensors, the tokenizer's own files), with ONNX where the
+architecture exports: see toolkit.deploy.hf_export.
+
 Weights come from the run's newest valid checkpoint, whatever the engine: torch's state dict, or DeepSpeed's
 ZeRO files consolidated to fp32. The folder is assembled beside its destination (a hidden, locked staging folder),
 fsynced and swapped into place in one step (see toolkit.fsio): after a crash at any point ``model/`` is
@@ -123,9 +127,13 @@ class ExportResult:
 
     def summary(self) -> str:
         p, m = self.parity, self.manifest
+        onnx = (f"opset {m['onnx_opset']}, dynamic axes {m['dynamic_axes']}" if m["onnx_opset"] is not None
+                else f"not exported ({m.get('onnx_not_exported')}); serve with --runtime torch")
+        weights = "safetensors" + (", a transformers folder (from_pretrained loads it)" if m["model"] == "hf" else "")
+        compared = " and ".join(f"|torch - {c}|" for c in p.get("compared", ["onnxruntime"]))
         rows = [f"model folder  {self.path}", f"from          {m['run_dir']} ({m['checkpoint']}, {m['engine']})",
-                f"weights       {m['parameters']:,} parameters, safetensors", f"onnx          opset {m['onnx_opset']}, "
-                f"dynamic axes {m['dynamic_axes']}", f"parity        max |torch - onnxruntime| = {p['max_abs_diff']:.2e} "
+                f"weights       {m['parameters']:,} parameters, {weights}", f"onnx          {onnx}",
+                f"parity        max {compared} = {p['max_abs_diff']:.2e} "
                 f"over {sum(s['values'] for s in p['shapes']):,} logits ({'within' if self.parity_ok else 'OVER'} "
                 f"the {p['target']:g} target)"]
         return "\n".join(rows)
@@ -184,23 +192,44 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> ExportResu
     out = Path(out) if out else run.path / "model"
     check_replaceable(out)
     model, cfg, info = load_trained_model(run_dir)
+    provenance = {"run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
+                  "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
+                  "data": run.read_lineage().get("data", {})}
+    return write_model_folder(model, cfg, out, provenance)
+
+
+PROVENANCE = ("run_dir", "checkpoint", "step", "engine", "zero_stage", "data")
+
+
+def write_model_folder(model, cfg, out: str | Path, provenance: dict) -> ExportResult:
+    """The export of ``model`` (trained under ``cfg``) at ``out``, published in one step; ``provenance`` says where
+    the weights came from (PROVENANCE's fields: the run, its checkpoint and data). export_run's writer, and the way
+    to export a model trained outside a run."""
+    out = Path(out)
+    check_replaceable(out)
     with staging_folder(out) as tmp:
-        manifest, parity = _write_export(model, cfg, info, run, tmp)
+        if cfg.model.name == "hf":
+            from toolkit.deploy.hf_export import write_hf_export
+
+            fields, parity = write_hf_export(model, cfg, tmp)
+        else:
+            fields, parity = _write_builtin(model, cfg, tmp)
+        (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file
+        (tmp / "parity.json").write_text(json.dumps(parity, indent=1))
+        manifest = _write_manifest(tmp, model, cfg, provenance, fields, parity)
         publish_folder(tmp, out)
     return ExportResult(out, manifest, parity)
 
 
-def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]:
-    """Every file of the model folder into ``tmp``, the manifest last; returns (manifest, parity)."""
+def _write_builtin(model, cfg, tmp: Path) -> tuple[dict, dict]:
+    """The built-in models' files (weights, tokenizer, ONNX) into ``tmp``; returns (manifest fields, parity)."""
     from safetensors.torch import save_model
 
     from toolkit.data.corpus import load_corpus
     from toolkit.data.tokenizers import load_tokenizer
-    from toolkit.catalogue.lineage import package_versions
 
     corpus = load_corpus(cfg)
     save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
-    (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file
     if cfg.model.name == "gpt":
         load_tokenizer(cfg).save(tmp)
     else:
@@ -209,18 +238,20 @@ def _write_export(model, cfg, info, run: RunDir, tmp: Path) -> tuple[dict, dict]
     example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
     opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
     parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
-    (tmp / "parity.json").write_text(json.dumps(parity, indent=1))
-    lineage = run.read_lineage()
+    return {"onnx_opset": opset, "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
+            "block_size": getattr(cfg.model, "block_size", None)}, parity
+
+
+def _write_manifest(tmp: Path, model, cfg, provenance: dict, fields: dict, parity: dict) -> dict:
+    """The manifest, written last: every file of ``tmp`` with its size and sha256, and where the weights came from."""
+    from toolkit.catalogue.lineage import package_versions
+
     files = sorted(p.name for p in tmp.iterdir())
     manifest = {
         "format": FORMAT, "model": cfg.model.name, "parameters": sum(p.numel() for p in model.parameters()),
-        "run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
-        "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
-        "data": lineage.get("data", {}), "config_sha256": cfg.fingerprint(), "onnx_opset": opset,
-        "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
-        "block_size": getattr(cfg.model, "block_size", None), "parity_max_abs_diff": parity["max_abs_diff"],
-        "exported": time.time(), "packages": package_versions(),
+        **{key: provenance[key] for key in PROVENANCE}, "config_sha256": cfg.fingerprint(), **fields,
+        "parity_max_abs_diff": parity["max_abs_diff"], "exported": time.time(), "packages": package_versions(),
         "files": {name: {"sha256": sha256_file(tmp / name), "size": (tmp / name).stat().st_size} for name in files},
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return manifest, parity
+    return manifest

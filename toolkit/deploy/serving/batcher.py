@@ -6,7 +6,10 @@ all active requests and gives each generating request its next token. A request 
 batch at once and a waiting one joins at the next step, so a long generation never holds short ones back.
 
 Rows of different lengths share one forward by right-padding: with causal attention, position t sees only
-positions <= t, so the logits at each row's last real position are exactly those of the row alone.
+positions <= t, so the logits at each row's last real position are exactly those of the row alone. A runtime
+with a KV cache (a transformers causal LM on torch) generates differently: each request's prompt runs once, then
+one forward over the cache gives every generating request its next token (toolkit.deploy.serving.kv_cache).
+A classifier's rows are not padded (its label is read at the last position): they share forwards by length.
 ``max_batch=1`` turns batching off (one request at a time), the baseline the benchmark compares against.
 
 ``max_batch`` counts requests, but memory grows with rows: a 16 KB text scored in 32-byte windows is 529 rows.
@@ -24,8 +27,8 @@ from concurrent.futures import Future, InvalidStateError
 
 import numpy as np
 
-from toolkit.deploy.serving.protocol import GenerateRequest, ScoreRequest
-from toolkit.errors import not_allowed
+from toolkit.deploy.serving.protocol import ClassifyRequest, GenerateRequest, RequestError, ScoreRequest
+from toolkit.errors import not_allowed, refused
 
 MAX_ROWS_PER_FORWARD = 64  # rows of at most block_size ids in one forward: what bounds the server's memory
 
@@ -33,8 +36,11 @@ MAX_ROWS_PER_FORWARD = 64  # rows of at most block_size ids in one forward: what
 class _Job:
     """A request in flight: the rows it needs this step, and what it does with their logits."""
 
-    def __init__(self, request, block_size: int, deadline: float | None):
-        self.request, self.block_size, self.deadline = request, block_size, deadline
+    padded = True  # its rows may be right-padded into a forward shared with longer rows (causal models)
+
+    def __init__(self, request, runtime, deadline: float | None):
+        self.request, self.block_size, self.deadline = request, runtime.block_size, deadline
+        self.tokenizer = runtime.tokenizer
         self.future: Future = Future()
         self.submitted = time.perf_counter()
         self.started: float | None = None
@@ -71,33 +77,66 @@ class _Job:
 
 
 class _Generate(_Job):
-    def __init__(self, request: GenerateRequest, block_size: int, deadline: float | None):
-        super().__init__(request, block_size, deadline)
-        self.ids = list(request.prompt)
+    """Generation that runs the model over the context window (the newest block_size tokens) for every new token:
+    how ONNX Runtime and the built-in GPT generate."""
+
+    def __init__(self, request: GenerateRequest, runtime, deadline: float | None):
+        super().__init__(request, runtime, deadline)
+        self.ids = self.tokenizer.encode(request.prompt)
+        if not self.ids:
+            raise RequestError(refused("prompt", "encodes to no tokens", "text the model's tokenizer encodes"))
+        self.prompt_tokens = len(self.ids)
         self.new: list[int] = []
         self.rng = np.random.default_rng(request.seed)
 
     def rows(self, count: int) -> list[list[int]]:
-        return [self.ids[-self.block_size:]]  # the model sees its context window, the newest bytes
+        return [self.ids[-self.block_size:]]
 
     def consume(self, logits: list[np.ndarray]) -> None:
         (row,) = logits
-        self.new.append(_sample(row[-1], self.request, self.rng))
+        self.add(row[-1])
+
+    def add(self, logits: np.ndarray) -> None:
+        """The next token from its logits; the answer once max_new_tokens are out or an end-of-sequence id came."""
+        self.new.append(_sample(logits, self.request, self.rng))
         self.ids.append(self.new[-1])
-        if len(self.new) == self.request.max_new_tokens:
-            self.finish({"task": "generate", "text": bytes(self.new).decode("utf-8", errors="replace"),
-                         "prompt_bytes": len(self.request.prompt), "new_tokens": len(self.new)})
+        if len(self.new) == self.request.max_new_tokens or self.new[-1] in self.tokenizer.eos_ids:
+            self.finish({"task": "generate", "text": self.tokenizer.decode(self.new),
+                         "prompt_bytes": len(self.request.prompt), "prompt_tokens": self.prompt_tokens,
+                         "new_tokens": len(self.new)})
+
+
+class _CachedGenerate(_Generate):
+    """Generation over the batcher's KV cache (toolkit.deploy.serving.kv_cache): the prompt once, then one position
+    per new token. Prompt and generation must fit the model's context: a cache does not slide."""
+
+    joined = False  # has a row in the cache
+
+    def __init__(self, request: GenerateRequest, runtime, deadline: float | None):
+        super().__init__(request, runtime, deadline)
+        context = self.block_size
+        if self.prompt_tokens >= context:
+            raise RequestError(refused("prompt", f"{self.prompt_tokens:,} tokens is over the model's context",
+                                       f"up to {context - 1:,} tokens"))
+        if self.prompt_tokens + request.max_new_tokens > context:
+            raise RequestError(not_allowed(
+                "max_new_tokens", request.max_new_tokens, f"up to {context - self.prompt_tokens:,}",
+                problem=f"does not fit the model's context of {context:,} tokens after a prompt of "
+                        f"{self.prompt_tokens:,}"))
 
 
 class _Score(_Job):
-    """Log-likelihood of a text: each byte predicted from the ones before it, in windows of the context size
-    (a window starts afresh, so a byte past the first window sees less than block_size bytes of history)."""
+    """Log-likelihood of a text: each token predicted from the ones before it, in windows of the context size
+    (a window starts afresh, so a token past the first window sees less than block_size tokens of history)."""
 
-    def __init__(self, request: ScoreRequest, block_size: int, deadline: float | None):
-        super().__init__(request, block_size, deadline)
-        ids = list(request.text)
-        # windows overlap by one byte, so every byte after the first is predicted exactly once
+    def __init__(self, request: ScoreRequest, runtime, deadline: float | None):
+        super().__init__(request, runtime, deadline)
+        ids = self.tokenizer.encode(request.text)
+        block_size = self.block_size
+        # windows overlap by one token, so every token after the first is predicted exactly once
         self.windows = [ids[i:i + block_size] for i in range(0, max(len(ids) - 1, 1), block_size - 1)]
+        # what the first token spells is given, not predicted (nothing, for a tokenizer that starts with a BOS)
+        self.predicted_bytes = len(request.text) - len(self.tokenizer.decode(ids[:1]).encode("utf-8"))
         self.next = 0  # windows before this one are scored
         self.total, self.count = 0.0, 0
 
@@ -115,8 +154,35 @@ class _Score(_Job):
             self.count += len(targets)
         self.next += len(logits)
         if self.next == len(self.windows):
-            self.finish({"task": "score", "log_likelihood": self.total, "predicted_bytes": self.count,
-                         "bits_per_byte": -self.total / np.log(2) / self.count if self.count else None})
+            predicted = self.predicted_bytes if self.count else 0
+            self.finish({"task": "score", "log_likelihood": self.total, "predicted_tokens": self.count,
+                         "predicted_bytes": predicted,
+                         "bits_per_byte": -self.total / np.log(2) / predicted if predicted else None})
+
+
+class _Classify(_Job):
+    """A sequence classifier's label and class probabilities for a text. Its row is never padded: a decoder-only
+    classifier reads the label off the last position, so rows share a forward only with rows of their length."""
+
+    padded = False
+
+    def __init__(self, request: ClassifyRequest, runtime, deadline: float | None):
+        super().__init__(request, runtime, deadline)
+        self.ids = self.tokenizer.encode(request.text)
+        if not self.ids or len(self.ids) > self.block_size:
+            raise RequestError(refused("text", f"{len(self.ids):,} tokens is not allowed",
+                                       f"1 to {self.block_size:,} tokens (the model's context)"))
+        self.labels = runtime.labels
+
+    def rows(self, count: int) -> list[list[int]]:
+        return [self.ids]
+
+    def consume(self, logits: list[np.ndarray]) -> None:
+        (row,) = logits
+        probabilities = np.exp(_log_softmax(row.astype(np.float64)))
+        best = int(np.argmax(probabilities))
+        self.finish({"task": "classify", "label": self.labels[best], "label_id": best,
+                     "probabilities": {label: float(p) for label, p in zip(self.labels, probabilities)}})
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -136,7 +202,7 @@ def _sample(logits: np.ndarray, request: GenerateRequest, rng: np.random.Generat
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
 
-JOBS = {GenerateRequest: _Generate, ScoreRequest: _Score}
+JOBS = {GenerateRequest: _Generate, ScoreRequest: _Score, ClassifyRequest: _Classify}
 
 
 def share_rows(wants: list[int], budget: int, first: int = 0) -> list[int]:
@@ -160,15 +226,18 @@ def share_rows(wants: list[int], budget: int, first: int = 0) -> list[int]:
 
 
 class Batcher:
-    """Owns the runtime; :meth:`submit` returns a Future with the response dict."""
+    """Owns the runtime; :meth:`submit` returns a Future with the response dict. A runtime that offers a KV cache
+    (``decoder()``) generates with it unless ``kv_cache`` is False (the benchmark's baseline)."""
 
     def __init__(self, runtime, max_batch: int = 16, max_wait_ms: float = 5.0,
-                 max_rows: int = MAX_ROWS_PER_FORWARD):
+                 max_rows: int = MAX_ROWS_PER_FORWARD, kv_cache: bool = True):
         # max_batch and max_wait_ms come checked (toolkit.deploy.serving.options owns their bounds)
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(not_allowed("max_rows", max_rows, "an integer from 1"))
         self.runtime, self.max_batch, self.max_wait_s = runtime, max_batch, max_wait_ms / 1000
         self.max_rows = max_rows
+        # the rows generating with the KV cache; only the scheduler thread touches it
+        self.decoder = runtime.decoder() if kv_cache and hasattr(runtime, "decoder") else None
         self.queue: queue.Queue[_Job] = queue.Queue()
         # answered + dropped counts every request that has left the batcher
         self.stats = {"forwards": 0, "rows": 0, "largest_forward_rows": 0, "answered": 0, "dropped": 0}
@@ -178,8 +247,12 @@ class Batcher:
 
     def submit(self, request, deadline: float | None = None) -> Future:
         """Queue ``request``; the Future gets its answer. ``deadline`` (a time.perf_counter() value): past it the
-        work is dropped and the Future fails with TimeoutError. Cancelling the Future drops the work too."""
-        job = JOBS[type(request)](request, self.runtime.block_size, deadline)
+        work is dropped and the Future fails with TimeoutError. Cancelling the Future drops the work too. A request
+        the model cannot take (a prompt beyond its context) is refused here, in the caller's thread: RequestError."""
+        kind = JOBS[type(request)]
+        if kind is _Generate and self.decoder is not None:
+            kind = _CachedGenerate
+        job = kind(request, self.runtime, deadline)  # tokenizes: in the request's thread, not the model's
         self.queue.put(job)
         return job.future
 
@@ -218,22 +291,63 @@ class Batcher:
                     job.settle(error=exc)
             self.stats["answered"] += sum(job.done for job in active)
             active = [job for job in active if not job.done]
+            if self.decoder is not None:  # finished, failed and abandoned rows leave the cache now
+                self.decoder.retain([job for job in self.decoder.members if job in active])
+
+    def _count(self, rows: int) -> None:
+        self.stats["forwards"] += 1
+        self.stats["rows"] += rows
+        self.stats["largest_forward_rows"] = max(self.stats["largest_forward_rows"], rows)
 
     def _step(self, active: list[_Job]) -> None:
+        cached = [job for job in active if isinstance(job, _CachedGenerate)]
+        if cached:
+            self._decode(cached)
+        rowed = [job for job in active if not isinstance(job, _CachedGenerate)]
+        if rowed:
+            self._forward_rows(rowed)
+
+    def _decode(self, jobs: list[_CachedGenerate]) -> None:
+        """One token for every job: from one forward over the cache for those in it, from its prompt's forward
+        (its prefill) for a job that joins. At most max_rows rows are in the cache; later jobs wait their turn."""
+        stepping = list(self.decoder.members)  # the cache holds only live jobs (_loop retains them each step)
+        if stepping:
+            logits = self.decoder.step([job.new[-1] for job in stepping]).float().numpy()
+            self._count(len(stepping))
+            for job, row in zip(stepping, logits):
+                job.steps += 1
+                job.add(row)
+        for job in jobs:  # after the step: a row that joins has its first token from its prefill already
+            if not job.joined and len(self.decoder) < self.max_rows:
+                logits = self.decoder.join(job, job.ids)
+                job.joined = True
+                self._count(1)
+                job.steps += 1
+                job.add(logits.float().numpy())
+
+    def _forward_rows(self, active: list[_Job]) -> None:
         counts = share_rows([job.wants() for job in active], self.max_rows, self._turn % len(active))
         self._turn += 1
         plan = [(job, job.rows(count)) for job, count in zip(active, counts) if count]
+        # rows that may be right-padded share one forward; the others one forward per length
+        groups: dict[int | None, list] = {}
+        for job, job_rows in plan:
+            groups.setdefault(None if job.padded else len(job_rows[0]), []).append((job, job_rows))
+        for group in groups.values():
+            self._forward(group)
+
+    def _forward(self, plan: list[tuple[_Job, list[list[int]]]]) -> None:
         rows = [row for _, job_rows in plan for row in job_rows]
         width = max(len(row) for row in rows)
         ids = np.zeros((len(rows), width), dtype=np.int64)  # right padding: never seen by real positions
         for i, row in enumerate(rows):
             ids[i, : len(row)] = row
         logits = self.runtime.forward(ids)
-        self.stats["forwards"] += 1
-        self.stats["rows"] += len(rows)
-        self.stats["largest_forward_rows"] = max(self.stats["largest_forward_rows"], len(rows))
+        self._count(len(rows))
         first = 0
         for job, job_rows in plan:
             job.steps += 1
-            job.consume([logits[first + i, : len(row)] for i, row in enumerate(job_rows)])
+            # a padded row's logits stop at its own length; an unpadded row's are whole (a classifier's: per label)
+            job.consume([logits[first + i, : len(row)] if job.padded else logits[first + i]
+                         for i, row in enumerate(job_rows)])
             first += len(job_rows)

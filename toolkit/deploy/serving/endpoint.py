@@ -12,6 +12,7 @@ group; ``stop()`` ends it and everything it started. It speaks plain HTTP: bound
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -127,27 +128,31 @@ class LocalEndpoint:
         self.stop()
 
 
-def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", host: str = "127.0.0.1",
+def serve(model: str | Path, port: int | None = None, runtime: str | None = None, host: str = "127.0.0.1",
           name: str | None = None, workspace: str | Path | None = None, ready_timeout: float = READY_TIMEOUT_S,
           **options) -> LocalEndpoint:
     """Start a local endpoint for ``model`` (a model folder or a registered NAME[:VERSION]) and wait until it
-    answers; returns its handle. ``options`` are ServingOptions' fields (max_batch, max_wait_ms, threads and
+    answers; returns its handle. ``runtime`` None: the folder's default (torch for a transformers model, which
+    generates with a KV cache; onnx for the built-ins). ``options`` are ServingOptions' fields (max_batch, max_wait_ms, threads and
     the timeouts), checked before anything starts. A client gets 408 if its request head has not arrived ``header_timeout``
     seconds after it connected, or its body ``body_timeout`` seconds after the head; 503 if its answer is not
     ready ``request_timeout`` seconds after the request came (the model is busy with others)."""
     import yaml
 
-    from toolkit.deploy.model_format import verify_model_folder
+    from toolkit.deploy.model_format import check_runtime, served_tasks, verify_model_folder
     from toolkit.catalogue.model_registry import resolve_model_dir
     from toolkit.catalogue.workspace import Workspace
 
     if port is not None and not 1024 <= port <= 65535:
         raise ValueError(not_allowed("--port", port, "1024 to 65535"))
-    serving = ServingOptions(runtime=runtime, **options)  # every bound checked here, before anything starts
+    # every bound checked here, before anything starts (the runtime's name too; which one the folder has, below)
+    serving = ServingOptions(**({"runtime": runtime} if runtime is not None else {}), **options)
     if warning := plain_http_warning(host):
         warnings.warn(warning, PlainHTTPWarning, stacklevel=2)
     model_dir = resolve_model_dir(model, workspace).resolve()
-    verify_model_folder(model_dir)  # a tampered file is named here, not lost in the server's log
+    manifest = verify_model_folder(model_dir)  # a tampered file is named here, not lost in the server's log
+    served_tasks(manifest)  # a model no endpoint serves is named here too
+    serving = dataclasses.replace(serving, runtime=check_runtime(model_dir, manifest, runtime))
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
     name = check_name(str(name))  # it names a folder in the workspace: no '/', no '..'
     folder = Workspace.open(workspace).root / "endpoints" / name
@@ -159,7 +164,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str = "onnx", hos
     cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     service = start_service(cmd, folder / "server.log", env, fresh_log=True)
-    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, runtime, model_dir, folder, service)
+    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service)
     # GET /score answers once the model is loaded
     wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
     return endpoint

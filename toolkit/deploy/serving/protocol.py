@@ -2,6 +2,10 @@
 
     {"prompt": "def ", "max_new_tokens": 64, "temperature": 0.8, "top_k": 40, "seed": 1}   -> generated text
     {"task": "score", "text": "The quick brown fox"}                                       -> log-likelihood
+    {"task": "classify", "text": "What a lovely day"}                   -> label and probabilities (classifiers)
+
+Which tasks an endpoint answers depends on its model (toolkit.deploy.model_format.served_tasks): a language model
+generates and scores, a sequence classifier classifies; a request without "task" asks for the model's first.
 
 Every refusal is a :class:`RequestError` whose message names the field, the value and what is allowed; the
 service answers it with HTTP 400 (or 413 for a body over the size limit). The local endpoint's HTTP layer
@@ -48,6 +52,11 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class ScoreRequest:
+    text: bytes
+
+
+@dataclass(frozen=True)
+class ClassifyRequest:
     text: bytes
 
 
@@ -129,8 +138,14 @@ def _score(body: dict) -> ScoreRequest:
     return ScoreRequest(text=_text(body, "text", MAX_TEXT_BYTES))
 
 
+def _classify(body: dict) -> ClassifyRequest:
+    return ClassifyRequest(text=_text(body, "text", MAX_TEXT_BYTES))
+
+
 TASKS = {"generate": (_generate, {"task", "prompt", "max_new_tokens", "temperature", "top_k", "seed"}),
-         "score": (_score, {"task", "text"})}
+         "score": (_score, {"task", "text"}),
+         "classify": (_classify, {"task", "text"})}
+TEXT_TASKS = ("generate", "score")  # what a language model answers, generate being the default
 
 
 def body_too_large(size: int | str) -> RequestError:
@@ -155,8 +170,9 @@ def _json(body: bytes):
         raise RequestError(refused("body", "JSON nested too deeply", "a JSON object of strings and numbers")) from None
 
 
-def parse(body: bytes) -> GenerateRequest | ScoreRequest:
-    """A request body (bytes) to a validated request, or a RequestError saying what is wrong."""
+def parse(body: bytes, tasks: tuple[str, ...] = TEXT_TASKS) -> GenerateRequest | ScoreRequest | ClassifyRequest:
+    """A request body (bytes) to a validated request for one of ``tasks`` (the model's; a body without "task" asks
+    for the first), or a RequestError saying what is wrong."""
     if len(body) > MAX_BODY_BYTES:
         raise body_too_large(len(body))
     data = _json(body)
@@ -164,9 +180,9 @@ def parse(body: bytes) -> GenerateRequest | ScoreRequest:
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
         raise RequestError(refused("body", f"a JSON {kind}",
                                    'a JSON object such as {"prompt": "def ", "max_new_tokens": 32}'))
-    task = data.get("task", "generate")
-    if not isinstance(task, str) or task not in TASKS:
-        raise RequestError(refused("task", f"{shown(task)} is not allowed", ", ".join(TASKS)))
+    task = data.get("task", tasks[0])
+    if not isinstance(task, str) or task not in tasks:
+        raise RequestError(refused("task", f"{shown(task)} is not allowed", ", ".join(tasks)))
     build, fields = TASKS[task]
     unknown = sorted(set(data) - fields)
     if unknown:

@@ -1,8 +1,15 @@
 """The model behind an endpoint: ``forward(ids) -> logits`` over an exported model folder, in ONNX Runtime or
-eager PyTorch. Both take int64 ids of shape (batch, sequence) and return float32 logits (batch, sequence, vocab)."""
+eager PyTorch. Both take int64 ids of shape (batch, sequence) and return float32 logits: (batch, sequence, vocab)
+for a language model, (batch, labels) for a classifier.
+
+Every runtime also has the folder's ``tokenizer`` (encode, decode, eos_ids), its ``tasks`` (what requests it
+answers), ``block_size`` (its context) and ``labels`` (a classifier's class names); a transformers causal LM on
+torch also offers ``decoder()``, a batched KV cache (toolkit.deploy.serving.kv_cache) to generate with.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +39,8 @@ class OnnxRuntime:
 
 
 class TorchRuntime:
+    """A built-in model in eager PyTorch, built from the export's config.yaml."""
+
     name = "torch"
 
     def __init__(self, model_dir: Path):
@@ -53,23 +62,64 @@ class TorchRuntime:
             return self.model(self._torch.from_numpy(ids)).numpy()
 
 
-RUNTIMES: dict[str, Callable[[Path], object]] = {"onnx": OnnxRuntime, "torch": TorchRuntime}
+class HFRuntime:
+    """A transformers model in eager PyTorch, from the folder's safetensors through from_pretrained (local files
+    only, no remote code)."""
+
+    name = "torch"
+
+    def __init__(self, model_dir: Path, task: str):
+        import torch
+
+        from toolkit.deploy.hf_folder import load_model
+        from toolkit.deploy.serving.kv_cache import supports_batched_cache
+
+        self.task = task
+        self.model = load_model(model_dir, task)
+        self.kv_cache = task == "causal_lm" and supports_batched_cache(self.model)
+        self._torch = torch
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        from toolkit.deploy.hf_folder import model_logits
+
+        with self._torch.inference_mode():
+            return model_logits(self.model, self.task, self._torch.from_numpy(ids)).float().numpy()
+
+    def decoder(self):
+        """A new batched KV cache over this model (None when its cache cannot be batched: then it generates by
+        recomputing its context, as ONNX Runtime does)."""
+        from toolkit.deploy.serving.kv_cache import CachedDecoder
+
+        return CachedDecoder(self.model) if self.kv_cache else None
 
 
-def load_runtime(model_dir: str | Path, name: str):
-    """The runtime ``name`` over ``model_dir`` (an exported folder, every file checked against its manifest:
-    a changed byte is refused, naming the file); the error names the field and the choices."""
-    from toolkit.deploy.model_format import verify_model_folder
+# runtime name -> model family -> how it loads a folder
+RUNTIMES: dict[str, dict[str, Callable]] = {
+    "onnx": {"gpt": lambda folder, task: OnnxRuntime(folder), "hf": lambda folder, task: OnnxRuntime(folder)},
+    "torch": {"gpt": lambda folder, task: TorchRuntime(folder), "hf": HFRuntime},
+}
 
-    if name not in RUNTIMES:
+
+def load_runtime(model_dir: str | Path, name: str | None = None):
+    """The runtime ``name`` (None: the folder's default) over ``model_dir`` (an exported folder, every file checked
+    against its manifest: a changed byte is refused, naming the file); the error names the field and the choices."""
+    from toolkit.deploy import hf_folder
+    from toolkit.deploy.model_format import check_runtime, served_tasks, verify_model_folder
+
+    if name is not None and name not in RUNTIMES:
         raise ValueError(not_allowed("runtime", name, ", ".join(RUNTIMES)))
     model_dir = Path(model_dir)
     manifest = verify_model_folder(model_dir)
-    if manifest["model"] != "gpt":
-        raise ValueError(not_allowed("model", manifest["model"], "gpt", problem="cannot be served as text"))
-    runtime = RUNTIMES[name](model_dir)
+    tasks = served_tasks(manifest)
+    name = check_runtime(model_dir, manifest, name)
+    family = manifest["model"]
+    with hf_folder.quiet_progress() if family == "hf" else contextlib.nullcontext():
+        runtime = RUNTIMES[name][family](model_dir, manifest.get("task"))
+    runtime.tasks = tasks
     runtime.block_size = manifest["block_size"]
     runtime.manifest = manifest
+    runtime.tokenizer = hf_folder.load_tokenizer(model_dir) if family == "hf" else hf_folder.BytesTokenizer()
+    runtime.labels = hf_folder.labels(model_dir) if "classify" in tasks else None
     return runtime
 
 
@@ -89,6 +139,7 @@ def find_model_dir(root: str | Path) -> Path:
 
 def describe(runtime) -> dict:
     m = runtime.manifest
-    return {"runtime": runtime.name, "model": m["model"], "parameters": m["parameters"], "step": m["step"],
-            "block_size": runtime.block_size, "run": Path(m["run_dir"]).name,
-            "data": (m.get("data") or {}).get("name")}
+    return {"runtime": runtime.name, "model": m["model"], "tasks": list(runtime.tasks),
+            "parameters": m["parameters"], "step": m["step"], "block_size": runtime.block_size,
+            "tokenizer": runtime.tokenizer.name, "kv_cache": getattr(runtime, "kv_cache", False),
+            "run": Path(m["run_dir"]).name, "data": (m.get("data") or {}).get("name")}

@@ -58,11 +58,11 @@ class ScoringService:
         try:
             if content_length is not None and content_length > MAX_BODY_BYTES:
                 raise body_too_large(content_length)
-            request = parse(read_body(MAX_BODY_BYTES + 1))
+            request = parse(read_body(MAX_BODY_BYTES + 1), self.runtime.tasks)
+            deadline = started + self.request_timeout
+            future = self.batcher.submit(request, deadline=deadline)  # refuses what does not fit the model
         except RequestError as exc:
             return exc.status, {"error": str(exc)}
-        deadline = started + self.request_timeout
-        future = self.batcher.submit(request, deadline=deadline)
         try:
             result = self._wait(future, deadline, client_gone)
         except TimeoutError:

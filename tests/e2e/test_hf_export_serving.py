@@ -1,0 +1,309 @@
+"""Export and serving for Hugging Face transformers models: a Llama trained a few steps through the CLI is exported
+as a folder plain transformers loads (checked in a fresh process that never imports Trainbook), served over HTTP
+behind the key with a KV cache, and planned for Azure ML; a sequence classifier answers classify requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli
+from toolkit.deploy.export import MANIFEST, ExportError, read_manifest, write_model_folder
+from toolkit.deploy.serving.batcher import Batcher
+from toolkit.deploy.serving.endpoint import serve
+from toolkit.deploy.serving.protocol import GenerateRequest, ScoreRequest
+from toolkit.deploy.serving.runtimes import load_runtime
+
+pytestmark = pytest.mark.slow
+
+LLAMA_CONFIG = ("{hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, "
+                "num_key_value_heads: 4, vocab_size: 256, max_position_embeddings: 128")
+LLAMA = ("--set", "model.name=hf", "--set", "model.hf.architecture=llama", "--set",
+         f"model.hf.config={LLAMA_CONFIG}}}", "--set", "train.max_steps=40")
+PROMPTS = ("def ", "The return value of", "import os\n")
+NEW_TOKENS = 24
+
+
+def _byte_tokenizer_saves_hf_files() -> bool:
+    """Does the byte tokenizer's save() write files AutoTokenizer loads? (The tokenizers helper's branch makes it so;
+    until it is merged, save() writes a description only.)"""
+    from toolkit.data.tokenizers import ByteTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        ByteTokenizer().save(Path(folder))
+        return (Path(folder) / "tokenizer_config.json").is_file()
+
+
+HF_BYTE_TOKENIZER = _byte_tokenizer_saves_hf_files()
+
+
+@pytest.fixture(scope="module")
+def exported(finished_runs, tmp_path_factory):
+    """The Llama run (shared, never changed) exported through the CLI into a folder of this module's."""
+    run = finished_runs(*LLAMA)
+    out = tmp_path_factory.mktemp("hf-export") / "model"
+    proc = cli("export", str(run.path), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return types.SimpleNamespace(run=run, path=out, stdout=proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def endpoint(exported, tmp_path_factory):
+    with serve(exported.path, workspace=tmp_path_factory.mktemp("ws"), max_batch=16, max_wait_ms=5) as ep:
+        yield ep
+
+
+def _plain_transformers(script: str, *args: str, cwd: Path) -> list[str]:
+    """Run ``script`` in a fresh Python that cannot import Trainbook (no PYTHONPATH, another folder) and has no
+    network to the hub; its output is one JSON value per line."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def _endpoint_greedy(endpoint, prompt: str) -> str:
+    status, answer = endpoint.request({"prompt": prompt, "max_new_tokens": NEW_TOKENS, "temperature": 0})
+    assert status == 200, answer
+    return answer["text"]
+
+
+# --- the export ------------------------------------------------------------------------------------------------------
+
+def test_a_transformers_run_exports_a_folder_plain_transformers_loads(exported):
+    from transformers import AutoModelForCausalLM
+
+    from toolkit.data import corpus as data_mod
+    from toolkit.train.models.hf import causal_lm_loss
+
+    files = {p.name for p in exported.path.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "model.onnx", "tokenizer.json",
+            "parity.json", "config.yaml", MANIFEST} <= files
+    assert not [name for name in files if name.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))], "no pickle"
+    manifest = read_manifest(exported.path)
+    assert (manifest["model"], manifest["task"], manifest["architecture"]) == ("hf", "causal_lm", "llama")
+    assert manifest["onnx_opset"] >= 17 and manifest["dynamic_axes"] == ["batch", "sequence"]
+    assert "onnx_not_exported" not in manifest and manifest["block_size"] == 128
+    assert set(manifest["files"]) == files - {MANIFEST}
+    parity = json.loads((exported.path / "parity.json").read_text())
+    assert parity["compared"] == ["transformers from_pretrained", "onnxruntime"] and parity["max_abs_diff"] <= 1e-4
+    assert [s["shape"] for s in parity["shapes"]] == [[4, 32], [3, 17], [1, 1]]
+    assert all(s["transformers"] == 0.0 for s in parity["shapes"]), "from_pretrained loads exactly the weights"
+    assert "parity        max |torch - transformers from_pretrained| and |torch - onnxruntime|" in exported.stdout
+
+    # the folder holds the trained weights: plain transformers' model has the run's last validation loss
+    model = AutoModelForCausalLM.from_pretrained(exported.path).eval()
+    cfg = exported.run.read_config()
+    corpus = data_mod.load_corpus(cfg)
+    with torch.no_grad():
+        losses = [causal_lm_loss(model, batch).item() for batch in data_mod.val_batches(corpus, cfg, 0, 1)]
+    assert sum(losses) / len(losses) == pytest.approx(exported.run.events("eval")[-1]["val_loss"], abs=1e-5)
+
+
+PLAIN_GENERATE = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+folder, new_tokens, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModelForCausalLM.from_pretrained(folder)
+for prompt in prompts:
+    inputs = tokenizer(prompt, return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+    print(json.dumps(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)))
+"""
+
+
+@pytest.mark.xfail(not HF_BYTE_TOKENIZER, strict=True, raises=AssertionError,
+                   reason="the byte tokenizer's save() writes a description only until the tokenizers branch is merged")
+def test_plain_transformers_in_a_fresh_process_generates_the_endpoints_greedy_text(exported, endpoint, tmp_path):
+    plain = _plain_transformers(PLAIN_GENERATE, str(exported.path), str(NEW_TOKENS), *PROMPTS, cwd=tmp_path)
+    assert plain == [_endpoint_greedy(endpoint, prompt) for prompt in PROMPTS]
+
+
+PLAIN_MODEL_GENERATE = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+folder, new_tokens, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+model = AutoModelForCausalLM.from_pretrained(folder)
+for prompt in prompts:
+    ids = torch.tensor([list(prompt.encode())])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    print(json.dumps(bytes(out[0, ids.shape[1]:].tolist()).decode("utf-8", errors="replace")))
+"""
+
+
+@pytest.mark.skipif(HF_BYTE_TOKENIZER, reason="the tokenizer is transformers' own now: the test above covers it all")
+def test_the_folders_model_in_a_fresh_process_generates_the_endpoints_greedy_text(exported, endpoint, tmp_path):
+    """The model half of the test above, while the byte tokenizer's files are a description: ids are the prompt's
+    bytes, as the endpoint reads that description."""
+    plain = _plain_transformers(PLAIN_MODEL_GENERATE, str(exported.path), str(NEW_TOKENS), *PROMPTS, cwd=tmp_path)
+    assert plain == [_endpoint_greedy(endpoint, prompt) for prompt in PROMPTS]
+    assert all(plain), "greedy text of a trained model, not nothing"
+
+
+# --- serving ---------------------------------------------------------------------------------------------------------
+
+def _details(endpoint) -> dict:
+    """What GET /score tells the key's holder: the model, the runtime and the batcher's counters."""
+    with urllib.request.urlopen(urllib.request.Request(endpoint.scoring_url, headers=endpoint.headers())) as answer:
+        return json.loads(answer.read())
+
+
+def test_a_transformers_model_is_served_over_http_behind_the_key(endpoint):
+    ready = _details(endpoint)
+    assert (ready["runtime"], ready["model"], ready["kv_cache"], ready["tasks"]) == ("torch", "hf", True,
+                                                                                     ["generate", "score"])
+    status, answer = endpoint.request({"prompt": "def "}, headers={"Content-Type": "application/json"})
+    assert status == 401 and "Authorization: key missing" in answer["error"]
+    for body, message in [
+        ({"task": "classify", "text": "x"}, "task: 'classify' is not allowed; allowed: generate, score"),
+        ({"prompt": 5}, "prompt: 5 is not allowed"),
+        ({"prompt": "def ", "max_new_tokens": 200},
+         "max_new_tokens: 200 does not fit the model's context of 128 tokens after a prompt of 4; allowed: up to 124"),
+        ({"prompt": "x" * 300}, "prompt: 300 tokens is over the model's context; allowed: up to 127 tokens"),
+        ({"prompt": "x", "temperature": -1}, "temperature: -1 is not allowed"),
+    ]:
+        status, answer = endpoint.request(body)
+        assert (status, message in answer.get("error", "")) == (400, True), (body, answer)
+
+    sampled = {"prompt": "def ", "max_new_tokens": 16, "temperature": 0.8, "top_k": 20, "seed": 3}
+    status, answer = endpoint.request(sampled)
+    assert status == 200 and answer["task"] == "generate" and isinstance(answer["text"], str)
+    assert answer["prompt_tokens"] == 4 and 1 <= answer["new_tokens"] <= 16
+    assert endpoint.request(sampled)[1]["text"] == answer["text"], "a seed makes sampling repeatable"
+    text = "The quick brown fox jumps over the lazy dog. " * 4  # longer than the 128-token context
+    status, scored = endpoint.request({"task": "score", "text": text})
+    assert status == 200 and scored["predicted_tokens"] == len(text) - 1 and 0 < scored["bits_per_byte"] < 8.5
+
+
+def test_concurrent_generations_share_forwards_over_the_kv_cache(endpoint):
+    before = _details(endpoint)
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda seed: endpoint.request({"prompt": "def ", "max_new_tokens": 16, "seed": seed}),
+                                range(12)))
+    assert [status for status, _ in results] == [200] * 12
+    after = _details(endpoint)
+    tokens = sum(answer["new_tokens"] for _, answer in results)
+    forwards, rows = after["forwards"] - before["forwards"], after["rows"] - before["rows"]
+    assert rows == tokens and forwards < tokens / 2, f"{forwards} forwards for {tokens} tokens: not batched"
+
+
+def test_the_kv_cache_and_batching_change_speed_not_answers(exported):
+    """Greedy generations of prompts of different lengths submitted together: the same text with the KV cache
+    (rows joining and leaving one left-padded cache) as recomputing the context for every token, batched or one at
+    a time, on torch or ONNX Runtime."""
+    prompts = [b"def ", b"The return value of", b"x", b"class Foo:\n    def __init__(self"]
+    requests = [GenerateRequest(p, 12, 0.0, 0, None) for p in prompts] + [ScoreRequest(b"import os\nimport sys\n" * 3)]
+    answers, forwards = {}, {}
+    for runtime in ("torch", "onnx"):
+        for kv_cache in (True, False):
+            for max_batch in (1, 8):
+                batcher = Batcher(load_runtime(exported.path, runtime), max_batch=max_batch, max_wait_ms=50,
+                                  kv_cache=kv_cache)
+                assert (batcher.decoder is not None) == (runtime == "torch" and kv_cache)
+                futures = [batcher.submit(r) for r in requests]
+                answers[runtime, kv_cache, max_batch] = [f.result(timeout=120) for f in futures]
+                forwards[runtime, kv_cache, max_batch] = batcher.stats["forwards"]
+    reference = answers["torch", False, 1]
+    for key, got in answers.items():
+        assert [a["text"] for a in got[:4]] == [a["text"] for a in reference[:4]], key
+        assert got[4]["log_likelihood"] == pytest.approx(reference[4]["log_likelihood"], abs=1e-3), key
+    assert forwards["torch", True, 8] < forwards["torch", True, 1], "the cached rows shared forwards"
+
+
+# --- a sequence classifier -------------------------------------------------------------------------------------------
+
+REVIEWS = [("what a lovely sunny day", "positive"), ("great fun, I loved every minute", "positive"),
+           ("a wonderful, kind and happy film", "positive"), ("superb, would watch again", "positive"),
+           ("awful, I hated it", "negative"), ("a boring waste of time", "negative"),
+           ("terrible acting and a dull plot", "negative"), ("the worst evening in years", "negative")]
+LABELS = {"negative": 0, "positive": 1}
+
+
+def _trained_classifier(tmp_path: Path):
+    """A 2-layer Llama sequence classifier built from its config and trained here on REVIEWS (a test-only dataset:
+    labelled data does not reach the trainer on this branch yet), one example per step. Returns (model, config)."""
+    from toolkit import config as config_mod
+    from toolkit.train.models import build_model, loss_function
+
+    data = tmp_path / "reviews.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in REVIEWS))
+    cfg = config_mod.load("tiny", ["model.name=hf", "model.hf.architecture=llama",
+                                   "model.hf.task=sequence_classification",
+                                   f"model.hf.config={LLAMA_CONFIG}, id2label: {{0: negative, 1: positive}}}}",
+                                   f"data.path={data}"])
+    torch.manual_seed(0)
+    model, loss_fn = build_model(cfg.model), loss_function(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for epoch in range(12):
+        for text, label in REVIEWS:
+            batch = {"input_ids": torch.tensor([list(text.encode())]), "labels": torch.tensor([LABELS[label]])}
+            optimizer.zero_grad()
+            loss_fn(model, batch).backward()
+            optimizer.step()
+    return model.eval(), cfg
+
+
+def test_a_sequence_classifier_exports_and_answers_classify_requests(tmp_path):
+    model, cfg = _trained_classifier(tmp_path)
+    provenance = {"run_dir": str(tmp_path), "checkpoint": "trained-in-test", "step": 12 * len(REVIEWS),
+                  "engine": "torch", "zero_stage": 0, "data": {"path": cfg.data.path}}
+    result = write_model_folder(model, cfg, tmp_path / "model", provenance)
+    manifest = result.manifest
+    assert (manifest["task"], manifest["labels"]) == ("sequence_classification", ["negative", "positive"])
+    # transformers' decoder-only classifiers need a pad token to take more than one row: ONNX cannot export the batch
+    assert manifest["onnx_opset"] is None and "padding token" in manifest["onnx_not_exported"]
+    assert not (result.path / "model.onnx").exists() and result.parity_ok
+    assert "not exported (torch.onnx.export failed" in result.summary()
+    with pytest.raises(ExportError, match=r"has no model.onnx, which --runtime onnx loads \(the export could not "
+                                          r"write it: torch.onnx.export failed: .*padding token"):
+        serve(result.path, runtime="onnx", workspace=tmp_path / "ws")
+
+    with serve(result.path, workspace=tmp_path / "ws", max_batch=8) as endpoint:
+        with ThreadPoolExecutor(len(REVIEWS)) as pool:  # at once: they share the batcher
+            answers = list(pool.map(lambda review: endpoint.request({"task": "classify", "text": review[0]}), REVIEWS))
+        for (text, label), (status, answer) in zip(REVIEWS, answers):
+            assert status == 200 and answer["task"] == "classify", answer
+            assert (answer["label"], answer["label_id"]) == (label, LABELS[label]), (text, answer)
+            assert list(answer["probabilities"]) == ["negative", "positive"]
+            assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
+            assert answer["probabilities"][label] > 0.5
+        assert endpoint.request({"text": "lovely"})[1]["task"] == "classify", "a classifier's default task"
+        for body, message in [({"task": "generate", "prompt": "x"}, "task: 'generate' is not allowed; allowed: classify"),
+                              ({"task": "classify"}, "text: None is not allowed"),
+                              ({"text": "x" * 200}, "text: 200 tokens is not allowed; allowed: 1 to 128 tokens")]:
+            status, answer = endpoint.request(body)
+            assert (status, message in answer["error"]) == (400, True), (body, answer)
+        assert endpoint.request({"text": "x"}, headers={"Content-Type": "application/json"})[0] == 401
+
+
+# --- the Azure ML deployment plan --------------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::marshmallow.warnings.Marshmallow4Warning")
+def test_the_azure_deployment_plan_of_a_transformers_model_loads_with_azure_ai_ml(exported, tmp_path):
+    from azure.ai.ml import load_online_deployment, load_online_endpoint
+
+    from toolkit.azure.deploy_plan import build_deployment_plan, write_deployment_plan
+
+    plan = build_deployment_plan(exported.path, endpoint="tb-llama", sku="Standard_DS3_v2")
+    out = write_deployment_plan(plan, tmp_path / "plan")
+    assert load_online_endpoint(out / "endpoint.yaml").name == "tb-llama"
+    deployment = load_online_deployment(out / "deployment.yaml")
+    assert deployment.environment_variables["TRAINBOOK_RUNTIME"] == "torch", "the KV cache's runtime by default"
+    assert Path(deployment.model.path) == exported.path and deployment.model.name == "tiny"
+    assert deployment.code_configuration.scoring_script == "toolkit/deploy/serving/score.py"
+    assert "runtime      torch (model.safetensors)" in plan.summary()
+    onnx = build_deployment_plan(exported.path, endpoint="tb-llama", sku="Standard_DS3_v2", runtime="onnx")
+    assert onnx.deployment.environment_variables["TRAINBOOK_RUNTIME"] == "onnx"

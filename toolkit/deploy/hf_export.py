@@ -1,0 +1,127 @@
+"""The files of a transformers model's export (model.name=hf): a folder plain transformers loads, plus ONNX where the
+architecture exports, and a parity report.
+
+    config.json, generation_config.json, model.safetensors   save_pretrained: AutoModelFor*.from_pretrained(folder)
+    tokenizer files                                          the run's tokenizer's save(): AutoTokenizer loads them
+    model.onnx                                               logits of input_ids, dynamic batch and sequence, when
+                                                             torch.onnx.export handles the architecture
+    parity.json                                              max |trained model - the folder reloaded by transformers|
+                                                             and |trained model - ONNX Runtime|, per shape
+
+An architecture ONNX cannot export still exports: the manifest's onnx_not_exported and parity.json say why, and
+``--runtime onnx`` is refused naming it (toolkit.deploy.model_format.check_runtime).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from toolkit.deploy import hf_folder
+
+PARITY_TARGET = 1e-4  # float32, as for the built-in models
+PARITY_BATCHES = (4, 3, 1)
+PARITY_SEED = 1234
+ONNX_MAX_BATCH = 4096
+
+
+class _Logits(torch.nn.Module):
+    """The model as ONNX sees it: int64 input_ids in, logits out (no cache, no attention mask: rows unpadded)."""
+
+    def __init__(self, model, task: str):
+        super().__init__()
+        self.model, self.task = model, task
+
+    def forward(self, input_ids):
+        if self.task == "causal_lm":
+            return self.model(input_ids=input_ids, use_cache=False).logits
+        return self.model(input_ids=input_ids).logits
+
+
+def _inputs(vocab: int, batch: int, seq: int) -> torch.Tensor:
+    """Token ids for parity: seeded, uniform over the vocabulary (parity is about arithmetic, not about text, and
+    an export must not need the run's data to still be there)."""
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(PARITY_SEED + batch))
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error's type and first line: the exporter wraps what went wrong in its own generic error."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    first_line = re.sub(r"\x1b\[[0-9;]*m", "", (str(exc).strip().splitlines() or [""])[0])  # no terminal colours
+    return f"{type(exc).__name__}: {first_line}"
+
+
+def _export_onnx(model, task: str, context: int, path: Path) -> tuple[int | None, str | None]:
+    """(opset, None) once model.onnx is written; (None, why not) when torch.onnx.export fails on the architecture."""
+    import onnx
+
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    dims = {0: torch.export.Dim("batch", min=1, max=ONNX_MAX_BATCH), 1: torch.export.Dim("sequence", min=1, max=context)}
+    example = _inputs(model.config.vocab_size, 2, min(16, context))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_Logits(model, task), (example,), str(path), dynamo=True, input_names=["inputs"],
+                              output_names=["logits"], dynamic_shapes={"input_ids": dims}, external_data=False,
+                              verbose=False)
+    except Exception as exc:  # torch.export fails in many ways on code it cannot trace: each is a reason, not a crash
+        for leftover in path.parent.glob(path.name + "*"):
+            leftover.unlink()
+        return None, f"torch.onnx.export failed: {_root_cause(exc)}"[:300]
+    return max(o.version for o in onnx.load(str(path), load_external_data=False).opset_import
+               if o.domain in ("", "ai.onnx")), None
+
+
+def _parity(model, task: str, folder: Path, seq: int, onnx_path: Path | None, onnx_why: str | None) -> dict:
+    """Logits of the trained model against the folder as transformers loads it (must be the same weights), and
+    against ONNX Runtime when the export has model.onnx."""
+    import numpy as np
+
+    reloaded = hf_folder.load_model(folder, task)
+    session = None
+    if onnx_path is not None:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    shapes = []
+    with torch.no_grad():
+        for batch, length in zip(PARITY_BATCHES, (seq, min(17, seq), 1)):
+            x = _inputs(model.config.vocab_size, batch, length)
+            eager = hf_folder.model_logits(model, task, x).numpy()
+            diffs = {"transformers": float(np.abs(eager - hf_folder.model_logits(reloaded, task, x).numpy()).max())}
+            if session is not None:
+                served = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+                diffs["onnxruntime"] = float(np.abs(eager - served).max())
+            shapes.append({"shape": list(x.shape), "values": int(eager.size), "max_abs_diff": max(diffs.values()),
+                           **diffs})
+    compared = ["transformers from_pretrained"] + (["onnxruntime"] if session is not None else [])
+    return {"target": PARITY_TARGET, "dtype": "float32", "inputs": f"random token ids (seed {PARITY_SEED})",
+            "compared": compared, "onnx": "exported" if session is not None else f"not exported: {onnx_why}",
+            "max_abs_diff": max(s["max_abs_diff"] for s in shapes), "shapes": shapes}
+
+
+def write_hf_export(model, cfg, tmp: Path) -> tuple[dict, dict]:
+    """Every file of a transformers model's folder into ``tmp``; returns (manifest fields, parity)."""
+    from toolkit.data.tokenizers import load_tokenizer
+
+    task = cfg.model.hf.task
+    model = model.float().eval()
+    with hf_folder.quiet_progress():
+        model.save_pretrained(str(tmp))  # transformers 5 writes safetensors only
+    tokenizer = load_tokenizer(cfg)
+    tokenizer.save(tmp)
+    context = hf_folder.context_length(model.config) or cfg.model.block_size
+    opset, why = _export_onnx(model, task, context, tmp / "model.onnx")
+    parity = _parity(model, task, tmp, min(cfg.model.block_size, context), tmp / "model.onnx" if opset else None, why)
+    fields = {"task": task, "architecture": model.config.model_type, "tokenizer": tokenizer.key,
+              "onnx_opset": opset, "dynamic_axes": ["batch", "sequence"] if opset else [], "block_size": context}
+    if why:
+        fields["onnx_not_exported"] = why
+    if task == "sequence_classification":
+        fields["labels"] = hf_folder.labels(tmp)
+    return fields, parity
