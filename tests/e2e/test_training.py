@@ -53,6 +53,9 @@ def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
     # warmup then cosine: lr rises for 5 steps, then falls
     lrs = [e["lr"] for e in train]
     assert lrs[1] > lrs[0] and lrs[-1] < max(lrs)
+    # the final status says how much memory training took: at least the weights, far less than the machine
+    completed = run.events("status")[-1]
+    assert completed["state"] == "completed" and 50 < completed["peak_memory_mb"] < 16 * 1024, completed
 
     # TensorBoard scalars, read back with TensorBoard's own reader
     acc = EventAccumulator(str(run.tb_dir))

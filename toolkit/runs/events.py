@@ -57,6 +57,8 @@ class StatusEvent(Event):
     train_seconds: float | None = _field("completed: training time, evaluation excluded", optional=True)
     val_loss: float | None = _field("completed: the final validation loss (nats)", optional=True)
     val_bpb: float | None = _field("completed: the final validation bits per byte (byte data only)", optional=True)
+    peak_memory_mb: float | None = _field("completed: rank 0's peak memory, MiB (GPU: max allocated; CPU: max "
+                                          "resident set of the process)", optional=True)
     exit_code: int | None = _field("written by the supervisor or launcher: the process's exit code", optional=True)
     reason: str | None = _field("written by the supervisor or launcher: the exit code in words", optional=True)
 

@@ -61,6 +61,16 @@ def time_budget_horizon(step: int, seconds: float, train) -> int:
     return max(step + 1, min(train.max_steps, projected))
 
 
+def peak_memory_mb(device) -> float:
+    """This process's peak memory so far: the allocator's high-water mark on a GPU, the resident set's on a CPU
+    (Linux reports ru_maxrss in KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def default_threads(cfg) -> int:
     """Share the cores this process may use between the ranks on this node, so two ranks do not fight over one
     core."""
@@ -199,7 +209,8 @@ class Trainer:
         if profiler:
             profiler.close()
         self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
-        result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {})}
+        result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {}),
+                  "peak_memory_mb": round(peak_memory_mb(topo.device), 1)}
         if self.sink:
             self.sink.finish(result)
         return result
