@@ -217,3 +217,24 @@ def compare_curves(curves: dict[str, list[tuple[float, float]]], out: str | Path
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out)
+
+
+def fine_tune_comparison(rows: list[dict], out: str | Path, title: str = "Fine-tuning") -> Path:
+    """Held-out bits per byte before and after each fine-tune (toolkit.report.tables.fine_tune_rows), beside
+    the training time each took."""
+    plt = _pyplot()
+    fig, (quality, cost) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    labels = [r["label"] for r in rows]
+    x = range(len(rows))
+    quality.bar([i - 0.2 for i in x], [r["bpb_before"] or 0 for r in rows], 0.4, label="before", color="tab:gray")
+    quality.bar([i + 0.2 for i in x], [r["bpb_after"] or 0 for r in rows], 0.4, label="after", color="tab:green")
+    for i, r in enumerate(rows):
+        if r["bpb_after"] is not None:
+            quality.annotate(f"{r['bpb_after']:.2f}", (i + 0.2, r["bpb_after"]), ha="center", va="bottom", fontsize=8)
+    quality.set(xticks=list(x), xticklabels=labels, ylabel="held-out bits per byte (lower is better)")
+    quality.legend(fontsize=8)
+    cost.barh(labels, [r["seconds"] or 0 for r in rows], color="tab:blue")
+    cost.set(xlabel="training seconds")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, out)

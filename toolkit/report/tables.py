@@ -34,3 +34,35 @@ def top_operators_html(run_dir: str | Path, rows: int = 15) -> str | None:
     return html_table(ops, {"name": "operator", "self_cpu_ms": "self CPU ms", "self_cpu_pct": "self CPU %",
                             "cpu_total_ms": "CPU total ms", "calls": "calls"},
                       caption=f"top {len(ops)} operators by self time over the profiled steps")
+
+
+def fine_tune_rows(runs: dict[str, str | Path]) -> list[dict]:
+    """One row per run (``{label: run_dir}``) of what a fine-tune costs and buys: trainable parameters, training
+    time, tokens/s, rank 0's peak memory, the newest checkpoint's size, and validation bits per byte before the
+    first step (train.eval_at_start) and at the end."""
+    from toolkit.checkpoint.store import CheckpointStore
+    from toolkit.runs.events import EvalEvent, StatusEvent, TrainEvent, read_events
+    from toolkit.train.metrics import steady_state
+
+    rows = []
+    for label, path in runs.items():
+        run = RunDir(path)
+        statuses, evals = read_events(run, StatusEvent), read_events(run, EvalEvent)
+        running = next((s for s in statuses if s.state == "running"), None)
+        final = statuses[-1]
+        speed = steady_state(read_events(run, TrainEvent))
+        checkpoints = [c for c in CheckpointStore(run.path).list(verify=False) if c.valid]
+        rows.append({
+            "label": label, "trainable": running and running.n_trainable, "params": running and running.n_params,
+            "seconds": final.train_seconds, "tokens_per_s": speed and speed.tokens_per_s,
+            "peak_memory_mb": final.peak_memory_mb,
+            "checkpoint_mb": checkpoints[-1].size_bytes / 2**20 if checkpoints else None,
+            "bpb_before": evals[0].val_bpb if evals and evals[0].step == 0 else None, "bpb_after": final.val_bpb,
+        })
+    return rows
+
+
+FINE_TUNE_COLUMNS = {"label": "run", "trainable": "trainable parameters", "params": "parameters",
+                     "seconds": "training s", "tokens_per_s": "tokens/s", "peak_memory_mb": "peak memory MiB",
+                     "checkpoint_mb": "checkpoint MiB", "bpb_before": "bits/byte before",
+                     "bpb_after": "bits/byte after"}
