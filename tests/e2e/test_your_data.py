@@ -466,3 +466,17 @@ def test_stdlib_registers_as_the_builtin_code_corpus(tmp_path):
     for split in ("train", "val"):
         assert np.array_equal(registered.splits[split].numpy(), builtin.splits[split].numpy()), split
     assert cli("data", "--workspace", ws, "register-builtin", "stdlib").stdout.split() == ["stdlib:1"]
+
+
+def test_auto_finds_the_tokenizer_of_a_registered_model_to_start_from(tmp_path, finished_run_copy):
+    from toolkit.catalogue.model_registry import register_model
+    from toolkit.catalogue.workspace import Workspace
+    from toolkit.data.tokenizers import model_tokenizer_folder
+    from toolkit.deploy.export import export_run
+
+    ws = Workspace.open(tmp_path / "ws")
+    model = register_model(ws, export_run(finished_run_copy().path).path, name="base")
+    cfg = load("model.init_from=base:1", f"data.workspace={ws.root}")
+    assert model_tokenizer_folder(cfg) == model.path, "the registered snapshot's own tokenizer"
+    assert isinstance(load_tokenizer(cfg), ByteTokenizer), "a byte-level model's export holds the byte tokenizer"
+    assert model_tokenizer_folder(load("model.init_from=nothing:3", f"data.workspace={ws.root}")) is None

@@ -179,14 +179,28 @@ def _from_folder(folder: Path, source: str, field: str, value) -> HFTokenizer:
 
 
 def model_tokenizer_folder(cfg) -> Path | None:
-    """The folder a model brings its tokenizer in: model.hf.source, else model.init_from, when it is a local folder
-    holding tokenizer.json; None otherwise."""
-    candidates = [cfg.model.hf.source] if cfg.model.name == "hf" else []
-    candidates.append(cfg.model.init_from)
-    for candidate in candidates:
-        if candidate and (Path(candidate).expanduser() / TOKENIZER_FILE).is_file():
-            return Path(candidate).expanduser()
-    return None
+    """The folder a model brings its tokenizer in: model.hf.source, else model.init_from (a folder, or a registered
+    model's snapshot), when it holds tokenizer.json; None otherwise."""
+    candidates = [Path(cfg.model.hf.source).expanduser()] if cfg.model.name == "hf" and cfg.model.hf.source else []
+    if cfg.model.init_from:
+        candidates.append(_init_from_folder(cfg))
+    return next((c for c in candidates if c is not None and (c / TOKENIZER_FILE).is_file()), None)
+
+
+def _init_from_folder(cfg) -> Path | None:
+    """model.init_from as a folder: itself, or the snapshot of the registered model NAME[:VERSION] it names (None
+    when it is neither: the model's own pre-launch checks refuse it)."""
+    from toolkit import names
+
+    folder = Path(cfg.model.init_from).expanduser()
+    if folder.is_dir() or names.split_ref(cfg.model.init_from) is None:
+        return folder
+    from toolkit.catalogue.model_registry import DataAssetError, get_model
+
+    try:
+        return get_model(_workspace(cfg), cfg.model.init_from).path
+    except DataAssetError:
+        return None
 
 
 def _workspace(cfg):
