@@ -378,8 +378,8 @@ def test_classification_batches_from_jsonl_and_from_an_mltable(tmp_path, bpe):
 
 def test_a_classifier_trains_on_labelled_jsonl(tmp_path):
     data = write_jsonl(tmp_path / "reviews.jsonl", reviews())
-    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *llama(256, "sequence_classification",
-                                                                         pad_token_id=0),
+    # no pad_token_id in the model's config: the run gives it the tokenizer's (a classifier needs one for batches)
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *llama(256, "sequence_classification"),
                "--set", f"data.path={data}", "--set", "train.log_every=1", "--set", "optim.lr=0.01")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = RunDir(tmp_path / "r")
@@ -480,3 +480,11 @@ def test_auto_finds_the_tokenizer_of_a_registered_model_to_start_from(tmp_path, 
     assert model_tokenizer_folder(cfg) == model.path, "the registered snapshot's own tokenizer"
     assert isinstance(load_tokenizer(cfg), ByteTokenizer), "a byte-level model's export holds the byte tokenizer"
     assert model_tokenizer_folder(load("model.init_from=nothing:3", f"data.workspace={ws.root}")) is None
+
+
+def test_the_cli_refuses_a_tokenizer_the_model_cannot_embed_before_a_run_directory_exists(bpe, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli("train", "tiny", "--run-dir", str(run_dir), "--set", f"data.tokenizer={bpe(400)}")
+    assert proc.returncode != 0
+    assert "has 400 ids but the model's input embedding has 256 rows" in proc.stderr, proc.stderr
+    assert not run_dir.exists(), "refused before the run directory exists"

@@ -123,6 +123,10 @@ def prepare_model(cfg, pretrained: bool = True):
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank and at every rebuild
     model = build_model(cfg.model)
+    if cfg.model.name == "hf":
+        from toolkit.train.models import hf
+
+        hf.adopt_padding(model, cfg)
     origin = {}
     if cfg.model.init_from and (pretrained or cfg.model.lora.rank):
         from toolkit.train.models import init_from

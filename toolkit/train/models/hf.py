@@ -183,3 +183,13 @@ def classification_loss(model, batch):
 
 def loss_function(cfg):
     return causal_lm_loss if cfg.hf.task == "causal_lm" else classification_loss
+
+
+def adopt_padding(model, cfg) -> None:
+    """Give a model without a padding id the run's tokenizer's (toolkit.data pads examples with it): a sequence
+    classifier finds each row's last real token by it, and refuses batches of more than one row without it. The
+    export's config.json then carries it too."""
+    if getattr(model.config, "pad_token_id", None) is None:
+        from toolkit.data.tokenizers import load_tokenizer
+
+        model.config.pad_token_id = load_tokenizer(cfg).pad_id

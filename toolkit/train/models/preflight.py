@@ -31,9 +31,10 @@ class ModelCheckError(ValueError):
 
 def needs_checks(cfg) -> bool:
     """Built-in models have nothing to check that the config's own validation missed, unless they start from
-    pretrained weights or get adapters."""
+    pretrained weights, get adapters or read another tokenizer than bytes."""
     m = cfg.model
-    return m.name not in BUILT_IN or bool(m.init_from) or m.lora.rank > 0
+    return m.name not in BUILT_IN or bool(m.init_from) or m.lora.rank > 0 or \
+        cfg.data.tokenizer not in ("auto", "bytes")
 
 
 @contextlib.contextmanager
@@ -138,7 +139,16 @@ def lora_targets_exist(cfg, model) -> None:
         raise ModelCheckError(_one_line(f"model.lora: peft refuses it: {exc}")) from None
 
 
-CHECKS: list[Callable] = [forward_gives_loss, context_fits, pretrained_weights_fit, lora_targets_exist]
+def tokenizer_fits(cfg, model) -> None:
+    """Every id the run's tokenizer can produce has a row in the model's input embedding (toolkit.data owns the
+    tokenizer, and the message)."""
+    from toolkit.data.tokenizers import check_tokenizer_fits
+
+    check_tokenizer_fits(cfg, model)
+
+
+CHECKS: list[Callable] = [forward_gives_loss, context_fits, pretrained_weights_fit, lora_targets_exist,
+                          tokenizer_fits]
 
 
 def register_check(check: Callable) -> Callable:
