@@ -1,4 +1,4 @@
-"""The map of the course: the five steps, what each does in Azure ML's terms, and how far this workspace got.
+"""The map of the course: the six steps, what each does in Azure ML's terms, and how far this workspace got.
 
     JourneyPanel(workspace=None).show()     # a table with a done / to-do badge per step, and a Refresh button
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import ipywidgets as w
 
 from toolkit.runs.events import StatusEvent, read_events
+from toolkit.runs.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, badge_html
 
@@ -76,6 +77,22 @@ def _deployment(ws: Workspace) -> tuple[bool, str]:
                           else "no model registered yet")
 
 
+def _your_model(ws: Workspace) -> tuple[bool, str]:
+    """Done once a run trained a model of the user's kind (a Hugging Face one or their own module)."""
+    runs = [r for r in _runs(ws) if r["state"] == "completed"]
+    names = {}
+    for r in runs:
+        try:
+            model = RunDir(r["run_dir"]).read_config().model.name
+        except (OSError, ValueError):  # a run folder changed since it was indexed: not this step's to judge
+            continue
+        if model in ("hf", "custom"):
+            names[model] = names.get(model, 0) + 1
+    kinds = {"hf": "Hugging Face", "custom": "your own nn.Module"}
+    return bool(names), (", ".join(f"{n} completed run(s) of {kinds[m]}" for m, n in names.items()) if names
+                         else "no run of your own model yet")
+
+
 STEPS = [
     Step("01_resources.ipynb", "Resources: check the machine, size the job, plan the cluster",
          "compute cluster, curated environment (ACPT), validating before spending GPU hours", _machine),
@@ -87,6 +104,8 @@ STEPS = [
          "Nebula-style fast checkpoints, automatic restarts", _checkpoints),
     Step("05_deployment.ipynb", "Deployment: export, serve with a key, plan the online endpoint",
          "model registry, managed online endpoint and deployment, score.py", _deployment),
+    Step("06_your_model.ipynb", "Your model: a Hugging Face architecture, your tokenizer, LoRA, served",
+         "bring your own model and environment; fine-tuning a registered model", _your_model),
 ]
 
 

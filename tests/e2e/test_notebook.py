@@ -18,7 +18,7 @@ PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
     assert {"00_overview.ipynb", "01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb",
-            "05_deployment.ipynb"} <= {
+            "05_deployment.ipynb", "06_your_model.ipynb"} <= {
         p.name for p in guided_notebooks()}
     for path in guided_notebooks():
         nb = nbformat.read(path, as_version=4)
@@ -136,6 +136,21 @@ def test_deployment_notebook_exports_serves_and_plans(tmp_path):
 def test_overview_notebook_maps_the_journey(tmp_path):
     executed = execute(NOTEBOOKS / "00_overview.ipynb", tmp_path, {"workspace": str(tmp_path / "ws")})
     html, text, _ = outputs_of(executed)
-    assert "1 of 5 steps have something to show" in text, text  # a fresh workspace: only the machine
+    assert "1 of 6 steps have something to show" in text, text  # a fresh workspace: only the machine
     assert any("The journey" in h and "05_deployment.ipynb" in h and "to do" in h for h in html), html
+    nbval(executed, tmp_path)
+
+
+def test_your_model_notebook_trains_a_tokenizer_pretrains_fine_tunes_and_serves(tmp_path):
+    executed = execute(NOTEBOOKS / "06_your_model.ipynb", tmp_path,
+                       {"workspace": str(tmp_path / "ws"), "runs_root": str(tmp_path / "runs"), "pretrain_steps": 30,
+                        "finetune_steps": 10, "max_new_tokens": 8})
+    html, text, pngs = outputs_of(executed)
+    assert "tokenizer: pydoc-bpe512:1, 512 ids" in text and "bytes/token" in text, text
+    assert "a transformers folder (from_pretrained loads it)" in text and "registered as llama-docs:1" in text
+    (table,) = [h for h in html if "held-out code, before and after" in h]
+    assert "LoRA r=8" in table and "full fine-tune" in table, table
+    assert pngs, "the fine-tuning picture"
+    assert "the endpoint and plain transformers agree: True" in text, text
+    assert any("completed" in h and "30 / 30" in h for h in html), "the pretraining panel's static twin"
     nbval(executed, tmp_path)

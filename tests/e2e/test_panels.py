@@ -204,10 +204,29 @@ def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):
 # --- the journey -------------------------------------------------------------------------------------------------
 
 
+BIGRAM = """
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Bigram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(256, 256)
+
+    def forward(self, input_ids, labels):
+        return F.cross_entropy(self.table(input_ids).flatten(0, 1), labels.flatten())
+
+
+def build():
+    return Bigram()
+"""
+
+
 def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
     ws_dir = tmp_path / "ws"
     panel = JourneyPanel(ws_dir).show()
-    assert [done for done, _ in panel.statuses] == [True, False, False, False, False]  # only the machine is there
+    assert [done for done, _ in panel.statuses] == [True, False, False, False, False, False]  # only the machine
     assert "no data registered yet" in panel.table.value and "02_data.ipynb" in panel.table.value
 
     register_pydoc(panel.ws)
@@ -216,12 +235,20 @@ def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
     handle = launch.start(cfg, runs_root=tmp_path / "runs")
     assert handle.wait(120) == 0
     panel.refresh_button.click()
-    assert [done for done, _ in panel.statuses] == [True, True, True, False, False]
+    assert [done for done, _ in panel.statuses] == [True, True, True, False, False, False]
     assert "1 run(s), 1 completed" in panel.table.value and "pydoc:1" in panel.table.value
 
     resumed = launch.resume(handle.path, from_checkpoint="step_00000010")
     assert resumed.wait(120) == 0
     register_model(panel.ws, export_run(handle.path).path)
-    assert all(done for done, _ in panel.refresh()), panel.statuses
+    assert [done for done, _ in panel.refresh()] == [True] * 5 + [False], panel.statuses
     assert "1 resumed" in panel.static_html() and "tiny:1" in panel.static_html()
-    assert len(panel.statuses) == len(STEPS) == 5
+    assert "no run of your own model yet" in panel.static_html()
+
+    (tmp_path / "bigram.py").write_text(BIGRAM)
+    own = config_mod.load("tiny", ["train.max_steps=5", "model.name=custom", f"data.workspace={ws_dir}",
+                                   f"model.factory={tmp_path / 'bigram.py'}:build"])
+    assert launch.start(own, runs_root=tmp_path / "runs").wait(120) == 0
+    assert all(done for done, _ in panel.refresh()), panel.statuses
+    assert "1 completed run(s) of your own nn.Module" in panel.static_html()
+    assert len(panel.statuses) == len(STEPS) == 6

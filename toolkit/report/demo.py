@@ -84,6 +84,8 @@ FIGURES = [  # (key recorded by a notebook, label, format)
                                                                  ".1e"),
     ("endpoint_p50_ms", "endpoint p50 latency, ms", ".1f"), ("endpoint_rps_16", "endpoint requests/s, 16 clients",
                                                                ".1f"),
+    ("lora_bpb_after", "code bits/byte after LoRA", ".3f"), ("full_bpb_after", "  after a full fine-tune", ".3f"),
+    ("hf_endpoint_agrees", "endpoint = plain transformers", ""),
 ]
 
 
