@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -228,8 +229,18 @@ def test_lora_trains_and_checkpoints_only_the_adapters_and_resumes_exactly(tmp_p
 
     # only the adapted modules differ from the pretrained model, once the adapters are merged in
     merged, cfg, _ = load_trained_model(reference.path)
+    assert type(merged) is type(source)
     changed = {name for name, w in merged.state_dict().items() if not torch.equal(w, source.state_dict()[name])}
     assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed), changed
+    # kept separate on request: the peft model, whose merge is the same model
+    kept = tmp_path / "kept"
+    shutil.copytree(reference.path, kept)
+    (kept / "config.yaml").write_text((kept / "config.yaml").read_text().replace("merge_on_export: true",
+                                                                                 "merge_on_export: false"))
+    separate, _, _ = load_trained_model(kept)
+    assert type(separate).__name__.startswith("PeftModel")
+    remerged = separate.merge_and_unload().state_dict()
+    assert all(torch.allclose(w, remerged[name]) for name, w in merged.state_dict().items())
 
     kill_at = rng.randint(EVERY + 1, STEPS - 1)
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *CKPT, *HF, *pretrained, *flags,

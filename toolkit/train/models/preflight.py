@@ -17,6 +17,7 @@ config, not values.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from typing import Callable
 
@@ -104,8 +105,7 @@ def forward_gives_loss(cfg, model) -> None:
             "set to 'module:function' taking (model, batch)"))) from None
     if not torch.isfinite(loss):
         raise ModelCheckError(refused("model.loss" if cfg.model.loss else "model.factory",
-                                             f"{call} gave a loss of {loss.item()} on a first batch",
-                                             "a finite loss"))
+                                      f"{call} gave a loss of {loss.item()} on a first batch", "a finite loss"))
 
 
 def context_fits(cfg, model) -> None:
@@ -133,9 +133,11 @@ def lora_targets_exist(cfg, model) -> None:
 
     lora.check_targets(model, cfg.model)
     try:
-        lora.wrap(model, cfg.model)  # on the meta device: peft's own checks, nothing allocated
+        # peft's own checks, on a copy: it adds the adapters in place, and the checks after this one see the model
+        lora.wrap(copy.deepcopy(model), cfg.model)
     except ValueError as exc:
-        raise ModelCheckError(_one_line(f"model.lora: peft refuses it: {exc}")) from None
+        raise ModelCheckError(_one_line(refused("model.lora", f"peft refuses it: {exc}",
+                                                "a LoRA configuration peft accepts for this model"))) from None
 
 
 CHECKS: list[Callable] = [forward_gives_loss, context_fits, pretrained_weights_fit, lora_targets_exist]
