@@ -174,9 +174,9 @@ def _build_for_checks(cfg):
             return hf.build_empty(m)
         except Exception as exc:  # transformers' own checks of a config (e.g. heads that do not divide the width)
             field = "model.hf.source" if m.hf.source else "model.hf.config"
-            raise ModelCheckError(_one_line(refused(field, f"transformers cannot build it ({type(exc).__name__}: {exc})",
-                                                    "a configuration transformers can build (see the architecture's "
-                                                    "config documentation)"))) from None
+            problem = f"transformers cannot build it ({type(exc).__name__}: {exc})"
+            raise ModelCheckError(_one_line(refused(field, problem, "a configuration transformers can build (see the "
+                                                                    "architecture's config documentation)"))) from None
     import torch
 
     from toolkit.train.models import build_model
