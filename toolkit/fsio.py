@@ -353,7 +353,8 @@ def swap_in(new: Path, dest: Path) -> Path | None:
 
 
 def publish_folder(tmp: Path, out: Path, *, marker: str, kind: str, error: type[Exception],
-                   may_hold: Callable[[Path], set], field: str = "--out", subfolders: frozenset[str] = frozenset()) -> None:
+                   may_hold: Callable[[Path], set], field: str = "--out",
+                   subfolders: frozenset[str] = frozenset()) -> None:
     """Make the assembled folder ``tmp`` (from :func:`staging_folder`) the folder ``out``: fsync every file and
     the folder, check once more that ``out`` may be replaced (:func:`check_replaceable`: it may have changed
     during the work), swap in one step, fsync the parent (the swap itself is durable), then remove the previous

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -228,8 +229,18 @@ def test_lora_trains_and_checkpoints_only_the_adapters_and_resumes_exactly(tmp_p
 
     # only the adapted modules differ from the pretrained model, once the adapters are merged in
     merged, cfg, _ = load_trained_model(reference.path)
+    assert type(merged) is type(source)
     changed = {name for name, w in merged.state_dict().items() if not torch.equal(w, source.state_dict()[name])}
     assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed), changed
+    # kept separate on request: the peft model, whose merge is the same model
+    kept = tmp_path / "kept"
+    shutil.copytree(reference.path, kept)
+    (kept / "config.yaml").write_text((kept / "config.yaml").read_text().replace("merge_on_export: true",
+                                                                                 "merge_on_export: false"))
+    separate, _, _ = load_trained_model(kept)
+    assert type(separate).__name__.startswith("PeftModel")
+    remerged = separate.merge_and_unload().state_dict()
+    assert all(torch.allclose(w, remerged[name]) for name, w in merged.state_dict().items())
 
     kill_at = rng.randint(EVERY + 1, STEPS - 1)
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *CKPT, *HF, *pretrained, *flags,
@@ -275,3 +286,32 @@ def test_the_azure_job_uploads_the_users_package_and_trains_from_the_mounted_cop
     assert code["factory"] == {"import": "mymodels:build", "file": str(mounted / "mymodels" / "bytes.py"),
                                "sha256": hashlib.sha256(MODULE.encode()).hexdigest()}
     assert code["code_path"] == str(mounted)
+
+
+@pytest.mark.filterwarnings("ignore::marshmallow.warnings.Marshmallow4Warning")
+def test_the_azure_plan_uploads_pretrained_weights_and_refuses_links_and_keys_in_model_code(tmp_path, monkeypatch):
+    from azure.ai.ml import load_job
+
+    from toolkit.azure import AzureError
+    from toolkit.azure.plan import build_plan, write_plan
+
+    save_llama(tmp_path / "src", seed=1)
+    monkeypatch.chdir(tmp_path)
+    cfg = config_mod.load("tiny", [a for a in HF if a != "--set"] + ["model.init_from=src", *LORA[1:]])
+    plan = write_plan(build_plan(cfg, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1), tmp_path / "plan")
+    job = load_job(plan / "job.yaml")
+    assert job.command.endswith("--set model.init_from=${{inputs.init_from}}")
+    assert (job.inputs["init_from"].type, job.inputs["init_from"].path) == ("uri_folder", str(tmp_path / "src"))
+
+    package = tmp_path / "code" / "leaky"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    custom = config_mod.load("tiny", ["model.name=custom", "model.factory=leaky:build"])
+    (package / "deploy.pem").write_text("a private key")
+    with pytest.raises(AzureError, match=r"secret-looking files: .*leaky/deploy.pem \(a private key or certificate\)"):
+        build_plan(custom, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1)
+    (package / "deploy.pem").unlink()
+    (package / "data").symlink_to("/etc")
+    with pytest.raises(AzureError, match=r"holds leaky/data, a symbolic link"):
+        build_plan(custom, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1)

@@ -8,8 +8,8 @@
 
 The default adapter calls ``model(**batch)`` (batch keys: see toolkit.train.models) and takes the result if it is
 a tensor, else its ``.loss`` (a Hugging Face style output) or its ``["loss"]``. Everything is checked before a run
-directory exists (:func:`check`): the import, the attribute, that the factory returns an ``nn.Module``, and that
-one forward on a small batch gives a finite scalar loss.
+directory exists (toolkit.train.models.preflight): the import, the attribute, that the factory returns an
+``nn.Module``, and that one forward on a small batch gives a finite scalar loss.
 
 At launch :func:`pin` makes the run independent of the folder it was started from: a relative file path becomes
 absolute, and a module path found in the user's own code (not an installed package) gets model.code_path, the

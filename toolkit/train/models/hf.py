@@ -22,7 +22,7 @@ import difflib
 from pathlib import Path
 
 from toolkit.data.batch import IGNORE_INDEX
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import not_allowed
 
 TASKS = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification"}
 

@@ -17,6 +17,7 @@ config, not values.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from typing import Callable
 
@@ -105,8 +106,7 @@ def forward_gives_loss(cfg, model) -> None:
             "set to 'module:function' taking (model, batch)"))) from None
     if not torch.isfinite(loss):
         raise ModelCheckError(refused("model.loss" if cfg.model.loss else "model.factory",
-                                             f"{call} gave a loss of {loss.item()} on a first batch",
-                                             "a finite loss"))
+                                      f"{call} gave a loss of {loss.item()} on a first batch", "a finite loss"))
 
 
 def context_fits(cfg, model) -> None:
@@ -134,9 +134,11 @@ def lora_targets_exist(cfg, model) -> None:
 
     lora.check_targets(model, cfg.model)
     try:
-        lora.wrap(model, cfg.model)  # on the meta device: peft's own checks, nothing allocated
+        # peft's own checks, on a copy: it adds the adapters in place, and the checks after this one see the model
+        lora.wrap(copy.deepcopy(model), cfg.model)
     except ValueError as exc:
-        raise ModelCheckError(_one_line(f"model.lora: peft refuses it: {exc}")) from None
+        raise ModelCheckError(_one_line(refused("model.lora", f"peft refuses it: {exc}",
+                                                "a LoRA configuration peft accepts for this model"))) from None
 
 
 def tokenizer_fits(cfg, model) -> None:
@@ -182,9 +184,9 @@ def _build_for_checks(cfg):
             return hf.build_empty(m)
         except Exception as exc:  # transformers' own checks of a config (e.g. heads that do not divide the width)
             field = "model.hf.source" if m.hf.source else "model.hf.config"
-            raise ModelCheckError(_one_line(refused(field, f"transformers cannot build it ({type(exc).__name__}: {exc})",
-                                                    "a configuration transformers can build (see the architecture's "
-                                                    "config documentation)"))) from None
+            problem = f"transformers cannot build it ({type(exc).__name__}: {exc})"
+            raise ModelCheckError(_one_line(refused(field, problem, "a configuration transformers can build (see the "
+                                                                    "architecture's config documentation)"))) from None
     import torch
 
     from toolkit.train.models import build_model
