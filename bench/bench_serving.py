@@ -11,6 +11,9 @@ round (A B A B ...), and ratios are medians of per-round ratios with their range
 2. requests/s at 1, 4 and 16 concurrent clients, per runtime
 3. the server's overhead: HTTP p50 minus an in-process call of the same service p50 (target < 5 ms)
 4. 16 clients, batched (max_batch 16) vs unbatched (max_batch 1) requests/s (target >= 2x)
+5. a transformers Llama (KV_MODEL, trained a few steps through the CLI and exported): generated tokens/s with the
+   KV cache vs recomputing the context for every token, at 128 new tokens, one request at a time and 8 at once
+   (target >= 3x), through the batcher that serves them (in-process: HTTP adds the same few ms to both sides)
 """
 
 from __future__ import annotations
@@ -58,12 +61,80 @@ def ratio_summary(pairs: list[tuple[float, float]]) -> str:
     return f"median {statistics.median(ratios):.2f} (range {min(ratios):.2f} to {max(ratios):.2f})"
 
 
+# hidden 256 x 4 layers (~3M parameters): big enough that a forward's arithmetic, not transformers' per-call overhead
+# (a few ms on this CPU), is what the cache saves; context 256 holds the prompt and 128 new tokens
+KV_MODEL = ("{hidden_size: 256, intermediate_size: 688, num_hidden_layers: 4, num_attention_heads: 4, "
+            "num_key_value_heads: 4, vocab_size: 256, max_position_embeddings: 256, tie_word_embeddings: true}")
+KV_LABEL = "Llama, 4 layers x 256, context 256"
+KV_NEW_TOKENS = 128
+KV_CONCURRENT = (1, 8)
+KV_REPEATS = 2  # generations per side per round
+
+
+def train_and_export_llama(tmp: Path) -> Path:
+    run = tmp / "llama-run"
+    subprocess.run([sys.executable, "-m", "toolkit", "train", "llama", "--run-dir", str(run), "--set",
+                    f"model.hf.config={KV_MODEL}", "--set", "train.max_steps=3", "--set", "train.max_seconds=0",
+                    "--set", "profile.enabled=false", "--set", "train.eval_every=3", "--set", "train.eval_batches=1"],
+                   check=True, cwd=PROJECT, capture_output=True)
+    return export_run(run).path
+
+
+def kv_cache_bench(tmp: Path, rounds: int) -> None:
+    """Generated tokens/s with and without the KV cache, interleaved round by round; printed as a table."""
+    from toolkit.deploy.serving.batcher import Batcher
+    from toolkit.deploy.serving.protocol import GenerateRequest
+    from toolkit.deploy.serving.runtimes import load_runtime
+
+    model = train_and_export_llama(tmp)
+    torch_runtime = load_runtime(model, "torch")
+    # the KV cache and recomputing the context on the same eager model; ONNX Runtime (which recomputes) beside them
+    sides = {"cache": Batcher(torch_runtime, max_batch=16, max_wait_ms=0, kv_cache=True),
+             "no cache": Batcher(torch_runtime, max_batch=16, max_wait_ms=0, kv_cache=False),
+             "onnx": Batcher(load_runtime(model, "onnx"), max_batch=16, max_wait_ms=0)}
+
+    def generate(side: str, at_once: int, seed: int) -> tuple[int, float]:
+        """(tokens generated, seconds) for ``at_once`` requests submitted together."""
+        started = time.perf_counter()
+        futures = [sides[side].submit(GenerateRequest(b"def ", KV_NEW_TOKENS, 0.8, 40, seed + i))
+                   for i in range(at_once)]
+        return sum(f.result(timeout=600)["new_tokens"] for f in futures), time.perf_counter() - started
+
+    for side in sides:  # warm up: the first forwards pay for allocations and thread pools
+        generate(side, 1, 10**6)
+    speed = {(side, n): [] for side in sides for n in KV_CONCURRENT}  # tokens/s, one figure per round
+    for r in range(rounds):
+        for n in KV_CONCURRENT:
+            done = {side: [0, 0.0] for side in sides}
+            for rep in range(KV_REPEATS):  # A B C A B C within the round too: this machine's load moves in seconds
+                for side in sides:  # the same seeds, so the same tokens, on every side
+                    tokens, seconds = generate(side, n, 1000 * (r * KV_REPEATS + rep))
+                    done[side][0] += tokens
+                    done[side][1] += seconds
+            for side, (tokens, seconds) in done.items():
+                speed[side, n].append(tokens / seconds)
+        print(f"kv cache round {r + 1}/{rounds} done", flush=True)
+    print(f"\ngeneration, transformers {KV_LABEL}, {KV_NEW_TOKENS} new tokens per request, {rounds} rounds")
+    print(f"{'requests at once':<17} {'torch + KV cache':>17} {'torch, no cache':>16} {'ONNX Runtime':>13}   "
+          "KV cache / no cache (tokens/s)")
+    for n in KV_CONCURRENT:
+        pairs = list(zip(speed["cache", n], speed["no cache", n]))
+        print(f"{n:<17} " + " ".join(f"{statistics.median(speed[side, n]):>{w}.1f}"
+                                     for side, w in zip(sides, (17, 16, 13))) + f"   {ratio_summary(pairs)}")
+    print(f"target: KV cache >= 3x at {KV_NEW_TOKENS} new tokens")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per request")
     parser.add_argument("--singles", type=int, default=40, help="sequential requests per round for latency")
+    parser.add_argument("--kv-only", action="store_true", help="only the KV cache comparison (part 5)")
     args = parser.parse_args()
+    if args.kv_only:
+        with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+            kv_cache_bench(Path(tmp), args.rounds)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         tmp = Path(tmp)
         model = train_and_export(tmp)
@@ -121,6 +192,8 @@ def main() -> int:
     print(f"\nserver overhead at p50 (HTTP - in-process, same service): median {statistics.median(overhead):.2f} ms "
           f"(range {min(overhead):.2f} to {max(overhead):.2f}); target < 5 ms")
     print(f"batched / unbatched requests/s at 16 clients (ONNX): {ratio_summary(batched_pairs)}; target >= 2")
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        kv_cache_bench(Path(tmp), args.rounds)
     return 0
 
 
