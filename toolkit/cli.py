@@ -361,8 +361,9 @@ def _cmd_serve(args) -> int:
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr, flush=True)
     key_file = shlex.quote(str(endpoint.folder / "key"))
+    example = '{"text": "What a lovely day"}' if endpoint.tasks[0] == "classify" else '{"prompt": "def "}'
     print(f"{endpoint.describe()}\n  key file (0600): {endpoint.folder / 'key'}\n  log: {endpoint.log_path}\n"
-          f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{{\"prompt\": \"def \"}}' "
+          f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{example}' "
           + endpoint.scoring_url + "\n(Ctrl-C stops it)", flush=True)
     return _serve_until_interrupted(endpoint.stop)
 

@@ -29,6 +29,7 @@ from toolkit.names import check_name
 from toolkit.ports import free_port
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions
+from toolkit.deploy.serving.protocol import TEXT_TASKS
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
@@ -82,6 +83,7 @@ class LocalEndpoint:
     model_dir: Path
     folder: Path
     service: ServiceProcess = field(repr=False)
+    tasks: tuple[str, ...] = TEXT_TASKS  # what it answers (toolkit.deploy.model_format.served_tasks)
 
     @property
     def process(self):
@@ -151,7 +153,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
         warnings.warn(warning, PlainHTTPWarning, stacklevel=2)
     model_dir = resolve_model_dir(model, workspace).resolve()
     manifest = verify_model_folder(model_dir)  # a tampered file is named here, not lost in the server's log
-    served_tasks(manifest)  # a model no endpoint serves is named here too
+    tasks = served_tasks(manifest)  # a model no endpoint serves is named here too
     serving = dataclasses.replace(serving, runtime=check_runtime(model_dir, manifest, runtime))
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
     name = check_name(str(name))  # it names a folder in the workspace: no '/', no '..'
@@ -164,7 +166,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     service = start_service(cmd, folder / "server.log", env, fresh_log=True)
-    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service)
+    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks)
     # GET /score answers once the model is loaded
     wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
     return endpoint
