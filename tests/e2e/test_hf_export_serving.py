@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
-import tempfile
 import types
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -35,19 +35,6 @@ LLAMA = ("--set", "model.name=hf", "--set", "model.hf.architecture=llama", "--se
          "--set", "optim.lr=1e-2", "--set", "train.eval_every=50")
 PROMPTS = ("def ", "The return value of", "Return ")
 NEW_TOKENS = 24
-
-
-def _byte_tokenizer_saves_hf_files() -> bool:
-    """Does the byte tokenizer's save() write files AutoTokenizer loads? (The tokenizers helper's branch makes it so;
-    until it is merged, save() writes a description only.)"""
-    from toolkit.data.tokenizers import ByteTokenizer
-
-    with tempfile.TemporaryDirectory() as folder:
-        ByteTokenizer().save(Path(folder))
-        return (Path(folder) / "tokenizer_config.json").is_file()
-
-
-HF_BYTE_TOKENIZER = _byte_tokenizer_saves_hf_files()
 
 
 @pytest.fixture(scope="module")
@@ -127,34 +114,32 @@ for prompt in prompts:
 """
 
 
-@pytest.mark.xfail(not HF_BYTE_TOKENIZER, strict=True, raises=AssertionError,
-                   reason="the byte tokenizer's save() writes a description only until the tokenizers branch is merged")
 def test_plain_transformers_in_a_fresh_process_generates_the_endpoints_greedy_text(exported, endpoint, tmp_path):
     plain = _plain_transformers(PLAIN_GENERATE, str(exported.path), str(NEW_TOKENS), *PROMPTS, cwd=tmp_path)
     assert plain == [_endpoint_greedy(endpoint, prompt) for prompt in PROMPTS]
     assert any(text.strip() for text in plain), "the trained model's words, not only blanks"
 
 
-PLAIN_MODEL_GENERATE = """
-import json, sys
-import torch
-from transformers import AutoModelForCausalLM
-folder, new_tokens, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-model = AutoModelForCausalLM.from_pretrained(folder)
-for prompt in prompts:
-    ids = torch.tensor([list(prompt.encode())])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
-    print(json.dumps(bytes(out[0, ids.shape[1]:].tolist()).decode("utf-8", errors="replace")))
-"""
-
-
-@pytest.mark.skipif(HF_BYTE_TOKENIZER, reason="the tokenizer is transformers' own now: the test above covers it all")
-def test_the_folders_model_in_a_fresh_process_generates_the_endpoints_greedy_text(exported, endpoint, tmp_path):
-    """The model half of the test above, while the byte tokenizer's files are a description: ids are the prompt's
-    bytes, as the endpoint reads that description."""
-    plain = _plain_transformers(PLAIN_MODEL_GENERATE, str(exported.path), str(NEW_TOKENS), *PROMPTS, cwd=tmp_path)
-    assert plain == [_endpoint_greedy(endpoint, prompt) for prompt in PROMPTS]
-    assert any(text.strip() for text in plain), "the trained model's words, not only blanks"
+def test_a_lora_export_with_its_adapter_kept_separate_loads_and_serves_the_same(exported, tmp_path):
+    """LoRA on the exported Llama (model.init_from), exported with model.lora.merge_on_export false: the folder holds
+    the base and the adapter side by side; plain transformers (with peft installed) applies the adapter, and the
+    endpoint serves the same greedy text."""
+    run = tmp_path / "lora"
+    proc = cli("train", "tiny", "--run-dir", str(run), *LLAMA[:6], "--set", f"model.init_from={exported.path}",
+               "--set", "model.lora.rank=4", "--set", "model.lora.merge_on_export=false", "--set", "train.max_steps=20",
+               "--set", "train.eval_every=20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = cli("export", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = run / "model"
+    manifest = read_manifest(folder)
+    assert manifest["lora"] == "separate" and {"adapter_config.json", "adapter_model.safetensors", "config.json",
+                                                "model.safetensors"} <= set(manifest["files"])
+    parity = json.loads((folder / "parity.json").read_text())
+    assert all(s["transformers"] <= 1e-5 for s in parity["shapes"]), "from_pretrained applies the adapter"
+    with serve(folder, workspace=tmp_path / "ws") as endpoint:
+        plain = _plain_transformers(PLAIN_GENERATE, str(folder), str(NEW_TOKENS), *PROMPTS, cwd=tmp_path)
+        assert plain == [_endpoint_greedy(endpoint, prompt) for prompt in PROMPTS]
 
 
 # --- serving ---------------------------------------------------------------------------------------------------------
@@ -249,69 +234,91 @@ def test_the_kv_cache_and_batching_change_speed_not_answers(exported):
 
 # --- a sequence classifier -------------------------------------------------------------------------------------------
 
-REVIEWS = [("what a lovely sunny day", "positive"), ("great fun, I loved every minute", "positive"),
-           ("a wonderful, kind and happy film", "positive"), ("superb, would watch again", "positive"),
-           ("awful, I hated it", "negative"), ("a boring waste of time", "negative"),
-           ("terrible acting and a dull plot", "negative"), ("the worst evening in years", "negative")]
-LABELS = {"negative": 0, "positive": 1}
+GOOD, BAD = ["good", "great", "lovely", "fine"], ["bad", "awful", "poor", "ugly"]
+NOUNS = ["soup", "film", "room", "book", "train", "song"]
 
 
-def _trained_classifier(tmp_path: Path):
-    """A 2-layer Llama sequence classifier built from its config and trained here on REVIEWS (a test-only dataset:
-    labelled data does not reach the trainer on this branch yet), one example per step. Returns (model, config)."""
-    from toolkit import config as config_mod
-    from toolkit.train.models import build_model, loss_function
+def _reviews(count: int) -> list[dict]:
+    """Labelled texts whose class only their first word says: "great film, review 12" is pos."""
+    rng = random.Random(7)
+    rows = []
+    for i in range(count):
+        label = rng.choice(["pos", "neg"])
+        rows.append({"text": f"{rng.choice(GOOD if label == 'pos' else BAD)} {rng.choice(NOUNS)}, review {i}",
+                     "label": label})
+    return rows
 
+
+def test_a_classifier_trained_on_labelled_text_exports_and_answers_classify_requests(tmp_path):
     data = tmp_path / "reviews.jsonl"
-    data.write_text("".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in REVIEWS))
+    data.write_text("".join(json.dumps(row) + "\n" for row in _reviews(300)))
+    run = tmp_path / "classifier"
+    proc = cli("train", "tiny", "--run-dir", str(run), *LLAMA[:4], "--set", f"model.hf.config={LLAMA_CONFIG}}}",
+               "--set", "model.hf.task=sequence_classification", "--set", f"data.path={data}", "--set",
+               "optim.lr=0.01", "--set", "train.max_steps=40")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = cli("export", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = read_manifest(run / "model")
+    assert (manifest["task"], manifest["labels"]) == ("sequence_classification", ["neg", "pos"]), \
+        "the class names of the data, in config.json's id2label too"
+    assert manifest["onnx_opset"] >= 17, "a classifier with a padding id exports to ONNX"
+
+    texts = ["lovely song, review 9001", "awful train, review 9002", "great book, review 9003", "poor soup, review 1"]
+    answers = {}
+    for runtime in ("torch", "onnx"):
+        with serve(run / "model", runtime=runtime, workspace=tmp_path / "ws", max_batch=8) as endpoint:
+            assert endpoint.tasks == ("classify",)
+            with ThreadPoolExecutor(len(texts)) as pool:  # at once: they share the batcher
+                answers[runtime] = list(pool.map(lambda text: endpoint.request({"task": "classify", "text": text}),
+                                                 texts))
+            if runtime == "torch":
+                assert endpoint.request({"text": "lovely"})[1]["task"] == "classify", "a classifier's default task"
+                for body, message in [
+                    ({"task": "generate", "prompt": "x"}, "task: 'generate' is not allowed; allowed: classify"),
+                    ({"task": "classify"}, "text: None is not allowed"),
+                    ({"text": "x" * 200}, "text: 200 tokens is not allowed; allowed: 1 to 128 tokens")]:
+                    status, answer = endpoint.request(body)
+                    assert (status, message in answer["error"]) == (400, True), (body, answer)
+                assert endpoint.request({"text": "x"}, headers={"Content-Type": "application/json"})[0] == 401
+    for text, (status, answer) in zip(texts, answers["torch"]):
+        assert status == 200 and answer["task"] == "classify", answer
+        assert answer["label"] == ("pos" if text.split()[0] in GOOD else "neg"), (text, answer)
+        assert answer["label_id"] == ["neg", "pos"].index(answer["label"])
+        assert list(answer["probabilities"]) == ["neg", "pos"]
+        assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
+    for (_, served), (_, onnx) in zip(answers["torch"], answers["onnx"]):
+        assert onnx["label"] == served["label"]
+        assert onnx["probabilities"] == pytest.approx(served["probabilities"], abs=1e-4)
+
+
+def test_an_architecture_onnx_cannot_export_exports_without_it_and_says_why(tmp_path):
+    """transformers' decoder-only classifiers refuse batches of more than one row without a padding id, so ONNX
+    cannot export the dynamic batch of one built without (here from its config, outside a run): the export still
+    succeeds, the manifest and parity.json say why, and the ONNX runtime is refused naming it."""
+    from toolkit import config as config_mod
+    from toolkit.train.models import build_model
+
     cfg = config_mod.load("tiny", ["model.name=hf", "model.hf.architecture=llama",
-                                   "model.hf.task=sequence_classification",
-                                   f"model.hf.config={LLAMA_CONFIG}, id2label: {{0: negative, 1: positive}}}}",
-                                   f"data.path={data}"])
+                                   "model.hf.task=sequence_classification", f"model.hf.config={LLAMA_CONFIG}}}",
+                                   f"data.path={tmp_path / 'unused.jsonl'}"])
     torch.manual_seed(0)
-    model, loss_fn = build_model(cfg.model), loss_function(cfg.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for epoch in range(12):
-        for text, label in REVIEWS:
-            batch = {"input_ids": torch.tensor([list(text.encode())]), "labels": torch.tensor([LABELS[label]])}
-            optimizer.zero_grad()
-            loss_fn(model, batch).backward()
-            optimizer.step()
-    return model.eval(), cfg
-
-
-def test_a_sequence_classifier_exports_and_answers_classify_requests(tmp_path):
-    model, cfg = _trained_classifier(tmp_path)
-    provenance = {"run_dir": str(tmp_path), "checkpoint": "trained-in-test", "step": 12 * len(REVIEWS),
-                  "engine": "torch", "zero_stage": 0, "data": {"path": cfg.data.path}}
-    result = write_model_folder(model, cfg, tmp_path / "model", provenance)
-    manifest = result.manifest
-    assert (manifest["task"], manifest["labels"]) == ("sequence_classification", ["negative", "positive"])
-    # transformers' decoder-only classifiers need a pad token to take more than one row: ONNX cannot export the batch
-    assert manifest["onnx_opset"] is None and "padding token" in manifest["onnx_not_exported"]
+    provenance = {"run_dir": str(tmp_path), "checkpoint": "built-in-test", "step": 0, "engine": "torch",
+                  "zero_stage": 0, "data": {}}
+    result = write_model_folder(build_model(cfg.model).eval(), cfg, tmp_path / "model", provenance)
+    why = result.manifest["onnx_not_exported"]
+    assert result.manifest["onnx_opset"] is None and "padding token" in why
     assert not (result.path / "model.onnx").exists() and result.parity_ok
+    assert json.loads((result.path / "parity.json").read_text())["onnx"] == f"not exported: {why}"
     assert "not exported (torch.onnx.export failed" in result.summary()
     with pytest.raises(ExportError, match=r"has no model.onnx, which --runtime onnx loads \(the export could not "
                                           r"write it: torch.onnx.export failed: .*padding token"):
         serve(result.path, runtime="onnx", workspace=tmp_path / "ws")
-
-    with serve(result.path, workspace=tmp_path / "ws", max_batch=8) as endpoint:
-        assert endpoint.tasks == ("classify",) and endpoint.runtime == "torch"
-        with ThreadPoolExecutor(len(REVIEWS)) as pool:  # at once: they share the batcher
-            answers = list(pool.map(lambda review: endpoint.request({"task": "classify", "text": review[0]}), REVIEWS))
-        for (text, label), (status, answer) in zip(REVIEWS, answers):
-            assert status == 200 and answer["task"] == "classify", answer
-            assert (answer["label"], answer["label_id"]) == (label, LABELS[label]), (text, answer)
-            assert list(answer["probabilities"]) == ["negative", "positive"]
-            assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
-            assert answer["probabilities"][label] > 0.5
-        assert endpoint.request({"text": "lovely"})[1]["task"] == "classify", "a classifier's default task"
-        for body, message in [({"task": "generate", "prompt": "x"}, "task: 'generate' is not allowed; allowed: classify"),
-                              ({"task": "classify"}, "text: None is not allowed"),
-                              ({"text": "x" * 200}, "text: 200 tokens is not allowed; allowed: 1 to 128 tokens")]:
-            status, answer = endpoint.request(body)
-            assert (status, message in answer["error"]) == (400, True), (body, answer)
-        assert endpoint.request({"text": "x"}, headers={"Content-Type": "application/json"})[0] == 401
+    with serve(result.path, workspace=tmp_path / "ws", max_batch=8) as endpoint:  # torch: rows one by one
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda t: endpoint.request({"text": t}), ["one", "two", "six", "a longer one"]))
+    assert [status for status, _ in answers] == [200] * 4
+    assert all(answer["label"] in ("LABEL_0", "LABEL_1") for _, answer in answers)
 
 
 # --- the Azure ML deployment plan --------------------------------------------------------------------------------------

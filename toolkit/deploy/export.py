@@ -211,7 +211,7 @@ def write_model_folder(model, cfg, out: str | Path, provenance: dict) -> ExportR
         if cfg.model.name == "hf":
             from toolkit.deploy.hf_export import write_hf_export
 
-            fields, parity = write_hf_export(model, cfg, tmp)
+            fields, parity = write_hf_export(model, cfg, tmp, (provenance.get("data") or {}).get("label_names"))
         else:
             fields, parity = _write_builtin(model, cfg, tmp)
         (tmp / "config.yaml").write_text(cfg.to_yaml())  # what was read and validated, never a copy of the run's file

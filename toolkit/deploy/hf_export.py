@@ -14,6 +14,7 @@ An architecture ONNX cannot export still exports: the manifest's onnx_not_export
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import warnings
@@ -105,20 +106,48 @@ def _parity(model, task: str, folder: Path, seq: int, onnx_path: Path | None, on
             "max_abs_diff": max(s["max_abs_diff"] for s in shapes), "shapes": shapes}
 
 
-def write_hf_export(model, cfg, tmp: Path) -> tuple[dict, dict]:
-    """Every file of a transformers model's folder into ``tmp``; returns (manifest fields, parity)."""
+def _name_labels(model, names: list[str] | None) -> None:
+    """A classifier trained on class names (the run's lineage lists them in id order) answers with them: config.json's
+    id2label becomes the names where it holds transformers' placeholders (LABEL_0, LABEL_1, ...)."""
+    config = model.config
+    placeholders = {i: f"LABEL_{i}" for i in range(config.num_labels)}
+    if names and len(names) == config.num_labels and dict(config.id2label) == placeholders:
+        config.id2label = {i: str(name) for i, name in enumerate(names)}
+        config.label2id = {str(name): i for i, name in enumerate(names)}
+
+
+def _save_model(model, tmp: Path) -> bool:
+    """save_pretrained's files (transformers 5 writes safetensors only); True when LoRA adapters are kept separate.
+    A peft model (model.lora.merge_on_export false) is saved as its base and its adapter side by side:
+    from_pretrained on the folder loads the base and applies the adapter (transformers does when peft is installed)."""
+    from peft import PeftModel
+
+    with hf_folder.quiet_progress():
+        if not isinstance(model, PeftModel):
+            model.save_pretrained(str(tmp))
+            return False
+        model.save_pretrained(str(tmp))  # adapter_config.json and adapter_model.safetensors
+        (tmp / "README.md").unlink(missing_ok=True)  # peft's empty model card
+        copy.deepcopy(model).unload().save_pretrained(str(tmp))  # the base without the adapter layers
+    return True
+
+
+def write_hf_export(model, cfg, tmp: Path, label_names: list[str] | None = None) -> tuple[dict, dict]:
+    """Every file of a transformers model's folder into ``tmp``; returns (manifest fields, parity). ``label_names``:
+    a classifier's class names in id order, when its data named them."""
     from toolkit.data.tokenizers import load_tokenizer
 
     task = cfg.model.hf.task
     model = model.float().eval()
-    with hf_folder.quiet_progress():
-        model.save_pretrained(str(tmp))  # transformers 5 writes safetensors only
+    if task == "sequence_classification":
+        _name_labels(model, label_names)
+    lora = "separate" if _save_model(model, tmp) else "merged" if cfg.model.lora.rank else "none"
     tokenizer = load_tokenizer(cfg)
     tokenizer.save(tmp)
     context = hf_folder.context_length(model.config) or cfg.model.block_size
     opset, why = _export_onnx(model, task, context, tmp / "model.onnx")
     parity = _parity(model, task, tmp, min(cfg.model.block_size, context), tmp / "model.onnx" if opset else None, why)
-    fields = {"task": task, "architecture": model.config.model_type, "tokenizer": tokenizer.key,
+    fields = {"task": task, "architecture": model.config.model_type, "tokenizer": tokenizer.key, "lora": lora,
               "onnx_opset": opset, "dynamic_axes": ["batch", "sequence"] if opset else [], "block_size": context}
     if why:
         fields["onnx_not_exported"] = why

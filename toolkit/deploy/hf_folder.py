@@ -2,11 +2,12 @@
 data (local files only, safetensors only, no code from the folder), and the model run on a batch of token ids.
 
     model = load_model(folder, "causal_lm")          # AutoModelForCausalLM.from_pretrained, safely
-    tokenizer = load_tokenizer(folder)               # encode(bytes) -> ids, decode(ids) -> str, eos_ids
+    tokenizer = load_tokenizer(folder, eos_ids(folder))   # encode(bytes) -> ids, decode(ids) -> str, eos_ids
     logits = model_logits(model, "causal_lm", ids)   # (batch, sequence, vocab); classifiers: (batch, labels)
 
 Export uses it to check that the folder it wrote loads back to the same logits; the serving runtimes use it to
-load what they serve. Which task names exist and which Auto class builds each is toolkit.train.models.hf's.
+load what they serve (the tokenizer of the built-in GPT's exports too: AutoTokenizer loads every export's).
+Which task names exist and which Auto class builds each is toolkit.train.models.hf's.
 """
 
 from __future__ import annotations
@@ -95,8 +96,7 @@ def eos_ids(folder: str | Path) -> frozenset[int]:
 
 
 class BytesTokenizer(ByteTokenizer):
-    """One id per UTF-8 byte, with the ids that end a generation: the built-in GPT's tokenizer, and an export's
-    whose tokenizer.json only describes bytes (written before the byte tokenizer saved files transformers loads)."""
+    """One id per UTF-8 byte, with the ids that end a generation."""
 
     name = "bytes"
 
@@ -124,7 +124,8 @@ class HFTokenizer:
 
 
 def _describes_bytes(folder: Path) -> bool:
-    """Is tokenizer.json Trainbook's description of the byte tokenizer (not a tokenizers file)?"""
+    """Is tokenizer.json Trainbook's description of the byte tokenizer (not a tokenizers file), as exports of the
+    built-in GPT wrote it before the byte tokenizer saved transformers' files? Registered models keep them."""
     path = folder / "tokenizer.json"
     if (folder / "tokenizer_config.json").is_file() or not path.is_file():
         return False
@@ -136,14 +137,23 @@ def _describes_bytes(folder: Path) -> bool:
     return isinstance(data, dict) and data.get("type") == BYTES_KEY
 
 
-def load_tokenizer(folder: str | Path):
-    """The tokenizer a transformers export was trained with, ready to encode prompts and decode generations."""
+def load_tokenizer(folder: str | Path, eos: frozenset[int] = frozenset()):
+    """The tokenizer an export was trained with, ready to encode prompts and decode generations; ``eos``: the ids
+    that end a generation (:func:`eos_ids` for a transformers model; none for the built-in GPT, which never stops
+    early). The byte tokenizer's files give :class:`BytesTokenizer`: the same ids without transformers' per-call cost,
+    and what an export written before tokenizers saved transformers files holds."""
+    from toolkit.data.tokenizers import BYTES_SHA256
+    from toolkit.data.tokenizers import HFTokenizer as PipelineTokenizer
+
     folder = Path(folder)
-    eos = eos_ids(folder)
     if _describes_bytes(folder):
         return BytesTokenizer(eos)
     try:
-        return HFTokenizer(folder, eos)
-    except (OSError, ValueError) as exc:
+        tokenizer = HFTokenizer(folder, eos)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ExportError(not_allowed("model", folder, "a folder with the files AutoTokenizer.from_pretrained loads",
                                       problem=f"has no tokenizer transformers can load ({str(exc)[:200]})")) from None
+    if getattr(tokenizer.tokenizer, "is_fast", False) and \
+            PipelineTokenizer(tokenizer.tokenizer, str(folder)).sha256 == BYTES_SHA256:
+        return BytesTokenizer(eos)
+    return tokenizer
