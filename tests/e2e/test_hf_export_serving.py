@@ -85,6 +85,7 @@ def test_a_transformers_run_exports_a_folder_plain_transformers_loads(exported):
     assert (manifest["model"], manifest["task"], manifest["architecture"]) == ("hf", "causal_lm", "llama")
     assert manifest["onnx_opset"] >= 17 and manifest["dynamic_axes"] == ["batch", "sequence"]
     assert "onnx_not_exported" not in manifest and manifest["block_size"] == 128
+    assert (manifest["tokenizer"], manifest["lora"]) == ("bytes-v1", "none")
     assert set(manifest["files"]) == files - {MANIFEST}
     parity = json.loads((exported.path / "parity.json").read_text())
     assert parity["compared"] == ["transformers from_pretrained", "onnxruntime"] and parity["max_abs_diff"] <= 1e-4
@@ -155,6 +156,7 @@ def test_a_transformers_model_is_served_over_http_behind_the_key(endpoint):
     ready = _details(endpoint)
     assert (ready["runtime"], ready["model"], ready["kv_cache"], ready["tasks"]) == ("torch", "hf", True,
                                                                                      ["generate", "score"])
+    assert ready["tokenizer"] == "bytes", "the byte tokenizer's files are read as bytes (the manifest names it)"
     status, answer = endpoint.request({"prompt": "def "}, headers={"Content-Type": "application/json"})
     assert status == 401 and "Authorization: key missing" in answer["error"]
     for body, message in [

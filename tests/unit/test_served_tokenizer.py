@@ -1,5 +1,5 @@
 """The tokenizer an endpoint reads from an export's files (toolkit.deploy.hf_folder.load_tokenizer): the byte
-tokenizer's files and the description older exports hold are plain bytes; any other tokenizer is transformers' own,
+tokenizer (the manifest's key, or the description older exports hold) is plain bytes; any other tokenizer is transformers' own,
 encoding as ``tokenizer(text)`` and decoding without special tokens, as a plain transformers user does."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from toolkit.deploy.hf_folder import BytesTokenizer, HFTokenizer, load_tokenizer
 from toolkit.deploy.model_format import ExportError
 
 
-def test_the_byte_tokenizers_files_and_the_older_description_are_bytes(tmp_path):
+def test_the_byte_tokenizer_by_its_key_and_the_older_description_is_bytes(tmp_path):
     saved, described = tmp_path / "saved", tmp_path / "described"
     saved.mkdir()
     described.mkdir()
     ByteTokenizer().save(saved)
     (described / "tokenizer.json").write_text(json.dumps({"type": "bytes-v1", "vocab_size": 256}))
-    for folder in (saved, described):
-        tokenizer = load_tokenizer(folder, frozenset({2}))
+    for folder, key in ((saved, ByteTokenizer.key), (described, None)):
+        tokenizer = load_tokenizer(folder, frozenset({2}), key)
         assert isinstance(tokenizer, BytesTokenizer) and tokenizer.eos_ids == {2}
         assert tokenizer.encode("héllo".encode()) == list("héllo".encode())
         assert tokenizer.decode([104, 0xC3, 0xA9, 0xFF]) == "hé\ufffd"

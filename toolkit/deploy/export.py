@@ -230,15 +230,18 @@ def _write_builtin(model, cfg, tmp: Path) -> tuple[dict, dict]:
 
     corpus = load_corpus(cfg)
     save_model(model, str(tmp / "model.safetensors"))  # drops the tied duplicate (lm_head = wte) safely
+    fields = {}
     if cfg.model.name == "gpt":
-        load_tokenizer(cfg).save(tmp)
+        tokenizer = load_tokenizer(cfg)
+        tokenizer.save(tmp)
+        fields["tokenizer"] = tokenizer.key  # the endpoint reads bytes without loading transformers
     else:
         (tmp / "tokenizer.json").write_text(json.dumps(
             {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
     example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
     opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
     parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
-    return {"onnx_opset": opset, "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
+    return {**fields, "onnx_opset": opset, "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
             "block_size": getattr(cfg.model, "block_size", None)}, parity
 
 

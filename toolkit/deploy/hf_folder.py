@@ -137,23 +137,16 @@ def _describes_bytes(folder: Path) -> bool:
     return isinstance(data, dict) and data.get("type") == BYTES_KEY
 
 
-def load_tokenizer(folder: str | Path, eos: frozenset[int] = frozenset()):
+def load_tokenizer(folder: str | Path, eos: frozenset[int] = frozenset(), key: str | None = None):
     """The tokenizer an export was trained with, ready to encode prompts and decode generations; ``eos``: the ids
     that end a generation (:func:`eos_ids` for a transformers model; none for the built-in GPT, which never stops
-    early). The byte tokenizer's files give :class:`BytesTokenizer`: the same ids without transformers' per-call cost,
-    and what an export written before tokenizers saved transformers files holds."""
-    from toolkit.data.tokenizers import BYTES_SHA256
-    from toolkit.data.tokenizers import HFTokenizer as PipelineTokenizer
-
+    early); ``key``: the manifest's name for it. The byte tokenizer (its key, or the description older exports
+    hold) is :class:`BytesTokenizer`: the same ids without importing transformers or its per-call cost."""
     folder = Path(folder)
-    if _describes_bytes(folder):
+    if key == BYTES_KEY or _describes_bytes(folder):
         return BytesTokenizer(eos)
     try:
-        tokenizer = HFTokenizer(folder, eos)
+        return HFTokenizer(folder, eos)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ExportError(not_allowed("model", folder, "a folder with the files AutoTokenizer.from_pretrained loads",
                                       problem=f"has no tokenizer transformers can load ({str(exc)[:200]})")) from None
-    if getattr(tokenizer.tokenizer, "is_fast", False) and \
-            PipelineTokenizer(tokenizer.tokenizer, str(folder)).sha256 == BYTES_SHA256:
-        return BytesTokenizer(eos)
-    return tokenizer

@@ -118,8 +118,8 @@ def load_runtime(model_dir: str | Path, name: str | None = None):
     runtime.tasks = tasks
     runtime.block_size = manifest["block_size"]
     runtime.manifest = manifest
-    runtime.tokenizer = hf_folder.load_tokenizer(model_dir, hf_folder.eos_ids(model_dir) if family == "hf"
-                                                 else frozenset())
+    eos = hf_folder.eos_ids(model_dir) if family == "hf" else frozenset()
+    runtime.tokenizer = hf_folder.load_tokenizer(model_dir, eos, manifest.get("tokenizer"))
     runtime.labels = hf_folder.labels(model_dir) if "classify" in tasks else None
     return runtime
 
