@@ -22,6 +22,11 @@ from pathlib import Path
 
 from toolkit.errors import refused
 
+# transformers' loaders: never run code a model folder ships (its config's auto_map), never ask on a terminal;
+# and for a folder from elsewhere (an export being served) nothing fetched from a hub either.
+HF_NO_REMOTE_CODE = {"trust_remote_code": False}
+HF_LOCAL_ONLY = {**HF_NO_REMOTE_CODE, "local_files_only": True}
+
 FORCE_ENV = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 

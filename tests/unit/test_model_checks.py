@@ -51,6 +51,12 @@ USER_MODULE = textwrap.dedent('''
     def nan_loss(model, batch):
         return torch.tensor(float("nan"))
 
+    def a_transformers_lm():
+        from transformers import AutoConfig, AutoModelForCausalLM
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(
+            "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=64))
+
     def crashes():
         class Crash(ByteModel):
             def forward(self, pixels):
@@ -88,6 +94,13 @@ def save_llama(folder, seed=0, **changes):
 
 
 # --- the user's own module ------------------------------------------------------------------------------------------
+
+def test_a_transformers_causal_lm_from_a_factory_is_refused_its_labels_would_shift_twice(user_module, monkeypatch):
+    monkeypatch.chdir(user_module)
+    message = refused(load("model.name=custom", "model.factory=usermodel.py:a_transformers_lm"))
+    assert message.startswith("model.factory: ") and "returned a transformers LlamaForCausalLM" in message
+    assert "model.name=hf" in message, message
+
 
 def test_a_good_module_passes_and_a_relative_file_path_is_pinned_absolute(user_module, monkeypatch):
     monkeypatch.chdir(user_module)

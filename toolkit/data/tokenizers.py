@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.errors import not_allowed, refused
+from toolkit.safe_load import HF_LOCAL_ONLY
 
 BYTES_KEY = "bytes-v1"
 # The byte tokenizer's content hash as transformers saves and loads it (HFTokenizer(ByteTokenizer().hf()).sha256),
@@ -168,7 +169,7 @@ def _from_folder(folder: Path, source: str, field: str, value) -> HFTokenizer:
     from transformers import AutoTokenizer
 
     try:
-        hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        hf = AutoTokenizer.from_pretrained(str(folder), **HF_LOCAL_ONLY)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TokenizerError(not_allowed(field, value, ALLOWED, problem=f"does not load as a tokenizer from "
                                          f"{str(folder)!r} ({type(exc).__name__}: {exc})")) from None

@@ -69,6 +69,9 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
 WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weights, "deepspeed": _deepspeed_weights}
 
 
+EXPORTABLE = ("gpt", "digits_mlp", "hf")  # models rebuilt from a config without running a user's code
+
+
 def load_trained_model(run_dir: str | Path):
     """(model in eval mode, config, checkpoint info) from the run's newest valid checkpoint, for any model.name.
 
@@ -85,6 +88,11 @@ def load_trained_model(run_dir: str | Path):
     if not run.config_path.exists():
         raise ExportError(f"run_dir: {str(run_dir)!r} is not a run directory (no config.yaml)")
     cfg = run.read_config()
+    if cfg.model.name not in EXPORTABLE:
+        # rebuilding a custom model would import and run the code its config.yaml names, from a run directory
+        # that may have come from elsewhere (its weights stay readable in the checkpoint, through toolkit.safe_load)
+        raise ExportError(not_allowed("model.name", cfg.model.name, ", ".join(EXPORTABLE),
+                                      problem=f"in {run.config_path} cannot be exported yet"))
     info, skipped = CheckpointStore(run.path).find_resume_point()
     if info is None:
         why = "; ".join(f"{s.name}: {s.reason}" for s in skipped) or "none was written"

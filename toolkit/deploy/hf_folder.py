@@ -18,11 +18,12 @@ from pathlib import Path
 
 from toolkit import fsio
 from toolkit.data.tokenizers import BYTES_KEY, ByteTokenizer
+from toolkit.safe_load import HF_LOCAL_ONLY
 from toolkit.deploy.model_format import ExportError
 from toolkit.errors import not_allowed
 
 TOKENIZER_DESCRIPTION_MAX_BYTES = 64 * 1024
-SAFE = {"local_files_only": True, "trust_remote_code": False}  # a folder from elsewhere is data: nothing fetched or run
+SAFE = HF_LOCAL_ONLY  # a folder from elsewhere is data: nothing fetched or run
 
 
 @contextlib.contextmanager

@@ -38,6 +38,9 @@ class OnnxRuntime:
         return self.session.run(None, {self.input_name: ids})[0]
 
 
+BUILT_INS = ("gpt", "digits_mlp")  # what TorchRuntime builds from an export's config.yaml: no user code, no hub
+
+
 class TorchRuntime:
     """A built-in model in eager PyTorch, built from the export's config.yaml."""
 
@@ -52,6 +55,12 @@ class TorchRuntime:
         from toolkit.train.models import build_model
 
         cfg = config_mod.from_dict(yaml.safe_load((model_dir / "config.yaml").read_text()))
+        # An export from elsewhere is data: its config.yaml may only name the built-in it was exported as (a
+        # custom model's factory would be imported and run; an hf source fetched), whatever its manifest says.
+        if cfg.model.name not in BUILT_INS:
+            raise ValueError(not_allowed("model", cfg.model.name, ", ".join(BUILT_INS),
+                                         problem=f"in {model_dir / 'config.yaml'} is not a built-in model this runtime "
+                                                 "builds"))
         self.model = build_model(cfg.model)
         load_model(self.model, str(model_dir / WEIGHTS[self.name]), strict=False)  # the tied lm_head is shared
         self.model.eval()

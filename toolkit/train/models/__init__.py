@@ -126,7 +126,7 @@ def prepare_model(cfg, pretrained: bool = True):
     if cfg.model.name == "hf":
         from toolkit.train.models import hf
 
-        hf.adopt_padding(model, cfg)
+        hf.adopt_tokenizer_ids(model, cfg)
     origin = {}
     if cfg.model.init_from and (pretrained or cfg.model.lora.rank):
         from toolkit.train.models import init_from

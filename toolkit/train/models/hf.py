@@ -23,6 +23,7 @@ from pathlib import Path
 
 from toolkit.data.batch import IGNORE_INDEX
 from toolkit.errors import not_allowed
+from toolkit.safe_load import HF_NO_REMOTE_CODE
 
 TASKS = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification"}
 
@@ -38,7 +39,7 @@ def hf_config(cfg):
     from transformers import AutoConfig
 
     if cfg.hf.source:
-        config = AutoConfig.from_pretrained(cfg.hf.source)
+        config = AutoConfig.from_pretrained(cfg.hf.source, **HF_NO_REMOTE_CODE)
     else:
         config = AutoConfig.for_model(cfg.hf.architecture, **cfg.hf.config)
     if cfg.hf.task == "sequence_classification":
@@ -54,7 +55,8 @@ def build(cfg):
     config = hf_config(cfg)
     if cfg.hf.source:
         # float32 whatever the folder's dtype: the engines keep fp32 weights (bf16 is autocast or DeepSpeed's own)
-        return cls.from_pretrained(cfg.hf.source, config=config, use_safetensors=True, dtype=torch.float32)
+        return cls.from_pretrained(cfg.hf.source, config=config, use_safetensors=True, dtype=torch.float32,
+                                    **HF_NO_REMOTE_CODE)
     return cls.from_config(config)
 
 
@@ -123,7 +125,7 @@ def check_source(cfg) -> None:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(source)
+        AutoConfig.from_pretrained(source, **HF_NO_REMOTE_CODE)
     except Exception as exc:  # offline, unknown id, gated repository: transformers' own wording, first line
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder on this machine, or "
@@ -185,11 +187,23 @@ def loss_function(cfg):
     return causal_lm_loss if cfg.hf.task == "causal_lm" else classification_loss
 
 
-def adopt_padding(model, cfg) -> None:
-    """Give a model without a padding id the run's tokenizer's (toolkit.data pads examples with it): a sequence
-    classifier finds each row's last real token by it, and refuses batches of more than one row without it. The
-    export's config.json then carries it too."""
-    if getattr(model.config, "pad_token_id", None) is None:
-        from toolkit.data.tokenizers import load_tokenizer
+def adopt_tokenizer_ids(model, cfg) -> None:
+    """The special ids the run's tokenizer really uses, in the model's config (and so in the export's config.json
+    and generation_config.json). A model built from an architecture carries the architecture's defaults (Llama:
+    end of sequence = 2, which is byte 0x02 to the byte tokenizer), so it takes the tokenizer's end of sequence
+    (none for bytes: generation stops at max_new_tokens). Any model without a padding id takes the tokenizer's:
+    a sequence classifier finds each row's last real token by it, and refuses batches of more than one row
+    without it. A pretrained folder's own ids are kept."""
+    from toolkit.data.tokenizers import load_tokenizer
 
-        model.config.pad_token_id = load_tokenizer(cfg).pad_id
+    tokenizer = None
+    if not cfg.model.hf.source:
+        tokenizer = load_tokenizer(cfg)
+        for config in (model.config, getattr(model, "generation_config", None)):
+            if config is not None:
+                config.eos_token_id, config.bos_token_id = tokenizer.eos_id, None
+    if getattr(model.config, "pad_token_id", None) is None:
+        pad = (tokenizer or load_tokenizer(cfg)).pad_id
+        model.config.pad_token_id = pad
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.pad_token_id = pad

@@ -89,6 +89,14 @@ def forward_gives_loss(cfg, model) -> None:
     from toolkit.data.corpus import load_corpus
     from toolkit.train.models import custom
 
+    if not cfg.model.loss and type(model).__name__.endswith("ForCausalLM") and hasattr(model, "config"):
+        # a transformers causal LM shifts its labels itself, and the batch's are already shifted: model(**batch)
+        # would train every position on the token after next, with a finite, plausible loss
+        raise ModelCheckError(_one_line(refused(
+            "model.factory", f"{cfg.model.factory} returned a transformers {type(model).__name__}, whose own loss "
+                             "shifts the already shifted labels",
+            "model.name=hf (model.hf.source: its save_pretrained folder), or model.loss set to 'module:function' "
+            "taking (model, batch)")))
     batch = load_corpus(cfg).batch("val", 2, torch.Generator().manual_seed(0))
     adapter = custom.loss_function(cfg.model)
     call = cfg.model.loss or "model(**batch)"
