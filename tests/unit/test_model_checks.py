@@ -51,7 +51,7 @@ USER_MODULE = textwrap.dedent('''
     def nan_loss(model, batch):
         return torch.tensor(float("nan"))
 
-    def a_transformers_lm():
+    def whole_transformers_lm():
         from transformers import AutoConfig, AutoModelForCausalLM
         return AutoModelForCausalLM.from_config(AutoConfig.for_model(
             "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -97,7 +97,7 @@ def save_llama(folder, seed=0, **changes):
 
 def test_a_transformers_causal_lm_from_a_factory_is_refused_its_labels_would_shift_twice(user_module, monkeypatch):
     monkeypatch.chdir(user_module)
-    message = refused(load("model.name=custom", "model.factory=usermodel.py:a_transformers_lm"))
+    message = refused(load("model.name=custom", "model.factory=usermodel.py:whole_transformers_lm"))
     assert message.startswith("model.factory: ") and "returned a transformers LlamaForCausalLM" in message
     assert "model.name=hf" in message, message
 
