@@ -21,6 +21,26 @@ from toolkit.runs.rundir import RunDir
 PROJECT = Path(__file__).resolve().parent.parent
 
 
+# The smallest model of a user's own (model.name=custom, model.factory=FILE:build): a bigram table over bytes.
+BIGRAM_MODEL = """
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Bigram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(256, 256)
+
+    def forward(self, input_ids, labels):
+        return F.cross_entropy(self.table(input_ids).flatten(0, 1), labels.flatten())
+
+
+def build():
+    return Bigram()
+"""
+
+
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m toolkit ARGS`` as a user would type it; stdout and stderr captured as text."""
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import BIGRAM_MODEL
 
 from toolkit import config as config_mod
 from toolkit.catalogue import data_assets
@@ -204,25 +205,6 @@ def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):
 # --- the journey -------------------------------------------------------------------------------------------------
 
 
-BIGRAM = """
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Bigram(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.table = nn.Embedding(256, 256)
-
-    def forward(self, input_ids, labels):
-        return F.cross_entropy(self.table(input_ids).flatten(0, 1), labels.flatten())
-
-
-def build():
-    return Bigram()
-"""
-
-
 def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
     ws_dir = tmp_path / "ws"
     panel = JourneyPanel(ws_dir).show()
@@ -245,7 +227,7 @@ def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
     assert "1 resumed" in panel.static_html() and "tiny:1" in panel.static_html()
     assert "no run of your own model yet" in panel.static_html()
 
-    (tmp_path / "bigram.py").write_text(BIGRAM)
+    (tmp_path / "bigram.py").write_text(BIGRAM_MODEL)
     own = config_mod.load("tiny", ["train.max_steps=5", "model.name=custom", f"data.workspace={ws_dir}",
                                    f"model.factory={tmp_path / 'bigram.py'}:build"])
     assert launch.start(own, runs_root=tmp_path / "runs").wait(120) == 0

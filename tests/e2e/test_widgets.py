@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from conftest import BIGRAM_MODEL
 
 from toolkit.runs.rundir import RunDir
 from widgets.training import TrainingPanel
@@ -74,29 +75,9 @@ def test_the_tensorboard_button_serves_the_run(panel):
         assert response.status == 200
 
 
-USER_MODEL = '''
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Bigram(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.table = nn.Embedding(256, 256)
-
-    def forward(self, input_ids, labels):
-        logits = self.table(input_ids)
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-
-
-def build():
-    return Bigram()
-'''
-
-
 def test_the_form_trains_your_own_model_and_refuses_one_that_is_not(panel, tmp_path):
     source = tmp_path / "my_model.py"
-    source.write_text(USER_MODEL)
+    source.write_text(BIGRAM_MODEL)
     panel.steps.value = 20
     panel.model.value = "not a model"
     panel.buttons["Start"].click()
