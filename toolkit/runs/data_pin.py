@@ -86,8 +86,8 @@ def prepare_data(config: config_mod.Config) -> None:
     """Tokenize the run's data now (a cached token file makes this a look-up): a bad JSON line, a missing field,
     a label the model has no class for, a block too long for the data are refused before anything starts. A
     built-in corpus read as bytes needs no token file and is left to the trainer."""
-    from toolkit.data.corpus import load_corpus
-
     if not config.data.asset and not config.data.path and config.data.tokenizer == "bytes":
         return
+    from toolkit.data.corpus import load_corpus  # imports torch: ~1 s of CPU the launcher spares a byte-level run
+
     load_corpus(config)
