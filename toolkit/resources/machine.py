@@ -77,9 +77,16 @@ def deepspeed_ops() -> dict:
                 ops[name] = bool(builder.is_compatible(verbose=False))
             except Exception:  # an op builder that cannot even probe is incompatible
                 ops[name] = False
-    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-    built = any(cache.glob("*/deepspeed_shm_comm/*.so"))
-    return {"version": deepspeed.__version__, "ops": ops, "shm_comm_built": built}
+    return {"version": deepspeed.__version__, "ops": ops, "shm_comm_built": shm_comm_built()}
+
+
+def shm_comm_built(environ=os.environ) -> bool:
+    """Whether DeepSpeed's shm comm op is compiled where torch's JIT loader will look: TORCH_EXTENSIONS_DIR/NAME
+    when that is set (toolkit/__init__ sets it to the venv's), else ~/.cache/torch_extensions/<python+cuda tag>/NAME
+    (torch.utils.cpp_extension._get_build_directory)."""
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        return any(Path(environ["TORCH_EXTENSIONS_DIR"]).glob("deepspeed_shm_comm/*.so"))
+    return any((Path.home() / ".cache" / "torch_extensions").glob("*/deepspeed_shm_comm/*.so"))
 
 
 def memory() -> dict:
