@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import random
 import select
@@ -60,6 +62,27 @@ def pytest_configure(config):
     os.sched_setaffinity(0, cores[index::count] or [cores[index % len(cores)]])
 
 
+# Modules whose module-scoped fixtures train, export or serve: all their tests go to one xdist worker, which builds
+# those fixtures once (spread over two workers, each would build them, and again whenever another module's test came
+# in between). pytest-xdist's `--dist loadgroup` would do this from an xdist_group mark, but with pytest 9 its renaming
+# of items (`item._nodeid`) no longer takes effect, so the groups are named here, by file.
+ONE_WORKER_MODULES = {"test_serving.py", "test_endpoint_fuzz.py", "test_deployment_panel.py", "test_export_safety.py",
+                      "test_tensorboard.py", "test_hf_export_serving.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Load scheduling (a test at a time to whichever worker is free), except that each of ONE_WORKER_MODULES is one
+    unit of work."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).name in ONE_WORKER_MODULES else nodeid
+
+    return SharedFixtureModules(config, log)
+
+
 @pytest.fixture(autouse=True)
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace."""
@@ -115,20 +138,27 @@ def train_tiny(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def finished_runs(tmp_path_factory):
-    """``finished_runs(*flags)``: the finished run of ``trainbook train tiny FLAGS``, trained once per session (per
-    xdist worker) on first use and shared by every test that asks for the same flags: read it, never change it
-    (``finished_run_copy`` gives a test a copy of its own)."""
-    root = tmp_path_factory.mktemp("finished-runs")
-    cache: dict[tuple[str, ...], RunDir] = {}
+def finished_runs(tmp_path_factory, worker_id):
+    """``finished_runs(*flags)``: the finished run of ``trainbook train tiny FLAGS``, trained once per ``make test`` on
+    first use and shared by every test that asks for the same flags, in every xdist worker: read it, never change it
+    (``finished_run_copy`` gives a test a copy of its own). A worker that asks while another trains the same run
+    waits on the run's lock file (flock) and then reads it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "finished-runs"  # the parent: one per pytest run
+    root.mkdir(exist_ok=True)
 
     def get(*flags: str) -> RunDir:
-        if flags not in cache:
-            run_dir = root / f"run{len(cache)}"
-            proc = cli("train", "tiny", "--run-dir", str(run_dir), *flags)
-            assert proc.returncode == 0, proc.stderr
-            cache[flags] = RunDir(run_dir)
-        return cache[flags]
+        key = hashlib.sha256("\0".join(flags).encode()).hexdigest()[:16]
+        run_dir, done = root / key, root / f"{key}.done"
+        with open(root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.exists():
+                if run_dir.exists():
+                    pytest.fail(f"the shared run for {flags} failed in another test (see its report): {run_dir}")
+                proc = cli("train", "tiny", "--run-dir", str(run_dir), *flags)
+                assert proc.returncode == 0, proc.stderr
+                done.touch()
+        return RunDir(run_dir)
 
     return get
 

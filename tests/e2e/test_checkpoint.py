@@ -41,12 +41,15 @@ def reference_runs(finished_runs):
     return lambda flags: finished_runs(*CKPT, *flags)
 
 
+# The engines and world sizes of the golden tests; test_training compares the engines on these same reference runs.
+TORCH_1, TORCH_DDP_2 = (), ("--nproc", "2")
+DEEPSPEED_1, DEEPSPEED_ZERO2_2 = ("--engine", "deepspeed"), ("--engine", "deepspeed", "--nproc", "2", "--set",
+                                                             "engine.zero_stage=2")
 GOLDEN = [
-    pytest.param((), id="torch-1", marks=pytest.mark.smoke),
-    pytest.param(("--nproc", "2"), id="torch-ddp-2", marks=pytest.mark.slow),
-    pytest.param(("--engine", "deepspeed"), id="deepspeed-1", marks=pytest.mark.slow),
-    pytest.param(("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=2"), id="deepspeed-zero2-2",
-                 marks=pytest.mark.slow),
+    pytest.param(TORCH_1, id="torch-1", marks=pytest.mark.smoke),
+    pytest.param(TORCH_DDP_2, id="torch-ddp-2", marks=pytest.mark.slow),
+    pytest.param(DEEPSPEED_1, id="deepspeed-1", marks=pytest.mark.slow),
+    pytest.param(DEEPSPEED_ZERO2_2, id="deepspeed-zero2-2", marks=pytest.mark.slow),
 ]
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from test_checkpoint import (DEEPSPEED_1, DEEPSPEED_ZERO2_2, STEPS, TORCH_1, TORCH_DDP_2,  # noqa: F401 (a fixture)
+                             reference_runs)
 from toolkit import config as config_mod
 from toolkit.runs import launch
 from toolkit.report.tables import top_operators_html
@@ -170,13 +172,12 @@ def test_engines_and_process_counts(train_tiny, flags):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 2)])
-def test_deepspeed_matches_torch_step_for_step(train_tiny, nproc, stage):
-    """Same model, data, seed and optimizer: the engines differ only in mechanics, so fp32 losses agree."""
-    common = ["--nproc", str(nproc), "--set", "train.max_steps=15", "--set", "train.log_every=1"]
-    _, torch_run = train_tiny(*common, name="torch")
-    _, ds_run = train_tiny(*common, "--engine", "deepspeed", "--set", f"engine.zero_stage={stage}", name="ds")
-    torch_losses = [e["loss"] for e in torch_run.events("train")]
-    ds_losses = [e["loss"] for e in ds_run.events("train")]
-    assert len(torch_losses) == len(ds_losses) == 15
+@pytest.mark.parametrize("torch_flags, deepspeed_flags", [(TORCH_1, DEEPSPEED_1), (TORCH_DDP_2, DEEPSPEED_ZERO2_2)],
+                         ids=["1-0", "2-2"])
+def test_deepspeed_matches_torch_step_for_step(reference_runs, torch_flags, deepspeed_flags):
+    """Same model, data, seed and optimizer: the engines differ only in mechanics, so fp32 losses agree. Compared on
+    the golden tests' uninterrupted runs (40 steps, a loss per step, checkpoints and an evaluation between)."""
+    torch_losses = [e["loss"] for e in reference_runs(torch_flags).events("train")]
+    ds_losses = [e["loss"] for e in reference_runs(deepspeed_flags).events("train")]
+    assert len(torch_losses) == len(ds_losses) == STEPS
     assert ds_losses == pytest.approx(torch_losses, rel=1e-4)
