@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import sys
@@ -81,6 +82,11 @@ def _follow(handle, max_steps: int, pending: list[int], previous: dict) -> int:
     the signals that arrived while it started; ``previous``: the handlers to restore once it has ended."""
     from toolkit.runs.progress import RunProgress, follow_in_terminal
 
+    # What the start left on the heap stays till the end: the pre-launch checks of a Hugging Face model import
+    # transformers (~400k objects). Frozen, the collector no longer rescans it whenever following the run allocates:
+    # measured on `train llama`, the follower's CPU over the training fell from ~1 CPU s (9% of a core, taken from
+    # the worker's two) to 0.04.
+    gc.freeze()
     progress = RunProgress(max_steps)
     try:  # from here every stop signal raises, into the except below (handle.stop())
         for sig in previous:
