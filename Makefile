@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_data.py
 	$(PY) bench/bench_doctor.py
 	$(PY) bench/bench_serving.py
+	$(PY) bench/bench_hf.py
+	$(PY) bench/bench_lora.py
 
 # Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
 lock: $(STAMP)

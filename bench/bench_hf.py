@@ -4,7 +4,7 @@
 
 The model is the shipped `llama` config (a 4-layer, 128-wide Llama built from its config, bytes as tokens), batch
 16 x 128 tokens, the threads each process gets by default. Three sides, each a whole process of its own, run
-interleaved (bare, Trainer, Trainbook; bare, Trainer, Trainbook; ...):
+interleaved, each round starting with the next side (bare, Trainer, Trainbook; Trainer, Trainbook, bare; ...):
 
   bare       a hand-written loop: sample windows, forward, cross entropy, backward, clip, AdamW step
   Trainer    transformers.Trainer over a dataset of the same windows (AdamW, clipping, cosine schedule)
@@ -159,7 +159,7 @@ def _median_range(values) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=6, help="a multiple of 3: each side starts a round as often")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--side", choices=["bare", "trainer"], help="(internal) run one side in this process")
     parser.add_argument("--started", type=float, help="(internal) when the side's command was given")
@@ -179,9 +179,14 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="trainbook-bench-hf-") as tmp:
         for r in range(args.rounds):
-            bare = _own_process("bare", args.steps, Path(tmp) / f"bare-{r}")
-            trainer = _own_process("trainer", args.steps, Path(tmp) / f"trainer-{r}")
-            tb = trainbook_side(args.steps, Path(tmp) / f"trainbook-{r}")
+            # Each round starts with the next side (bare Trainer Trainbook, Trainer Trainbook bare, ...): a side always
+            # run first or last would carry whatever the machine does at that point of a round.
+            sides = {"bare": lambda: _own_process("bare", args.steps, Path(tmp) / f"bare-{r}"),
+                     "trainer": lambda: _own_process("trainer", args.steps, Path(tmp) / f"trainer-{r}"),
+                     "trainbook": lambda: trainbook_side(args.steps, Path(tmp) / f"trainbook-{r}")}
+            order = list(sides)[r % 3:] + list(sides)[:r % 3]
+            got = {side: sides[side]() for side in order}
+            bare, trainer, tb = got["bare"], got["trainer"], got["trainbook"]
             rows.append((bare, trainer, tb))
             print(f"  {r + 1:>5} {bare['tokens_per_s']:>11,.0f} {trainer['tokens_per_s']:>14,.0f} "
                   f"{tb['tokens_per_s']:>16,.0f} {tb['tokens_per_s'] / bare['tokens_per_s']:>8.3f} "
