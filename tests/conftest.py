@@ -149,16 +149,15 @@ def finished_runs(tmp_path_factory, worker_id):
 
     def get(*flags: str) -> RunDir:
         key = hashlib.sha256("\0".join(flags).encode()).hexdigest()[:16]
-        run_dir, done = root / key, root / f"{key}.done"
+        run = RunDir(root / key)
         with open(root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not done.exists():
-                if run_dir.exists():
-                    pytest.fail(f"the shared run for {flags} failed in another test (see its report): {run_dir}")
-                proc = cli("train", "tiny", "--run-dir", str(run_dir), *flags)
+            if not run.path.exists():
+                proc = cli("train", "tiny", "--run-dir", str(run.path), *flags)
                 assert proc.returncode == 0, proc.stderr
-                done.touch()
-        return RunDir(run_dir)
+            elif run.read_status().get("state") != "completed":
+                pytest.fail(f"the shared run for {flags} failed in another test (see its report): {run.path}")
+        return run
 
     return get
 
