@@ -34,6 +34,7 @@ import torch
 
 from toolkit import safe_load
 from toolkit.checkpoint.store import CheckpointStore
+from toolkit.train.models.preflight import BUILT_IN
 from toolkit.errors import not_allowed
 from toolkit.fsio import sha256_file, staging_folder
 from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
@@ -69,7 +70,7 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
 WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weights, "deepspeed": _deepspeed_weights}
 
 
-EXPORTABLE = ("gpt", "digits_mlp", "hf")  # models rebuilt from a config without running a user's code
+EXPORTABLE = (*BUILT_IN, "hf")  # models rebuilt from a config without running a user's code
 
 
 def load_trained_model(run_dir: str | Path):

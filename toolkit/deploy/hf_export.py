@@ -123,10 +123,9 @@ def _save_model(model, tmp: Path) -> bool:
     from peft import PeftModel
 
     with hf_folder.quiet_progress():
+        model.save_pretrained(str(tmp))  # a peft model: adapter_config.json and adapter_model.safetensors
         if not isinstance(model, PeftModel):
-            model.save_pretrained(str(tmp))
             return False
-        model.save_pretrained(str(tmp))  # adapter_config.json and adapter_model.safetensors
         (tmp / "README.md").unlink(missing_ok=True)  # peft's empty model card
         copy.deepcopy(model).unload().save_pretrained(str(tmp))  # the base without the adapter layers
     return True

@@ -23,7 +23,6 @@ from toolkit.deploy.model_format import ExportError
 from toolkit.errors import not_allowed
 
 TOKENIZER_DESCRIPTION_MAX_BYTES = 64 * 1024
-SAFE = HF_LOCAL_ONLY  # a folder from elsewhere is data: nothing fetched or run
 
 
 @contextlib.contextmanager
@@ -50,7 +49,7 @@ def load_model(folder: str | Path, task: str):
 
     cls = getattr(transformers, TASKS[task])
     with quiet_progress():
-        return cls.from_pretrained(str(folder), use_safetensors=True, dtype=torch.float32, **SAFE).eval()
+        return cls.from_pretrained(str(folder), use_safetensors=True, dtype=torch.float32, **HF_LOCAL_ONLY).eval()
 
 
 def context_length(config) -> int | None:
@@ -79,7 +78,7 @@ def labels(folder: str | Path) -> list[str]:
     """A classifier's class names in id order (config.json's id2label)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(folder), **SAFE)
+    config = AutoConfig.from_pretrained(str(folder), **HF_LOCAL_ONLY)
     return [str(config.id2label[i]) for i in range(config.num_labels)]
 
 
@@ -90,9 +89,9 @@ def eos_ids(folder: str | Path) -> frozenset[int]:
 
     folder = Path(folder)
     if (folder / "generation_config.json").is_file():
-        eos = GenerationConfig.from_pretrained(str(folder), **SAFE).eos_token_id
+        eos = GenerationConfig.from_pretrained(str(folder), **HF_LOCAL_ONLY).eos_token_id
     else:
-        eos = getattr(AutoConfig.from_pretrained(str(folder), **SAFE), "eos_token_id", None)
+        eos = getattr(AutoConfig.from_pretrained(str(folder), **HF_LOCAL_ONLY), "eos_token_id", None)
     return frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
 
 
@@ -114,7 +113,7 @@ class HFTokenizer:
     def __init__(self, folder: Path, eos: frozenset[int]):
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), **SAFE)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), **HF_LOCAL_ONLY)
         self.eos_ids = eos
 
     def encode(self, text: bytes) -> list[int]:

@@ -47,10 +47,12 @@ def fine_tune_rows(runs: dict[str, str | Path]) -> list[dict]:
     rows = []
     for label, path in runs.items():
         run = RunDir(path)
-        statuses, evals = read_events(run, StatusEvent), read_events(run, EvalEvent)
+        events = read_events(run)
+        statuses = [e for e in events if isinstance(e, StatusEvent)]
+        evals = [e for e in events if isinstance(e, EvalEvent)]
         running = next((s for s in statuses if s.state == "running"), None)
         final = statuses[-1]
-        speed = steady_state(read_events(run, TrainEvent))
+        speed = steady_state([e for e in events if isinstance(e, TrainEvent)])
         checkpoints = [c for c in CheckpointStore(run.path).list(verify=False) if c.valid]
         rows.append({
             "label": label, "trainable": running and running.n_trainable, "params": running and running.n_params,

@@ -17,6 +17,7 @@ import numpy as np
 
 from toolkit.deploy.serving.options import WEIGHTS
 from toolkit.errors import not_allowed
+from toolkit.train.models.preflight import BUILT_IN  # what TorchRuntime builds: no user code, no hub
 
 
 class OnnxRuntime:
@@ -38,9 +39,6 @@ class OnnxRuntime:
         return self.session.run(None, {self.input_name: ids})[0]
 
 
-BUILT_INS = ("gpt", "digits_mlp")  # what TorchRuntime builds from an export's config.yaml: no user code, no hub
-
-
 class TorchRuntime:
     """A built-in model in eager PyTorch, built from the export's config.yaml."""
 
@@ -57,8 +55,8 @@ class TorchRuntime:
         cfg = config_mod.from_dict(yaml.safe_load((model_dir / "config.yaml").read_text()))
         # An export from elsewhere is data: its config.yaml may only name the built-in it was exported as (a
         # custom model's factory would be imported and run; an hf source fetched), whatever its manifest says.
-        if cfg.model.name not in BUILT_INS:
-            raise ValueError(not_allowed("model", cfg.model.name, ", ".join(BUILT_INS),
+        if cfg.model.name not in BUILT_IN:
+            raise ValueError(not_allowed("model", cfg.model.name, ", ".join(BUILT_IN),
                                          problem=f"in {model_dir / 'config.yaml'} is not a built-in model this runtime "
                                                  "builds"))
         self.model = build_model(cfg.model)
