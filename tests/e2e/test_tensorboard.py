@@ -21,8 +21,10 @@ def get_json(url: str):
 
 
 def poll_json(url: str, until, timeout_s: float = 60.0):
-    """The plugin parses traces in a background thread and says so ("loading": true); there is no push
-    notification to await, so ask again (with a growing pause) until it is done."""
+    """The profiler plugin finds runs by scanning the log folder on a timer, parses each in a thread, then hands
+    it to a third thread through a queue, so "loading": false does not mean the run is listed yet (before the
+    first scan, and between the parse ending and the hand-over, the list is empty and nothing is loading).
+    There is no push notification to await, so ask again (with a growing pause) until the answer is there."""
     deadline, pause = time.monotonic() + timeout_s, 0.05
     while True:
         answer = get_json(url)
@@ -56,7 +58,7 @@ def test_tensorboard_serves_scalars_and_profiler_then_stops(profiled_run):
 
         plugins = get_json(server.url + "data/plugins_listing")
         assert "pytorch_profiler" in plugins, sorted(plugins)
-        runs = poll_json(server.url + "data/plugin/pytorch_profiler/runs", until=lambda r: not r["loading"])
+        runs = poll_json(server.url + "data/plugin/pytorch_profiler/runs", until=lambda r: r["runs"])
         assert runs["runs"] == ["profile"], runs
         workers = get_json(server.url + "data/plugin/pytorch_profiler/workers?run=profile&view=Overview")
         assert workers and workers[0].startswith("rank0"), workers
