@@ -174,7 +174,6 @@ def main() -> int:
     parser.add_argument("--skip-engines", action="store_true")
     parser.add_argument("--bare-only", action="store_true", help="(internal) one bare loop; print its tokens/s")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     if args.bare_only:
         cfg = bench_config(args.steps)
         seconds = bare_loop(cfg, args.steps)

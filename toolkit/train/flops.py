@@ -25,8 +25,9 @@ CACHE = paths.cache_dir() / "matmul_peak.json"
 
 def measure_matmul_peak(n: int = 2048, seconds: float = 1.0, threads: int | None = None) -> float:
     """Best-of-several FLOP/s of an n x n float32 matmul (2 n^3 FLOPs each)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads or usable_cores())
+    old, wanted = torch.get_num_threads(), threads or usable_cores()
+    if wanted != old:  # set_num_threads also turns MKL's dynamic threading off for the rest of the process
+        torch.set_num_threads(wanted)
     try:
         a, b = torch.randn(n, n), torch.randn(n, n)
         torch.mm(a, b)  # warm up the BLAS thread pool
@@ -37,7 +38,8 @@ def measure_matmul_peak(n: int = 2048, seconds: float = 1.0, threads: int | None
             best = max(best, 2 * n**3 / (time.perf_counter() - t0))
         return best
     finally:
-        torch.set_num_threads(old)
+        if wanted != old:
+            torch.set_num_threads(old)
 
 
 def _machine_key() -> str:
