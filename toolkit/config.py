@@ -23,6 +23,11 @@ from toolkit.errors import bounded_repr, not_allowed, refused
 from toolkit.names import check_name, parse_ref
 
 
+def field_choices(cls, name: str) -> list:
+    """The values a ``Literal[...]`` field of a config section allows (the command line shows them as choices)."""
+    return list(typing.get_args(typing.get_type_hints(cls)[name]))
+
+
 class ConfigError(ValueError):
     """A config value that is unknown, of the wrong type or out of range; the message names the field."""
 
@@ -260,6 +265,39 @@ class Config:
     def fingerprint(self) -> str:
         """sha256 of the resolved config, for telling runs and checkpoints apart."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string under it in the class body), by field name."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {node.target.id: " ".join(nxt.value.value.split())
+            for node, nxt in zip(body, body[1:])
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)}
+
+
+def commented_yaml(cfg: Config) -> str:
+    """The resolved config as YAML that ``load`` reads back, each field followed by its doc as a comment
+    (``trainbook config show``)."""
+    lines = [f"# {cfg.name}: resolved (built-in defaults, the file, then --set); `trainbook train FILE` takes it"]
+
+    def emit(obj, indent: str) -> None:
+        docs = field_docs(type(obj))
+        for f in dataclasses.fields(obj):
+            value, doc = getattr(obj, f.name), docs.get(f.name, "")
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{indent}{f.name}:  # {doc}" if doc else f"{indent}{f.name}:")
+                emit(value, indent + "  ")
+                continue
+            text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=10**6).strip()[1:-1]
+            lines.append(f"{indent}{text}" + (f"  # {doc}" if doc else ""))
+
+    emit(cfg, "")
+    return "\n".join(lines) + "\n"
 
 
 # --- loading and validation -------------------------------------------------------------------------------

@@ -218,6 +218,22 @@ def test_data_cli(tmp_path):
     assert bad.returncode == 2 and "error: path:" in bad.stderr and "does not exist" in bad.stderr
     bad = cli("data", "--workspace", ws, "register", "n", str(src), "--type", "uri_file", "--tag", "oops")
     assert bad.returncode == 2 and "--tag: 'oops' is not allowed" in bad.stderr
+    typed = cli("data", "register", "single", str(src), "--workspace", ws)  # no --type: a file is a uri_file
+    assert typed.returncode == 0 and "type uri_file (from the path" in typed.stderr, typed.stderr
+    shown = json.loads(cli("data", "show", "single:1", "--json", "--workspace", ws).stdout)
+    assert shown["ref"] == "single:1" and shown["type"] == "uri_file" and shown["size_bytes"] == 5
+
+
+def test_looking_at_a_workspace_that_does_not_exist_creates_nothing_and_says_what_to_do(tmp_path):
+    ws = tmp_path / "nothing-here"
+    for argv, hint in ((["data", "list"], "trainbook data register-builtin"), (["runs"], "trainbook train demo"),
+                       (["models"], "trainbook export RUN_DIR --register NAME")):
+        proc = cli(*argv, "--workspace", str(ws))
+        assert proc.returncode == 0 and f"workspace: {ws} (none yet)" in proc.stdout and hint in proc.stdout, proc
+        assert json.loads(cli(*argv, "--workspace", str(ws), "--json").stdout)["workspace"] is None
+    shown = cli("data", "show", "pydoc", "--workspace", str(ws))
+    assert shown.returncode == 2 and "register data first" in shown.stderr, shown.stderr
+    assert not ws.exists()
 
 
 def test_builtin_assets_and_mltable_round_trip(ws):

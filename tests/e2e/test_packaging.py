@@ -104,7 +104,7 @@ def test_a_wheel_carries_the_built_in_configs_and_the_cli(tmp_path):
         requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist")]
     builtin = {f"toolkit/configs/{name}.yaml" for name in config.builtin_config_names()}
     assert {"toolkit/configs/tiny.yaml", "toolkit/configs/demo.yaml"} <= builtin <= names
-    assert "toolkit/cli.py" in names and "toolkit/extras.py" in names and "widgets/training.py" in names
+    assert "toolkit/cli/main.py" in names and "toolkit/extras.py" in names and "widgets/training.py" in names
     assert not [n for n in names if n.startswith(("tests/", "notebooks/", "bench/"))]
     assert re.search(r"^trainbook = toolkit\.cli:main$", scripts, re.M)
     core = [r for r in requires if "extra ==" not in r]

@@ -195,3 +195,61 @@ def test_a_run_records_its_mfu_peak_and_a_lower_measurement_never_replaces_a_hig
     assert start["peak_flops"] == better
     train = run.events("train")[-1]
     assert train["mfu"] == pytest.approx(train["tokens_per_s"] * start["flops_per_item"] / better, rel=1e-3, abs=2e-6)
+
+
+def test_watch_and_stop_a_run_started_in_another_terminal(tmp_path):
+    """`watch` re-attaches to a run it did not start (Ctrl-C leaves the run training); `stop` makes the run save
+    a checkpoint at the step it is in and end as stopped; both then say how it ended, and refuse to act again."""
+    from toolkit.checkpoint.store import CheckpointStore
+
+    run = RunDir(tmp_path / "r")
+    train = start_cli("train", "tiny", "--run-dir", str(run.path), *LONG)
+    with no_runaway_training(run, train):
+        await_run_directory_line(train)
+        await_train_step(run, 2)
+        watch = start_cli("watch", str(run.path))
+        assert watch.stderr.readline().startswith(f"run directory: {run.path}")
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=60)
+        assert watch.returncode == 130 and "the run goes on" in err, err
+        assert run.read_status()["state"] == "running"
+
+        stopped = cli("stop", str(run.path))
+        assert stopped.returncode == 0, stopped.stderr
+        status = run.read_status()
+        assert status["state"] == "stopped", status
+        latest = CheckpointStore(run.path).list()[-1]
+        assert latest.valid and latest.step == status["step"], (latest, status)  # the step it stopped at, saved
+        assert f"stopped at step {latest.step}; latest checkpoint: {latest.name}" in stopped.stdout, stopped.stdout
+        _, err = train.communicate(timeout=60)  # the foreground train sees its run stopped from elsewhere
+        assert f"stopped at step {latest.step}" in err and f"resume {run.path}" in err, err
+
+    watched = cli("watch", str(run.path))
+    assert watched.returncode == 0 and f"has stopped at step {latest.step}" in watched.stdout, watched.stderr
+    again = cli("stop", str(run.path))
+    assert again.returncode == 2 and "has stopped" in again.stderr and "a run that is running" in again.stderr
+
+
+def test_stop_on_two_processes_saves_one_step_that_every_rank_agreed_on(tmp_path):
+    from toolkit.checkpoint.store import CheckpointStore
+
+    run = RunDir(tmp_path / "r")
+    train = start_cli("train", "tiny", "--nproc", "2", "--run-dir", str(run.path), *LONG)
+    with no_runaway_training(run, train):
+        await_run_directory_line(train)
+        await_train_step(run, 2)
+        stopped = cli("stop", str(run.path))
+        train.communicate(timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    status = run.read_status()
+    (latest,) = [c for c in CheckpointStore(run.path).list() if c.step == status["step"]]
+    assert latest.valid, latest.reason  # every rank's share of the same step, complete
+    watched = cli("watch", str(run.path))  # a run that ended: watch says how, and follows nothing
+    assert watched.returncode == 0 and "has stopped" in watched.stdout
+
+
+def test_a_run_followed_into_a_file_gets_plain_lines_not_a_redrawn_bar(tmp_path):
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", "train.max_steps=30")
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr, proc.stderr[:500]
+    assert re.search(r"^step 30/30 loss=\d", proc.stderr, re.M), proc.stderr

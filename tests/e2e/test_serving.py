@@ -24,7 +24,7 @@ from toolkit.deploy.serving.protocol import MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_
 from toolkit.deploy.serving.runtimes import load_runtime
 from toolkit.deploy.serving.endpoint import PlainHTTPWarning, serve
 
-from conftest import PROJECT, assert_server_dies_with_its_starter
+from conftest import PROJECT, assert_server_dies_with_its_starter, cli
 from served_model import exported_tiny_model
 
 
@@ -193,8 +193,48 @@ def test_serve_from_the_command_line_and_stop_with_ctrl_c(model_dir, tmp_path):
     assert key not in out + err
 
 
+def test_endpoints_lists_a_running_endpoint_and_stop_ends_it_and_its_serve_command(model_dir, tmp_path):
+    ws = str(tmp_path / "ws")
+    listed = cli("endpoints", "--workspace", ws)
+    assert listed.returncode == 0 and "no endpoints running" in listed.stdout, listed.stderr
+    assert not (tmp_path / "ws").exists()  # looking never creates a workspace
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit", "serve", str(model_dir), "--runtime", "torch",
+                             "--workspace", ws], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=PROJECT)
+    try:
+        proc.stdout.readline()  # printed once the endpoint answers
+        listed = cli("endpoints", "--workspace", ws, "--json")
+        assert listed.returncode == 0, listed.stderr
+        (endpoint,) = json.loads(listed.stdout)["endpoints"]
+        assert endpoint["name"] == "tiny" and endpoint["runtime"] == "torch"
+        assert endpoint["key_file"] == str(tmp_path / "ws" / "endpoints" / "tiny" / "key")
+        assert endpoint["url"].startswith("http://127.0.0.1:") and endpoint["pid"] != proc.pid
+        assert call(endpoint["url"] + "/")[0] == 200
+        stopped = cli("endpoints", "stop", "tiny", "--workspace", ws)
+        assert stopped.returncode == 0 and f"pid {endpoint['pid']}" in stopped.stdout, stopped.stderr
+        out, err = proc.communicate(timeout=30)  # the serve command notices and ends
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "endpoint tiny stopped" in err, err
+    assert "no endpoints running" in cli("endpoints", "--workspace", ws).stdout
+    again = cli("endpoints", "stop", "tiny", "--workspace", ws)
+    assert again.returncode == 2 and "'tiny' is not a running endpoint" in again.stderr, again.stderr
+
+
+def test_serve_on_a_busy_port_says_so_at_once(model_dir):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = cli("serve", str(model_dir), "--port", str(port), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"port {port} is in use; omit --port for a free one" in proc.stderr and "gunicorn" not in proc.stderr
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--runtime", "tensorrt"], "--runtime: 'tensorrt' is not allowed"),
+    (["--runtime", "tensorrt"], "--runtime: 'tensorrt' is not allowed; allowed: onnx, torch"),
     (["--port", "80"], "--port: 80 is not allowed; allowed: 1024 to 65535"),
     (["--max-batch", "0"], "--max-batch: 0 is not allowed"),
 ])

@@ -48,6 +48,10 @@ def test_two_participants_run_in_parallel_and_are_compared(tmp_path):
     ([{"config": "tiny", "learning_rate": 1}], ["--participants", "1"],
      "participant 1: 'learning_rate' is not a parameter of 03_training.ipynb"),
     ([{"config": "tiny"}], ["--participants", "1", "--notebook", "99_nothing"], "--notebook: '99_nothing' matches no"),
+    ([{"config": "tiny"}, {"config": "tiny", "overrides": ["optim.lr=-1"]}], ["--participants", "2"],
+     "participant 2: optim.lr: -1"),
+    ([{"config": "tiny", "steps": 0}], ["--participants", "1"], "participant 1: train.max_steps: 0"),
+    ([{"config": "nope"}], ["--participants", "1"], "participant 1: config: 'nope' is neither a file"),
 ])
 def test_bad_workshop_input_is_refused_before_anything_runs(tmp_path, content, args, message):
     params = str(tmp_path / "missing.yaml") if content is None else _params(tmp_path, content)

@@ -129,7 +129,8 @@ def test_tokenizer_training_refuses_bad_input_and_registers_nothing(tmp_path, ar
     cli("data", "--workspace", ws, "register-builtin", "pydoc")
     proc = cli("data", "--workspace", ws, "tokenizer", "train", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert cli("data", "--workspace", ws, "list").stdout.count("\n") == 2, "only pydoc:1 is registered"
+    listed = json.loads(cli("data", "--workspace", ws, "list", "--json").stdout)["assets"]
+    assert [a["ref"] for a in listed] == ["pydoc:1"], "only pydoc:1 is registered"
 
 
 def _model_folder(tmp_path, tokenizer_folder, vocab: int):

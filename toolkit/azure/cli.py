@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from toolkit.cli.conventions import add_verb, add_verbs
+
 
 def _config_ref(args):
     """The workspace of --workspace-config, if given: plans only name it in their instructions."""
@@ -58,8 +60,10 @@ def _cmd_submit(args) -> int:
 def _add_plan(verbs) -> None:
     from toolkit.azure.plan import DEFAULT_IDLE_SECONDS
 
-    plan = verbs.add_parser("plan", help="validate and write compute/environment/data/job YAML and submit.md")
-    plan.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo)")
+    plan = add_verb(verbs, "plan", "validate and write compute/environment/data/job YAML and submit.md", [
+        "trainbook azure plan demo --compute gpu-a100 --sku Standard_NC24ads_A100_v4 --instance-count 2 "
+        "--out plans/demo"])
+    plan.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo, llama, ...)")
     plan.add_argument("--compute", required=True, help="AmlCompute cluster name (3-24 letters, digits, '-')")
     plan.add_argument("--sku", required=True, help="VM size of one node, e.g. Standard_NC24ads_A100_v4")
     plan.add_argument("--instance-count", type=int, required=True, help="nodes the job runs on")
@@ -81,8 +85,9 @@ def _add_plan(verbs) -> None:
 
 
 def _add_submit(verbs) -> None:
-    submit = verbs.add_parser("submit", help="create a plan's compute, environment, data and job; stream its log")
-    submit.add_argument("plan_dir")
+    submit = add_verb(verbs, "submit", "create a plan's compute, environment, data and job; stream its log", [
+        "trainbook azure submit plans/demo --workspace-config config.json"])
+    submit.add_argument("plan_dir", help="a folder written by `trainbook azure plan`")
     _add_workspace_flags(submit)
     submit.add_argument("--no-stream", action="store_true", help="return once the job is submitted")
     submit.set_defaults(func=_cmd_submit)
@@ -113,15 +118,16 @@ def _add_workspace_flags(parser) -> None:
     parser.add_argument("--workspace-config", metavar="CONFIG_JSON",
                         help="Azure ML config.json (default: ./config.json, then ./.azureml/config.json)")
     parser.add_argument("--subscription", help="subscription id (with --resource-group and --workspace-name)")
-    parser.add_argument("--resource-group")
-    parser.add_argument("--workspace-name")
+    parser.add_argument("--resource-group", help="resource group (with --subscription)")
+    parser.add_argument("--workspace-name", help="Azure ML workspace name (with --subscription)")
 
 
 def _add_deploy_plan(verbs) -> None:
     from toolkit.deploy.serving.options import MAX_BATCH, MAX_WAIT_MS
 
-    plan = verbs.add_parser("deploy-plan", help="validate and write endpoint/deployment YAML and deploy.md for an "
-                                                "exported model")
+    plan = add_verb(verbs, "deploy-plan", "validate and write endpoint/deployment YAML and deploy.md for an exported "
+                    "model", ["trainbook azure deploy-plan demo:1 --endpoint demo-ep --sku Standard_DS3_v2 "
+                              "--out plans/demo-ep"])
     plan.add_argument("model", help="an exported model folder, or a registered model name[:version]")
     plan.add_argument("--endpoint", required=True, help="online endpoint name (3-32 letters, digits, '-')")
     plan.add_argument("--sku", required=True, help="VM size of one instance, e.g. Standard_DS3_v2")
@@ -141,9 +147,9 @@ def _add_deploy_plan(verbs) -> None:
 
 
 def _add_deploy(verbs) -> None:
-    deploy = verbs.add_parser("deploy", help="create a deployment plan's endpoint and deployment, route all traffic "
-                                             "to it, print the scoring URI")
-    deploy.add_argument("plan_dir")
+    deploy = add_verb(verbs, "deploy", "create a deployment plan's endpoint and deployment, route all traffic to "
+                      "it, print the scoring URI", ["trainbook azure deploy plans/demo-ep --workspace-config config.json"])
+    deploy.add_argument("plan_dir", help="a folder written by `trainbook azure deploy-plan`")
     _add_workspace_flags(deploy)
     deploy.set_defaults(func=_cmd_deploy)
 
@@ -154,8 +160,8 @@ AZURE_VERBS = [_add_plan, _add_submit, _add_deploy_plan, _add_deploy]
 
 def add_azure_verbs(verbs) -> None:
     """Add ``azure`` and its sub-verbs to the top-level subparsers of the trainbook CLI."""
-    azure = verbs.add_parser("azure", help="Azure ML: plan a training job or an online endpoint as YAML files, "
-                                           "submit or deploy it to a workspace")
-    sub = azure.add_subparsers(dest="azure_verb", required=True)
+    azure = add_verb(verbs, "azure", "Azure ML: plan a training job or an online endpoint as YAML files, submit or "
+                     "deploy it to a workspace", ["trainbook azure plan --help"])
+    sub = add_verbs(azure, "azure_verb")
     for add in AZURE_VERBS:
         add(sub)

@@ -55,13 +55,16 @@ class DataAsset:
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
-def registration_problems(name: str, path: str | Path, type: str) -> dict[str, str]:
+def registration_problems(name: str, path: str | Path, type: str | None) -> dict[str, str]:
     """Every field of a registration that would be refused, as {field: message naming value and allowed}.
-    Empty when ``register`` can go ahead (it then still checks an mltable's content and folder links)."""
+    Empty when ``register`` can go ahead (it then still checks an mltable's content and folder links).
+    ``type`` None: the one the path calls for."""
     problems = {}
     if problem := names.name_problem("name", name):
         problems["name"] = problem
-    if type not in TYPES:
+    if type is None and Path(path).expanduser().exists():
+        type = type_of(Path(path).expanduser())
+    if type is not None and type not in TYPES:
         problems["type"] = not_allowed("type", type, ", ".join(TYPES))
     if not str(path).strip():
         problems["path"] = refused("path", "empty", "an existing file or folder")
@@ -113,10 +116,19 @@ def _row_to_asset(ws: Workspace, row) -> DataAsset:
                      archived=bool(row["archived"]), path=ws.root / row["snapshot"])
 
 
-def register(ws: Workspace, name: str, path: str | Path, type: str = "uri_folder", description: str = "",
+def type_of(path: Path) -> str:
+    """The asset type a path's contents call for: a file is uri_file, a folder with an MLTable file is mltable, any
+    other folder uri_folder."""
+    return "uri_file" if path.is_file() else "mltable" if (path / "MLTable").is_file() else "uri_folder"
+
+
+def register(ws: Workspace, name: str, path: str | Path, type: str | None = None, description: str = "",
              tags: dict | None = None) -> DataAsset:
-    """Snapshot ``path`` and record it as the next version of ``name`` (or return the version it already is)."""
+    """Snapshot ``path`` and record it as the next version of ``name`` (or return the version it already is).
+    ``type`` None: the one the path's contents call for (:func:`type_of`)."""
     source = Path(path).expanduser()
+    if type is None and source.exists():
+        type = type_of(source)
     _validate(name, source, type)
     tags = dict(tags or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
@@ -261,7 +273,7 @@ def open_path(path: str | Path, hash: bool = True) -> DataAsset:
     path = Path(path).expanduser()
     if not path.exists():
         raise DataAssetError(not_allowed("data.path", path, "an existing file or folder", problem="does not exist"))
-    type = "uri_file" if path.is_file() else "mltable" if (path / "MLTable").is_file() else "uri_folder"
+    type = type_of(path)
     listing = []
     if hash:  # else only the type is wanted (a check before launch): no need to read the data
         for rel, file in files_of(path, type):

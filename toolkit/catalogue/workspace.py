@@ -75,6 +75,9 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+CATALOGUE_NAME = "catalogue.sqlite"  # a folder is a workspace once it holds this
+
+
 class WorkspaceError(RuntimeError):
     pass
 
@@ -87,7 +90,7 @@ def default_path() -> Path:
 class Workspace:
     def __init__(self, root: Path):
         self.root = root
-        self.db_path = root / "catalogue.sqlite"
+        self.db_path = root / CATALOGUE_NAME
         self.datastore = root / "datastore"
 
     @classmethod
@@ -101,6 +104,15 @@ class Workspace:
         ws.datastore.mkdir(exist_ok=True)
         ws.migrate()
         return ws
+
+    @classmethod
+    def existing(cls, path: str | Path | None = None) -> "Workspace | None":
+        """The workspace at ``path`` (default: :func:`default_path`) if one was made there, else None: what a
+        read-only verb (a listing) opens, so that looking never creates a workspace."""
+        root = Path(path) if path is not None else default_path()
+        if not (root / CATALOGUE_NAME).is_file():
+            return None
+        return cls.open(root)
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)

@@ -58,6 +58,9 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
         (states,) = sorted((folder / DS_TAG).glob("mp_rank_*_model_states.pt"))[:1]
         weights = safe_load.load(states, map_location="cpu")["module"]
         return {k: v.float() for k, v in weights.items()}
+    from toolkit.third_party import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     # Reassembles the fp32 master weights from every rank's optimizer partition (stages 1-3); a LoRA run saved its

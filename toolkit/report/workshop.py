@@ -68,7 +68,33 @@ def read_parameter_sets(path: str | Path, participants: int, notebook: Path) -> 
             raise ConfigError(not_allowed(f"--params: participant {i + 1}", unknown[0],
                                           ", ".join(sorted(declared)),
                                           problem=f"is not a parameter of {notebook.name}"))
+        _check_training(i + 1, params, declared)
     return sets[:participants]
+
+
+# A notebook parameter -> the config field the notebook sets from it (03 and 04 train from these)
+TRAINING_PARAMETERS = {"engine": "engine.name", "nproc": "engine.nproc", "steps": "train.max_steps",
+                       "every": "checkpoint.every_steps"}
+
+
+def _check_training(participant: int, params: dict, declared: dict) -> None:
+    """Build the config a parameter set trains with, as `trainbook train` would, so that a bad config name,
+    override or value is refused before any participant starts (not found afterwards in one papermill.log)."""
+    from toolkit import config as config_mod
+
+    if "config" not in declared:
+        return
+    where = f"--params: participant {participant}"
+    overrides = params.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(not_allowed(f"{where}: overrides", overrides, 'a list of "section.field=value" strings'))
+    overrides = [*overrides, *(f"{field}={params[name]}" for name, field in TRAINING_PARAMETERS.items()
+                               if params.get(name) is not None)]
+    config = params.get("config", yaml.safe_load(declared["config"]["default"]))
+    try:
+        config_mod.load(config, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _notebook(name: str) -> Path:

@@ -64,7 +64,9 @@ def deepspeed_ops() -> dict:
     """DeepSpeed's version and, per op, whether it can build here (what ``ds_report`` prints), and whether the
     shared-memory comm op is already compiled (otherwise the first distributed DeepSpeed start compiles it)."""
     try:
-        import deepspeed
+        from toolkit.third_party import import_deepspeed
+
+        deepspeed = import_deepspeed()
         from deepspeed.ops.op_builder.all_ops import ALL_OPS
     except Exception as exc:  # a broken install is a finding, not a crash
         return {"version": None, "error": f"{type(exc).__name__}: {exc}", "ops": {}}

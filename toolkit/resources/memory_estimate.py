@@ -130,6 +130,10 @@ def parse_count(text: str) -> float:
         value = float("nan")
     if not value > 0:  # also catches nan
         raise ConfigError(not_allowed("params", text, "a positive count such as 350M, 7B or 1.3e9"))
+    if scale == 1.0 and value < 1000 and "e" not in raw.lower():  # `estimate 7`: surely 7B, not 7 parameters
+        raise ConfigError(not_allowed("params", text, f"a count with its unit: {raw}B for {raw} billion, {raw}M "
+                                      f"for {raw} million (or {raw}e0 for {raw} parameters)",
+                                      problem="has no unit"))
     return value
 
 

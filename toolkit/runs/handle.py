@@ -120,6 +120,53 @@ class RunHandle:
         self.run.append_event(StatusEvent(state=state, exit_code=code, reason=reason or describe_exit(code)))
 
 
+class _AttachedSupervisor:
+    """The supervisor of a run this process did not start, with the part of ``subprocess.Popen`` RunHandle uses.
+    Its exit code is not ours to read (only its parent can), so it is told from the run's record once it has
+    ended: 0 completed or stopped on request, 1 another end, and SIGKILL when nothing was recorded (the supervisor records every other
+    way it ends: it catches SIGTERM and SIGINT)."""
+
+    def __init__(self, pid: int, run: RunDir):
+        import psutil
+
+        self.pid, self.run = pid, run
+        self._process = psutil.Process(pid)
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        import psutil
+
+        try:
+            self._process.wait(timeout)
+        except psutil.TimeoutExpired:
+            raise subprocess.TimeoutExpired(f"supervisor {self.pid}", timeout) from None
+        state = self.run.read_status().get("state")
+        return 0 if state in ("completed", "stopped") else 1 if state in FINAL_STATES else -signal.SIGKILL
+
+
+def attach(run: str | Path | RunDir) -> RunHandle:
+    """A handle on a running run started elsewhere (another terminal, a notebook): follow it from its first event,
+    wait for it, stop it. Refuses a run that has ended, or whose supervisor is gone or is not the run's."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    if not run.path.is_dir():
+        raise FileNotFoundError(not_allowed("run_dir", run.path, "a run directory", problem="is not a folder"))
+    status = run.read_status()
+    if status.get("state") in FINAL_STATES:
+        raise NotThisRunError(not_allowed("run_dir", run.path, "a run that is running",
+                                          problem=f"has {status['state']} at step {status.get('step')}"))
+    pid = status.get("supervisor_pid")
+    if not run_processes.carries_token(pid, status.get("run_token")):
+        raise NotThisRunError(f"run_dir: {run.path} says it is {status.get('state', 'unknown')}, but no supervisor "
+                              "of it is alive (the machine restarted, or it was killed, or the folder was copied); "
+                              f"`trainbook resume {run.path}` continues it from its latest checkpoint")
+    return RunHandle(run, _AttachedSupervisor(int(pid), run))
+
+
 def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
     """Send ``sig`` to a run's training process group (as recorded in status.json). Returns False when no
     training process is running; refuses (NotThisRunError) a finished run, or a group that is not the run's."""

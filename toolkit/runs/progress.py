@@ -36,10 +36,29 @@ class RunProgress:
             self.message = event.message
 
 
-def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress | None = None) -> StatusEvent | None:
+PLAIN_EVERY_S = 10.0  # a line this often when the output is a file or a pipe, not a terminal
+
+
+def _figures(progress: RunProgress) -> dict:
+    postfix = {}
+    if progress.train:
+        t = progress.train
+        postfix.update(loss=f"{t.loss:.3f}", tok_s=f"{t.tokens_per_s:,.0f}", mfu=f"{100 * t.mfu:.0f}%")
+    if progress.val:
+        postfix["val"] = f"{progress.val.headline:.3f}"
+    return postfix
+
+
+def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress | None = None,
+                       plain_every_s: float = PLAIN_EVERY_S) -> StatusEvent | None:
     """Show step, loss, tokens/s and ETA while the run goes; return the last status event. ``progress`` (folded
-    as events arrive) lets the caller see how far the run got, should the follow be interrupted."""
+    as events arrive) lets the caller see how far the run got, should the follow be interrupted. On a terminal,
+    a progress bar; otherwise (a log file, CI, a pipe) a plain line every ``plain_every_s`` seconds, instead of a
+    carriage-return redraw per event."""
+    file = file or sys.stderr
     progress = progress or RunProgress(max_steps)
+    if not (hasattr(file, "isatty") and file.isatty()):
+        return _follow_plain(handle, file, progress, plain_every_s)
     with tqdm(total=max_steps, unit="step", file=file or sys.stderr, dynamic_ncols=True,
               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
         for event in handle.follow():
@@ -48,11 +67,27 @@ def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress 
                 bar.write(f"error: {event.message}")
             bar.total = progress.max_steps
             bar.update(progress.step - bar.n)
-            postfix = {}
-            if progress.train:
-                t = progress.train
-                postfix.update(loss=f"{t.loss:.3f}", tok_s=f"{t.tokens_per_s:,.0f}", mfu=f"{100 * t.mfu:.0f}%")
-            if progress.val:
-                postfix["val"] = f"{progress.val.headline:.3f}"
-            bar.set_postfix(postfix, refresh=True)
+            bar.set_postfix(_figures(progress), refresh=True)
+    return progress.final
+
+
+def _follow_plain(handle, file, progress: RunProgress, every_s: float) -> StatusEvent | None:
+    import time
+
+    shown_at, shown_step = time.monotonic(), None
+
+    def line() -> None:
+        figures = " ".join(f"{k}={v}" for k, v in _figures(progress).items())
+        print(f"step {progress.step}/{progress.max_steps} {figures}".rstrip(), file=file, flush=True)
+
+    for batch in handle.follow_batches():
+        for event in batch:
+            progress.apply(event)
+            if isinstance(event, ErrorEvent):
+                print(f"error: {event.message}", file=file, flush=True)
+        if progress.step != shown_step and time.monotonic() - shown_at >= every_s:
+            line()
+            shown_at, shown_step = time.monotonic(), progress.step
+    if progress.step != shown_step:
+        line()  # where it ended
     return progress.final

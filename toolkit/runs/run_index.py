@@ -22,7 +22,10 @@ def list_runs(workspace=None, data: str | None = None) -> list[dict]:
     """Indexed runs, newest first, with their live state from status.json; ``data`` filters by asset name."""
     from toolkit.catalogue.workspace import Workspace
 
-    conn = Workspace.open(workspace).connect()
+    ws = Workspace.existing(workspace)
+    if ws is None:  # nothing trained here yet: looking must not create a workspace
+        return []
+    conn = ws.connect()
     try:
         rows = [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY created DESC")]
     finally:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.errors import not_allowed
-from toolkit.ports import free_port
+from toolkit.ports import busy_port_message, free_port, port_in_use
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 
 READY_TIMEOUT_S = 90.0
@@ -42,6 +42,8 @@ def start_tensorboard(run_dir: str | Path, port: int | None = None) -> TensorBoa
     logdir = Path(run_dir)
     if not logdir.is_dir():
         raise TensorBoardError(not_allowed("run_dir", logdir, "a run directory", problem="is not a folder"))
+    if port is not None and port_in_use("127.0.0.1", port):
+        raise TensorBoardError(busy_port_message("--port", port))
     port = port or free_port()
     service = start_service([sys.executable, "-m", "toolkit.runs.tensorboard_main", "--logdir", str(logdir),
                              "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"],

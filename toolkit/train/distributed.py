@@ -52,9 +52,9 @@ def setup(engine_cfg) -> Topology:
     if needs_group and not dist.is_initialized():
         backend = resolve_backend(engine_cfg.backend)
         if engine_cfg.name == "deepspeed":
-            import deepspeed
+            from toolkit.third_party import import_deepspeed
 
-            deepspeed.init_distributed(dist_backend=backend)
+            import_deepspeed().init_distributed(dist_backend=backend)
             _unlink_deepspeed_shm_buffer(rank)
         else:
             dist.init_process_group(backend=backend)

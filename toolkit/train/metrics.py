@@ -69,9 +69,11 @@ class MetricsSink:
     def profile(self, summary: dict) -> None:
         self.events.write(ProfileEvent(**summary))
 
-    def finish(self, result: dict) -> None:
-        self.events.write(StatusEvent(state="completed", **result))
-        run_status.transition(self.run, "complete", step=result["step"], ended=time.time())
+    def finish(self, result: dict, stopped: bool = False) -> None:
+        """The run's end: completed, or stopped on request after its last checkpoint (a resume continues it)."""
+        state, transition = ("stopped", "stop") if stopped else ("completed", "complete")
+        self.events.write(StatusEvent(state=state, **result))
+        run_status.transition(self.run, transition, step=result["step"], ended=time.time())
         self.tb.flush()
 
     def fail(self, error: str) -> None:

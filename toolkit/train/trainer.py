@@ -80,6 +80,10 @@ def default_threads(cfg) -> int:
 
 class Trainer:
     def __init__(self, run: RunDir):
+        # SIGTERM (`trainbook stop`, a stop button, a preempted node) asks for a checkpoint, then the end: noted
+        # here, acted on between two steps (see train()).
+        self.stop_requested = False
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
         self.run = run
         self.cfg = cfg = run.read_config()
         threads = default_threads(cfg)
@@ -143,6 +147,7 @@ class Trainer:
         start_step = self.step
         train_seconds = agreed_seconds = self.train_seconds
         slow_steps = 0  # fault injection: steps left to slow down after a checkpoint
+        stopping = False  # every rank agreed to stop at this step (after a SIGTERM)
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
             eval_seconds = 0.0
@@ -163,15 +168,21 @@ class Trainer:
             window_wait += t1 - t0
             last = self.step == cfg.train.max_steps
 
-            logged = self.step % cfg.train.log_every == 0 or last
+            # One process stops at the step it is in; several agree on the step at the next log interval, as the
+            # signal reaches each rank at a different step and they must all save the same one.
+            stopping = stopping or (self.stop_requested and topo.world_size == 1 and not last)
+            logged = self.step % cfg.train.log_every == 0 or last or stopping
             log_start = time.perf_counter()
             if logged:
                 elapsed = time.perf_counter() - window_start
                 train_seconds += elapsed
-                # One collective per log interval: the loss, and the clock every rank agrees on (the mean),
-                # so that all ranks take the same time-based decisions and nobody waits forever in a collective.
-                total_loss, seconds_sum = distributed.all_reduce_sum([loss_sum.item(), train_seconds], topo.device)
+                # One collective per log interval: the loss, the clock every rank agrees on (the mean), so that
+                # all ranks take the same time-based decisions and nobody waits forever in a collective, and
+                # whether any rank was asked to stop.
+                total_loss, seconds_sum, stop_votes = distributed.all_reduce_sum(
+                    [loss_sum.item(), train_seconds, float(self.stop_requested)], topo.device)
                 agreed_seconds = seconds_sum / topo.world_size
+                stopping = stop_votes > 0 and not last  # at the last step it simply completes
                 items_per_s = self.items_per_step * window_steps / elapsed
                 if self.sink:
                     self.sink.train(
@@ -190,6 +201,12 @@ class Trainer:
             # Logging happens every log_every steps, checkpoints usually on one of them: keep it out of the
             # step time that checkpoint costs are measured from, as evaluation is.
             log_seconds = time.perf_counter() - log_start
+            if stopping:  # checkpointed as a final step is (checkpoint.at_end), without the evaluation
+                if self.checkpointer.due(self.step, agreed_seconds, final=True):
+                    self.train_seconds = agreed_seconds
+                    self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
+                                                       "train_seconds": agreed_seconds})
+                break
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
                 last_val = self.evaluate()
@@ -216,8 +233,11 @@ class Trainer:
         result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {}),
                   "peak_memory_mb": round(peak_memory_mb(topo.device), 1)}
         if self.sink:
-            self.sink.finish(result)
+            self.sink.finish(result, stopped=stopping)
         return result
+
+    def _on_stop_signal(self, signum, frame) -> None:
+        self.stop_requested = True
 
     def _resume(self) -> dict:
         """Continue from the newest valid checkpoint in the run directory, if there is one.

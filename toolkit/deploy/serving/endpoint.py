@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import sys
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -26,8 +27,9 @@ from pathlib import Path
 
 from toolkit.errors import not_allowed
 from toolkit.names import check_name
-from toolkit.ports import free_port
+from toolkit.ports import busy_port_message, free_port, port_in_use
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
+from toolkit.deploy.serving import running
 from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions
 from toolkit.deploy.serving.protocol import TEXT_TASKS
 
@@ -147,6 +149,8 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
 
     if port is not None and not 1024 <= port <= 65535:
         raise ValueError(not_allowed("--port", port, "1024 to 65535"))
+    if port is not None and port_in_use(host, port):
+        raise EndpointError(busy_port_message("--port", port))
     # every bound checked here, before anything starts (the runtime's name too; which one the folder has, below)
     serving = ServingOptions(**({"runtime": runtime} if runtime is not None else {}), **options)
     if warning := plain_http_warning(host):
@@ -169,4 +173,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks)
     # GET /score answers once the model is loaded
     wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
+    running.record(folder, running.RunningEndpoint(
+        name=name, url=endpoint.url, pid=service.process.pid, runtime=serving.runtime, model_dir=str(model_dir),
+        key_file=str(folder / "key"), started=time.time()))
     return endpoint

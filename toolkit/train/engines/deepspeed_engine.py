@@ -69,8 +69,9 @@ class _CapturingCheckpointEngine:
 
 class DeepSpeedEngine:
     def __init__(self, model, cfg, topo, loss_fn):
-        import deepspeed
+        from toolkit.third_party import import_deepspeed
 
+        deepspeed = import_deepspeed()
         self.loss_fn = loss_fn  # (model, batch) -> loss: the model's adapter, called with DeepSpeed's engine
 
         model = model.to(topo.device)

@@ -1,0 +1,141 @@
+"""The command line's conventions, as a table: each mistake a person makes -> exit code and the words that help.
+
+In-process through ``toolkit.cli.main`` (argparse exits through SystemExit); nothing here starts a run or a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from toolkit.cli import build_parser, main
+from toolkit.cli.conventions import did_you_mean
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# argv -> (exit code, words in stderr, words in stdout)
+MISTAKES = {
+    "a misspelt flag shows that verb's usage and the flag meant": (
+        ["train", "tiny", "--nprocs", "2"], 2, ["usage: trainbook train", "--nprocs", "did you mean --nproc?"], []),
+    "no prefix matching: --max is not --max-restarts": (
+        ["train", "tiny", "--max", "5"], 2, ["usage: trainbook train", "unrecognized arguments: --max 5",
+                                             "trainbook train --help"], []),
+    "a misspelt verb": (["trian", "demo"], 2, ["verb: 'trian' is not allowed; allowed: train, resume",
+                                                "did you mean train?"], []),
+    "a misspelt sub-verb": (["data", "lst"], 2, ["usage: trainbook data", "did you mean list?"], []),
+    "a misspelt choice": (["serve", "demo", "--runtime", "onxx"], 2, ["did you mean onnx?"], []),
+    "a misspelt doctor check": (["doctor", "--only", "matmull"], 2, ["did you mean matmul?"], []),
+    "an engine that does not exist": (["train", "tiny", "--engine", "jax"], 2,
+                                      ["--engine: 'jax' is not allowed; allowed: torch, deepspeed"], []),
+    "a flag of another verb": (["runs", "--nproc", "2"], 2, ["usage: trainbook runs", "--nproc"], []),
+    "a count without its unit": (["estimate", "7"], 2, ["params: '7' has no unit", "7B for 7 billion"], []),
+    "a register name checked before the export runs": (
+        ["export", "no-such-run", "--register", "a/b"], 2, ["--register", "'a/b'"], []),
+    "trainbook alone prints its help": ([], 0, [], ["usage: trainbook", "verbs:", "train", "examples:"]),
+    "a verb group alone prints its help": (["data"], 0, [], ["usage: trainbook data", "register-builtin"]),
+    "--version": (["--version"], 0, [], ["trainbook "]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_each_mistake_gets_its_exit_code_and_words(case, capsys):
+    argv, expected_code, in_err, in_out = MISTAKES[case]
+    code, out, err = run_cli(argv, capsys)
+    assert code == expected_code, (out, err)
+    for words in in_err:
+        assert words in err, err
+    for words in in_out:
+        assert words in out, out
+
+
+def test_the_mistake_is_reported_once_in_the_verbs_own_usage(capsys):
+    code, _, err = run_cli(["train", "tiny", "--nprocs", "2"], capsys)
+    assert code == 2
+    assert err.count("usage:") == 1 and "usage: trainbook [-h]" not in err
+
+
+def all_parsers(parser: argparse.ArgumentParser, path=("trainbook",)):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from all_parsers(sub, (*path, name))
+
+
+PARSERS = dict(all_parsers(build_parser()))
+
+
+@pytest.mark.parametrize("path", sorted(" ".join(p) for p in PARSERS))
+def test_every_verb_has_a_description_an_example_and_help_on_every_argument(path):
+    parser = PARSERS[tuple(path.split())]
+    assert parser.description and "\n" not in parser.description.strip().splitlines()[0], path
+    assert parser.examples and all(e.startswith(path.split()[0]) for e in parser.examples), path
+    assert not parser.allow_abbrev, path
+    helpless = [a.dest for a in parser._actions if not a.help and not isinstance(a, argparse._SubParsersAction)]
+    assert not helpless, f"{path}: no help for {helpless}"
+    help_text = parser.format_help()
+    assert "examples:" in help_text
+
+
+def test_the_examples_parse(capsys):
+    """Every example in every --help is a command line the parser accepts (verbs that exist, flags spelt right)."""
+    import itertools
+    import shlex
+
+    parser = build_parser()
+    for path, sub in PARSERS.items():
+        for example in sub.examples:
+            words = shlex.split(example)[1:]  # the command up to the shell's own operators
+            argv = list(itertools.takewhile(lambda w: w not in ("&", "&&", ">>", ">", "|"), words))
+            if argv and argv[-1] == "--help":
+                continue
+            parser.parse_args(argv)  # exits (SystemExit) on any mistake
+
+
+def test_did_you_mean_offers_only_close_words():
+    assert did_you_mean("--nprocs", ["--nproc", "--engine"]) == "--nproc"
+    assert did_you_mean("--colour", ["--nproc", "--engine"]) is None
+
+
+def test_workspace_is_taken_before_and_after_a_data_sub_verb():
+    parser = build_parser()
+    assert parser.parse_args(["data", "--workspace", "A", "list"]).workspace == "A"
+    assert parser.parse_args(["data", "list", "--workspace", "B"]).workspace == "B"
+    assert parser.parse_args(["data", "list"]).workspace is None
+    for verb in (["train", "tiny"], ["runs"], ["models"], ["export", "R"], ["serve", "M"], ["doctor"],
+                 ["endpoints"], ["endpoints", "stop", "x"]):
+        assert parser.parse_args([*verb, "--workspace", "W"]).workspace == "W", verb
+
+
+def complete(*words: str) -> list[str]:
+    """What bash offers for the last word, with the script `trainbook completion bash` prints."""
+    import shlex
+    import subprocess
+
+    from toolkit.cli.completion import bash_script
+
+    line = " ".join(shlex.quote(w) for w in ("trainbook", *words))
+    probe = (f"{bash_script(build_parser())}\nCOMP_WORDS=({line}); COMP_CWORD={len(words)}; _trainbook_complete; "
+             'printf "%s\\n" "${COMPREPLY[@]}"')
+    return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+
+
+@pytest.mark.parametrize("words, offered", [
+    (["tr"], ["train"]),
+    (["data", "re"], ["register", "register-builtin"]),
+    (["train", "tiny", "--eng"], ["--engine"]),
+    (["train", "tiny", "--engine", ""], ["torch", "deepspeed"]),
+    (["doctor", "--only", "mat"], ["matmul"]),
+    (["endpoints", "st"], ["stop"]),
+])
+def test_shell_completion_offers_the_parsers_own_words(words, offered):
+    assert sorted(complete(*words)) == sorted(offered)

@@ -1,0 +1,98 @@
+"""Which local endpoints are running, and stopping one from anywhere (`trainbook endpoints`, `... stop NAME`).
+
+``serve()`` records each endpoint it starts in ``WORKSPACE/endpoints/NAME/endpoint.json`` (this module owns the
+format). A record outlives its server (a killed terminal, a reboot), and a pid may be reused by any program, so a
+record counts only while its pid is alive and that process is the endpoint's own server: the server carries the
+endpoint's key-file path in its environment (KEY_FILE_ENV), which no other process has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from toolkit.errors import not_allowed
+from toolkit.fsio import atomic_write_text
+from toolkit.deploy.serving.options import KEY_FILE_ENV
+
+RECORD_NAME = "endpoint.json"
+STOP_GRACE_S = 10.0  # SIGTERM, then this long to exit, then SIGKILL
+
+
+@dataclass(frozen=True)
+class RunningEndpoint:
+    name: str
+    url: str
+    pid: int  # the server's; its process group is the endpoint's (the server leads a session of its own)
+    runtime: str
+    model_dir: str
+    key_file: str
+    started: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def record(folder: Path, endpoint: RunningEndpoint) -> None:
+    atomic_write_text(folder / RECORD_NAME, json.dumps(endpoint.as_dict(), indent=1))
+
+
+def _endpoints_root(workspace) -> Path | None:
+    from toolkit.catalogue.workspace import Workspace
+
+    ws = Workspace.existing(workspace)  # listing never creates a workspace
+    return ws.root / "endpoints" if ws else None
+
+
+def _read(folder: Path) -> RunningEndpoint | None:
+    try:
+        return RunningEndpoint(**json.loads((folder / RECORD_NAME).read_text()))
+    except (OSError, ValueError, TypeError):  # none, half-written by hand, or another version's: not listed
+        return None
+
+
+def _is_its_server(endpoint: RunningEndpoint, folder: Path) -> bool:
+    import psutil
+
+    try:
+        process = psutil.Process(endpoint.pid)
+        return (process.status() != psutil.STATUS_ZOMBIE
+                and process.environ().get(KEY_FILE_ENV) == str(folder / "key"))
+    except (psutil.Error, OSError, ValueError):
+        return False
+
+
+def running_endpoints(workspace=None) -> list[RunningEndpoint]:
+    """The endpoints of the workspace whose server is alive, by name."""
+    root = _endpoints_root(workspace)
+    if root is None or not root.is_dir():
+        return []
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        endpoint = _read(folder)
+        if endpoint is not None and _is_its_server(endpoint, folder):
+            found.append(endpoint)
+    return found
+
+
+def stop_endpoint(name: str, workspace=None, grace_s: float = STOP_GRACE_S) -> RunningEndpoint:
+    """Stop the running endpoint ``name`` (its server's whole process group): SIGTERM, then SIGKILL after
+    ``grace_s``. The `trainbook serve` that started it notices and exits."""
+    import psutil
+
+    running = {e.name: e for e in running_endpoints(workspace)}
+    if name not in running:
+        raise ValueError(not_allowed("name", name, ", ".join(running) or "none are running",
+                                     problem="is not a running endpoint"))
+    endpoint = running[name]
+    process = psutil.Process(endpoint.pid)
+    os.killpg(endpoint.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except psutil.TimeoutExpired:
+        os.killpg(endpoint.pid, signal.SIGKILL)
+        process.wait()
+    return endpoint
