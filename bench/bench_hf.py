@@ -131,7 +131,6 @@ def trainer_side(steps: int, started: float, out: str) -> dict:
         lr_scheduler_type="cosine", logging_steps=cfg.train.log_every, save_strategy="no", report_to=[],
         use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, optim="adamw_torch")
     Trainer(model=model, args=args, train_dataset=Windows(), callbacks=[Clock()]).train()
-    ends = marks["ends"]
     return {**_throughput(marks["ends"], B * T), "startup_s": marks["begin"] - started}
 
 
@@ -180,6 +179,9 @@ def main() -> int:
     parser.add_argument("--started", type=float, help="(internal) when the side's command was given")
     parser.add_argument("--out", help="(internal) a scratch folder")
     args = parser.parse_args()
+    if args.steps < WARM + 2 * WINDOW or args.steps % WINDOW:
+        parser.error(f"--steps: {args.steps} is not allowed; allowed: a multiple of {WINDOW}, {WARM + 2 * WINDOW} "
+                     "or more (two timing windows after the warm-up)")
     if args.side == "bare":
         print(json.dumps(bare_side(args.steps, args.started)))
         return 0

@@ -12,13 +12,23 @@ from __future__ import annotations
 import os
 
 
+def _cpu_only() -> bool:
+    """No accelerator DeepSpeed could detect: CUDA, XPU, MPS, or the packages of Ascend NPUs and Gaudi HPUs."""
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        return False
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return False
+    return not any(importlib.util.find_spec(p) for p in ("torch_npu", "habana_frameworks", "torch_mlu", "torch_sdaa"))
+
+
 def import_deepspeed():
     """``import deepspeed``, without its accelerator guess on a CPU-only machine."""
-    if "DS_ACCELERATOR" not in os.environ:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["DS_ACCELERATOR"] = "cpu"
+    if "DS_ACCELERATOR" not in os.environ and _cpu_only():
+        os.environ["DS_ACCELERATOR"] = "cpu"
     import deepspeed
 
     return deepspeed

@@ -229,12 +229,23 @@ def test_watch_and_stop_a_run_started_in_another_terminal(tmp_path):
     again = cli("stop", str(run.path))
     assert again.returncode == 2 and "has stopped" in again.stderr and "a run that is running" in again.stderr
 
+    assert run.stop_requested()  # the request stays with the stopped run; a resume must not take it as its own
+    resumed = start_cli("resume", str(run.path))
+    with no_runaway_training(run, resumed):
+        await_train_step(run, latest.step + 3)
+        assert cli("stop", str(run.path)).returncode == 0
+        resumed.communicate(timeout=60)
+    assert run.read_status()["state"] == "stopped" and run.read_status()["step"] >= latest.step + 3
+
 
 def test_stop_on_two_processes_saves_one_step_that_every_rank_agreed_on(tmp_path):
+    """Under torchrun, with DataLoader worker processes: neither may get a signal (torch kills a DataLoader worker
+    on SIGTERM; torchrun SIGKILLs its ranks 30 s after one), so the stop reaches the ranks as a request."""
     from toolkit.checkpoint.store import CheckpointStore
 
     run = RunDir(tmp_path / "r")
-    train = start_cli("train", "tiny", "--nproc", "2", "--run-dir", str(run.path), *LONG)
+    train = start_cli("train", "tiny", "--nproc", "2", "--run-dir", str(run.path), "--set", "data.num_workers=1",
+                      *LONG)
     with no_runaway_training(run, train):
         await_run_directory_line(train)
         await_train_step(run, 2)
@@ -244,6 +255,7 @@ def test_stop_on_two_processes_saves_one_step_that_every_rank_agreed_on(tmp_path
     status = run.read_status()
     (latest,) = [c for c in CheckpointStore(run.path).list() if c.step == status["step"]]
     assert latest.valid, latest.reason  # every rank's share of the same step, complete
+    assert "Traceback" not in (run.path / "train.log").read_text()
     watched = cli("watch", str(run.path))  # a run that ended: watch says how, and follows nothing
     assert watched.returncode == 0 and "has stopped" in watched.stdout
 

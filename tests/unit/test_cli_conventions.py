@@ -37,6 +37,8 @@ MISTAKES = {
     "an engine that does not exist": (["train", "tiny", "--engine", "jax"], 2,
                                       ["--engine: 'jax' is not allowed; allowed: torch, deepspeed"], []),
     "a flag of another verb": (["runs", "--nproc", "2"], 2, ["usage: trainbook runs", "--nproc"], []),
+    "an integer choice": (["estimate", "7B", "--zero-stage", "5"], 2,
+                          ["--zero-stage: '5' is not allowed; allowed: 0, 1, 2, 3"], []),
     "a count without its unit": (["estimate", "7"], 2, ["params: '7' has no unit", "7B for 7 billion"], []),
     "a register name checked before the export runs": (
         ["export", "no-such-run", "--register", "a/b"], 2, ["--register", "'a/b'"], []),

@@ -19,7 +19,8 @@ from toolkit.errors import not_allowed
 
 # argparse's own wording (Python 3.11), the only place it is read back
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.*)$")
-_INVALID_CHOICE = re.compile(r"^argument (?P<field>[^:]+): invalid choice: '(?P<value>[^']*)' "
+# the value is quoted as repr() does ('x', "it's"), or not at all (an integer choice)
+_INVALID_CHOICE = re.compile(r"^argument (?P<field>[^:]+): invalid choice: (?P<value>'[^']*'|\"[^\"]*\"|\S+) "
                              r"\(choose from (?P<choices>.*)\)$")
 
 
@@ -58,8 +59,9 @@ class VerbParser(argparse.ArgumentParser):
         if m := _INVALID_CHOICE.match(message):  # in the house format: field, value, what is allowed
             choices = [c.strip().strip("'") for c in m["choices"].split(",")]
             field = m["field"].split("/")[-1]
-            message = not_allowed("verb" if field == VERB else field, m["value"], ", ".join(choices))
-            close = did_you_mean(m["value"], choices)
+            value = m["value"][1:-1] if m["value"][:1] in "'\"" else m["value"]
+            message = not_allowed("verb" if field == VERB else field, value, ", ".join(choices))
+            close = did_you_mean(value, choices)
             self.exit(2, f"{self.prog}: error: {message}{f'; did you mean {close}?' if close else ''}\n")
         hint = self._hint(message)
         self.exit(2, f"{self.prog}: error: {message}{f'; {hint}' if hint else ''}\n")

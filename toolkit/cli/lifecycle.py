@@ -17,9 +17,9 @@ def cmd_stop(args) -> int:
     status = handle.run.read_status()
     state, step = status.get("state"), status.get("step")
     latest = _latest_checkpoint(handle.path)
-    print(f"{state} at step {step}; latest checkpoint: {latest or 'none'}; to continue: "
-          f"trainbook resume {shlex.quote(str(handle.path))}")
-    return 0 if state == "stopped" else 1
+    print(f"{state} at step {step}; latest checkpoint: {latest or 'none'}"
+          + (f"; to continue: trainbook resume {shlex.quote(str(handle.path))}" if state != "completed" else ""))
+    return 0 if state in ("stopped", "completed") else 1  # it may have reached its last step first
 
 
 def _latest_checkpoint(run_dir) -> str | None:

@@ -111,7 +111,14 @@ def _print_json(document) -> None:
 def _asset_json(asset) -> dict:
     import dataclasses
 
-    return {"ref": asset.ref, **dataclasses.asdict(asset)}
+    fields = dataclasses.asdict(asset)
+    fields.pop("listing", None)  # every file's hash: `data verify` is the verb that reads them
+    return {"ref": asset.ref, **fields}
+
+
+def _listing_json(ws, key: str, items: list) -> dict:
+    """A listing's JSON document: the workspace it read (None: there is none yet) and its items."""
+    return {"workspace": str(ws.root) if ws else None, key: items}
 
 
 def _workspace_path(ws, path) -> Path:
@@ -160,7 +167,7 @@ def _cmd_data(args) -> int:
             return 0
         assets = data_assets.list_assets(ws, name=args.name, include_archived=args.all, tag=args.tag) if ws else []
         if args.json:
-            _print_json({"workspace": str(ws.root) if ws else None, "assets": [_asset_json(a) for a in assets]})
+            _print_json(_listing_json(ws, "assets", [_asset_json(a) for a in assets]))
             return 0
         print(_workspace_line(ws, args.workspace))
         if not assets:
@@ -217,7 +224,7 @@ def _cmd_runs(args) -> int:
     ws = Workspace.existing(args.workspace)
     rows = list_runs(ws.root, data=args.data) if ws else []
     if args.json:
-        _print_json({"workspace": str(ws.root) if ws else None, "runs": rows})
+        _print_json(_listing_json(ws, "runs", rows))
         return 0
     print(_workspace_line(ws, args.workspace))
     if not rows:
@@ -318,8 +325,7 @@ def _cmd_models(args) -> int:
     ws = Workspace.existing(args.workspace)
     models = list_models(ws) if ws else []
     if args.json:
-        _print_json({"workspace": str(ws.root) if ws else None,
-                     "models": [{"ref": m.ref, **dataclasses.asdict(m)} for m in models]})
+        _print_json(_listing_json(ws, "models", [{"ref": m.ref, **dataclasses.asdict(m)} for m in models]))
         return 0
     print(_workspace_line(ws, args.workspace))
     if not models:
@@ -433,6 +439,7 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     from toolkit.deploy.serving.protocol import REQUEST_TIMEOUT_S  # a plain module of limits: no server imported
     from toolkit.resources.doctor import CHECKS  # check functions import their tools when they run
+    from toolkit.runs.handle import STOP_WAIT_S  # imports no torch
     from toolkit.config import EngineConfig, field_choices
     from toolkit.deploy.serving.options import WEIGHTS  # runtime -> the weights file it loads
 
@@ -471,8 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     stop = add_verb(verbs, "stop", "stop a running run: it saves a checkpoint, then exits (resume continues it)", [
         "trainbook stop runs/demo-20261125-101500"])
     stop.add_argument("run_dir", help="the run directory of a running run")
-    stop.add_argument("--timeout", type=float, default=120.0,
-                      help="seconds to wait for the checkpoint before the run is killed (default: 120)")
+    stop.add_argument("--timeout", type=float, default=STOP_WAIT_S,
+                      help=f"seconds to wait for the checkpoint before the run is killed (default: {STOP_WAIT_S:g})")
     stop.set_defaults(func=_cmd_stop)
 
     watch = add_verb(verbs, "watch", "follow a run started elsewhere: its progress bar until it ends (Ctrl-C "

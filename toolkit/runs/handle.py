@@ -17,7 +17,11 @@ from toolkit.runs import status as run_status
 from toolkit.runs.events import Event, StatusEvent, read_new
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES
-from toolkit.runs.supervisor import describe_exit
+from toolkit.runs.supervisor import STOP_GRACE_S, describe_exit
+
+# How long stop() waits for the run to save its checkpoint and end before it kills what is left: the supervisor's
+# own grace, then 10 s more for the signal it passes on to the ranks.
+STOP_WAIT_S = STOP_GRACE_S + 10.0
 
 
 class NotThisRunError(RuntimeError):
@@ -63,9 +67,10 @@ class RunHandle:
                 return False
             raise
 
-    def stop(self, grace_s: float = 15.0) -> int:
-        """Stop the run for good: SIGTERM to the supervisor (which passes it to the ranks), then SIGKILL. The run
-        ends "stopped" (resumable), even when the supervisor had to be SIGKILLed."""
+    def stop(self, grace_s: float = STOP_WAIT_S) -> int:
+        """Stop the run for good: SIGTERM to the supervisor, which asks the ranks to save a checkpoint at the step
+        they are in and end (toolkit.runs.supervisor); SIGKILL to whatever is left after ``grace_s``. The run ends
+        "stopped" (resumable), even when the supervisor had to be SIGKILLed."""
         self.stop_requested = True
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -123,14 +128,11 @@ class RunHandle:
 class _AttachedSupervisor:
     """The supervisor of a run this process did not start, with the part of ``subprocess.Popen`` RunHandle uses.
     Its exit code is not ours to read (only its parent can), so it is told from the run's record once it has
-    ended: 0 completed or stopped on request, 1 another end, and SIGKILL when nothing was recorded (the supervisor records every other
-    way it ends: it catches SIGTERM and SIGINT)."""
+    ended: 0 completed or stopped on request, 1 another end, and SIGKILL when nothing was recorded (the supervisor
+    records every other way it ends: it catches SIGTERM and SIGINT)."""
 
     def __init__(self, pid: int, run: RunDir):
-        import psutil
-
         self.pid, self.run = pid, run
-        self._process = psutil.Process(pid)
 
     def poll(self) -> int | None:
         try:
@@ -139,12 +141,8 @@ class _AttachedSupervisor:
             return None
 
     def wait(self, timeout: float | None = None) -> int:
-        import psutil
-
-        try:
-            self._process.wait(timeout)
-        except psutil.TimeoutExpired:
-            raise subprocess.TimeoutExpired(f"supervisor {self.pid}", timeout) from None
+        if not run_processes.wait_for_exit(self.pid, timeout):
+            raise subprocess.TimeoutExpired(f"supervisor {self.pid}", timeout)
         state = self.run.read_status().get("state")
         return 0 if state in ("completed", "stopped") else 1 if state in FINAL_STATES else -signal.SIGKILL
 

@@ -76,3 +76,21 @@ def group_members(pgid: int) -> list[int]:
 def group_is_runs(pgid: int, token: str | None) -> bool:
     """True if process group ``pgid`` is alive and at least one of its processes carries the run's token."""
     return bool(pgid) and any(carries_token(pid, token) for pid in group_members(int(pgid)))
+
+
+def wait_for_exit(pid: int, timeout: float | None = None) -> bool:
+    """Wait until process ``pid`` (a child of another process: its exit code is not ours) has exited; True if it
+    has, False if ``timeout`` seconds passed first. A pidfd becomes readable when the process exits, before its
+    parent reaps it, so a zombie counts as exited (psutil's wait for a non-child would wait for the reaping, which a
+    parent that never polls never does)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)

@@ -39,6 +39,19 @@ class RunDir:
     lineage_path = property(lambda self: self.path / "lineage.json")
     tb_dir = property(lambda self: self.path / "tb")
     profile_dir = property(lambda self: self.path / PROFILE_DIR)
+    # A stop asked for (by the supervisor, on SIGTERM): every rank sees it at its next check and the run saves a
+    # checkpoint, then ends. A file, not a signal to the training processes: a signal would also reach their
+    # DataLoader workers (torch kills those on a SIGTERM) and a torchrun agent (which then SIGKILLs the ranks).
+    stop_request_path = property(lambda self: self.path / "stop.request")
+
+    def request_stop(self) -> None:
+        atomic_write_text(self.stop_request_path, f"{time.time()}\n")
+
+    def stop_requested(self) -> bool:
+        return self.stop_request_path.exists()
+
+    def clear_stop_request(self) -> None:
+        self.stop_request_path.unlink(missing_ok=True)
 
     @classmethod
     def create(cls, path: str | Path, cfg: config_mod.Config) -> "RunDir":

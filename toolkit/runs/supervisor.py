@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from toolkit.checkpoint.store import CheckpointStore
@@ -25,6 +26,9 @@ from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES
 
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
+# How long the ranks have, after a stop was asked for, to finish their step and save it before they get the signal
+# too; RunHandle.stop then kills whatever is left once its own grace has run out.
+STOP_GRACE_S = 120.0
 
 
 def describe_exit(code: int) -> str:
@@ -37,6 +41,7 @@ class Supervisor:
         self.lock_fd = lock_fd  # the run lock (toolkit.runs.run_lock), passed on to every attempt's processes
         self.worker: subprocess.Popen | None = None
         self.stopping = False
+        self._forward: threading.Timer | None = None  # passes a stop signal on if the ranks have not ended
 
     def _start_worker(self, attempt: int) -> subprocess.Popen:
         cmd, extra_env = worker_command(self.run.read_config(), self.run.path)
@@ -51,15 +56,25 @@ class Supervisor:
         return worker
 
     def _on_stop_signal(self, signum, frame):
-        """The run was stopped on request: pass it on to every rank, then record it as stopped (not killed)."""
+        """The run was stopped on request: ask every rank to save a checkpoint and end (the stop request in the run
+        directory); pass the signal on only if they have not ended STOP_GRACE_S later. The run is recorded as
+        stopped, not killed."""
         self.stopping = True
-        if self.worker is not None and self.worker.poll() is None:
-            try:
-                os.killpg(self.worker.pid, signum)
-            except ProcessLookupError:
-                pass
+        self.run.request_stop()
+        if self.worker is not None and self.worker.poll() is None and self._forward is None:
+            worker = self.worker
+            self._forward = threading.Timer(STOP_GRACE_S, self._forward_signal, (worker, signum))
+            self._forward.daemon = True
+            self._forward.start()
+
+    @staticmethod
+    def _forward_signal(worker: subprocess.Popen, signum: int) -> None:
+        if worker.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signum)
 
     def run_to_end(self) -> int:
+        self.run.clear_stop_request()  # an earlier attempt's: this start (a resume) is wanted
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         attempt = int(self.run.read_status().get("attempt", -1)) + 1  # `resume` continues the count

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -80,10 +81,12 @@ def default_threads(cfg) -> int:
 
 class Trainer:
     def __init__(self, run: RunDir):
-        # SIGTERM (`trainbook stop`, a stop button, a preempted node) asks for a checkpoint, then the end: noted
+        # A stop asked for (`trainbook stop`, Ctrl-C, a stop button: the supervisor's stop request in the run
+        # directory; a SIGTERM to this process, as a preempted node gets) means a checkpoint, then the end: noted
         # here, acted on between two steps (see train()).
         self.stop_requested = False
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            signal.signal(signal.SIGTERM, self._on_stop_signal)
         self.run = run
         self.cfg = cfg = run.read_config()
         threads = default_threads(cfg)
@@ -169,8 +172,8 @@ class Trainer:
             last = self.step == cfg.train.max_steps
 
             # One process stops at the step it is in; several agree on the step at the next log interval, as the
-            # signal reaches each rank at a different step and they must all save the same one.
-            stopping = stopping or (self.stop_requested and topo.world_size == 1 and not last)
+            # request reaches each rank at a different step and they must all save the same one.
+            stopping = stopping or (topo.world_size == 1 and not last and self._stop_asked())
             logged = self.step % cfg.train.log_every == 0 or last or stopping
             log_start = time.perf_counter()
             if logged:
@@ -180,7 +183,7 @@ class Trainer:
                 # all ranks take the same time-based decisions and nobody waits forever in a collective, and
                 # whether any rank was asked to stop.
                 total_loss, seconds_sum, stop_votes = distributed.all_reduce_sum(
-                    [loss_sum.item(), train_seconds, float(self.stop_requested)], topo.device)
+                    [loss_sum.item(), train_seconds, float(self._stop_asked())], topo.device)
                 agreed_seconds = seconds_sum / topo.world_size
                 stopping = stop_votes > 0 and not last  # at the last step it simply completes
                 items_per_s = self.items_per_step * window_steps / elapsed
@@ -203,9 +206,7 @@ class Trainer:
             log_seconds = time.perf_counter() - log_start
             if stopping:  # checkpointed as a final step is (checkpoint.at_end), without the evaluation
                 if self.checkpointer.due(self.step, agreed_seconds, final=True):
-                    self.train_seconds = agreed_seconds
-                    self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
-                                                       "train_seconds": agreed_seconds})
+                    self._save(agreed_seconds)
                 break
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
@@ -213,9 +214,7 @@ class Trainer:
                 eval_seconds = time.perf_counter() - eval_start
                 window_start += eval_seconds  # evaluation is not training time
             if self.checkpointer.due(self.step, agreed_seconds, final=last):
-                self.train_seconds = agreed_seconds
-                self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
-                                                   "train_seconds": agreed_seconds})
+                self._save(agreed_seconds)
                 slow_steps = cfg.fault.slow_steps_after_checkpoint
             # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
             self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds - log_seconds)
@@ -238,6 +237,13 @@ class Trainer:
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stop_requested = True
+
+    def _stop_asked(self) -> bool:
+        return self.stop_requested or self.run.stop_requested()  # a stat: ~2 us, once a step at most
+
+    def _save(self, agreed_seconds: float) -> None:
+        self.train_seconds = agreed_seconds
+        self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon, "train_seconds": agreed_seconds})
 
     def _resume(self) -> dict:
         """Continue from the newest valid checkpoint in the run directory, if there is one.

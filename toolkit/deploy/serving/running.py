@@ -48,10 +48,13 @@ def _endpoints_root(workspace) -> Path | None:
 
 
 def _read(folder: Path) -> RunningEndpoint | None:
+    """The folder's record; None if it has none, or one that does not name this folder (the folder is the name:
+    a record copied or edited to name another endpoint must not make `stop` reach that one's server)."""
     try:
-        return RunningEndpoint(**json.loads((folder / RECORD_NAME).read_text()))
+        endpoint = RunningEndpoint(**json.loads((folder / RECORD_NAME).read_text()))
     except (OSError, ValueError, TypeError):  # none, half-written by hand, or another version's: not listed
         return None
+    return endpoint if endpoint.name == folder.name else None
 
 
 def _is_its_server(endpoint: RunningEndpoint, folder: Path) -> bool:
@@ -81,18 +84,18 @@ def running_endpoints(workspace=None) -> list[RunningEndpoint]:
 def stop_endpoint(name: str, workspace=None, grace_s: float = STOP_GRACE_S) -> RunningEndpoint:
     """Stop the running endpoint ``name`` (its server's whole process group): SIGTERM, then SIGKILL after
     ``grace_s``. The `trainbook serve` that started it notices and exits."""
-    import psutil
+    from toolkit.runs.processes import wait_for_exit
 
     running = {e.name: e for e in running_endpoints(workspace)}
     if name not in running:
         raise ValueError(not_allowed("name", name, ", ".join(running) or "none are running",
                                      problem="is not a running endpoint"))
     endpoint = running[name]
-    process = psutil.Process(endpoint.pid)
-    os.killpg(endpoint.pid, signal.SIGTERM)
     try:
-        process.wait(grace_s)
-    except psutil.TimeoutExpired:
-        os.killpg(endpoint.pid, signal.SIGKILL)
-        process.wait()
+        os.killpg(endpoint.pid, signal.SIGTERM)  # checked just above to be this endpoint's own server
+        if not wait_for_exit(endpoint.pid, grace_s):
+            os.killpg(endpoint.pid, signal.SIGKILL)
+            wait_for_exit(endpoint.pid, grace_s)
+    except ProcessLookupError:
+        pass  # it ended meanwhile
     return endpoint
