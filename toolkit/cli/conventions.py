@@ -56,25 +56,27 @@ class VerbParser(argparse.ArgumentParser):
             self.print_help()
             self.exit(0)
         self.print_usage(sys.stderr)
-        if m := _INVALID_CHOICE.match(message):  # in the house format: field, value, what is allowed
+        message, hint = self._explained(message)
+        self.exit(2, f"{self.prog}: error: {message}{f'; {hint}' if hint else ''}\n")
+
+    def _explained(self, message: str) -> tuple[str, str | None]:
+        """argparse's message (an invalid choice rewritten in the house format: field, value, what is allowed)
+        and the hint that goes with it."""
+        if m := _INVALID_CHOICE.match(message):
             choices = [c.strip().strip("'") for c in m["choices"].split(",")]
             field = m["field"].split("/")[-1]
             value = m["value"][1:-1] if m["value"][:1] in "'\"" else m["value"]
-            message = not_allowed("verb" if field == VERB else field, value, ", ".join(choices))
             close = did_you_mean(value, choices)
-            self.exit(2, f"{self.prog}: error: {message}{f'; did you mean {close}?' if close else ''}\n")
-        hint = self._hint(message)
-        self.exit(2, f"{self.prog}: error: {message}{f'; {hint}' if hint else ''}\n")
-
-    def _hint(self, message: str) -> str | None:
+            return (not_allowed("verb" if field == VERB else field, value, ", ".join(choices)),
+                    f"did you mean {close}?" if close else None)
         if m := _UNRECOGNIZED.match(message):
             flags = [a.split("=", 1)[0] for a in m["args"].split() if a.startswith("-")]
             for flag in flags:
                 if close := did_you_mean(flag, self._option_string_actions):
-                    return f"did you mean {close}?"
+                    return message, f"did you mean {close}?"
             if flags:
-                return f"see: {self.prog} --help"
-        return None
+                return message, f"see: {self.prog} --help"
+        return message, None
 
 
 VERB = "VERB"  # the metavar of every verb group's sub-verbs

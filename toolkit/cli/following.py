@@ -79,7 +79,7 @@ def report_end(handle, progress, final) -> int:
 
     if state == "killed":
         cause = str(status.get("error") or "a signal").removeprefix("signal ")
-        print(f"killed by {cause} at step {step} (the last step logged)\n{_resume_hint(handle)}", file=sys.stderr)
+        print(f"killed by {cause} at step {step} (the last step logged)\n{resume_hint(handle)}", file=sys.stderr)
     elif state == "stopped":  # stopped from elsewhere (a stop button, a SIGTERM to the supervisor): not a failure
         print(_stopped_message(handle, step), file=sys.stderr)
     else:
@@ -95,10 +95,10 @@ def _last_step(handle, progress) -> int | None:
 
 
 def _stopped_message(handle, step: int | None) -> str:
-    return f"stopped at step {step}; {_resume_hint(handle)}"
+    return f"stopped at step {step}; {resume_hint(handle)}"
 
 
-def _resume_hint(handle) -> str:
+def resume_hint(handle) -> str:
     import shlex
 
     from toolkit.runs.supervisor import LOG_NAME

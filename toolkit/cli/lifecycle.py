@@ -8,6 +8,7 @@ import sys
 
 
 def cmd_stop(args) -> int:
+    from toolkit.cli.following import resume_hint
     from toolkit.runs.handle import attach
 
     handle = attach(args.run_dir)
@@ -18,7 +19,7 @@ def cmd_stop(args) -> int:
     state, step = status.get("state"), status.get("step")
     latest = _latest_checkpoint(handle.path)
     print(f"{state} at step {step}; latest checkpoint: {latest or 'none'}"
-          + (f"; to continue: trainbook resume {shlex.quote(str(handle.path))}" if state != "completed" else ""))
+          + (f"; {resume_hint(handle)}" if state != "completed" else ""))
     return 0 if state in ("stopped", "completed") else 1  # it may have reached its last step first
 
 

@@ -59,7 +59,7 @@ def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress 
     progress = progress or RunProgress(max_steps)
     if not (hasattr(file, "isatty") and file.isatty()):
         return _follow_plain(handle, file, progress, plain_every_s)
-    with tqdm(total=max_steps, unit="step", file=file or sys.stderr, dynamic_ncols=True,
+    with tqdm(total=max_steps, unit="step", file=file, dynamic_ncols=True,
               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
         for event in handle.follow():
             progress.apply(event)
