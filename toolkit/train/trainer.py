@@ -21,7 +21,7 @@ import torch
 from toolkit.data import corpus as data_mod
 from toolkit.checkpoint.store import CheckpointStore, check_compatible
 from toolkit.checkpoint.checkpointer import Checkpointer
-from toolkit.train import distributed
+from toolkit.train import allocator, distributed
 from toolkit.train.engines import build_engine
 from toolkit.train.flops import cached_peak_record
 from toolkit.catalogue.lineage import collect_lineage
@@ -94,6 +94,8 @@ class Trainer:
             # Only when it changes anything: set_num_threads also turns off MKL's dynamic choice of threads per
             # call, which small matmuls need (a 128-wide Llama ran ~3% slower with the same 2 threads set again).
             torch.set_num_threads(threads)
+        # Before the model and the data exist, so that their memory, too, is kept rather than handed back
+        self.allocator = allocator.keep_freed_memory()
         self.topo = distributed.setup(cfg.engine)
 
         store = CheckpointStore(run.path)
@@ -132,7 +134,7 @@ class Trainer:
         cfg, topo, engine = self.cfg, self.topo, self.engine
         if self.sink:
             lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak,
-                       "model": self._model_lineage()}
+                       "model": self._model_lineage(), "allocator": self.allocator}
             self.sink.start(lineage=lineage, n_params=self.n_params, n_trainable=self.n_trainable,
                             flops_per_item=self.flops_per_item, flops_source=self.flops_source,
                             peak_flops=self.peak_flops,
