@@ -2,21 +2,26 @@
 
     JourneyPanel(workspace=None).show()     # a table with a done / to-do badge per step, and a Refresh button
 
-Each step's status is read from what the toolkit has recorded (the workspace catalogue, the run directories, the
-model registry), so it is the same whether the steps were done in the notebooks, the terminal or a batch job.
+Each tick comes from what that step itself leaves behind, never from another step's traces, so it is the same
+whether the steps were done in the notebooks, the terminal or a batch job, and skipping a step leaves it "to do":
+01 the doctor's report with every required check passed; 02 a data asset of the user's own (not only the built-in
+corpora that 01 and 06 register); 03 a completed run with profiler traces (04 and 06 train unprofiled); 04 a run
+resumed from a checkpoint; 05 a registered model served at an endpoint; 06 a completed run of a Hugging Face model
+or a module of the user's own.
 """
 
 from __future__ import annotations
 
 import html
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ipywidgets as w
 
-from toolkit.runs.events import StatusEvent, read_events
+from toolkit.runs.events import ProfileEvent, StatusEvent, read_events
 from toolkit.runs.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, badge_html
@@ -31,17 +36,37 @@ class Step:
 
 
 def _machine(ws: Workspace) -> tuple[bool, str]:
+    """Done once the doctor passed every required check (its report, kept in the workspace)."""
     import psutil
 
-    return True, f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM (run the doctor to check)"
+    from toolkit.resources.doctor import CHECKS, last_report
+
+    machine = f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
+    report = last_report(ws.root)
+    if report is None:
+        return False, f"{machine}; the doctor has not checked it yet"
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["time"]))
+    failed = [c["name"] for c in report["checks"] if c["required"] and c["status"] == "fail"]
+    skipped = [n for n in report["skipped"] if CHECKS.get(n) and CHECKS[n].required]
+    if failed:
+        return False, f"{machine}; the doctor ({when}) FAILED: {', '.join(failed)}"
+    if skipped:
+        return False, f"{machine}; the doctor ({when}) skipped required checks: {', '.join(skipped)}"
+    warned = sum(c["status"] == "warn" for c in report["checks"])
+    return True, f"{machine}; the doctor passed ({when}, {warned} warning(s))"
 
 
 def _data(ws: Workspace) -> tuple[bool, str]:
+    """Done once a file of the user's own is registered (01 and 06 register the built-in corpora too)."""
     from toolkit.catalogue.data_assets import list_assets
+    from toolkit.data.builtin import is_builtin
 
     assets = list_assets(ws)
-    refs = sorted({f"{a.name}:{a.version}" for a in assets})
-    return bool(assets), (f"{len(refs)} version(s): {', '.join(refs[:6])}" if refs else "no data registered yet")
+    own = sorted({a.ref for a in assets if not is_builtin(a)})
+    builtin = sorted({a.ref for a in assets if is_builtin(a)})
+    parts = ([f"{len(own)} version(s) of your own: {', '.join(own[:4])}"] if own else ["none of your own yet"]) + \
+        ([f"built-in: {', '.join(builtin[:4])}"] if builtin else [])
+    return bool(own), "; ".join(parts)
 
 
 def _runs(ws: Workspace) -> list[dict]:
@@ -51,13 +76,15 @@ def _runs(ws: Workspace) -> list[dict]:
 
 
 def _training(ws: Workspace) -> tuple[bool, str]:
+    """Done once a run completed with the profiler on (04 and 06 turn it off for their runs)."""
     runs = _runs(ws)
-    completed = [r for r in runs if r["state"] == "completed"]
     if not runs:
         return False, "no runs yet"
+    completed = [r for r in runs if r["state"] == "completed"]
+    profiled = [r for r in completed if read_events(r["run_dir"], ProfileEvent)]
     latest = runs[0]
-    return bool(completed), (f"{len(runs)} run(s), {len(completed)} completed; latest {Path(latest['run_dir']).name}: "
-                             f"{latest['state']} at step {latest['step']}")
+    return bool(profiled), (f"{len(runs)} run(s), {len(completed)} completed, {len(profiled)} of them profiled; "
+                            f"latest {Path(latest['run_dir']).name}: {latest['state']} at step {latest['step']}")
 
 
 def _checkpoints(ws: Workspace) -> tuple[bool, str]:
@@ -70,11 +97,18 @@ def _checkpoints(ws: Workspace) -> tuple[bool, str]:
 
 
 def _deployment(ws: Workspace) -> tuple[bool, str]:
+    """Done once a registered model was served at an endpoint (06 serves an export that is not registered)."""
     from toolkit.catalogue.model_registry import list_models
+    from toolkit.deploy.serving.running import recorded_endpoints
 
     models = list_models(ws)
-    return bool(models), (f"{len(models)} model version(s): {', '.join(m.ref for m in models[:6])}" if models
-                          else "no model registered yet")
+    if not models:
+        return False, "no model registered yet"
+    by_folder = {m.path.resolve(): m.ref for m in models}
+    served = [f"{e.name} ({by_folder[Path(e.model_dir).resolve()]})" for e, _ in recorded_endpoints(ws.root)
+              if Path(e.model_dir).resolve() in by_folder]
+    return bool(served), (f"{len(models)} model version(s): {', '.join(m.ref for m in models[:4])}; "
+                          + (f"served: {', '.join(served[:4])}" if served else "none served yet"))
 
 
 def _your_model(ws: Workspace) -> tuple[bool, str]:

@@ -15,6 +15,7 @@ from toolkit.resources.doctor import CHECKS, STATUSES
 from toolkit.resources.memory_estimate import estimate, model_params, parse_count, recommend_stage
 
 from conftest import cli
+from widgets.journey import JourneyPanel
 
 
 @pytest.mark.slow
@@ -39,6 +40,18 @@ def test_the_doctor_passes_on_this_machine_and_reports_every_check(tmp_path):
     assert "Setting accelerator" not in proc.stdout + proc.stderr  # DeepSpeed's guess, not our users' business
     engines = [c for c in report["checks"] if c["name"].startswith("train-")]
     assert all(len(c["details"]["losses"]) == 3 for c in engines)
+    # kept in the workspace, where notebook 00's journey ticks step 01 from it
+    journey = JourneyPanel(tmp_path / "ws")
+    assert journey.statuses[0][0] and "the doctor passed" in journey.statuses[0][1], journey.statuses[0]
+
+
+def test_a_partial_doctor_leaves_step_01_to_do(tmp_path):
+    journey = JourneyPanel(tmp_path / "ws")
+    assert journey.statuses[0] == (False, journey.statuses[0][1]) and "has not checked it yet" in journey.statuses[0][1]
+    proc = cli("doctor", "--only", "packages", "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done, detail = journey.refresh()[0]
+    assert not done and "skipped required checks: matmul, disk, all-reduce, train-torch, train-deepspeed" in detail
 
 
 def test_a_full_disk_fails_the_doctor(tmp_path, small_mount):

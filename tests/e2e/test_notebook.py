@@ -138,7 +138,7 @@ def test_deployment_notebook_exports_serves_and_plans(tmp_path):
 def test_overview_notebook_maps_the_journey(tmp_path):
     executed = execute(NOTEBOOKS / "00_overview.ipynb", tmp_path, {"workspace": str(tmp_path / "ws")})
     html, text, _ = outputs_of(executed)
-    assert "1 of 6 steps have something to show" in text, text  # a fresh workspace: only the machine
+    assert "0 of 6 steps have something to show" in text, text  # a fresh workspace: nothing done yet
     assert any("The journey" in h and "05_deployment.ipynb" in h and "to do" in h for h in html), html
     nbval(executed, tmp_path)
 

@@ -15,6 +15,7 @@ from toolkit.data.builtin import register_pydoc
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.config import ConfigError
 from toolkit.deploy.export import export_run
+from toolkit.deploy.serving.endpoint import serve
 from toolkit.catalogue.model_registry import register_model
 from toolkit.runs.rundir import RunDir
 from widgets.checkpoints import CheckpointsPanel
@@ -205,32 +206,45 @@ def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):
 # --- the journey -------------------------------------------------------------------------------------------------
 
 
-def test_the_journey_map_follows_what_the_workspace_holds(tmp_path):
+def test_each_journey_tick_comes_from_its_own_step_and_a_skipped_step_stays_to_do(tmp_path):
+    """The steps done out of order, some skipped: another step's traces (built-in corpora registered by 01 and 06,
+    04's unprofiled runs, 06's served export) never tick a step that was not done."""
     ws_dir = tmp_path / "ws"
     panel = JourneyPanel(ws_dir).show()
-    assert [done for done, _ in panel.statuses] == [True, False, False, False, False, False]  # only the machine
-    assert "no data registered yet" in panel.table.value and "02_data.ipynb" in panel.table.value
+    ticks = lambda: [done for done, _ in panel.refresh()]  # noqa: E731
+    assert ticks() == [False] * 6 and "the doctor has not checked it yet" in panel.table.value
 
-    register_pydoc(panel.ws)
+    register_pydoc(panel.ws)  # what 01 and 06 do on their way
+    assert ticks() == [False] * 6 and "none of your own yet; built-in: pydoc:1" in panel.table.value
+    notes = tmp_path / "notes.txt"
+    notes.write_text("our own text")
+    data_assets.register(panel.ws, "notes", notes, type="uri_file")
+    assert ticks() == [False, True, False, False, False, False]
+
+    # 04's runs (profiler off): a run killed and resumed, with 03 skipped
     cfg = config_mod.load("tiny", ["train.max_steps=20", "train.max_seconds=0", "checkpoint.every_steps=10",
                                    "profile.enabled=false", f"data.workspace={ws_dir}"])
     handle = launch.start(cfg, runs_root=tmp_path / "runs")
     assert handle.wait(120) == 0
-    panel.refresh_button.click()
-    assert [done for done, _ in panel.statuses] == [True, True, True, False, False, False]
-    assert "1 run(s), 1 completed" in panel.table.value and "pydoc:1" in panel.table.value
+    assert launch.resume(handle.path, from_checkpoint="step_00000010").wait(120) == 0
+    assert ticks() == [False, True, False, True, False, False], panel.statuses
+    assert "1 completed, 0 of them profiled" in panel.table.value and "1 resumed" in panel.table.value
 
-    resumed = launch.resume(handle.path, from_checkpoint="step_00000010")
-    assert resumed.wait(120) == 0
-    register_model(panel.ws, export_run(handle.path).path)
-    assert [done for done, _ in panel.refresh()] == [True] * 5 + [False], panel.statuses
-    assert "1 resumed" in panel.static_html() and "tiny:1" in panel.static_html()
-    assert "no run of your own model yet" in panel.static_html()
+    # 05: registering is not serving
+    model = register_model(panel.ws, export_run(handle.path).path)
+    assert ticks()[4] is False and "tiny:1; none served yet" in panel.table.value
+    with serve(model.ref, workspace=ws_dir):
+        pass
+    assert ticks()[4] is True and f"served: tiny ({model.ref})" in panel.table.value
+
+    # 03: a profiled run
+    profiled = config_mod.load("tiny", ["train.max_steps=12", "profile.enabled=true", f"data.workspace={ws_dir}"])
+    assert launch.start(profiled, runs_root=tmp_path / "runs").wait(120) == 0
+    assert ticks() == [False, True, True, True, True, False], panel.statuses
 
     (tmp_path / "bigram.py").write_text(BIGRAM_MODEL)
     own = config_mod.load("tiny", ["train.max_steps=5", "model.name=custom", f"data.workspace={ws_dir}",
                                    f"model.factory={tmp_path / 'bigram.py'}:build"])
     assert launch.start(own, runs_root=tmp_path / "runs").wait(120) == 0
-    assert all(done for done, _ in panel.refresh()), panel.statuses
-    assert "1 completed run(s) of your own nn.Module" in panel.static_html()
+    assert ticks()[5] and "1 completed run(s) of your own nn.Module" in panel.static_html()
     assert len(panel.statuses) == len(STEPS) == 6

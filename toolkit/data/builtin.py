@@ -47,3 +47,8 @@ def register_digits(ws) -> data_assets.DataAsset:
 
 
 BUILTINS = {"pydoc": register_pydoc, "stdlib": register_stdlib, "digits": register_digits}
+
+
+def is_builtin(asset: data_assets.DataAsset) -> bool:
+    """Registered by one of BUILTINS (which tag their source), not a user's file of the same name."""
+    return asset.name in BUILTINS and "source" in asset.tags

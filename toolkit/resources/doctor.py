@@ -3,6 +3,7 @@
     report = run_doctor()          # or: python -m toolkit doctor
     report.ok                      # every required check passed (warnings allowed)
     print(report.table())
+    last_report(workspace)         # the latest report run_doctor left in an existing workspace (dict), or None
 
 The checks follow the guide's "validate the setup before a long job": packages match the lock, collectives
 work and reach a sane bandwidth, matmul throughput (the peak MFU is measured against), disk write bandwidth
@@ -13,6 +14,7 @@ never a crash of the doctor.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -25,6 +27,7 @@ from typing import Callable
 from toolkit.errors import not_allowed
 
 STATUSES = ("pass", "warn", "fail")
+REPORT_NAME = "doctor.json"  # in the workspace: the latest report, what notebook 00's journey reads
 DISK_PROBE_BYTES = 128 * 2**20
 DISK_WARN_MBPS = 100.0  # below this, checkpoints of a 1B-parameter model (~16 GB with Adam) take minutes
 DISK_WARN_FREE_GIB = 5.0
@@ -287,7 +290,31 @@ def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, on
         checks.append(check)
         if on_check is not None:
             on_check(check)
-    return DoctorReport(facts=facts, checks=checks, seconds=time.perf_counter() - start)
+    report = DoctorReport(facts=facts, checks=checks, seconds=time.perf_counter() - start)
+    _keep_report(root, report)
+    return report
+
+
+def _keep_report(root: Path, report: DoctorReport) -> None:
+    """The report, in the workspace whose disk it checked (made if missing, as a first doctor on a new machine is
+    the usual start): where the journey (notebook 00) finds it."""
+    from toolkit.catalogue.workspace import Workspace
+    from toolkit.fsio import atomic_write_text
+
+    ran = {c.name for c in report.checks}
+    atomic_write_text(Workspace.open(root).root / REPORT_NAME, json.dumps(
+        {"time": time.time(), **report.to_dict(), "skipped": [n for n in CHECKS if n not in ran]}, indent=1))
+
+
+def last_report(workspace: str | Path | None = None) -> dict | None:
+    """The latest report run_doctor kept in the workspace: to_dict() plus ``time`` and the ``skipped`` checks."""
+    from toolkit.catalogue.workspace import Workspace
+
+    ws = Workspace.existing(workspace)
+    try:
+        return json.loads((ws.root / REPORT_NAME).read_text()) if ws else None
+    except (OSError, ValueError):  # none yet, or a half-edited file: as if the doctor never ran
+        return None
 
 
 def facts_table(facts: dict) -> str:

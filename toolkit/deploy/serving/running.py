@@ -68,17 +68,18 @@ def _is_its_server(endpoint: RunningEndpoint, folder: Path) -> bool:
         return False
 
 
-def running_endpoints(workspace=None) -> list[RunningEndpoint]:
-    """The endpoints of the workspace whose server is alive, by name."""
+def recorded_endpoints(workspace=None) -> list[tuple[RunningEndpoint, Path]]:
+    """Every endpoint the workspace has served, running or not, by name, with its folder."""
     root = _endpoints_root(workspace)
     if root is None or not root.is_dir():
         return []
-    found = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        endpoint = _read(folder)
-        if endpoint is not None and _is_its_server(endpoint, folder):
-            found.append(endpoint)
-    return found
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    return [(endpoint, folder) for folder in folders if (endpoint := _read(folder)) is not None]
+
+
+def running_endpoints(workspace=None) -> list[RunningEndpoint]:
+    """The endpoints of the workspace whose server is alive, by name."""
+    return [endpoint for endpoint, folder in recorded_endpoints(workspace) if _is_its_server(endpoint, folder)]
 
 
 def stop_endpoint(name: str, workspace=None, grace_s: float = STOP_GRACE_S) -> RunningEndpoint:
