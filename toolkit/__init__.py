@@ -42,6 +42,7 @@ PUBLIC_API = {
     "StatusEvent": "toolkit.runs.events:StatusEvent",
     "TrainEvent": "toolkit.runs.events:TrainEvent",
     "CheckpointEvent": "toolkit.runs.events:CheckpointEvent",
+    "CheckpointStore": "toolkit.checkpoint.store:CheckpointStore",
     "steady_state": "toolkit.train.metrics:steady_state",
     "start_tensorboard": "toolkit.runs.tensorboard:start_tensorboard",
     "advise_checkpoint_interval": "toolkit.checkpoint.interval_advisor:advise_for_run",

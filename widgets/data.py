@@ -105,6 +105,15 @@ class DataPanel(Panel):
         self.refresh_versions()
         return asset
 
+    def clear_form(self) -> None:
+        """The form as a fresh panel has it: empty fields, default type, no message (after a scripted demo, so
+        that a person's own registration inherits none of its values)."""
+        self.name.value = self.path.value = self.description.value = ""
+        self.type.value = "uri_folder"
+        self.message.value = ""
+        self.check_form()
+        self.update_static()
+
     def register_in_background(self) -> None:
         self.in_background(f"snapshotting {self.path.value}", self.register, [self.register_button])
 

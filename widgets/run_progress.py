@@ -17,7 +17,8 @@ STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c",
 
 def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEvent | None, val: EvalEvent | None,
                 started: float, message: str = "") -> str:
-    """The progress card as an HTML string (pure: also used for the final, static rendering)."""
+    """The progress card as an HTML string (pure: also used for the final, static rendering). ``message``: an
+    error, in red; on a completed run it is history (an earlier attempt's end, recovered from), in grey."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
     cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
@@ -30,7 +31,11 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEv
     colour = STATE_COLOURS.get(state, "#888")
     row = "".join(f"<td style='padding:2px 10px'><div style='font-size:0.75em;color:#666'>{k}</div>"
                   f"<div style='font-family:monospace'>{html.escape(v)}</div></td>" for k, v in cells)
-    note = f"<div style='color:#d62728;margin-top:4px'>{html.escape(message)}</div>" if message else ""
+    if message and state == "completed":
+        message, note_colour = f"recovered from an earlier attempt's end ({message})", "#666"
+    else:
+        note_colour = "#d62728"
+    note = f"<div style='color:{note_colour};margin-top:4px'>{html.escape(message)}</div>" if message else ""
     return (
         f"<div style='border:1px solid #ddd;border-radius:6px;padding:8px;max-width:820px'>"
         f"<b>{html.escape(name)}</b> {badge_html(state, colour)}"
