@@ -34,9 +34,12 @@ from toolkit.deploy.serving.endpoint import LocalEndpoint, mask_key, serve
 from toolkit.deploy.serving.runtimes import RUNTIMES
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import refused
-from widgets.panel import Panel, error_html, field_row, ok_html, table_html
+from toolkit.runs.events import EvalEvent, read_events
+from widgets.panel import Panel, error_html, field_row, ok_html, table_html, warn_html
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all
+# Above this validation loss a byte-level model writes mostly gibberish; the demo config reaches 1.75 (notebook 03).
+GIBBERISH_BPB = 2.0
 # The view's sections, in order, with their headings (the history sits under the prompt's answer).
 HEADINGS = {"export": "Export", "endpoint": "Local endpoint", "answer": "Prompt", "history": "",
             "plan": "Azure ML plan"}
@@ -95,6 +98,7 @@ class DeploymentPanel(Panel):
             w.HTML(_heading("plan")), field_row([self.sku, self.plan_dir, b["Write Azure ML plan"]]), s["plan"],
             self.status, self.message])
         self.result: ExportResult | None = None
+        self.trained: list[EvalEvent] = []  # the exported run's last evaluation
         self.model: RegisteredModel | None = None
         self.endpoint: LocalEndpoint | None = None
         self.answers: list[dict] = []  # every request sent from the prompt box, with its latencies
@@ -111,6 +115,7 @@ class DeploymentPanel(Panel):
         """Export the run (safetensors, ONNX, parity) and, with "register" ticked, register it as a model."""
         with self._working("exporting…", "exported"):
             self.result, self.model = export_run(self.run_dir.value), None
+            self.trained = read_events(self.run_dir.value, EvalEvent)[-1:]  # its quality, said beside the export
             if self.register.value:
                 self.status.value = "<i>registering…</i>"
                 self.model = register_model(Workspace.open(), self.result.path)
@@ -230,7 +235,18 @@ class DeploymentPanel(Panel):
                       else "not registered (served from the export folder)")
         return (f"<div><code>{html.escape(str(self.result.path))}</code></div>"
                 f"{table_html(rows, highlight=lambda r: '#fdd' if r[verdict_column] == 'FAIL' else '')}"
-                f"<div>{verdict} · {registered}</div>")
+                f"<div>{verdict} · {registered}</div>{self._quality_html()}")
+
+    def _quality_html(self) -> str:
+        """How trained the exported model is, with a warning where its answers will not read as text."""
+        if not self.trained or self.trained[0].val_bpb is None:
+            return ""
+        e = self.trained[0]
+        said = f"trained {e.step:,} steps: validation {e.val_bpb:.2f} bits per byte"
+        if e.val_bpb <= GIBBERISH_BPB:
+            return f"<div style='color:#666'>{said}</div>"
+        return warn_html(f"{said}, above {GIBBERISH_BPB:g}: expect mostly gibberish. Notebook 03 trains the demo "
+                         "config to 1.75 or less; export that run for answers that read as text.")
 
     def _endpoint_html(self) -> str:
         e = self.endpoint
@@ -241,6 +257,18 @@ class DeploymentPanel(Panel):
                             "runtime": e.runtime, "state": "running" if code is None else f"stopped (exit {code})"}])
 
     def _answer_html(self) -> str:
+        return self._send_hint() + self._last_answer_html()
+
+    def _send_hint(self) -> str:
+        """Why Send is greyed out, when it is for want of an endpoint."""
+        if self.running or self._doing is not None:
+            return ""
+        why = ("the endpoint is stopped: Start endpoint to send again" if self.endpoint is not None else
+               "no endpoint yet: Export, then Start endpoint" if self.result is None else
+               "no endpoint yet: Start endpoint")
+        return f"<div style='color:#888'>Send needs a running endpoint; {why}.</div>"
+
+    def _last_answer_html(self) -> str:
         if not self.answers:
             return ""
         a = self.answers[-1]

@@ -29,6 +29,10 @@ def error_html(message: str) -> str:
     return f"<span style='color:#d62728'>{html.escape(message)}</span>"
 
 
+def warn_html(message: str) -> str:
+    return f"<div style='color:#b35900'>&#9888; {html.escape(message)}</div>"
+
+
 def ok_html(message: str) -> str:
     return f"<span style='color:#2ca02c'>{html.escape(message)}</span>"
 

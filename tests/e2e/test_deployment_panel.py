@@ -80,6 +80,9 @@ def test_export_writes_and_registers_the_model_and_shows_parity(panel):
     assert panel.model.ref == "tiny:1" and "tiny:1" in table
     assert get_model(Workspace.open(), "tiny:1").path.is_dir()
     assert not panel.buttons["Start endpoint"].disabled and not panel.buttons["Write Azure ML plan"].disabled
+    # 30 steps of the tiny model: said beside the export, with what to expect of its answers
+    assert "trained 30 steps: validation" in table and "expect mostly gibberish" in table, table
+    assert "Send needs a running endpoint; no endpoint yet: Start endpoint." in shown(panel.sections["answer"])
 
 
 def test_bad_endpoint_name_is_refused_inline_and_starts_nothing(panel):
@@ -139,6 +142,9 @@ def test_stop_ends_the_server_and_the_static_twin_shows_the_same(served):
     panel.wait()
     assert process.poll() is not None and not panel.running
     assert "stopped" in panel.sections["endpoint"].value and panel.buttons["Send"].disabled
+    # the greyed Send says why and what to do, in the live view and the static twin
+    hint = "the endpoint is stopped: Start endpoint to send again"
+    assert hint in shown(panel.sections["answer"]) and hint in html.unescape(panel.static_html())
     static = panel.static_html()
     assert all(section.value in static for section in panel.sections.values())
     assert "within the 0.0001 target" in static and "stopped" in static
@@ -148,6 +154,7 @@ def test_stop_ends_the_server_and_the_static_twin_shows_the_same(served):
 def test_buttons_explain_what_comes_first(tmp_path):
     panel = DeploymentPanel(tmp_path / "no-run", plan_dir=tmp_path / "plan")
     assert panel.buttons["Start endpoint"].disabled and panel.buttons["Send"].disabled
+    assert "no endpoint yet: Export, then Start endpoint" in shown(panel.sections["answer"])
     panel.buttons["Start endpoint"].click()  # disabled in a browser; called anyway, it explains
     panel.wait()
     assert "Export first" in shown(panel.message)

@@ -242,6 +242,7 @@ def test_each_journey_tick_comes_from_its_own_step_and_a_skipped_step_stays_to_d
 
     # 05: registering is not serving
     model = register_model(panel.ws, export_run(handle.path).path)
+    assert model.data == "pydoc:1", "trained on the built-in corpus's source: named by the version with its bytes"
     assert ticks()[4] is False and "tiny:1; none served yet" in panel.table.value
     with serve(model.ref, workspace=ws_dir):
         pass

@@ -253,6 +253,16 @@ def list_assets(ws: Workspace, name: str | None = None, include_archived: bool =
     return assets
 
 
+def version_holding(ws: Workspace, name: str, sha256: str) -> DataAsset | None:
+    """The newest registered single-file version of ``name`` whose file has exactly this content (sha256): what a
+    run that read a built-in corpus from its source (data.dataset) trained on, in the workspace's terms."""
+    for asset in list_assets(ws, name, include_archived=True):
+        listing, _, _ = version_listing(ws, _row(ws, asset.ref))
+        if asset.type == "uri_file" and listing and len(listing) == 1 and listing[0]["sha256"] == sha256:
+            return asset
+    return None
+
+
 def archive(ws: Workspace, ref: str) -> DataAsset:
     """Hide a version from listings and from 'name' (latest) look-ups; it stays resolvable as name:version."""
     name, version = parse_ref(ref)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import names
+from toolkit.catalogue import data_assets
 from toolkit.catalogue.data_store import DataAssetError, files_of, store_snapshot
 from toolkit.deploy.model_format import ExportError, read_manifest, verify_model_folder
 from toolkit.catalogue.workspace import Workspace
@@ -74,7 +75,10 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     sha256 = payload_hash(manifest)
     data = manifest.get("data") or {}
     asset = data.get("asset") or {}
-    data_ref, data_sha = asset.get("ref") or f"builtin:{data.get('name', '?')}", data.get("sha256", "")
+    data_sha = data.get("sha256", "")
+    # a built-in corpus read from its source: named by the registered version holding the same bytes, if any
+    holding = None if asset.get("ref") else data_assets.version_holding(ws, data.get("name", "?"), data_sha)
+    data_ref = asset.get("ref") or (holding.ref if holding else f"builtin:{data.get('name', '?')}")
     with ws.transaction() as conn:
         existing = conn.execute("SELECT * FROM models WHERE name = ? AND sha256 = ? ORDER BY version DESC LIMIT 1",
                                 (name, sha256)).fetchone()
