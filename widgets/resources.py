@@ -133,9 +133,10 @@ class MemoryPanel(Panel):
 class AzureStatusPanel(Panel):
     """Is Azure ML reachable from here? The workspace (masked) and the credential check, with a retry button."""
 
-    def __init__(self, config: str | Path | None = None):
+    def __init__(self, config: str | Path | None = None, config_field: str = "config"):
+        """``config_field``: what the person set ``config`` through (a notebook's parameter), named in messages."""
         super().__init__()
-        self.config = config
+        self.config, self.config_field = config, config_field
         self.status_html = w.HTML()
         self.check_button = self.button("Check again", self.check, tooltip="look for config.json and a login again")
         self.view = w.VBox([self.status_html, w.HBox([self.check_button, self.busy]), self.message])
@@ -145,11 +146,12 @@ class AzureStatusPanel(Panel):
         """Look for the workspace config and a credential (a few seconds at most); returns the status."""
         from toolkit.azure.connection import connection_status
 
-        self.status = status = connection_status(self.config)
+        self.status = status = connection_status(self.config, config_field=self.config_field)
         badge = badge_html("CONNECTED", "#2ca02c") if status.connected else badge_html("OFFLINE", "#ff7f0e")
         where = html.escape(status.workspace.describe()) if status.workspace else "no workspace config found"
         self.status_html.value = (f"<div><b>Azure ML</b> {badge} {where}"
                                   f"<div style='color:#555'>{html.escape(status.reason)}</div></div>")
+        self.update_static()
         return status
 
     def static_html(self) -> str:

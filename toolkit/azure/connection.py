@@ -79,14 +79,17 @@ def _check_values(values: dict, where: str) -> WorkspaceRef:
     return WorkspaceRef(subscription, values["resource_group"].strip(), values["workspace_name"].strip(), where)
 
 
-def find_config(path: str | Path | None = None, cwd: str | Path | None = None) -> Path:
+CLI_FIELD = "--workspace-config"  # how the command line names the config; a notebook passes its parameter's name
+
+
+def find_config(path: str | Path | None = None, cwd: str | Path | None = None, config_field: str = CLI_FIELD) -> Path:
     """The config.json to read: ``path`` (a file, or a folder holding config.json), else the first of
-    ./config.json and ./.azureml/config.json."""
+    ./config.json and ./.azureml/config.json. Messages name ``config_field``, the option or parameter ``path`` came in."""
     if path is not None:
         candidate = Path(path).expanduser()
         candidate = candidate / "config.json" if candidate.is_dir() else candidate
         if not candidate.is_file():
-            raise AzureError(not_allowed("--workspace-config", candidate, f"an Azure ML config.json; {GET_ONE}",
+            raise AzureError(not_allowed(config_field, candidate, f"an Azure ML config.json; {GET_ONE}",
                                          problem="does not exist"))
         return candidate
     base = Path(cwd) if cwd is not None else Path.cwd()
@@ -94,32 +97,33 @@ def find_config(path: str | Path | None = None, cwd: str | Path | None = None) -
     for candidate in tried:
         if candidate.is_file():
             return candidate
-    raise AzureError(f"--workspace-config: no config.json at {' or '.join(map(str, tried))}; {GET_ONE}, or pass "
-                     "--workspace-config PATH or --subscription, --resource-group and --workspace-name")
+    other = (f"pass {CLI_FIELD} PATH or --subscription, --resource-group and --workspace-name" if config_field == CLI_FIELD
+             else f"set {config_field} to its path")
+    raise AzureError(f"{config_field}: no config.json at {' or '.join(map(str, tried))}; {GET_ONE}, or {other}")
 
 
-def read_config(path: str | Path) -> WorkspaceRef:
-    """Read and validate one Azure ML ``config.json``."""
+def read_config(path: str | Path, config_field: str = CLI_FIELD) -> WorkspaceRef:
+    """Read and validate one Azure ML ``config.json`` (given as ``config_field``)."""
     path = Path(path)
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise AzureError(not_allowed(
-            "--workspace-config", path, "the config.json from the Azure ML studio workspace page",
+            config_field, path, "the config.json from the Azure ML studio workspace page",
             problem=f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise AzureError(not_allowed("--workspace-config", path, "a readable config.json",
+        raise AzureError(not_allowed(config_field, path, "a readable config.json",
                                      problem=f"cannot be read ({exc})")) from None
     if not isinstance(values, dict):
         raise AzureError(not_allowed(
-            "--workspace-config", path, '{"subscription_id": ..., "resource_group": ..., "workspace_name": ...}',
+            config_field, path, '{"subscription_id": ..., "resource_group": ..., "workspace_name": ...}',
             problem=f"holds a {type(values).__name__}, not an object"))
     return _check_values(values, str(path))
 
 
 def workspace_ref(config: str | Path | None = None, *, subscription_id: str | None = None,
                   resource_group: str | None = None, workspace_name: str | None = None,
-                  cwd: str | Path | None = None) -> WorkspaceRef:
+                  cwd: str | Path | None = None, config_field: str = CLI_FIELD) -> WorkspaceRef:
     """The workspace from explicit names (all three) or from a config.json (``config``, else the default search)."""
     explicit = {"subscription_id": subscription_id, "resource_group": resource_group,
                 "workspace_name": workspace_name}
@@ -135,7 +139,7 @@ def workspace_ref(config: str | Path | None = None, *, subscription_id: str | No
             raise AzureError(refused(missing[0], "missing", "all three of --subscription, --resource-group and "
                                                             "--workspace-name, or --workspace-config PATH"))
         return _check_values(explicit, "arguments")
-    return read_config(find_config(config, cwd))
+    return read_config(find_config(config, cwd, config_field), config_field)
 
 
 # --- credentials -----------------------------------------------------------------------------------------------
@@ -238,10 +242,11 @@ class ConnectionStatus:
         return f"Azure ML: {'connected' if self.connected else 'not connected, working offline'}. {where}{self.reason}"
 
 
-def connection_status(config: str | Path | None = None, credential=None) -> ConnectionStatus:
-    """Find the workspace config and get one token; never raises for a missing piece (that is the answer)."""
+def connection_status(config: str | Path | None = None, credential=None, config_field: str = CLI_FIELD) -> ConnectionStatus:
+    """Find the workspace config and get one token; never raises for a missing piece (that is the answer).
+    ``config_field``: how the caller's user names the config (a notebook's parameter), for the messages."""
     try:
-        ref = workspace_ref(config)
+        ref = workspace_ref(config, config_field=config_field)
     except AzureError as exc:
         return ConnectionStatus(None, False, str(exc))
     try:
