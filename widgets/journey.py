@@ -4,10 +4,10 @@
 
 Each tick comes from what that step itself leaves behind, never from another step's traces, so it is the same
 whether the steps were done in the notebooks, the terminal or a batch job, and skipping a step leaves it "to do":
-01 the doctor's report with every required check passed; 02 a data asset of the user's own (not only the built-in
-corpora that 01 and 06 register); 03 a completed run with profiler traces (04 and 06 train unprofiled); 04 a run
-resumed from a checkpoint; 05 a registered model served at an endpoint; 06 a completed run of a Hugging Face model
-or a module of the user's own.
+01 the doctor's report with every required check passed; 02 a data asset of the user's own (not the built-in
+corpora that 01 and 06 register, nor 06's tokenizer); 03 a completed run with profiler traces (04 and 06 train
+unprofiled); 04 a run resumed from a checkpoint; 05 a registered model served at an endpoint; 06 a completed run
+of a Hugging Face model or a module of the user's own.
 """
 
 from __future__ import annotations
@@ -57,15 +57,17 @@ def _machine(ws: Workspace) -> tuple[bool, str]:
 
 
 def _data(ws: Workspace) -> tuple[bool, str]:
-    """Done once a file of the user's own is registered (01 and 06 register the built-in corpora too)."""
+    """Done once a file of the user's own is registered: not the built-in corpora that 01 and 06 register, nor a
+    tokenizer trained here (06)."""
     from toolkit.catalogue.data_assets import list_assets
     from toolkit.data.builtin import is_builtin
+    from toolkit.data.tokenizers import is_tokenizer
 
     assets = list_assets(ws)
-    own = sorted({a.ref for a in assets if not is_builtin(a)})
-    builtin = sorted({a.ref for a in assets if is_builtin(a)})
+    made_here = sorted({a.ref for a in assets if is_builtin(a) or is_tokenizer(a)})
+    own = sorted({a.ref for a in assets} - set(made_here))
     parts = ([f"{len(own)} version(s) of your own: {', '.join(own[:4])}"] if own else ["none of your own yet"]) + \
-        ([f"built-in: {', '.join(builtin[:4])}"] if builtin else [])
+        ([f"built-in or made here: {', '.join(made_here[:4])}"] if made_here else [])
     return bool(own), "; ".join(parts)
 
 

@@ -39,7 +39,8 @@ def ok_html(message: str) -> str:
 
 def badge_html(text: str, colour: str) -> str:
     """A small coloured label (a status: pass, completed, done...)."""
-    return (f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em'>"
+    return (f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em;"
+            "white-space:nowrap'>"
             f"{html.escape(text)}</span>")
 
 
@@ -93,7 +94,9 @@ class Panel:
 
     def button(self, description: str, action: Callable[[], object], style: str = "", tooltip: str = "") -> w.Button:
         """A button whose click runs ``action``; bad input or a wrong state is shown in ``self.message``."""
-        button = w.Button(description=description, button_style=style, tooltip=tooltip)
+        # as wide as its label: the default fixed width cuts "Write Azure ML plan" to "Write Azure ML pl..."
+        button = w.Button(description=description, button_style=style, tooltip=tooltip,
+                          layout=w.Layout(width="auto", min_width="90px"))
         button.on_click(lambda _: self.guarded(action))
         return button
 
@@ -160,11 +163,22 @@ class Panel:
         """Display the live view and, below it, the static twin. Where the widgets render (a live kernel in
         JupyterLab), a style inside the view hides the twin, so nothing shows twice; where they cannot (an
         executed copy opened later, GitHub, nbconvert's HTML), that style is absent and the twin shows."""
+        fit_labels(self.view)
         self._twin_class = f"trainbook-twin-{uuid.uuid4().hex[:12]}"
         hide_twin = w.HTML(f"<style>.{self._twin_class} {{display: none}}</style>", layout=w.Layout(height="0px"))
         display(w.VBox([hide_twin, self.view]))
         self._static = display(self._twin(), display_id=True)
         return self
+
+
+def fit_labels(widget: w.Widget) -> None:
+    """Every control's label at its full length: ipywidgets gives a description a fixed width and cuts what is
+    longer ("resume fr...", "temperat..."). Walks the view once, at show()."""
+    if isinstance(widget, w.Box):
+        for child in widget.children:
+            fit_labels(child)
+    elif getattr(widget, "description", "") and hasattr(widget.style, "description_width"):
+        widget.style.description_width = "initial"
 
 
 def field_row(widgets: Iterable[w.Widget]) -> w.HBox:

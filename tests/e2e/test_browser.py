@@ -11,6 +11,7 @@ The screenshot of the finished page is kept in outputs/browser/ (also on failure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -214,10 +215,10 @@ RUN_ALL_DONE_JS = """
 """
 
 
-def run_and_check_training_panel(page, lab: JupyterLab, notebook: Path, screenshot: Path) -> None:
-    """Open the notebook, wait for an idle kernel, Run > Run All Cells, wait for the end, check what the training
-    panel shows."""
-    page.goto(lab.url(f"lab/tree/{notebook.name}"))
+def run_all(page, lab: JupyterLab, notebook: Path) -> None:
+    """Open the notebook in a JupyterLab workspace of its own (no tab of another notebook in the page), wait for an
+    idle kernel, Run > Run All Cells, wait for the end; no cell may fail."""
+    page.goto(lab.url(f"lab/workspaces/{notebook.stem}/tree/{notebook.name}"))
     expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=60_000)
     # The status bar's "Python 3 (ipykernel) | Idle" appears only once a kernel is connected (the toolbar's
     # execution indicator says idle from the start); Run All before that opens a Select Kernel dialog instead.
@@ -230,7 +231,12 @@ def run_and_check_training_panel(page, lab: JupyterLab, notebook: Path, screensh
     page.wait_for_function(RUN_ALL_DONE_JS, arg=[code_cells, STDERR_OUTPUT], timeout=RUN_TIMEOUT_MS, polling=500)
 
     tracebacks = page.locator(STDERR_OUTPUT, has_text="Traceback")
-    assert tracebacks.count() == 0, f"a cell failed:\n{tracebacks.first.inner_text()[-3000:]}"
+    assert tracebacks.count() == 0, f"{notebook.name}: a cell failed:\n{tracebacks.first.inner_text()[-3000:]}"
+
+
+def run_and_check_training_panel(page, lab: JupyterLab, notebook: Path, screenshot: Path) -> None:
+    """Run the whole notebook, then check what the training panel shows."""
+    run_all(page, lab, notebook)
 
     # The live panel (ipywidgets views, not the static HTML twin below them): drawn only by the widgets front end.
     progress = page.locator(".widget-hprogress")
@@ -265,29 +271,109 @@ def save_screenshot(page, path: Path) -> None:
     page.screenshot(path=path, full_page=True)
 
 
+@contextlib.contextmanager
+def chromium_page(chromium: Path, lab: JupyterLab, on_failure=lambda page: None):
+    """A Chromium page tall enough for a whole panel (JupyterLab scrolls inside its own panel, so a "full page"
+    screenshot is the viewport). A failure inside comes back with the browser's console errors and JupyterLab's
+    log, after ``on_failure(page)`` (a screenshot)."""
+    console_errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
+            try:
+                yield page
+            except (AssertionError, PlaywrightError) as exc:
+                on_failure(page)
+                raise AssertionError(f"{exc}\n\nscreenshots: {SCREENSHOTS}\nbrowser console errors: "
+                                     f"{console_errors[-10:]}\nJupyterLab log (tail):\n{lab.log_tail()}") from exc
+        finally:
+            browser.close()
+
+
 def test_training_panel_renders_and_finishes_in_jupyterlab(chromium, jupyterlab, training_notebook):
     notebook, runs = training_notebook
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     screenshot = SCREENSHOTS / notebook.with_suffix(".png").name
     screenshot.unlink(missing_ok=True)  # never mistake the previous run's picture for this one's
-    console_errors: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS)
-        try:
-            # tall enough for the whole panel (JupyterLab scrolls inside its own panel, so a "full page"
-            # screenshot is the viewport)
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
-            try:
-                run_and_check_training_panel(page, jupyterlab, notebook, screenshot)
-            except (AssertionError, PlaywrightError) as exc:
-                save_screenshot(page, screenshot)
-                raise AssertionError(f"{exc}\n\nscreenshot: {screenshot}\nbrowser console errors: "
-                                     f"{console_errors[-10:]}\nJupyterLab log (tail):\n"
-                                     f"{jupyterlab.log_tail()}") from exc
-        finally:
-            browser.close()
+    with chromium_page(chromium, jupyterlab, on_failure=lambda page: save_screenshot(page, screenshot)) as page:
+        run_and_check_training_panel(page, jupyterlab, notebook, screenshot)
 
     (run_dir,) = runs.iterdir()
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "completed", f"{status}; screenshot: {screenshot}"
+
+
+# --- every notebook ---------------------------------------------------------------------------------------------
+
+# Labels and buttons whose text does not fit their box (ipywidgets cuts it with an ellipsis): their full text.
+CUT_OFF_LABELS_JS = """
+() => [...document.querySelectorAll(".jp-OutputArea .widget-label, .jp-OutputArea .jupyter-button")]
+  .filter(el => el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1)
+  .map(el => el.textContent.trim())
+"""
+# The journey table's status column, read from the live panel (a widget, not the static twin)
+JOURNEY_BADGES_JS = """
+() => [...document.querySelectorAll(".jp-OutputArea .widget-html table tr")].slice(1)
+  .map(row => row.querySelectorAll("td")[2].textContent.trim())
+"""
+# The course as a participant who skips 03 does it, the journey (00) last; small parameters, as in
+# test_notebook.py. 03 has its own test above.
+COURSE = ["01_resources", "02_data", "04_checkpoint_recovery", "05_deployment", "06_your_model", "00_overview"]
+
+
+def course_parameters(tmp_path: Path) -> dict[str, dict]:
+    ws, runs, plans = str(tmp_path / "workspace"), str(tmp_path / "runs"), tmp_path / "outputs"
+    return {
+        "00_overview": {"workspace": ws},
+        "01_resources": {"workspace": ws, "checks": ["packages", "matmul"], "model_sizes": ["125M", "7B"],
+                         "plan_nodes": 1, "plan_dir": str(plans / "azure-plan")},
+        "02_data": {"workspace": ws, "config": "tiny", "tune_steps": 3},
+        "04_checkpoint_recovery": {"config": "tiny", "steps": 40, "every": 10, "kill_at": 25, "runs_root": runs},
+        "05_deployment": {"runs_root": runs, "latency_requests": 10, "max_new_tokens": 8,
+                          "plan_dir": str(plans / "azure-plan")},
+        "06_your_model": {"workspace": ws, "runs_root": runs, "pretrain_steps": 30, "finetune_steps": 10,
+                          "max_new_tokens": 8},
+    }
+
+
+@pytest.fixture
+def course_lab(tmp_path):
+    """A JupyterLab over parameterized copies of the course's notebooks (03 left out: skipped by this participant)."""
+    lab_root = tmp_path / "lab"
+    lab_root.mkdir()
+    for name, parameters in course_parameters(tmp_path).items():
+        source = PROJECT / "notebooks" / f"{name}.ipynb"
+        nbformat.write(parameterize_notebook(load_notebook_node(str(source)), parameters), lab_root / source.name)
+    env = {**os.environ, "TRAINBOOK_RUNS": str(tmp_path / "runs"), "TRAINBOOK_WORKSPACE": str(tmp_path / "workspace")}
+    server = JupyterLab(lab_root, tmp_path / "jupyter", env)
+    try:
+        server.wait_ready()
+        yield server, lab_root
+    finally:
+        server.stop()
+
+
+def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(chromium, course_lab):
+    """Run All in each notebook in turn: no failed cell, no widget that fails to display while the kernel lives,
+    no label or button cut short; then 00's journey says which steps were done, 03 (skipped) left to do and 01
+    too (a doctor that ran two of its checks)."""
+    lab, lab_root = course_lab
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with chromium_page(chromium, lab) as page:
+        for name in COURSE:
+            notebook, screenshot = lab_root / f"{name}.ipynb", SCREENSHOTS / f"{name}.png"
+            screenshot.unlink(missing_ok=True)
+            try:
+                run_all(page, lab, notebook)
+                # in outputs: the first cell's markdown explains the message to someone without a kernel
+                failed = page.locator(".jp-OutputArea-output", has_text="Error displaying widget")
+                assert failed.count() == 0, f"{name}: {failed.count()} widget(s) failed to display"
+                cut = page.evaluate(CUT_OFF_LABELS_JS)
+                assert not cut, f"{name}: labels cut short: {cut}"
+                if name == "00_overview":
+                    badges = page.evaluate(JOURNEY_BADGES_JS)
+                    assert badges == ["to do", "done", "to do", "done", "done", "done"], badges
+            finally:
+                page.screenshot(path=screenshot, full_page=True)

@@ -12,6 +12,7 @@ from toolkit import config as config_mod
 from toolkit.catalogue import data_assets
 from toolkit.runs import launch
 from toolkit.data.builtin import register_pydoc
+from toolkit.data.tokenizer_training import train_tokenizer
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.config import ConfigError
 from toolkit.deploy.export import export_run
@@ -224,8 +225,10 @@ def test_each_journey_tick_comes_from_its_own_step_and_a_skipped_step_stays_to_d
     ticks = lambda: [done for done, _ in panel.refresh()]  # noqa: E731
     assert ticks() == [False] * 6 and "the doctor has not checked it yet" in panel.table.value
 
-    register_pydoc(panel.ws)  # what 01 and 06 do on their way
-    assert ticks() == [False] * 6 and "none of your own yet; built-in: pydoc:1" in panel.table.value
+    register_pydoc(panel.ws)  # what 01 and 06 do on their way, 06 also training a tokenizer
+    train_tokenizer(panel.ws, "pydoc:1", 300, progress=False)
+    assert ticks() == [False] * 6, panel.statuses
+    assert "none of your own yet; built-in or made here: pydoc-bpe300:1, pydoc:1" in panel.table.value
     notes = tmp_path / "notes.txt"
     notes.write_text("our own text")
     data_assets.register(panel.ws, "notes", notes, type="uri_file")

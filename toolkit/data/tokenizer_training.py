@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from toolkit.data.documents import DataFormat
-from toolkit.data.tokenizers import KIND_TAG, TokenizerError
+from toolkit.data.tokenizers import KIND_TAG, TokenizerError, is_tokenizer
 from toolkit.errors import not_allowed, refused
 
 EOS_TOKEN = "<|endoftext|>"
@@ -67,7 +67,7 @@ def train_tokenizer(ws, asset_ref: str, vocab_size: int, name: str | None = None
     if bool(prompt_field) != bool(completion_field):
         raise TokenizerError(refused("--prompt-field", "and --completion-field come together", "both or neither"))
     asset = data_assets.open_asset(ws, asset_ref)  # an unknown asset is refused here, naming the versions there are
-    if asset.tags.get(KIND_TAG[0]) == KIND_TAG[1] or asset.type == "mltable":
+    if is_tokenizer(asset) or asset.type == "mltable":
         kind = "a tokenizer" if asset.type != "mltable" else "a table (mltable)"
         raise TokenizerError(refused("asset", f"{asset.ref} is {kind}", "a uri_file or uri_folder asset of text or "
                                                                         "JSON Lines"))
@@ -94,7 +94,7 @@ def _check_name_is_free(ws, name: str) -> None:
 
     check_name(name, "--name", TokenizerError)
     taken = [a for a in data_assets.list_assets(ws, name=name, include_archived=True)
-             if a.tags.get(KIND_TAG[0]) != KIND_TAG[1]]
+             if not is_tokenizer(a)]
     if taken:
         raise TokenizerError(not_allowed("--name", name, "a name no data asset has",
                                          problem=f"is the name of data asset {taken[0].ref}"))

@@ -39,6 +39,11 @@ BYTES_KEY = "bytes-v1"
 # same tokenizer differently changes this line, never whether a byte-level run resumes.
 BYTES_SHA256 = "61f51ceed0ab5cd73e3f2b90154fcb30fc98c0dc92f8213efabbfca93e31bdf1"
 KIND_TAG = ("kind", "tokenizer")  # the tag that makes a registered uri_folder a tokenizer
+
+
+def is_tokenizer(asset) -> bool:
+    """Is this registered data asset a tokenizer (trained here), not data?"""
+    return asset.tags.get(KIND_TAG[0]) == KIND_TAG[1]
 TOKENIZER_FILE = "tokenizer.json"
 ALLOWED = ("'bytes', 'auto', 'model' (the tokenizer in model.hf.source), a folder holding tokenizer.json, or a "
            "registered tokenizer 'name[:version]' (`trainbook data tokenizer train`)")
@@ -218,7 +223,7 @@ def registered_tokenizer(ws, ref: str):
         asset = data_assets.open_asset(ws, ref)
     except data_assets.DataAssetError as exc:
         raise TokenizerError(f"data.tokenizer: {exc}") from None
-    if asset.tags.get(KIND_TAG[0]) != KIND_TAG[1]:
+    if not is_tokenizer(asset):
         raise TokenizerError(not_allowed("data.tokenizer", ref, ALLOWED,
                                          problem=f"is a registered {asset.type} data asset, not a tokenizer"))
     return asset

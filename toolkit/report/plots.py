@@ -21,6 +21,7 @@ def _pyplot():
 
 def _save(fig, out: str | Path) -> Path:
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # e.g. notebook 01's pictures folder, made by no earlier cell
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     _pyplot().close(fig)
@@ -74,8 +75,9 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     reference, resumed = RunDir(reference_dir), RunDir(resumed_dir)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     ref = read_events(reference, TrainEvent)
-    ax.plot([e.step for e in ref], [e.loss for e in ref], color="black", lw=3, alpha=0.25,
-            label="uninterrupted")
+    # The reference as a line, the resumed run as markers: where the resumed run is exact its markers sit on the
+    # line, and neither hides the other (two lines of the same values would draw as one).
+    ax.plot([e.step for e in ref], [e.loss for e in ref], color="black", lw=1.2, label="uninterrupted (line)")
     attempts, current = [[]], None
     for event in read_events(resumed):
         if isinstance(event, StatusEvent) and event.state == "running" and current is not None:
@@ -86,8 +88,8 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
     for i, events in enumerate(a for a in attempts if a):
         label = "first attempt (killed)" if i == 0 and len(attempts) > 1 else f"after resume {i}" if i else "run"
-        ax.plot([e.step for e in events], [e.loss for e in events], color=colours[i % len(colours)], lw=1.2,
-                label=label)
+        ax.plot([e.step for e in events], [e.loss for e in events], "o" if i else "x", ms=4, mfc="none",
+                color=colours[i % len(colours)], label=f"{label} (markers)")
         if i:
             ax.axvline(events[0].step - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
     ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
@@ -100,7 +102,8 @@ def loader_trials(report, out: str | Path) -> Path:
     """The loading advisor's measurements: data-wait % per DataLoader setting, against the target line."""
     plt = _pyplot()
 
-    labels = [f"{t.num_workers} workers\nprefetch {t.prefetch_factor}" for t in report.trials]
+    labels = [(f"{t.num_workers} worker{'s' if t.num_workers != 1 else ''}\nprefetch {t.prefetch_factor}"
+               if t.num_workers else "no workers\n(main process)") for t in report.trials]
     waits = [t.wait_pct for t in report.trials]
     colours = ["tab:green" if t is report.recommended else "tab:gray" for t in report.trials]
     fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -119,8 +122,12 @@ def allreduce_bandwidth(sweep, out: str | Path) -> Path:
     plt = _pyplot()
     sizes = [r.size_bytes for r in sweep.rows]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(sizes, [r.busbw_gbps for r in sweep.rows], "o-", label="bus bandwidth")
-    ax.plot(sizes, [r.algbw_gbps for r in sweep.rows], "s--", alpha=0.6, label="algorithm bandwidth")
+    # busbw = algbw x 2(n-1)/n: at 2 processes the two are equal, so algbw is drawn as larger hollow squares
+    # around busbw's dots, and the legend says why they coincide
+    same = " (= bus bandwidth at 2 processes)" if sweep.nproc == 2 else ""
+    ax.plot(sizes, [r.busbw_gbps for r in sweep.rows], "o-", ms=4, label="bus bandwidth")
+    ax.plot(sizes, [r.algbw_gbps for r in sweep.rows], "s--", ms=9, mfc="none", lw=1,
+            label=f"algorithm bandwidth{same}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set(xlabel="message size (bytes)", ylabel="GB/s",
@@ -146,6 +153,8 @@ def memory_by_stage(advices: dict, out: str | Path) -> Path:
     budget = STATE_SHARE * next(iter(advices.values())).gpu_memory_gib
     ax.axhline(budget, color="tab:red", ls="--", lw=1, label=f"{STATE_SHARE:.0%} of a GPU")
     ax.set_yscale("log")
+    tallest = max(a.estimates[stage].total_gib for a in advices.values() for stage in STAGES)
+    ax.set_ylim(top=30 * max(tallest, budget))  # on log axes: room above the tallest bar for the legend
     ax.set_xticks(range(len(labels)), [f"{label}\n(use ZeRO-{advices[label].stage})" if advices[label].stage
                                        is not None else f"{label}\n(does not fit)" for label in labels])
     gpus = next(iter(advices.values())).estimates[0].gpus
@@ -202,6 +211,7 @@ def latency_histogram(latencies_ms: list[float], out: str | Path, title: str = "
     for q, style in ((50, "-"), (95, "--"), (99, ":")):
         value = float(np.percentile(latencies_ms, q))
         ax.axvline(value, color="tab:red", ls=style, lw=1, label=f"p{q} {value:.1f} ms")
+    ax.set_xlim(right=max(latencies_ms) * 1.1)  # p99 is near the slowest request: keep its line off the edge
     ax.set(xlabel="latency (ms)", ylabel="requests", title=f"{title} ({len(latencies_ms)} requests)")
     ax.legend()
     return _save(fig, out)
