@@ -42,6 +42,7 @@ class DataPanel(Panel):
         super().__init__()
         self.ws = Workspace.open(workspace)
         self.config_name, self.tune_steps = config, tune_steps
+        self._form_start = {"name": name, "path": path, "type": type, "description": description}  # clear_form
         self.name = w.Text(value=name, description="name", placeholder="e.g. pydoc")
         self.path = w.Combobox(value=path, options=path_suggestions(path), description="path",
                                placeholder="a file or folder", ensure_option=False, layout=w.Layout(width="520px"))
@@ -108,8 +109,8 @@ class DataPanel(Panel):
     def clear_form(self) -> None:
         """The form as a fresh panel has it: empty fields, default type, no message (after a scripted demo, so
         that a person's own registration inherits none of its values)."""
-        self.name.value = self.path.value = self.description.value = ""
-        self.type.value = "uri_folder"
+        for field, value in self._form_start.items():
+            getattr(self, field).value = value
         self.message.value = ""
         self.check_form()
         self.update_static()

@@ -115,7 +115,10 @@ class DeploymentPanel(Panel):
         """Export the run (safetensors, ONNX, parity) and, with "register" ticked, register it as a model."""
         with self._working("exporting…", "exported"):
             self.result, self.model = export_run(self.run_dir.value), None
-            self.trained = read_events(self.run_dir.value, EvalEvent)[-1:]  # its quality, said beside the export
+            # the quality of the checkpoint exported (the newest valid one, maybe older than the last evaluation)
+            step = self.result.manifest.get("step")
+            self.trained = [e for e in read_events(self.run_dir.value, EvalEvent)
+                            if isinstance(step, int) and e.step <= step][-1:]
             if self.register.value:
                 self.status.value = "<i>registering…</i>"
                 self.model = register_model(Workspace.open(), self.result.path)

@@ -39,15 +39,14 @@ def _machine(ws: Workspace) -> tuple[bool, str]:
     """Done once the doctor passed every required check (its report, kept in the workspace)."""
     import psutil
 
-    from toolkit.resources.doctor import CHECKS, last_report
+    from toolkit.resources.doctor import last_report, verdict
 
     machine = f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
     report = last_report(ws.root)
     if report is None:
         return False, f"{machine}; the doctor has not checked it yet"
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(report["time"]))
-    failed = [c["name"] for c in report["checks"] if c["required"] and c["status"] == "fail"]
-    skipped = [n for n in report["skipped"] if CHECKS.get(n) and CHECKS[n].required]
+    failed, skipped = verdict(report)
     if failed:
         return False, f"{machine}; the doctor ({when}) FAILED: {', '.join(failed)}"
     if skipped:
@@ -106,6 +105,7 @@ def _deployment(ws: Workspace) -> tuple[bool, str]:
     models = list_models(ws)
     if not models:
         return False, "no model registered yet"
+    # An endpoint's record is keyed by its name: serving another folder under the same name replaces it
     by_folder = {m.path.resolve(): m.ref for m in models}
     served = [f"{e.name} ({by_folder[Path(e.model_dir).resolve()]})" for e, _ in recorded_endpoints(ws.root)
               if Path(e.model_dir).resolve() in by_folder]
@@ -145,6 +145,15 @@ STEPS = [
 ]
 
 
+def _status(step: Step, ws: Workspace) -> tuple[bool, str]:
+    """A step's status; a record that cannot be read (edited by hand, another version's) leaves it to do, saying
+    so, and never stops the table."""
+    try:
+        return step.status(ws)
+    except Exception as exc:  # noqa: BLE001 - one step's unreadable record must not hide the other five
+        return False, f"its record could not be read ({type(exc).__name__}: {exc})"
+
+
 class JourneyPanel(Panel):
     def __init__(self, workspace: str | Path | None = None):
         super().__init__()
@@ -156,7 +165,7 @@ class JourneyPanel(Panel):
         self.refresh()
 
     def refresh(self) -> list[tuple[bool, str]]:
-        self.statuses = [step.status(self.ws) for step in STEPS]
+        self.statuses = [_status(step, self.ws) for step in STEPS]
         rows = []
         for step, (done, detail) in zip(STEPS, self.statuses):
             rows.append(

@@ -318,8 +318,8 @@ JOURNEY_BADGES_JS = """
 () => [...document.querySelectorAll(".jp-OutputArea .widget-html table tr")].slice(1)
   .map(row => row.querySelectorAll("td")[2].textContent.trim())
 """
-# The course as a participant who skips 03 does it, the journey (00) last; small parameters, as in
-# test_notebook.py. 03 has its own test above.
+# The course as a participant who skips 03 does it, the journey (00) last; parameters smaller still than
+# test_notebook.py's (what is checked here is the page, not the figures). 03 has its own test above.
 COURSE = ["01_resources", "02_data", "04_checkpoint_recovery", "05_deployment", "06_your_model", "00_overview"]
 
 
@@ -331,10 +331,10 @@ def course_parameters(tmp_path: Path) -> dict[str, dict]:
                          "plan_nodes": 1, "plan_dir": str(plans / "azure-plan")},
         "02_data": {"workspace": ws, "config": "tiny", "tune_steps": 3},
         "04_checkpoint_recovery": {"config": "tiny", "steps": 40, "every": 10, "kill_at": 25, "runs_root": runs},
-        "05_deployment": {"runs_root": runs, "latency_requests": 10, "max_new_tokens": 8,
+        "05_deployment": {"runs_root": runs, "latency_requests": 5, "max_new_tokens": 4,
                           "plan_dir": str(plans / "azure-plan")},
-        "06_your_model": {"workspace": ws, "runs_root": runs, "pretrain_steps": 30, "finetune_steps": 10,
-                          "max_new_tokens": 8},
+        "06_your_model": {"workspace": ws, "runs_root": runs, "pretrain_steps": 20, "finetune_steps": 6,
+                          "max_new_tokens": 4},
     }
 
 

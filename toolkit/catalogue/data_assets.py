@@ -256,9 +256,9 @@ def list_assets(ws: Workspace, name: str | None = None, include_archived: bool =
 def version_holding(ws: Workspace, name: str, sha256: str) -> DataAsset | None:
     """The newest registered single-file version of ``name`` whose file has exactly this content (sha256): what a
     run that read a built-in corpus from its source (data.dataset) trained on, in the workspace's terms."""
-    for asset in list_assets(ws, name, include_archived=True):
+    for asset in (a for a in list_assets(ws, name, include_archived=True) if a.type == "uri_file"):
         listing, _, _ = version_listing(ws, _row(ws, asset.ref))
-        if asset.type == "uri_file" and listing and len(listing) == 1 and listing[0]["sha256"] == sha256:
+        if listing and len(listing) == 1 and listing[0]["sha256"] == sha256:
             return asset
     return None
 

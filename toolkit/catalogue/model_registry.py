@@ -77,7 +77,9 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     asset = data.get("asset") or {}
     data_sha = data.get("sha256", "")
     # a built-in corpus read from its source: named by the registered version holding the same bytes, if any
-    holding = None if asset.get("ref") else data_assets.version_holding(ws, data.get("name", "?"), data_sha)
+    name_read = data.get("name")
+    holding = data_assets.version_holding(ws, name_read, data_sha) if not asset.get("ref") and \
+        isinstance(name_read, str) and isinstance(data_sha, str) else None
     data_ref = asset.get("ref") or (holding.ref if holding else f"builtin:{data.get('name', '?')}")
     with ws.transaction() as conn:
         existing = conn.execute("SELECT * FROM models WHERE name = ? AND sha256 = ? ORDER BY version DESC LIMIT 1",

@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -291,7 +293,10 @@ def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, on
         if on_check is not None:
             on_check(check)
     report = DoctorReport(facts=facts, checks=checks, seconds=time.perf_counter() - start)
-    _keep_report(root, report)
+    try:
+        _keep_report(root, report)
+    except (OSError, sqlite3.Error, ValueError) as exc:  # a full or read-only disk: what the disk check reports
+        warnings.warn(f"the doctor's report was not kept in {root}: {exc}", stacklevel=2)
     return report
 
 
@@ -312,9 +317,24 @@ def last_report(workspace: str | Path | None = None) -> dict | None:
 
     ws = Workspace.existing(workspace)
     try:
-        return json.loads((ws.root / REPORT_NAME).read_text()) if ws else None
+        report = json.loads((ws.root / REPORT_NAME).read_text()) if ws else None
     except (OSError, ValueError):  # none yet, or a half-edited file: as if the doctor never ran
         return None
+    return report if _well_formed(report) else None  # edited by hand, or another version's: as if none
+
+
+def _well_formed(report) -> bool:
+    return (isinstance(report, dict) and isinstance(report.get("time"), (int, float))
+            and isinstance(report.get("skipped"), list) and isinstance(report.get("checks"), list)
+            and all(isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("status"), str)
+                    for c in report["checks"]))
+
+
+def verdict(report: dict) -> tuple[list[str], list[str]]:
+    """A kept report's required checks that failed and those skipped (the rule of DoctorReport.ok, by CHECKS)."""
+    required = {name for name, spec in CHECKS.items() if spec.required}
+    failed = [c["name"] for c in report["checks"] if c["name"] in required and c["status"] == "fail"]
+    return failed, [n for n in report["skipped"] if n in required]
 
 
 def facts_table(facts: dict) -> str:

@@ -11,7 +11,8 @@ CUDA allocator keeps its blocks for the same reason; on CPU, raising two glibc t
     M_TRIM_THRESHOLD = 1 GiB    freed memory stays with the process until 1 GiB of it lies free at the top
 
 The cost: the process's resident memory stays at its peak, which a training loop reaches every step anyway.
-A user's own settings (MALLOC_*_ variables, GLIBC_TUNABLES for malloc) win: then nothing here changes.
+A threshold the user set (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, or in GLIBC_TUNABLES) is theirs: it
+is left as they set it, and the lineage says so.
 """
 
 from __future__ import annotations
@@ -21,29 +22,33 @@ import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
-MMAP_THRESHOLD = 32 * 2**20
-TRIM_THRESHOLD = 2**30
-
-
-def users_settings() -> list[str]:
-    """The environment variables through which the user already tuned glibc's allocator."""
-    named = [k for k in os.environ if k.startswith("MALLOC_") and k.endswith("_")]
-    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
-        named.append("GLIBC_TUNABLES")
-    return named
-
-
+# threshold -> (mallopt parameter, our value, the environment variable and the tunable a user sets it with)
+THRESHOLDS = {
+    "mmap": (M_MMAP_THRESHOLD, 32 * 2**20, "MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold"),
+    "trim": (M_TRIM_THRESHOLD, 2**30, "MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold"),
+}
 KEPT = "kept freed memory"
 
 
+def users_setting(threshold: str) -> str | None:
+    """How the user already set this threshold (the variable or the tunable's name), or None."""
+    _, _, variable, tunable = THRESHOLDS[threshold]
+    if os.environ.get(variable):
+        return variable
+    return tunable if tunable in os.environ.get("GLIBC_TUNABLES", "") else None
+
+
 def keep_freed_memory() -> str:
-    """Raise the two thresholds in this process; say which settings are in force (for the run's lineage)."""
-    if users := users_settings():
-        return "the user's: " + " ".join(users)
+    """Raise the thresholds the user has not set, in this process; say which settings are in force (for the
+    run's lineage): KEPT when both are ours."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt if sys.platform.startswith("linux") else None
     except (OSError, AttributeError):  # another C library (musl has no mallopt)
         mallopt = None
-    if mallopt and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
-        return KEPT
-    return "the C library's defaults"
+    said = []
+    for threshold, (parameter, value, _, _) in THRESHOLDS.items():
+        if users := users_setting(threshold):
+            said.append(f"{threshold} threshold: the user's {users}")
+        elif not (mallopt and mallopt(parameter, value)):
+            said.append(f"{threshold} threshold: the C library's default")
+    return "; ".join(said) or KEPT

@@ -54,7 +54,9 @@ def _read(folder: Path) -> RunningEndpoint | None:
         endpoint = RunningEndpoint(**json.loads((folder / RECORD_NAME).read_text()))
     except (OSError, ValueError, TypeError):  # none, half-written by hand, or another version's: not listed
         return None
-    return endpoint if endpoint.name == folder.name else None
+    typed = all(isinstance(getattr(endpoint, f), str) for f in ("name", "url", "runtime", "model_dir", "key_file")) \
+        and isinstance(endpoint.pid, int) and isinstance(endpoint.started, (int, float))
+    return endpoint if typed and endpoint.name == folder.name else None
 
 
 def _is_its_server(endpoint: RunningEndpoint, folder: Path) -> bool:
