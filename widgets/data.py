@@ -107,8 +107,8 @@ class DataPanel(Panel):
         return asset
 
     def clear_form(self) -> None:
-        """The form as a fresh panel has it: empty fields, default type, no message (after a scripted demo, so
-        that a person's own registration inherits none of its values)."""
+        """The form as the panel was made (its constructor's name, path, type and description), no message: after
+        a scripted demo, so that a person's own registration inherits none of its values."""
         for field, value in self._form_start.items():
             getattr(self, field).value = value
         self.message.value = ""
