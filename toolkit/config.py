@@ -94,6 +94,10 @@ class ModelConfig:
     file paths in them are read from it); empty: set at launch to the folder a module path was found in."""
     flops_per_item: float = bounded(0.0, ge=0.0)
     """Training FLOPs per token (or sample) for MFU; 0: the model's own formula, else 6 x parameters (an estimate)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them from forward: activation memory of
+    one block instead of all, for about a third more compute (gpt and hf models, or a module with
+    gradient_checkpointing_enable)."""
     init_from: str = ""
     """Start from pretrained weights: a save_pretrained folder, a Trainbook export, or a registered model
     NAME:VERSION; empty: the model's own initialisation."""
@@ -146,8 +150,8 @@ class OptimConfig:
     """Learning rate at the end of the cosine decay."""
     warmup_steps: int = bounded(20, ge=0)
     """Linear warmup from 0 to lr over this many steps."""
-    schedule: Literal["cosine", "constant"] = "cosine"
-    """Decay after warmup: cosine to min_lr at max_steps, or constant."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warmup: cosine or linear to min_lr at max_steps, or constant."""
     weight_decay: float = bounded(0.1, ge=0.0, le=1.0)
     """AdamW decoupled weight decay (applied to matrices only, not to biases and norms)."""
     beta1: float = bounded(0.9, ge=0.0, le=0.9999)
@@ -161,7 +165,10 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = bounded(32, ge=1, le=65536)
-    """Sequences (or samples) per process per step."""
+    """Sequences (or samples) per process per micro-step (DeepSpeed's train_micro_batch_size_per_gpu)."""
+    grad_accum_steps: int = bounded(1, ge=1, le=4096)
+    """Micro-steps per optimizer step: gradients of this many batches add up before one update, so a step sees
+    batch_size x grad_accum_steps x processes sequences (e.g. 8 x 4 x 2 = 64) in the memory of one batch."""
     max_steps: int = bounded(200, ge=1)
     """Optimizer steps to run (also the horizon of the cosine schedule)."""
     max_seconds: float = bounded(0.0, ge=0.0)
@@ -190,10 +197,17 @@ class EngineConfig:
     """Multi-process launcher; 'auto' uses the DeepSpeed launcher for the deepspeed engine, torchrun otherwise."""
     zero_stage: int = bounded(0, ge=0, le=3)
     """DeepSpeed ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """Compute precision; bf16 uses autocast (torch) or DeepSpeed's bf16 mode with fp32 master weights."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Compute precision; bf16 uses autocast (torch) or DeepSpeed's bf16 mode with fp32 master weights; fp16 adds
+    dynamic loss scaling (skipped steps are logged) and needs a GPU."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend; 'auto' is nccl on GPUs and gloo on CPU."""
+    deepspeed_config: str = ""
+    """Your DeepSpeed config (a ds_config.json, or YAML), with engine.name=deepspeed: Trainbook's fields fill what
+    it leaves out, its "auto" values take this config's, and a value that contradicts one set here is refused."""
+    deepspeed: dict = field(default_factory=dict)
+    """Set at launch: the contents of engine.deepspeed_config, kept with the run so that its restarts, resumes and
+    an Azure ML job never read the file again. Empty: no file."""
 
 
 @dataclass
@@ -435,6 +449,14 @@ def _check_relations(cfg: Config) -> None:
     if cfg.engine.name == "torch" and cfg.engine.zero_stage:
         raise ConfigError(not_allowed("engine.zero_stage", cfg.engine.zero_stage, "0 with engine.name='torch'",
                                       problem="needs engine.name='deepspeed'"))
+    for path in ("engine.deepspeed_config", "engine.deepspeed"):
+        value = getattr(cfg.engine, path.split(".")[1])
+        if value and cfg.engine.name != "deepspeed":
+            raise ConfigError(not_allowed(path, value, "empty unless engine.name='deepspeed'",
+                                          problem=f"is set while engine.name={cfg.engine.name!r}"))
+    if cfg.model.activation_checkpointing and cfg.model.name == "digits_mlp":
+        raise ConfigError(not_allowed("model.activation_checkpointing", True, "false with model.name='digits_mlp'",
+                                      problem="has no blocks to recompute in a 2-layer MLP"))
     if cfg.engine.launcher == "deepspeed" and cfg.engine.name != "deepspeed":
         raise ConfigError(not_allowed("engine.launcher", cfg.engine.launcher, "'auto', 'torchrun'",
                                       problem="needs engine.name='deepspeed'"))
@@ -472,10 +494,35 @@ def _check_model_source(cfg: Config) -> None:
                                   "only"))
 
 
+def given_fields(data: dict, prefix: str = "") -> set[str]:
+    """The dotted fields a config mapping sets (``{"train": {"lr": 1}}`` -> ``{"train.lr"}``): what the user chose,
+    as opposed to a default, which a DeepSpeed file's value may replace."""
+    found = set()
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        found.add(path)
+        if isinstance(value, dict) and path.count(".") == 0:
+            found |= given_fields(value, path + ".")
+    return found
+
+
 def from_dict(data: dict | None) -> Config:
     # None (an empty YAML document) is all defaults; any other non-mapping, [] or '' included, is refused
-    cfg = _build(Config, {} if data is None else data, "")
+    data = {} if data is None else data
+    cfg = _build(Config, data, "")
     _check_relations(cfg)
+    if cfg.engine.deepspeed_config or cfg.engine.deepspeed:
+        from toolkit.train.engines.deepspeed_config import DeepSpeedConfigError, adopt  # local: engine territory
+
+        try:
+            cfg = adopt(cfg, given_fields(data))
+        except DeepSpeedConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        try:  # the file's values, too, within the fields' types, bounds and rules
+            cfg = _build(Config, cfg.to_dict(), "")
+            _check_relations(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (a value from engine.deepspeed_config)") from None
     return cfg
 
 

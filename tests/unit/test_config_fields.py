@@ -22,6 +22,8 @@ COMPANIONS = {
     "optim.min_lr": {"optim.lr": 1.0},
     "engine.zero_stage": {"engine.name": "deepspeed"},
     "engine.launcher": {"engine.name": "deepspeed"},
+    "engine.deepspeed_config": {"engine.name": "deepspeed"},
+    "engine.deepspeed": {"engine.name": "deepspeed"},
     "model.name": {"data.dataset": None},  # None: the dataset the chosen model needs (set below)
     "data.dataset": {"model.name": None},
     "data.asset": {"data.path": ""},

@@ -331,10 +331,12 @@ class StepBatches(Dataset):
 
 
 def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: int = 1) -> DataLoader:
-    """Batches for steps first_step .. max_steps - 1, prepared by cfg.data.num_workers processes."""
+    """Batches for steps first_step .. max_steps - 1, prepared by cfg.data.num_workers processes. A step's batch
+    holds all its micro-batches (batch_size x grad_accum_steps rows, split by the trainer), drawn at once: so 4 x 8
+    and 1 x 32 train on the same 32 rows, and an accumulated run equals the unaccumulated one."""
     workers = cfg.data.num_workers
     return DataLoader(
-        StepBatches(corpus, cfg.train.batch_size, cfg.train.seed, rank, world_size),
+        StepBatches(corpus, cfg.train.batch_size * cfg.train.grad_accum_steps, cfg.train.seed, rank, world_size),
         batch_size=None,  # each item is already a whole batch
         sampler=range(first_step, cfg.train.max_steps),
         num_workers=workers,

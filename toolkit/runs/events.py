@@ -75,6 +75,11 @@ class TrainEvent(Event):
     mfu: float = _field("model FLOPs utilisation, 0..1")
     elapsed_s: float = _field("training time so far, agreed between ranks (evaluation excluded)")
     horizon: int | None = _field("the step the LR schedule ends at (moves under a time budget)", optional=True)
+    peak_memory_mb: list[float] | None = _field(
+        "each rank's peak memory so far, MiB, in rank order (GPU: max allocated; CPU: peak resident set)",
+        optional=True)
+    loss_scale: float | None = _field("fp16: the dynamic loss scale at the interval's end", optional=True)
+    skipped_steps: int | None = _field("fp16: optimizer steps skipped so far for inf/NaN gradients", optional=True)
 
 
 @dataclass(kw_only=True)

@@ -25,6 +25,7 @@ from toolkit.runs import status as run_status
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.data_pin import pin_data_asset
+from toolkit.train.engines import check_engine
 from toolkit.train.models.preflight import check_model, pin_model
 from toolkit.runs.handle import RunHandle
 from toolkit.runs.run_index import index_run
@@ -89,6 +90,9 @@ def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_roo
     config = pin_data_asset(config)
     config = pin_model(config)
     check_model(config)  # the user's model, pretrained weights, LoRA: refused here, before any folder is made
+    import torch
+
+    check_engine(config, world=config.engine.nproc, cuda=torch.cuda.is_available())  # fp16, a DeepSpeed file
     run_dir = Path(run_dir or default_run_dir(config, runs_root))
     with _holding_run_lock(run_dir) as lock_fd:  # before anything is written: a second start is refused here
         run = RunDir.create(run_dir, config)

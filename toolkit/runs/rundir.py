@@ -37,6 +37,8 @@ class RunDir:
     status_path = property(lambda self: self.path / "status.json")
     events_path = property(lambda self: self.path / events_mod.EVENTS_FILE)
     lineage_path = property(lambda self: self.path / "lineage.json")
+    # what deepspeed.initialize was handed (a user's file merged with the run's config), for reading, never re-read
+    deepspeed_config_path = property(lambda self: self.path / "deepspeed_config.json")
     tb_dir = property(lambda self: self.path / "tb")
     profile_dir = property(lambda self: self.path / PROFILE_DIR)
     # A stop asked for (by the supervisor, on SIGTERM): every rank sees it at its next check and the run saves a

@@ -21,6 +21,8 @@ STATUS_EVERY_S = 2.0  # status.json is for people and supervisors: refreshing it
 # event field -> TensorBoard tag
 TRAIN_SCALARS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "perf/tokens_per_s",
                  "mfu": "perf/mfu", "data_wait_pct": "perf/data_wait_pct"}
+OPTIONAL_TRAIN_SCALARS = {"loss_scale": "train/loss_scale", "skipped_steps": "train/skipped_steps"}  # fp16
+MEMORY_TAG = "memory/peak_mb"  # one scalar per rank: memory/peak_mb/rank0, ...
 EVAL_SCALARS = {"val_loss": "eval/val_loss", "val_bpb": "eval/val_bpb"}
 
 
@@ -44,6 +46,11 @@ class MetricsSink:
         event = self.events.write(TrainEvent(step=step, **{k: _round(v) for k, v in values.items()}))
         for key, tag in TRAIN_SCALARS.items():
             self.tb.add_scalar(tag, getattr(event, key), step)
+        for key, tag in OPTIONAL_TRAIN_SCALARS.items():
+            if getattr(event, key) is not None:
+                self.tb.add_scalar(tag, getattr(event, key), step)
+        for rank, mb in enumerate(event.peak_memory_mb or ()):
+            self.tb.add_scalar(f"{MEMORY_TAG}/rank{rank}", mb, step)
         now = time.monotonic()
         if now - self._last_status >= STATUS_EVERY_S:
             run_status.update(self.run, step=step)

@@ -9,6 +9,7 @@ Rank 0 writes the run directory: events.jsonl, status.json, lineage.json, tb/ an
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -31,6 +32,7 @@ from toolkit.train.rng import restore_rng
 from toolkit import safe_load
 from toolkit.runs.events import CheckpointInvalidEvent
 from toolkit.runs.rundir import RunDir
+from toolkit.fsio import atomic_write_text
 from toolkit.runs.launchers import ATTEMPT_ENV
 from toolkit.resources.machine import usable_cores
 
@@ -44,13 +46,15 @@ def _print_checkpoint_error(step: int, message: str) -> None:
 
 
 def lr_at(step: int, optim, max_steps: int) -> float:
-    """Linear warmup to optim.lr, then cosine decay to optim.min_lr at max_steps (or constant)."""
+    """Linear warmup to optim.lr, then cosine or linear decay to optim.min_lr at max_steps (or constant)."""
     if step < optim.warmup_steps:
         return optim.lr * (step + 1) / optim.warmup_steps
     if optim.schedule == "constant":
         return optim.lr
-    progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
-    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+    progress = min(1.0, (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps))
+    if optim.schedule == "linear":
+        return optim.lr - (optim.lr - optim.min_lr) * progress
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
 
 
 def time_budget_horizon(step: int, seconds: float, train) -> int:
@@ -64,7 +68,7 @@ def time_budget_horizon(step: int, seconds: float, train) -> int:
 
 def peak_memory_mb(device) -> float:
     """This process's peak memory so far: the allocator's high-water mark on a GPU, the resident set's on a CPU
-    (Linux reports ru_maxrss in KiB)."""
+    (Linux reports ru_maxrss in KiB): what toolkit.resources.memory_estimate predicts."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     import resource
@@ -108,13 +112,15 @@ class Trainer:
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.engine = build_engine(model, cfg, self.topo)
+        if self.topo.is_main and hasattr(self.engine, "ds_config"):  # what DeepSpeed got, for people to read
+            atomic_write_text(run.deepspeed_config_path, json.dumps(self.engine.ds_config, indent=1) + "\n")
         torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
 
         self.corpus = data_mod.load_corpus(cfg)
-        # Items (tokens for text, samples for tables) that all ranks together consume per step.
-        # e.g. 32 sequences * 128 tokens * 2 ranks = 8,192 tokens per step
-        per_rank = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
-        self.items_per_step = per_rank * self.topo.world_size
+        # Items (tokens for text, samples for tables) that all ranks together consume per optimizer step.
+        # e.g. 8 sequences * 4 micro-steps * 128 tokens * 2 ranks = 8,192 tokens per step
+        per_micro_step = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
+        self.items_per_step = per_micro_step * cfg.train.grad_accum_steps * self.topo.world_size
         self.peak = cached_peak_record()  # recorded with the run: the cache may hold another figure later
         self.peak_flops = self.peak["flops"]
         self.step = 0  # optimizer steps completed
@@ -161,9 +167,9 @@ class Trainer:
             if slow_steps:
                 slow_steps -= 1
                 time.sleep(cfg.fault.slow_step_ms / 1e3)
-            batch = {k: v.to(topo.device, non_blocking=True) for k, v in batch.items()}
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
-            loss_sum += engine.train_step(batch, before_update=self.checkpointer.before_update).to(torch.float64)
+            loss_sum += engine.train_step(self._micro_batches(batch),
+                                          before_update=self.checkpointer.before_update).to(torch.float64)
             if profiler:
                 profiler.step()
             self.step += 1
@@ -184,8 +190,11 @@ class Trainer:
                 # One collective per log interval: the loss, the clock every rank agrees on (the mean), so that
                 # all ranks take the same time-based decisions and nobody waits forever in a collective, and
                 # whether any rank was asked to stop.
-                total_loss, seconds_sum, stop_votes = distributed.all_reduce_sum(
-                    [loss_sum.item(), train_seconds, float(self._stop_asked())], topo.device)
+                # Each rank's peak memory goes in its own slot of the same vector, so rank 0 logs all of them.
+                memory = [0.0] * topo.world_size
+                memory[topo.rank] = peak_memory_mb(topo.device)
+                total_loss, seconds_sum, stop_votes, *memory = distributed.all_reduce_sum(
+                    [loss_sum.item(), train_seconds, float(self._stop_asked()), *memory], topo.device)
                 agreed_seconds = seconds_sum / topo.world_size
                 stopping = stop_votes > 0 and not last  # at the last step it simply completes
                 items_per_s = self.items_per_step * window_steps / elapsed
@@ -199,6 +208,8 @@ class Trainer:
                         mfu=items_per_s * self.flops_per_item / self.peak_flops,
                         elapsed_s=agreed_seconds,
                         horizon=self.horizon,
+                        peak_memory_mb=[round(m, 1) for m in memory],
+                        **self._loss_scaling(),
                     )
                 if cfg.train.max_seconds:
                     last = last or agreed_seconds >= cfg.train.max_seconds
@@ -236,6 +247,19 @@ class Trainer:
         if self.sink:
             self.sink.finish(result, stopped=stopping)
         return result
+
+    def _micro_batches(self, batch: dict) -> list[dict]:
+        """The step's batch (batch_size x grad_accum_steps rows) as grad_accum_steps micro-batches, on the device."""
+        size = self.cfg.train.batch_size
+        batch = {k: v.to(self.topo.device, non_blocking=True) for k, v in batch.items()}
+        if self.cfg.train.grad_accum_steps == 1:
+            return [batch]
+        return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(next(iter(batch.values()))), size)]
+
+    def _loss_scaling(self) -> dict:
+        """fp16 only: the loss scale now and the optimizer steps skipped so far for overflowing gradients."""
+        scale = self.engine.loss_scale
+        return {} if scale is None else {"loss_scale": scale, "skipped_steps": int(self.engine.skipped_steps)}
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stop_requested = True

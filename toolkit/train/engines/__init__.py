@@ -31,3 +31,19 @@ def build_engine(model, cfg, topo, loss_fn=None):
 
         loss_fn = loss_function(cfg.model)
     return ENGINES[cfg.engine.name](model, cfg, topo, loss_fn)
+
+
+def check_engine(cfg, world: int, cuda: bool) -> dict | None:
+    """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``): fp16 only on GPUs,
+    and for DeepSpeed the merged config through DeepSpeed's own parser (toolkit.train.engines.deepspeed_config).
+    Returns what DeepSpeed will be handed (None for the torch engine). Raises ValueError naming the field."""
+    from toolkit.errors import not_allowed
+
+    if cfg.engine.precision == "fp16" and not cuda:
+        raise ValueError(not_allowed("engine.precision", "fp16", "'bf16' or 'fp32' on a machine without a GPU",
+                                     problem="needs a GPU (fp16 compute and its dynamic loss scaling)"))
+    if cfg.engine.name != "deepspeed":
+        return None
+    from toolkit.train.engines import deepspeed_config
+
+    return deepspeed_config.check(cfg, world, cuda)

@@ -1,31 +1,17 @@
-"""DeepSpeed: ZeRO stages 0 to 3, fp32 or bf16, on gloo (CPU) or NCCL (GPU)."""
+"""DeepSpeed: ZeRO stages 0 to 3, fp32, bf16 or fp16 (GPU), on gloo (CPU) or NCCL (GPU); the config it gets is
+toolkit.train.engines.deepspeed_config's merge of the user's file and the run's fields."""
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
 import torch
 
 from toolkit import safe_load
-from toolkit.train.engines.param_groups import adamw_param_groups, trainable_only
-
-
-def deepspeed_config(cfg) -> dict:
-    """The DeepSpeed JSON config that a Trainbook config means (also written to the run for inspection)."""
-    o = cfg.optim
-    return {
-        "train_micro_batch_size_per_gpu": cfg.train.batch_size,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": o.grad_clip,
-        # torch_adam: DeepSpeed's fused CPU/GPU Adam would need a C++/CUDA build; torch's AdamW needs none.
-        "optimizer": {"type": "AdamW",
-                      "params": {"lr": o.lr, "betas": [o.beta1, o.beta2], "torch_adam": True}},
-        "zero_optimization": {"stage": cfg.engine.zero_stage},
-        "bf16": {"enabled": cfg.engine.precision == "bf16"},
-        "steps_per_print": 2**62,  # the loop reports progress itself
-        "wall_clock_breakdown": False,
-    }
+from toolkit.train.engines.deepspeed_config import merged
+from toolkit.train.engines.param_groups import HALF, adamw_param_groups, trainable_only
 
 
 DS_TAG = "ds"  # the sub-folder DeepSpeed's own files go in, inside each Trainbook checkpoint
@@ -75,15 +61,17 @@ class DeepSpeedEngine:
         self.loss_fn = loss_fn  # (model, batch) -> loss: the model's adapter, called with DeepSpeed's engine
 
         model = model.to(topo.device)
+        # the user's file (engine.deepspeed) merged with this run's fields, for the world this run really has
+        self.ds_config = merged(cfg, topo.world_size, cuda=topo.device.type == "cuda")
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=adamw_param_groups(model, cfg.optim.weight_decay),
-            config=deepspeed_config(cfg),
+            config=copy.deepcopy(self.ds_config),  # DeepSpeed fills in what it defaults; the run keeps the merge
         )
         self.module = self.engine.module
         self.trainable_only = trainable_only(cfg)  # LoRA: checkpoints leave the frozen base out
         self.device = topo.device
-        self._dtype = torch.bfloat16 if cfg.engine.precision == "bf16" else None
+        self._dtype = HALF.get(cfg.engine.precision)
         # ZeRO-3 gathers and releases parameters inside forward: stage its state before training goes on.
         self.state_moves_in_forward = cfg.engine.zero_stage == 3
 
@@ -98,13 +86,26 @@ class DeepSpeedEngine:
             return batch
         return {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in batch.items()}
 
-    def train_step(self, batch: dict, before_update=None) -> torch.Tensor:
-        loss = self.loss_fn(self.engine, self._cast(batch))
-        self.engine.backward(loss)
-        if before_update is not None:
-            before_update()  # the last moment the weights are still those of the previous step
-        self.engine.step()
-        return loss.detach().float()
+    @property
+    def skipped_steps(self) -> int:
+        return self.engine.skipped_steps  # fp16 overflows (DeepSpeed's dynamic loss scaler skipped the update)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return float(self.engine.optimizer.cur_scale) if self._dtype is torch.float16 else None
+
+    def train_step(self, micro_batches: list[dict], before_update=None) -> torch.Tensor:
+        """One optimizer step over ``micro_batches``: DeepSpeed divides each backward by gradient_accumulation_steps
+        and communicates and updates only at the boundary (the last micro-step's ``step()``); returns the mean loss."""
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            loss = self.loss_fn(self.engine, self._cast(batch))
+            self.engine.backward(loss)
+            if i == len(micro_batches) - 1 and before_update is not None:
+                before_update()  # the last moment the weights are still those of the previous step
+            self.engine.step()
+            loss_sum += loss.detach().float()
+        return loss_sum / len(micro_batches)
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+# engine.precision -> the half-precision dtype that autocast computes in (fp32: none)
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 def adamw_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices (weights, embeddings), not biases or norm gains, as in GPT-2 and nanoGPT."""

@@ -8,8 +8,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
-from toolkit.train.engines.param_groups import (adamw_param_groups, load_trainable_state, trainable_only,
+from toolkit.train.engines.param_groups import (HALF, adamw_param_groups, load_trainable_state, trainable_only,
                                                 trainable_state)
+
+SCALER_FILE = "scaler.pt"  # fp16 runs only
 
 
 class TorchEngine:
@@ -27,25 +29,50 @@ class TorchEngine:
         self.grad_clip = o.grad_clip
         self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
         self.device = topo.device
-        bf16 = cfg.engine.precision == "bf16"
-        self._autocast = (lambda: torch.autocast(topo.device.type, dtype=torch.bfloat16)) if bf16 \
-            else contextlib.nullcontext
+        half = HALF.get(cfg.engine.precision)
+        self._autocast = (lambda: torch.autocast(topo.device.type, dtype=half)) if half else contextlib.nullcontext
+        # fp16's narrow range: scale the loss up so small gradients do not flush to zero, and skip a step whose
+        # gradients overflowed (the scale then halves); bf16 has fp32's range and needs none of it
+        self.scaler = torch.amp.GradScaler(topo.device.type) if cfg.engine.precision == "fp16" else None
+        self.skipped_steps = 0  # optimizer steps the scaler skipped for inf/NaN gradients
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, batch: dict, before_update=None) -> torch.Tensor:
-        with self._autocast():
-            loss = self.loss_fn(self.model, batch)
-        loss.backward()
+    @property
+    def loss_scale(self) -> float | None:
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    def train_step(self, micro_batches: list[dict], before_update=None) -> torch.Tensor:
+        """One optimizer step over ``micro_batches`` (train.grad_accum_steps of them): their gradients add up,
+        each loss divided by their number so the sum is the mean over all of them; returns that mean loss."""
+        n = len(micro_batches)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            # DDP all-reduces gradients during backward; on the inner micro-steps there is nothing to share yet,
+            # so only the last backward communicates (1 all-reduce per optimizer step instead of n)
+            inner = i < n - 1 and self.model is not self.module
+            with self.model.no_sync() if inner else contextlib.nullcontext():
+                with self._autocast():
+                    loss = self.loss_fn(self.model, batch) / n
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            loss_sum += loss.detach().float()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         if before_update is not None:
             before_update()  # the last moment the weights are still those of the previous step
-        self.optimizer.step()
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skipped when the gradients hold inf or NaN
+            self.scaler.update()
+            self.skipped_steps += self.scaler.get_scale() < scale
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss_sum
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:
@@ -59,7 +86,10 @@ class TorchEngine:
         if not is_writer:
             return {}
         weights = trainable_state(self.module) if self.trainable_only else self.module.state_dict()
-        return {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict()}
+        files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict()}
+        if self.scaler is not None:  # fp16: the loss scale and its growth counter, for an exact resume
+            files[SCALER_FILE] = self.scaler.state_dict()
+        return files
 
     def load_checkpoint_state(self, folder) -> None:
         # A run directory may be a copy from elsewhere: tensors and plain data only (toolkit.safe_load).
@@ -69,6 +99,8 @@ class TorchEngine:
         else:
             self.module.load_state_dict(weights)
         self.optimizer.load_state_dict(safe_load.load(folder / "optimizer.pt", map_location=self.device))
+        if self.scaler is not None:
+            self.scaler.load_state_dict(safe_load.load(folder / SCALER_FILE))
 
     def train(self):
         self.model.train()
