@@ -4,6 +4,7 @@ seconds with a plain message when config.json or credentials are missing. No Azu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -82,9 +83,9 @@ def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, 
     cfg = config.load("tiny", ["data.asset=pydoc", *overrides])
     plan = build_plan(cfg, compute="gpu-a100", sku=IB_SKU, instance_count=2, max_nodes=4, low_priority=True)
     out = write_plan(plan, tmp_path / "plan")
-    assert sorted(p.name for p in out.iterdir()) == ["compute.yaml", "data.yaml", "environment.yaml",
-                                                      "environment.yml", "job.yaml", "submit.md",
-                                                      "trainbook-config.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["compute.yaml", "data.yaml", "environment.yaml", "environment.yml", "job.yaml", "submit.md",
+         "trainbook-config.yaml"] + (["deepspeed_config.json"] if overrides else []))
 
     compute = load_compute(out / "compute.yaml")
     assert (compute.name, compute.size, compute.min_instances, compute.max_instances) == ("gpu-a100", IB_SKU, 0, 4)
@@ -587,3 +588,31 @@ def test_a_plan_refuses_a_data_asset_whose_snapshot_changed_since_registration(p
     cfg = config.load("tiny", [f"data.asset={pydoc_asset.ref}"])
     with pytest.raises(AzureError, match=rf"data.asset: {pydoc_asset.ref} does not match its registration"):
         build_plan(cfg, compute="cpu-smoke", sku="Standard_D4s_v3", instance_count=1)
+
+
+def test_a_users_offload_config_is_refused_on_cpu_sizes_and_carried_by_a_gpu_plan(tmp_path, capsys):
+    """transformers' ZeRO-2 example offloads optimizer state to the CPU and leaves fp16 "auto": the plan for a GPU
+    size carries both to the job (its config and the merged DeepSpeed config, checked by DeepSpeed's parser); a CPU
+    size, where offload means nothing, is refused before anything is written, naming the key."""
+    from ds_examples import ZERO2_OFFLOAD
+
+    ds = tmp_path / "ds_config_zero2.json"
+    ds.write_text(json.dumps(ZERO2_OFFLOAD))
+    cfg = config.load("tiny", ["engine.name=deepspeed", f"engine.deepspeed_config={ds}", "engine.precision=fp16"])
+    plan = build_plan(cfg, compute="gpu-a100", sku=IB_SKU, instance_count=2)
+    assert "ZeRO stage 2, offload optimizer state to cpu" in plan.summary()
+    out = write_plan(plan, tmp_path / "plan")
+    merged = json.loads((out / "deepspeed_config.json").read_text())
+    assert merged["zero_optimization"]["offload_optimizer"]["device"] == "cpu" and merged["fp16"]["enabled"]
+    assert merged["train_batch_size"] == 8 * 2 * 8, "micro batch x 2 nodes x 8 GPUs"
+    job_cfg = config.load(out / "trainbook-config.yaml")
+    assert job_cfg.engine.deepspeed == ZERO2_OFFLOAD, "the job reads the kept copy, not a file on this machine"
+    with pytest.raises(ValueError, match="engine.precision: 'fp16' needs a GPU"):
+        build_plan(cfg, compute="cpu", sku="Standard_D4s_v3", instance_count=1)
+    with pytest.raises(ValueError, match="zero_optimization.offload_optimizer.device: 'cpu' moves state out of GPU"):
+        build_plan(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, precision="fp32")), compute="cpu",
+                   sku="Standard_D4s_v3", instance_count=1)
+    assert main(["azure", "plan", "tiny", "--set", "engine.name=deepspeed", "--set", f"engine.deepspeed_config={ds}",
+                 "--compute", "cpu", "--sku", "Standard_D4s_v3", "--instance-count", "1",
+                 "--out", str(tmp_path / "cpu-plan")]) == 2
+    assert "offload_optimizer.device" in capsys.readouterr().err and not (tmp_path / "cpu-plan").exists()

@@ -45,8 +45,12 @@ def reference_runs(finished_runs):
 TORCH_1, TORCH_DDP_2 = (), ("--nproc", "2")
 DEEPSPEED_1, DEEPSPEED_ZERO2_2 = ("--engine", "deepspeed"), ("--engine", "deepspeed", "--nproc", "2", "--set",
                                                              "engine.zero_stage=2")
+# 4 micro-batches of 2 per optimizer step: the same 8 rows a step as tiny's batch of 8, in a quarter of the memory
+ACCUM = ("--set", "train.batch_size=2", "--set", "train.grad_accum_steps=4")
 GOLDEN = [
     pytest.param(TORCH_1, id="torch-1", marks=pytest.mark.smoke),
+    pytest.param(TORCH_1 + ACCUM, id="torch-1-accum", marks=pytest.mark.slow),
+    pytest.param(DEEPSPEED_ZERO2_2 + ACCUM, id="deepspeed-zero2-2-accum", marks=pytest.mark.slow),
     pytest.param(TORCH_DDP_2, id="torch-ddp-2", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_1, id="deepspeed-1", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_ZERO2_2, id="deepspeed-zero2-2", marks=pytest.mark.slow),

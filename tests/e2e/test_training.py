@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from test_checkpoint import (DEEPSPEED_1, DEEPSPEED_ZERO2_2, STEPS, TORCH_1, TORCH_DDP_2,  # noqa: F401 (a fixture)
+from test_checkpoint import (ACCUM, DEEPSPEED_1, DEEPSPEED_ZERO2_2, STEPS, TORCH_1, TORCH_DDP_2,  # noqa: F401
                              reference_runs)
 from toolkit import config as config_mod
 from toolkit.runs import launch
@@ -185,3 +185,41 @@ def test_deepspeed_matches_torch_step_for_step(reference_runs, torch_flags, deep
     ds_losses = [e["loss"] for e in reference_runs(deepspeed_flags).events("train")]
     assert len(torch_losses) == len(ds_losses) == STEPS
     assert ds_losses == pytest.approx(torch_losses, rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [TORCH_1, TORCH_DDP_2, DEEPSPEED_ZERO2_2], ids=["torch-1", "torch-ddp-2",
+                                                                            "deepspeed-zero2-2"])
+def test_accumulated_micro_batches_train_as_one_big_batch(reference_runs, flags):
+    """4 micro-batches of 2 and one batch of 8 see the same rows (a step's batch is drawn whole, then split), so the
+    losses agree to float rounding (gradients summed in another order), at every step, for both engines; and the
+    schedule, the logged steps and the tokens per step count optimizer steps, not micro-steps."""
+    whole, accumulated = reference_runs(flags), reference_runs(flags + ACCUM)
+    big, small = whole.events("train"), accumulated.events("train")
+    assert [e["step"] for e in small] == [e["step"] for e in big] == list(range(1, STEPS + 1))
+    assert [e["loss"] for e in small] == pytest.approx([e["loss"] for e in big], rel=1e-5)
+    assert [e["lr"] for e in small] == [e["lr"] for e in big]
+    assert accumulated.events("eval")[-1]["val_loss"] == pytest.approx(whole.events("eval")[-1]["val_loss"],
+                                                                       rel=1e-5)
+    nproc = accumulated.read_config().engine.nproc
+    assert all(len(e["peak_memory_mb"]) == nproc and min(e["peak_memory_mb"]) > 50 for e in small), small[-1]
+    checkpoints = [e["step"] for e in accumulated.events("checkpoint")]
+    assert checkpoints == [e["step"] for e in whole.events("checkpoint")] == [10, 20, 30, 40]
+
+
+@pytest.mark.slow
+def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation():
+    """no_sync on the inner micro-steps: 4 micro-batches cost DDP the all-reduces of one step, not four (counted by a
+    communication hook in a 2-process torchrun of the torch engine; bench/bench_accumulation.py reports the same)."""
+    import subprocess
+    import sys
+
+    from conftest import PROJECT
+    from toolkit.ports import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(PROJECT / "bench" / "bench_accumulation.py"), "--count-all-reduces"],
+                          capture_output=True, text=True, timeout=300, cwd=PROJECT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["4 x 8"] == counts["1 x 32"] >= 1, counts

@@ -11,6 +11,7 @@ renamed into place, so a failed plan leaves nothing behind and a replaced plan i
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, env
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_sku
 from toolkit.errors import not_allowed, refused
+from toolkit.train.engines import check_engine
+from toolkit.train.engines.deepspeed_config import get_path as _get
 
 DEFAULT_IDLE_SECONDS = 1800
 # Azure ML compute cluster names: 3 to 24 letters, digits and '-', starting with a letter, and a '-' must be
@@ -141,6 +144,7 @@ class Plan:
     environment: Any  # azure.ai.ml.entities.Environment
     data: Any  # azure.ai.ml.entities.Data or None
     job: Any  # azure.ai.ml.entities.CommandJob
+    deepspeed: dict | None = None  # what DeepSpeed will be handed on the cluster (None: the torch engine)
 
     @property
     def world_size(self) -> int:
@@ -151,6 +155,12 @@ class Plan:
         o = self.options
         engine = self.cfg.engine.name + (f", ZeRO stage {self.cfg.engine.zero_stage}"
                                          if self.cfg.engine.name == "deepspeed" else "")
+        offload = [f"{part} to {device}" for part, device in (
+            ("optimizer state", _get((self.deepspeed or {}), "zero_optimization.offload_optimizer.device")),
+            ("parameters", _get((self.deepspeed or {}), "zero_optimization.offload_param.device")))
+            if device not in (None, "none")]
+        if offload:
+            engine += ", offload " + " and ".join(offload)
         per = "GPUs" if self.sku.gpus else "processes"
         data = (f"{self.asset.ref} ({self.asset.type}, {self.asset.size_bytes:,} bytes, sha256 "
                 f"{self.asset.sha256[:12]})" if self.asset else "none (the config's built-in dataset)")
@@ -198,9 +208,13 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
     job_model, model_code, folders = _job_model(cfg, code_limit_bytes, code_limit_files)
     job_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, asset="", workspace=""),
                                   engine=dataclasses.replace(cfg.engine, nproc=processes), model=job_model)
+    # fp16, offload and a user's DeepSpeed file checked for the SKU's devices and the job's world, as a launch on
+    # that machine would: a GPU SKU takes ZeRO-Offload and fp16, a CPU one refuses them here, before any upload
+    deepspeed = check_engine(job_cfg, world=options.instance_count * processes, cuda=the_sku.gpus > 0)
     environment = entities.environment(options.image, conda)
     return Plan(
         cfg=cfg, job_cfg=job_cfg, sku=the_sku, options=options, processes_per_node=processes, conda_file=conda,
+        deepspeed=deepspeed,
         code=upload, model_code=model_code, asset=asset, workspace=workspace,
         compute=entities.compute(options.compute, the_sku, options.min_nodes, options.max_nodes,
                                  options.idle_seconds, options.low_priority),
@@ -315,6 +329,8 @@ def _files(plan: Plan, out: Path) -> dict[str, str]:
         "job.yaml": _yaml("job.yaml", _job_dict(plan), f"az ml job create -f job.yaml --stream {flags}"),
         "submit.md": _submit_md(plan, out),
     }
+    if plan.deepspeed is not None:  # for review; the job itself merges the same from its config (engine.deepspeed)
+        files[DEEPSPEED_FILE] = json.dumps(plan.deepspeed, indent=1) + "\n"
     if plan.data is not None:
         files["data.yaml"] = _yaml("data.yaml", plain(plan.data._to_dict()), f"az ml data create -f data.yaml {flags}")
     return files
@@ -329,8 +345,9 @@ def sdk_loaders() -> dict:
 
 
 # Every file a plan folder may hold (data.yaml only when the job has a data input): what an earlier plan is.
+DEEPSPEED_FILE = "deepspeed_config.json"
 PLAN_FILES = frozenset({"compute.yaml", "environment.yaml", "data.yaml", "job.yaml", "submit.md", CONDA_COPY,
-                        entities.CONFIG_INPUT})
+                        entities.CONFIG_INPUT, DEEPSPEED_FILE})
 
 
 def write_plan(plan: Plan, out_dir: str | Path) -> Path:

@@ -30,7 +30,14 @@ def create_for_external_launcher(run: RunDir, config_file: str, overrides: list[
 
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         if not run.config_path.exists():
-            RunDir.create(run.path, pin_model(pin_data_asset(config_mod.load(config_file, overrides))))
+            import torch
+
+            from toolkit.train.engines import check_engine
+
+            cfg = pin_model(pin_data_asset(config_mod.load(config_file, overrides)))
+            # this node's own devices and the job's world: fp16, offload and a DeepSpeed file checked where they run
+            check_engine(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), cuda=torch.cuda.is_available())
+            RunDir.create(run.path, cfg)
         elif int(os.environ.get("RANK", "0")) == 0:  # a restarted job finds its own run directory and resumes it
             run_status.transition(run, "retry", resumed=time.time())
         return

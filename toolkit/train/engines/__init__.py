@@ -39,11 +39,12 @@ def check_engine(cfg, world: int, cuda: bool) -> dict | None:
     Returns what DeepSpeed will be handed (None for the torch engine). Raises ValueError naming the field."""
     from toolkit.errors import not_allowed
 
+    merged = None
+    if cfg.engine.name == "deepspeed":  # first: where fp16 came from a user's file, its key is the one to name
+        from toolkit.train.engines import deepspeed_config
+
+        merged = deepspeed_config.check(cfg, world, cuda)
     if cfg.engine.precision == "fp16" and not cuda:
         raise ValueError(not_allowed("engine.precision", "fp16", "'bf16' or 'fp32' on a machine without a GPU",
                                      problem="needs a GPU (fp16 compute and its dynamic loss scaling)"))
-    if cfg.engine.name != "deepspeed":
-        return None
-    from toolkit.train.engines import deepspeed_config
-
-    return deepspeed_config.check(cfg, world, cuda)
+    return merged

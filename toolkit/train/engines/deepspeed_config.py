@@ -368,6 +368,7 @@ def check(cfg, world: int, cuda: bool) -> dict:
     """The merged config, refused before launch when DeepSpeed's parser refuses it, when it holds a key DeepSpeed
     does not read (with the nearest valid name), or when it asks for fp16 or offload without a GPU. Returns it."""
     ds = merged(cfg, world, cuda)
+    parse(ds)  # a misspelt key first: what follows reads the keys as spelt
     for key in OFFLOADS:
         device = get_path(ds, key, "none")
         if device not in (None, "none") and not cuda:
@@ -389,7 +390,6 @@ def check(cfg, world: int, cuda: bool) -> dict:
                                                "(bf16 or fp32 here)",
                                                problem="needs a GPU: fp16 compute and its loss scaling are GPU "
                                                        "features"))
-    parse(ds)
     return ds
 
 

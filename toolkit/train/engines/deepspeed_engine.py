@@ -97,15 +97,15 @@ class DeepSpeedEngine:
     def train_step(self, micro_batches: list[dict], before_update=None) -> torch.Tensor:
         """One optimizer step over ``micro_batches``: DeepSpeed divides each backward by gradient_accumulation_steps
         and communicates and updates only at the boundary (the last micro-step's ``step()``); returns the mean loss."""
-        loss_sum = torch.zeros((), device=self.device)
+        losses = []
         for i, batch in enumerate(micro_batches):
             loss = self.loss_fn(self.engine, self._cast(batch))
             self.engine.backward(loss)
             if i == len(micro_batches) - 1 and before_update is not None:
                 before_update()  # the last moment the weights are still those of the previous step
             self.engine.step()
-            loss_sum += loss.detach().float()
-        return loss_sum / len(micro_batches)
+            losses.append(loss.detach())
+        return losses[0].float() if len(losses) == 1 else torch.stack(losses).float().mean()
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:

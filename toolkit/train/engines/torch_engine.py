@@ -48,7 +48,7 @@ class TorchEngine:
         """One optimizer step over ``micro_batches`` (train.grad_accum_steps of them): their gradients add up,
         each loss divided by their number so the sum is the mean over all of them; returns that mean loss."""
         n = len(micro_batches)
-        loss_sum = torch.zeros((), device=self.device)
+        losses = []
         for i, batch in enumerate(micro_batches):
             # DDP all-reduces gradients during backward; on the inner micro-steps there is nothing to share yet,
             # so only the last backward communicates (1 all-reduce per optimizer step instead of n)
@@ -57,7 +57,7 @@ class TorchEngine:
                 with self._autocast():
                     loss = self.loss_fn(self.model, batch) / n
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            loss_sum += loss.detach().float()
+            losses.append(loss.detach())
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.grad_clip:
@@ -72,7 +72,7 @@ class TorchEngine:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum
+        return losses[0] if n == 1 else torch.stack(losses).sum()
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:
