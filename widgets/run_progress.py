@@ -25,6 +25,10 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEv
         cells += [("loss", f"{train.loss:.4f}"), ("tokens/s", f"{train.tokens_per_s:,.0f}"),
                   ("MFU", f"{100 * train.mfu:.1f}%"), ("data wait", f"{train.data_wait_pct:.2f}%"),
                   ("lr", f"{train.lr:.2e}")]
+        if train.peak_memory_mb:  # one figure per rank: ZeRO's partitioning shows as ranks that each hold less
+            cells.append(("peak memory / rank", " · ".join(f"{mb:,.0f}" for mb in train.peak_memory_mb) + " MiB"))
+        if train.skipped_steps:
+            cells.append(("fp16 skipped", f"{train.skipped_steps} (scale {train.loss_scale:g})"))
     if val:
         cells.append(("val loss" if val.val_bpb is None else "val bits/byte", f"{val.headline:.4f}"))
     cells.append(("elapsed", f"{time.time() - started:,.0f} s"))

@@ -35,7 +35,8 @@ from widgets.run_progress import render_card
 class TrainingPanel(Panel):
     def __init__(self, config: str = "demo", engine: str = "torch", nproc: int = 1, zero_stage: int = 0,
                  steps: int | None = None, checkpoint_every: int = 0, profile: bool = True, model: str = "",
-                 tokenizer: str = "",
+                 tokenizer: str = "", deepspeed_config: str = "", grad_accum_steps: int = 1, precision: str = "",
+                 activation_checkpointing: bool = False,
                  overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
         super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
@@ -54,6 +55,17 @@ class TrainingPanel(Panel):
         self.tokenizer = w.Text(value=tokenizer, description="tokenizer", placeholder="the config's (auto)",
                                 tooltip="bytes, model (the HF folder's), a registered name[:version], or a folder "
                                         "with tokenizer.json", layout=w.Layout(width="300px"))
+        # Scaling settings: each is sent only when it differs from the config's own, so that a DeepSpeed file's
+        # values (its stage, accumulation, precision) are taken rather than contradicted
+        self.deepspeed_config = w.Text(value=deepspeed_config, description="ds_config", placeholder="none",
+                                       tooltip="your DeepSpeed config (JSON or YAML); its zero_optimization.stage "
+                                               "decides the stage", layout=w.Layout(width="420px"))
+        self.grad_accum = w.BoundedIntText(value=grad_accum_steps, min=1, max=4096, description="grad accum",
+                                           tooltip="micro-batches per optimizer step")
+        self.precision = w.Dropdown(options=[("config's", ""), ("fp32", "fp32"), ("bf16", "bf16"), ("fp16 (GPU)", "fp16")],
+                                    value=precision, description="precision")
+        self.activation_checkpointing = w.Checkbox(value=activation_checkpointing, description="act. checkpointing")
+        self.deepspeed_view = w.HTML()
         self.buttons = {name: self.button(name, getattr(self, name.lower()), style) for name, style in
                         (("Start", "primary"), ("Stop", ""), ("Kill", "danger"), ("Resume", ""),
                          ("TensorBoard", "info"))}
@@ -63,9 +75,10 @@ class TrainingPanel(Panel):
         self.links = w.HTML()
         form = w.VBox([w.HBox([self.config, self.engine, self.nproc]),
                        w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile]),
-                       w.HBox([self.model, self.tokenizer])])
+                       w.HBox([self.model, self.tokenizer]),
+                       w.HBox([self.deepspeed_config, self.grad_accum, self.precision, self.activation_checkpointing])])
         self.view = w.VBox([form, w.HBox(list(self.buttons.values())), self.message, self.progress, self.card,
-                            self.plot, self.links])
+                            self.plot, self.deepspeed_view, self.links])
         self.handle = None
         self.run: RunDir | None = None
         self.tb_server = None
@@ -84,8 +97,19 @@ class TrainingPanel(Panel):
         from toolkit.train.models import model_overrides  # names only: the registry imports no torch
 
         settings = [f"engine.name={self.engine.value}", f"engine.nproc={self.nproc.value}",
-                    f"engine.zero_stage={self.zero_stage.value}", f"profile.enabled={str(self.profile.value).lower()}",
-                    *model_overrides(self.model.value), *self.overrides]
+                    f"profile.enabled={str(self.profile.value).lower()}", *model_overrides(self.model.value)]
+        ds_file = self.deepspeed_config.value.strip()
+        if ds_file:
+            settings.append(f"engine.deepspeed_config={ds_file}")
+        else:
+            settings.append(f"engine.zero_stage={self.zero_stage.value}")
+        if self.grad_accum.value > 1:
+            settings.append(f"train.grad_accum_steps={self.grad_accum.value}")
+        if self.precision.value:
+            settings.append(f"engine.precision={self.precision.value}")
+        if self.activation_checkpointing.value:
+            settings.append("model.activation_checkpointing=true")
+        settings += self.overrides
         if self.tokenizer.value.strip():
             settings.append(f"data.tokenizer={self.tokenizer.value.strip()}")
         if self.steps.value:
@@ -147,6 +171,7 @@ class TrainingPanel(Panel):
     def open_run(self, run_dir: str | Path) -> "TrainingPanel":
         """Show a past run's dashboard from its events.jsonl."""
         self.run, self.handle = RunDir(run_dir), None
+        self.deepspeed_view.value = ""
         self._progress = RunProgress(self.run.read_config().train.max_steps)
         for event in read_events(self.run):
             self._progress.apply(event)
@@ -158,6 +183,7 @@ class TrainingPanel(Panel):
 
     def _follow(self, handle, max_steps: int, keep_history: bool = False) -> None:
         self.handle, self.run = handle, handle.run
+        self.deepspeed_view.value = ""
         if not keep_history:
             self._progress, self._started = RunProgress(max_steps), time.time()
         self._set_buttons()
@@ -216,14 +242,24 @@ class TrainingPanel(Panel):
             self._plotted_at = now
             self._png = plot_png(plots.training_curves, self.run.path)
             self.plot.value = self._png
+        self._show_deepspeed_config()
         self._set_buttons()
         self.update_static()
+
+    def _show_deepspeed_config(self) -> None:
+        """The DeepSpeed config the run's ranks were handed (the user's file merged; written at start), once."""
+        if self.run is None or self.deepspeed_view.value or not self.run.deepspeed_config_path.is_file():
+            return
+        text = self.run.deepspeed_config_path.read_text()
+        self.deepspeed_view.value = (
+            "<details><summary>DeepSpeed config this run got (deepspeed_config.json: your file, \"auto\" filled, "
+            f"Trainbook's fields added)</summary><pre style='font-size:0.8em'>{html.escape(text)}</pre></details>")
 
     def static_html(self) -> str:
         """The card and the plot as plain HTML: what a notebook shows without a live kernel."""
         pct = self.progress.description
         return (f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}"
-                f"{png_html(self._png)}{self.message.value}</div>")
+                f"{png_html(self._png)}{self.deepspeed_view.value}{self.message.value}</div>")
 
     @property
     def finished(self) -> bool:

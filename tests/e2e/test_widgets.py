@@ -90,3 +90,35 @@ def test_the_form_trains_your_own_model_and_refuses_one_that_is_not(panel, tmp_p
     assert panel.wait()["state"] == "completed"
     cfg = panel.run.read_config()
     assert (cfg.model.name, cfg.model.factory) == ("custom", f"{source}:build")
+
+
+def test_the_form_takes_your_deepspeed_config_and_shows_what_deepspeed_got(tmp_path):
+    """A DeepSpeed file, accumulation and precision from the form: the run trains with the file's stage, the panel
+    shows the merged deepspeed_config.json and each rank's peak memory; a file DeepSpeed would not read is refused
+    inline, naming the key, with nothing started."""
+    import json
+
+    from ds_examples import ZERO2_AUTO
+
+    ds = tmp_path / "ds_z2_config.json"
+    ds.write_text(json.dumps(ZERO2_AUTO))
+    panel = TrainingPanel(config="tiny", engine="deepspeed", nproc=2, steps=10, profile=False,
+                          runs_root=tmp_path / "runs", deepspeed_config=str(ds), grad_accum_steps=2,
+                          precision="bf16")
+    panel.show()
+    try:
+        panel.buttons["Start"].click()
+        assert panel.message.value == "", panel.message.value
+        assert panel.wait()["state"] == "completed"
+        config = panel.run.read_config()
+        assert (config.engine.zero_stage, config.train.grad_accum_steps, config.engine.precision) == (2, 2, "bf16")
+        assert "DeepSpeed config this run got" in panel.deepspeed_view.value
+        assert "&quot;stage&quot;: 2" in panel.deepspeed_view.value and "deepspeed_config.json" in panel.static_html()
+        assert "peak memory / rank" in panel.card.value and panel.card.value.count(" · ") >= 1
+        ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_com": True}}))
+        before = sorted((tmp_path / "runs").iterdir())
+        panel.buttons["Start"].click()
+        assert "zero_optimization.overlap_com" in panel.message.value
+        assert sorted((tmp_path / "runs").iterdir()) == before
+    finally:
+        panel.close()
