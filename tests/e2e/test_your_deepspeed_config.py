@@ -23,8 +23,7 @@ def test_a_public_zero2_example_with_auto_values_runs_unchanged(tmp_path, refere
     ds = tmp_path / "ds_z2_config.json"
     ds.write_text(json.dumps(ZERO2_AUTO, indent=2))
     run = RunDir(tmp_path / "run")
-    proc = cli("train", "tiny", "--run-dir", str(run.path), *CKPT, "--engine", "deepspeed", "--nproc", "2",
-               "--set", f"engine.deepspeed_config={ds}")
+    proc = cli("train", "tiny", "--run-dir", str(run.path), *CKPT, "--nproc", "2", "--deepspeed", str(ds))
     assert proc.returncode == 0, proc.stderr[-3000:]
     merged = json.loads(run.deepspeed_config_path.read_text())  # what deepspeed.initialize got
     assert merged["zero_optimization"] == ZERO2_AUTO["zero_optimization"]
