@@ -80,7 +80,7 @@ def lost_time_comparison(rounds: int, layers: int, width: int, workdir: Path) ->
 
     def step(before_update=None) -> float:
         t0 = time.perf_counter()
-        engine.train_step(corpus.batch("train", cfg.train.batch_size, generator), before_update=before_update)
+        engine.train_step([corpus.batch("train", cfg.train.batch_size, generator)], before_update=before_update)
         return time.perf_counter() - t0
 
     step()  # AdamW creates its moment buffers on the first step: now the state is full size

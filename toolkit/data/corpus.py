@@ -347,9 +347,11 @@ def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: in
 
 
 def val_batches(corpus: Corpus, cfg, rank: int, world_size: int):
-    """This rank's share of the fixed validation batches (the same batches at every evaluation)."""
+    """This rank's share of the fixed validation batches (the same batches at every evaluation), each of a training
+    step's rows (batch_size x grad_accum_steps): the same validation set however a step is split."""
+    rows = cfg.train.batch_size * cfg.train.grad_accum_steps
     for i in range(rank, cfg.train.eval_batches, world_size):
-        yield corpus.batch("val", cfg.train.batch_size, _generator(cfg.train.seed, VAL_STREAM, i))
+        yield corpus.batch("val", rows, _generator(cfg.train.seed, VAL_STREAM, i))
 
 
 def bits_per_byte(loss_nats: float, corpus: Corpus) -> float | None:

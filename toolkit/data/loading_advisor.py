@@ -96,7 +96,7 @@ def _measure(cfg, corpus, steps: int) -> Trial:
         t0 = time.perf_counter()
         batch = next(loader)
         t1 = time.perf_counter()
-        engine.train_step(batch)
+        engine.train_step([batch])
         if i >= 3:  # the first batches include worker start-up
             waits.append(t1 - t0)
             totals.append(time.perf_counter() - t0)

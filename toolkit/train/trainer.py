@@ -24,6 +24,7 @@ from toolkit.checkpoint.store import CheckpointStore, check_compatible
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import allocator, distributed
 from toolkit.train.engines import build_engine
+from toolkit.train.engines.accumulation import micro_batch_weights, weighted_mean
 from toolkit.train.flops import cached_peak_record
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
@@ -168,7 +169,10 @@ class Trainer:
                 slow_steps -= 1
                 time.sleep(cfg.fault.slow_step_ms / 1e3)
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
-            loss_sum += engine.train_step(self._micro_batches(batch),
+            micro_batches = self._micro_batches(batch)
+            # each micro-batch's share of the step's targets, counted on the CPU (no device sync)
+            weights = micro_batch_weights(micro_batches) if len(micro_batches) > 1 else None
+            loss_sum += engine.train_step([self._to_device(b) for b in micro_batches], weights,
                                           before_update=self.checkpointer.before_update).to(torch.float64)
             if profiler:
                 profiler.step()
@@ -249,12 +253,14 @@ class Trainer:
         return result
 
     def _micro_batches(self, batch: dict) -> list[dict]:
-        """The step's batch (batch_size x grad_accum_steps rows) as grad_accum_steps micro-batches, on the device."""
+        """The step's batch (batch_size x grad_accum_steps rows) as grad_accum_steps micro-batches (views)."""
         size = self.cfg.train.batch_size
-        batch = {k: v.to(self.topo.device, non_blocking=True) for k, v in batch.items()}
         if self.cfg.train.grad_accum_steps == 1:
             return [batch]
         return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(next(iter(batch.values()))), size)]
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.topo.device, non_blocking=True) for k, v in batch.items()}
 
     def _loss_scaling(self) -> dict:
         """fp16 only: the loss scale now and the optimizer steps skipped so far for overflowing gradients."""
@@ -324,7 +330,11 @@ class Trainer:
         self.engine.eval()
         loss_sum, count = 0.0, 0
         for batch in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
-            loss_sum += self.engine.eval_loss({k: v.to(self.topo.device) for k, v in batch.items()}).item()
+            # in micro-batches as training runs them (their memory), weighted as one batch (the same validation loss
+            # whatever train.grad_accum_steps)
+            micro_batches = self._micro_batches(batch)
+            losses = [self.engine.eval_loss(self._to_device(b)) for b in micro_batches]
+            loss_sum += weighted_mean(losses, micro_batch_weights(micro_batches)).item()
             count += 1
         loss_sum, count = distributed.all_reduce_sum([loss_sum, count], self.topo.device)
         self.engine.train()

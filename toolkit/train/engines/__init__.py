@@ -1,7 +1,8 @@
 """Engine registry: ``engine.name`` picks how a model is wrapped, stepped and (later) checkpointed.
 
 An engine exposes the same five things, so the loop in toolkit.train.trainer never asks which one it has:
-``module`` (the bare model), ``train_step(batch) -> loss``, ``eval_loss(batch) -> loss``, ``set_lr(lr)``,
+``module`` (the bare model), ``train_step(micro_batches, weights) -> loss`` (one optimizer step; several
+micro-batches with train.grad_accum_steps), ``eval_loss(batch) -> loss``, ``set_lr(lr)``,
 and ``train()`` / ``eval()`` mode switches. A batch is a dict of tensors; the model's adapter ``loss_fn(model,
 batch)`` (toolkit.train.models.loss_function) turns it into the loss, so engines know no model.
 """

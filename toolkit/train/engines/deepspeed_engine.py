@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from toolkit import safe_load
+from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.deepspeed_config import merged
 from toolkit.train.engines.param_groups import HALF, adamw_param_groups, trainable_only
 
@@ -94,18 +95,22 @@ class DeepSpeedEngine:
     def loss_scale(self) -> float | None:
         return float(self.engine.optimizer.cur_scale) if self._dtype is torch.float16 else None
 
-    def train_step(self, micro_batches: list[dict], before_update=None) -> torch.Tensor:
+    def train_step(self, micro_batches: list[dict], weights: list[float] | None = None,
+                   before_update=None) -> torch.Tensor:
         """One optimizer step over ``micro_batches``: DeepSpeed divides each backward by gradient_accumulation_steps
-        and communicates and updates only at the boundary (the last micro-step's ``step()``); returns the mean loss."""
+        and communicates and updates only at the boundary (the last micro-step's ``step()``); returns the step's
+        loss (micro-batches weighted by their targets, as in the torch engine)."""
+        n = len(micro_batches)
         losses = []
         for i, batch in enumerate(micro_batches):
             loss = self.loss_fn(self.engine, self._cast(batch))
-            self.engine.backward(loss)
-            if i == len(micro_batches) - 1 and before_update is not None:
+            losses.append(loss.detach().float())
+            # DeepSpeed divides by n itself: a share w of the step's targets goes in as w x n
+            self.engine.backward(loss if weights is None else loss * (weights[i] * n))
+            if i == n - 1 and before_update is not None:
                 before_update()  # the last moment the weights are still those of the previous step
             self.engine.step()
-            losses.append(loss.detach())
-        return losses[0].float() if len(losses) == 1 else torch.stack(losses).float().mean()
+        return weighted_mean(losses, weights)
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
+from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.param_groups import (HALF, adamw_param_groups, load_trainable_state, trainable_only,
                                                 trainable_state)
 
@@ -44,9 +45,11 @@ class TorchEngine:
     def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler is not None else None
 
-    def train_step(self, micro_batches: list[dict], before_update=None) -> torch.Tensor:
-        """One optimizer step over ``micro_batches`` (train.grad_accum_steps of them): their gradients add up,
-        each loss divided by their number so the sum is the mean over all of them; returns that mean loss."""
+    def train_step(self, micro_batches: list[dict], weights: list[float] | None = None,
+                   before_update=None) -> torch.Tensor:
+        """One optimizer step over ``micro_batches`` (train.grad_accum_steps of them): their gradients add up, each
+        loss weighted by its share of the step's targets (``weights``:
+        toolkit.train.engines.accumulation; None: equal shares), so the sum is the one batch's; returns the step's loss."""
         n = len(micro_batches)
         losses = []
         for i, batch in enumerate(micro_batches):
@@ -55,9 +58,11 @@ class TorchEngine:
             inner = i < n - 1 and self.model is not self.module
             with self.model.no_sync() if inner else contextlib.nullcontext():
                 with self._autocast():
-                    loss = self.loss_fn(self.model, batch) / n
+                    loss = self.loss_fn(self.model, batch)
+                    losses.append(loss.detach())
+                    if n > 1:
+                        loss = loss / n if weights is None else loss * weights[i]
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            losses.append(loss.detach())
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.grad_clip:
@@ -72,7 +77,7 @@ class TorchEngine:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return losses[0] if n == 1 else torch.stack(losses).sum()
+        return weighted_mean(losses, weights)
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:
