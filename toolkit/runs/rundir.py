@@ -5,6 +5,7 @@
       status.json    state, pid, last step, restarts (replaced atomically, never half-written)
       events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/runs/events.py)
       lineage.json   data name and hash, git commit, package versions, host
+      deepspeed_config.json   DeepSpeed runs: what deepspeed.initialize was handed
       tb/            TensorBoard scalars
       profile/       torch.profiler traces + summary.txt + top_operators.json
 """
