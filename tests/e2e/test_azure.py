@@ -607,11 +607,11 @@ def test_a_users_offload_config_is_refused_on_cpu_sizes_and_carried_by_a_gpu_pla
     assert merged["train_batch_size"] == 8 * 2 * 8, "micro batch x 2 nodes x 8 GPUs"
     job_cfg = config.load(out / "trainbook-config.yaml")
     assert job_cfg.engine.deepspeed == ZERO2_OFFLOAD, "the job reads the kept copy, not a file on this machine"
-    with pytest.raises(ValueError, match="engine.precision: 'fp16' needs a GPU"):
-        build_plan(cfg, compute="cpu", sku="Standard_D4s_v3", instance_count=1)
     with pytest.raises(ValueError, match="zero_optimization.offload_optimizer.device: 'cpu' moves state out of GPU"):
-        build_plan(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, precision="fp32")), compute="cpu",
-                   sku="Standard_D4s_v3", instance_count=1)
+        build_plan(cfg, compute="cpu", sku="Standard_D4s_v3", instance_count=1)
+    no_offload = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, deepspeed={}, deepspeed_config=""))
+    with pytest.raises(ValueError, match="engine.precision: 'fp16' needs a GPU"):
+        build_plan(no_offload, compute="cpu", sku="Standard_D4s_v3", instance_count=1)
     assert main(["azure", "plan", "tiny", "--set", "engine.name=deepspeed", "--set", f"engine.deepspeed_config={ds}",
                  "--compute", "cpu", "--sku", "Standard_D4s_v3", "--instance-count", "1",
                  "--out", str(tmp_path / "cpu-plan")]) == 2

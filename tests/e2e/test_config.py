@@ -45,7 +45,7 @@ def test_integer_widens_to_float_but_not_the_other_way():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.max_stepz=3", r"train\.max_stepz: unknown field; allowed: batch_size, max_steps"),
+    ("train.max_stepz=3", r"train\.max_stepz: unknown field; allowed: batch_size, grad_accum_steps, max_steps"),
     ("nosuch.field=3", r"nosuch: unknown field; allowed: name, model, data"),
     ("train.max_steps=abc", r"train\.max_steps: 'abc' is not allowed; allowed: an integer"),
     ("train.max_steps=true", r"train\.max_steps: True is not allowed; allowed: an integer"),
@@ -55,7 +55,7 @@ def test_integer_widens_to_float_but_not_the_other_way():
     ("optim.lr=0", r"optim\.lr: 0\.0 is out of range; allowed: > 0\.0 and <= 1\.0"),
     ("engine.zero_stage=4", r"engine\.zero_stage: 4 is out of range; allowed: >= 0 and <= 3"),
     ("engine.name=jax", r"engine\.name: 'jax' is not allowed; allowed: one of 'torch', 'deepspeed'"),
-    ("engine.precision=fp16", r"engine\.precision: 'fp16' is not allowed; allowed: one of 'fp32', 'bf16'"),
+    ("engine.precision=fp8", r"engine\.precision: 'fp8' is not allowed; allowed: one of 'fp32', 'bf16', 'fp16'"),
     ("model=3", r"model: expected a mapping of fields, got 3"),
     ("train.max_steps.x=1", r"train\.max_steps: is a value, not a section"),
     ("model.n_head=3", r"model\.n_head: 3 does not divide model\.n_embd=32"),

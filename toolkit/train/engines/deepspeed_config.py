@@ -385,7 +385,8 @@ def check(cfg, world: int, cuda: bool) -> dict:
         raise DeepSpeedConfigError(not_allowed(f"{FIELD}: zero_optimization.offload_param",
                                                get_path(ds, "zero_optimization.offload_param"),
                                                "ZeRO stage 3 (only stage 3 partitions the parameters)"))
-    if get_path(ds, "fp16.enabled", False) and not cuda:
+    # named here only when the user's file asks for fp16; engine.precision=fp16 is refused by its own field's name
+    if get_path(cfg.engine.deepspeed, "fp16.enabled", False) is True and not cuda:
         raise DeepSpeedConfigError(not_allowed(f"{FIELD}: fp16.enabled", True, "false on a machine without a GPU "
                                                "(bf16 or fp32 here)",
                                                problem="needs a GPU: fp16 compute and its loss scaling are GPU "
