@@ -47,6 +47,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_serving.py
 	$(PY) bench/bench_hf.py
 	$(PY) bench/bench_lora.py
+	$(PY) bench/bench_accumulation.py
+	$(PY) bench/bench_activation_checkpointing.py
 
 # Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
 lock: $(STAMP)

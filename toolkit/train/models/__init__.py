@@ -3,7 +3,8 @@ becomes its loss.
 
 The training loop knows nothing of any model. It asks the spec for three things:
 
-    model, origin = prepare_model(cfg)              the nn.Module a run trains: built, pretrained weights, LoRA
+    model, origin = prepare_model(cfg)              the nn.Module a run trains: built, pretrained weights,
+                                                    activation checkpointing, LoRA
     model = build_model(cfg.model)                  an nn.Module as the spec builds it
     loss_fn = loss_function(cfg.model)              loss_fn(model, batch) -> a scalar tensor (batch: see below)
     flops, how = flops_per_item(model, cfg.model)   training FLOPs per token or sample, for MFU, and their source
@@ -116,9 +117,10 @@ def build_model(cfg):
 
 def prepare_model(cfg, pretrained: bool = True):
     """The model a run trains, the same in every process and at every resume (``cfg`` is the whole Config): seeded
-    with train.seed, built by its spec, then model.init_from's weights, then model.lora's adapters. ``pretrained``
-    False skips init_from (a resumed run without LoRA takes every weight from its checkpoint; with LoRA the frozen
-    base must be rebuilt, so it always loads). Returns (model, lineage of the pretrained weights: {} when none)."""
+    with train.seed, built by its spec, then model.init_from's weights, model.activation_checkpointing, then
+    model.lora's adapters. ``pretrained`` False skips init_from (a resumed run without LoRA takes every weight from
+    its checkpoint; with LoRA the frozen base must be rebuilt, so it always loads). Returns (model, lineage of the
+    pretrained weights: {} when none)."""
     import torch
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank and at every rebuild
@@ -132,11 +134,28 @@ def prepare_model(cfg, pretrained: bool = True):
         from toolkit.train.models import init_from
 
         origin = init_from.apply(model, cfg.model)
+    if cfg.model.activation_checkpointing:
+        # before LoRA, the order peft documents: get_peft_model then prepares the checkpointed base for it
+        enable_activation_checkpointing(model, cfg.model)
     if cfg.model.lora.rank:
         from toolkit.train.models import lora
 
         model = lora.wrap(model, cfg.model)
     return model, origin
+
+
+def enable_activation_checkpointing(model, cfg) -> None:
+    """model.activation_checkpointing on a built model (``cfg`` a ModelConfig): the built-in GPT reads it as it is
+    built; a transformers model and the user's module (through its gradient_checkpointing_enable) are told here."""
+    if cfg.name == "hf":
+        from toolkit.train.models import hf
+
+        hf.check_activation_checkpointing(cfg, model)
+        hf.enable_activation_checkpointing(model)
+    elif cfg.name == "custom":
+        from toolkit.train.models import custom
+
+        custom.enable_activation_checkpointing(cfg, model)
 
 
 def loss_function(cfg):

@@ -124,6 +124,35 @@ def build(cfg):
     return model
 
 
+AC_ALLOWED = "false, or a module with a gradient_checkpointing_enable() method (as transformers models have)"
+
+
+def check_activation_checkpointing(cfg, model) -> None:
+    """model.activation_checkpointing on the user's module needs its own gradient_checkpointing_enable(): which parts
+    to recompute is the module's to say."""
+    if cfg.activation_checkpointing and not callable(getattr(model, "gradient_checkpointing_enable", None)):
+        raise ModelImportError(not_allowed("model.activation_checkpointing", True, AC_ALLOWED,
+                                           problem=f"needs the module to have gradient_checkpointing_enable(), "
+                                                   f"and {type(model).__name__} from {cfg.factory} has none"))
+
+
+def enable_activation_checkpointing(cfg, model) -> None:
+    """The module's own gradient_checkpointing_enable(), asked for torch's non-reentrant checkpoint where it takes
+    transformers' keyword."""
+    import inspect
+
+    check_activation_checkpointing(cfg, model)
+    enable = model.gradient_checkpointing_enable
+    try:
+        takes_kwargs = "gradient_checkpointing_kwargs" in inspect.signature(enable).parameters
+    except (TypeError, ValueError):  # a callable without a signature to read
+        takes_kwargs = False
+    if takes_kwargs:
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        enable()
+
+
 def default_loss(model, batch):
     """``model(**batch)``, and the loss in what it returns: the tensor itself, ``.loss`` or ``["loss"]``."""
     out = model(**batch)

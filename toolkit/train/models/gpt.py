@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or download
 ACTIVATIONS = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
@@ -49,6 +50,8 @@ class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.block_size = cfg.block_size
+        # model.activation_checkpointing: keep only each block's input from forward and recompute the rest in backward
+        self.activation_checkpointing = cfg.activation_checkpointing
         self.wte = nn.Embedding(VOCAB_SIZE, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
@@ -73,8 +76,11 @@ class GPT(nn.Module):
         T = idx.shape[1]
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
+        # only while training with autograd on: eval and no-grad forwards save nothing, so there is nothing to recompute
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x)
+            # non-reentrant: gradients reach frozen-input blocks (LoRA), and the RNG state is replayed for dropout
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits

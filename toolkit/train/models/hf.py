@@ -167,6 +167,29 @@ def training_flops_per_token(model, cfg) -> float | None:
     return 6 * n_params + 12 * layers * width * cfg.block_size
 
 
+# --- activation checkpointing (model.activation_checkpointing) -------------------------------------------------------
+
+# Non-reentrant: gradients reach the adapters of a frozen LoRA base without a hook forcing the embeddings' output to
+# require grad, keyword arguments are fine, and dropout's RNG state is replayed in the recompute.
+CHECKPOINT_KWARGS = {"use_reentrant": False}
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Each decoder layer recomputed in backward, in training only (transformers skips it in eval and under no_grad)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns it is deprecated
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+
+
+def check_activation_checkpointing(cfg, model) -> None:
+    """model.activation_checkpointing needs an architecture transformers can checkpoint (``model`` may be on meta)."""
+    if cfg.activation_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(not_allowed("model.activation_checkpointing", True,
+                                     "false for this model, or an architecture that supports it (llama, gpt2, ...)",
+                                     problem=f"is not supported by transformers' {type(model).__name__}"))
+
+
 def causal_lm_loss(model, batch):
     """Next-token cross entropy over the batch's pre-shifted labels (the loop's convention, so bits per byte and
     losses compare with the built-in GPT's), computed from the logits in fp32."""

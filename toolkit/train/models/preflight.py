@@ -149,6 +149,21 @@ def lora_targets_exist(cfg, model) -> None:
                                                 "a LoRA configuration peft accepts for this model"))) from None
 
 
+def activation_checkpointing_supported(cfg, model) -> None:
+    """model.activation_checkpointing: a transformers architecture that supports it, or the user's module with its own
+    gradient_checkpointing_enable() (the built-in GPT always can; digits_mlp is refused by the config)."""
+    if not cfg.model.activation_checkpointing:
+        return
+    if cfg.model.name == "custom":
+        from toolkit.train.models import custom
+
+        custom.check_activation_checkpointing(cfg.model, model)
+    elif cfg.model.name == "hf":
+        from toolkit.train.models import hf
+
+        hf.check_activation_checkpointing(cfg.model, model)
+
+
 def tokenizer_fits(cfg, model) -> None:
     """Every id the run's tokenizer can produce has a row in the model's input embedding (toolkit.data owns the
     tokenizer, and the message)."""
@@ -158,7 +173,7 @@ def tokenizer_fits(cfg, model) -> None:
 
 
 CHECKS: list[Callable] = [forward_gives_loss, context_fits, pretrained_weights_fit, lora_targets_exist,
-                          tokenizer_fits]
+                          activation_checkpointing_supported, tokenizer_fits]
 
 
 def register_check(check: Callable) -> Callable:
