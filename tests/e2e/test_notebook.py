@@ -19,8 +19,8 @@ PROFILE_QUICKLY = ["profile.enabled=true", "profile.wait=1", "profile.warmup=1"]
 
 
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
-    assert {"00_overview.ipynb", "01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "04_checkpoint_recovery.ipynb",
-            "05_deployment.ipynb", "06_your_model.ipynb"} <= {
+    assert {"00_overview.ipynb", "01_resources.ipynb", "02_data.ipynb", "03_training.ipynb", "03b_scaling.ipynb",
+            "04_checkpoint_recovery.ipynb", "05_deployment.ipynb", "06_your_model.ipynb"} <= {
         p.name for p in guided_notebooks()}
     for path in guided_notebooks():
         nb = nbformat.read(path, as_version=4)

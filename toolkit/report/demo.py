@@ -26,8 +26,8 @@ OUTPUTS = PROJECT_ROOT / "outputs"
 
 
 def guided_notebooks() -> list[Path]:
-    """The course notebooks in order: 00_*.ipynb, 01_*.ipynb, ..."""
-    return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    """The course notebooks in order: 00_*.ipynb, 01_*.ipynb, ..., a side trip such as 03b_*.ipynb after its 03."""
+    return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
 
 
 def execute(notebook: Path, out_dir: Path, parameters: dict) -> Path:
@@ -78,6 +78,9 @@ def export_html(executed: Path) -> Path:
 
 FIGURES = [  # (key recorded by a notebook, label, format)
     ("doctor_ok", "doctor: required checks pass", ""),
+    ("scaling_efficiency_small_batch", "scaling efficiency at 2 processes", ".0%"),
+    ("scaling_efficiency_large_batch", "  with 4x the batch per process", ".0%"),
+    ("side_by_side_over_distributed", "  trials side by side / distributed", ".2f"),
     ("checkpoint_lost_ms", "checkpoint cost: training lost, ms", ".2f"),
     ("checkpoint_blocking_ms", "  of which blocked, median ms", ".2f"),
     ("resume_identical", "resume check: identical losses", ""), ("parity_max_abs_diff", "ONNX parity, max abs diff",

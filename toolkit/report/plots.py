@@ -248,3 +248,44 @@ def fine_tune_comparison(rows: list[dict], out: str | Path, title: str = "Fine-t
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, out)
+
+
+def scaling(result: dict, out: str | Path) -> Path:
+    """A scaling series (``trainbook scale --json``): tokens/s against processes beside the linear ideal (and
+    independent runs side by side, when measured), and each count's step time as compute, communication and data
+    wait."""
+    plt = _pyplot()
+    rows = result["runs"]
+    counts = [r["nproc"] for r in rows]
+    base = rows[0]["tokens_per_s"] / rows[0]["nproc"]
+    fig, (speed, parts) = plt.subplots(1, 2, figsize=(11, 3.8))
+    speed.plot(counts, [base * n for n in counts], "--", color="gray", lw=1, label="linear: N x 1 process")
+    speed.plot(counts, [r["tokens_per_s"] for r in rows], "o-", color="tab:blue",
+               label=f"{result['engine']}, {result['mode']} scaling")
+    for r in rows:
+        speed.annotate(f"{r['efficiency']:.0%}", (r["nproc"], r["tokens_per_s"]), textcoords="offset points",
+                       xytext=(0, -14), ha="center", fontsize=8, color="tab:blue")
+    side = [r for r in rows if r.get("side_by_side_tokens_per_s")]
+    if side:
+        speed.plot([r["nproc"] for r in side], [r["side_by_side_tokens_per_s"] for r in side], "s", mfc="none",
+                   color="tab:orange", ms=8, label="independent 1-process runs, side by side")
+    speed.set(xlabel="processes", ylabel="tokens/s (all processes)", xticks=counts,
+              title="Throughput (efficiency vs linear under the points)")
+    speed.set_ylim(bottom=0)
+    speed.grid(alpha=0.3)
+    speed.legend(fontsize=8)
+    x = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for key, label, colour in (("compute_ms", "compute", "tab:blue"), ("communication_ms", "communication", "tab:red"),
+                               ("data_wait_ms", "data wait", "tab:gray")):
+        values = [r[key] for r in rows]
+        parts.bar(x, values, 0.6, bottom=bottom, label=label, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for i, r in enumerate(rows):
+        parts.annotate(f"{r['step_ms']:.1f} ms", (i, r["step_ms"]), ha="center", va="bottom", fontsize=8)
+    parts.set(xticks=list(x), xticklabels=[f"{r['nproc']} x {r['batch_per_process']}" for r in rows],
+              xlabel="processes x sequences per process", ylabel="ms per step", title="Where a step's time goes")
+    parts.set_ylim(top=max(bottom) * 1.15)
+    parts.legend(fontsize=8)
+    fig.suptitle(f"{result['config']}: {result['measured_steps']} measured steps per run")
+    return _save(fig, out)

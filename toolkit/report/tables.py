@@ -68,3 +68,24 @@ FINE_TUNE_COLUMNS = {"label": "run", "trainable": "trainable parameters", "param
                      "seconds": "training s", "tokens_per_s": "tokens/s", "peak_memory_mb": "peak memory MiB",
                      "checkpoint_mb": "checkpoint MiB", "bpb_before": "bits/byte before",
                      "bpb_after": "bits/byte after"}
+
+
+def scaling_html(result: dict) -> str:
+    """A scaling series (``trainbook scale --json``) as a table: one row per process count."""
+    def pct(value):
+        return f"{value:.0%}" if value is not None else ""
+
+    rows = [{"nproc": r["nproc"], "batch": f"{r['nproc']} x {r['batch_per_process']} = {r['global_batch']}",
+             "tokens_per_s": f"{r['tokens_per_s']:,.0f}",
+             "range": f"{r['tokens_per_s_min']:,.0f} to {r['tokens_per_s_max']:,.0f}",
+             "efficiency": pct(r["efficiency"]), "step_ms": f"{r['step_ms']:.1f}", "compute": pct(r["compute"]),
+             "communication": pct(r["communication"]), "data_wait": pct(r["data_wait"]),
+             "side_by_side": f"{r['side_by_side_tokens_per_s']:,.0f} ({pct(r['side_by_side_efficiency'])})"
+             if r.get("side_by_side_tokens_per_s") else ""} for r in result["runs"]]
+    columns = {"nproc": "processes", "batch": "global batch", "tokens_per_s": "tokens/s", "range": "range",
+               "efficiency": "efficiency vs linear", "step_ms": "step ms", "compute": "compute",
+               "communication": "communication", "data_wait": "data wait"}
+    if any(r["side_by_side"] for r in rows):
+        columns["side_by_side"] = "side by side: tokens/s (efficiency)"
+    return html_table(rows, columns, caption=f"{result['config']}, {result['engine']}, {result['mode']} scaling, "
+                                              f"{result['measured_steps']} measured steps per run")
