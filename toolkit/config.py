@@ -507,23 +507,26 @@ def given_fields(data: dict, prefix: str = "") -> set[str]:
 
 
 def from_dict(data: dict | None) -> Config:
+    """A Config from a mapping (a saved config.yaml, a test), validated; nothing else is read."""
     # None (an empty YAML document) is all defaults; any other non-mapping, [] or '' included, is refused
-    data = {} if data is None else data
-    cfg = _build(Config, data, "")
+    cfg = _build(Config, {} if data is None else data, "")
     _check_relations(cfg)
-    if cfg.engine.deepspeed_config or cfg.engine.deepspeed:
-        from toolkit.train.engines.deepspeed_config import DeepSpeedConfigError, adopt  # local: engine territory
-
-        try:
-            cfg = adopt(cfg, given_fields(data))
-        except DeepSpeedConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        try:  # the file's values, too, within the fields' types, bounds and rules
-            cfg = _build(Config, cfg.to_dict(), "")
-            _check_relations(cfg)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (a value from engine.deepspeed_config)") from None
     return cfg
+
+
+def _with_deepspeed_config(cfg: Config, data: dict) -> Config:
+    """``cfg`` with its DeepSpeed file's (or kept copy's) values taken into the fields they mean, at the user's edge
+    (:func:`load`) only: a saved run config is never merged again, and never makes Trainbook read a file."""
+    from toolkit.train.engines.deepspeed_config import DeepSpeedConfigError, adopt  # local: engine territory
+
+    try:
+        cfg = adopt(cfg, given_fields(data))
+    except DeepSpeedConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    try:  # the file's values, too, within the fields' types, bounds and rules
+        return from_dict(cfg.to_dict())
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (a value from engine.deepspeed_config)") from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -554,20 +557,27 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (a path, or the name of a built-in config), apply overrides, validate."""
+    """Load a YAML config (a path, or the name of a built-in config), apply overrides, validate; a DeepSpeed file
+    it names is read and merged here (toolkit.train.engines.deepspeed_config)."""
+    from toolkit.plain_data import PlainDataError, read_document
+
     data: dict = {}
     if path is not None:
         file = resolve_config_path(path)
         try:
-            data = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+            data = read_document(file.read_text(), "yaml")
+        except PlainDataError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"{file}: expected a mapping of sections at the top level")
         data.setdefault("name", file.stem)
-    return from_dict(apply_overrides(data, overrides or []))
+    data = apply_overrides(data, overrides or [])
+    cfg = from_dict(data)
+    if cfg.engine.deepspeed_config or cfg.engine.deepspeed:
+        cfg = _with_deepspeed_config(cfg, data)
+    return cfg
 
 
 # Built-in configs are package data (pyproject's package-data), so a name resolves the same from a checkout, an

@@ -250,7 +250,15 @@ class TrainingPanel(Panel):
         """The DeepSpeed config the run's ranks were handed (the user's file merged; written at start), once."""
         if self.run is None or self.deepspeed_view.value or not self.run.deepspeed_config_path.is_file():
             return
-        text = self.run.deepspeed_config_path.read_text()
+        from toolkit.fsio import read_regular_file
+
+        try:  # a copied run folder is untrusted: a regular file of a sane size, never through a link
+            raw = read_regular_file(self.run.deepspeed_config_path, field="deepspeed_config.json", error=ValueError,
+                                    limit=1 << 20)
+        except (OSError, ValueError) as exc:
+            self.deepspeed_view.value = f"<div style='color:#d62728'>{html.escape(str(exc))}</div>"
+            return
+        text = raw.decode("utf-8", errors="replace")
         self.deepspeed_view.value = (
             "<details><summary>DeepSpeed config this run got (deepspeed_config.json: your file, \"auto\" filled, "
             f"Trainbook's fields added)</summary><pre style='font-size:0.8em'>{html.escape(text)}</pre></details>")

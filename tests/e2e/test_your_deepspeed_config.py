@@ -43,7 +43,7 @@ def test_a_public_zero2_example_with_auto_values_runs_unchanged(tmp_path, refere
     ({"fp16": {"enabled": True}}, (), "fp16.enabled: True needs a GPU"),
     ({"train_batch_size": 20}, ("--set", "train.grad_accum_steps=3"),
      "is not train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes = 8 x 3 x 1 = 24"),
-    ("{\"zero_optimization\": ", (), "is not valid JSON"),
+    ("{\"zero_optimization\": ", (), "not valid JSON"),
 ], ids=["misspelt-key", "offload-on-cpu", "fp16-on-cpu", "batch-arithmetic", "not-json"])
 def test_a_bad_deepspeed_config_is_refused_before_launch(tmp_path, content, flags, message):
     ds = tmp_path / "ds_config.json"

@@ -68,8 +68,10 @@ def test_the_run_reads_its_kept_copy_not_the_file(tmp_path):
 def test_a_scheduler_section_becomes_the_trainbook_schedule(tmp_path):
     ds = {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": "auto",
                                                            "total_num_steps": "auto"}}}
-    cfg = load(tmp_path, ds)
-    assert (cfg.optim.schedule, cfg.optim.warmup_steps) == ("linear", 5)
+    cfg = load(tmp_path, ds, "optim.min_lr=0")
+    assert (cfg.optim.schedule, cfg.optim.warmup_steps, cfg.optim.min_lr) == ("linear", 5, 0.0)
+    assert "scheduler.type: is 'WarmupDecayLR' in ds_config.json, but optim.min_lr is 0.0003" in refusal(tmp_path, ds), \
+        "WarmupDecayLR decays to 0: tiny.yaml's explicit min_lr contradicts it"
     assert "scheduler" not in merged(cfg, 1, False), "the loop sets the learning rate; DeepSpeed must not as well"
     assert "scheduler.params.cos_min_ratio: 0.1 has no Trainbook equivalent" in refusal(
         tmp_path, {"scheduler": {"type": "WarmupCosineLR", "params": {"cos_min_ratio": 0.1}}})
@@ -79,8 +81,8 @@ def test_a_scheduler_section_becomes_the_trainbook_schedule(tmp_path):
 @pytest.mark.parametrize("ds, name, expected", [
     ("{not json", "ds_config.json", "engine.deepspeed_config: '"),
     ("[1, 2]", "ds_config.json", "holds a list, not a mapping"),
-    ("zero_optimization: [", "ds.yaml", "is not valid YAML"),
-    ("\xff\xfe", "ds_config.json", "is not valid JSON"),
+    ("zero_optimization: [", "ds.yaml", "not valid YAML"),
+    ("\xff\xfe", "ds_config.json", "not valid JSON"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5}}, "ds_config.json",
      "zero_optimization.reduce_bucket_sise: is not a key DeepSpeed reads here (did you mean "
      "zero_optimization.reduce_bucket_size?)"),
@@ -147,3 +149,79 @@ def test_a_deepspeed_file_needs_the_deepspeed_engine(tmp_path):
     (tmp_path / "ds.json").write_text("{}")
     with pytest.raises(ConfigError, match="engine.deepspeed_config: .* is set while engine.name='torch'"):
         config_mod.load("tiny", [f"engine.deepspeed_config={tmp_path / 'ds.json'}"])
+
+
+@pytest.mark.parametrize("ds, expected", [
+    ({"optimizer": 3}, "optimizer: 3 is not allowed; allowed: a section (a mapping of settings)"),
+    ({"zero_optimization": "x"}, "zero_optimization: 'x' is not allowed; allowed: a section"),
+    ({"fp16": "auto"}, "fp16: 'auto' is not allowed; allowed: a section"),
+    ({"optimizer": {"params": [1]}}, "optimizer.params: [1] is not allowed; allowed: a section"),
+    ({"optimizer": {"type": 5}}, "optimizer.type: 5 is not allowed; allowed: a name"),
+    ({"scheduler": {"type": ["x"]}}, "scheduler.type: ['x'] is not allowed"),
+    ({"scheduler": {"type": "WarmupLR", "params": "abc"}}, "scheduler.params: 'abc' is not allowed; allowed: a section"),
+    ({"gradient_clipping": "1.0"}, "gradient_clipping: '1.0' is not allowed; allowed: a finite number for "
+                                   "optim.grad_clip"),
+    ({"optimizer": {"type": "AdamW", "params": {"betas": [0.8]}}}, "optimizer.params.betas: [0.8] is not allowed; "
+                                                                   "allowed: a list of two numbers"),
+    ({"optimizer": {"type": "AdamW", "params": {"weight_decay": True}}}, "optimizer.params.weight_decay: True is not "
+                                                                         "allowed; allowed: a finite number"),
+    ({"train_micro_batch_size_per_gpu": 2.5}, "train_micro_batch_size_per_gpu: 2.5 is not allowed; allowed: a whole"),
+    ({"fp16": {"enabled": 1}}, "fp16.enabled: 1 is not allowed; allowed: true, false or \"auto\""),
+    ({"managed_gradient_accumulation": False}, "managed_gradient_accumulation: False is not allowed"),
+    ({"elasticity": {"enabled": False}}, "DeepSpeed's parser refuses the merged config"),
+    ({"steps_per_print": 0}, "steps_per_print: 0 is not allowed; allowed: a whole number >= 1"),
+    ('{"a": 1, "a": 2}', "the key 'a' appears twice"),
+    ("[" * 100000, "nested deeper than"),
+], ids=["optimizer-number", "zero-string", "fp16-auto", "params-list", "type-number", "scheduler-type-list",
+        "scheduler-params-string", "clip-string", "betas-one", "decay-bool", "micro-float", "fp16-one",
+        "managed-accumulation-off", "removed-key", "steps-per-print-0", "duplicate-key", "deep"])
+def test_malformed_settings_are_refused_naming_the_key_never_a_traceback(tmp_path, ds, expected):
+    message = refusal(tmp_path, ds)
+    assert expected in message and message.startswith("engine.deepspeed_config"), message
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    assert "an anchor or alias" in refusal(tmp_path, bomb, name="ds.yaml")
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda d: d / "missing.json", "cannot be read"),
+    (lambda d: d, "is a directory, not a regular file"),
+    (lambda d: (d / "link.json").symlink_to(d / "real.json") or d / "link.json", "is a symbolic link"),
+], ids=["missing", "directory", "symlink"])
+def test_a_path_that_is_not_a_regular_file_is_refused(tmp_path, make, expected):
+    (tmp_path / "real.json").write_text("{}")
+    path = make(tmp_path)
+    with pytest.raises(ConfigError, match=expected):
+        config_mod.load("tiny", ["engine.name=deepspeed", f"engine.deepspeed_config={path}"])
+
+
+def test_the_files_total_batch_is_held_to_the_world_the_run_has(tmp_path):
+    cfg = load(tmp_path, {"train_batch_size": 64})  # tiny's batch of 8 on 1 process: 8 accumulation steps
+    assert cfg.train.grad_accum_steps == 8 and check(cfg, world=1, cuda=False)["train_batch_size"] == 64
+    with pytest.raises(DeepSpeedConfigError, match="64 in the DeepSpeed config is not .* = 8 x 8 x 4 = 256"):
+        check(cfg, world=4, cuda=False)
+    assert check(load(tmp_path, {"train_batch_size": "auto"}), world=4, cuda=False)["train_batch_size"] == 32
+
+
+def test_a_saved_config_never_reads_the_file_and_a_changed_file_is_not_trained_on_silently(tmp_path):
+    cfg = load(tmp_path, ZERO2_AUTO)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml())
+    assert config_mod.load(saved) == cfg, "the kept copy agrees with the file: the same run"
+    (tmp_path / "ds_config.json").write_text(json.dumps({**ZERO2_AUTO, "steps_per_print": 10}))
+    with pytest.raises(ConfigError, match="engine.deepspeed: .* differs from that file now"):
+        config_mod.load(saved)
+    (tmp_path / "ds_config.json").unlink()  # a resume, an Azure ML node: the file is gone, the copy is the source
+    assert config_mod.load(saved) == cfg and config_mod.from_dict(cfg.to_dict()) == cfg
+    (tmp_path / "ds_config.json").write_text(json.dumps(ZERO2_AUTO))
+    with pytest.raises(ConfigError, match="differs from that file now"):  # a --set beside a file is not a merge
+        load(tmp_path, ZERO2_AUTO, "engine.deepspeed.wall_clock_breakdown=true")
+
+
+def test_the_bfloat16_spelling_is_read_as_bf16(tmp_path):
+    cfg = load(tmp_path, {"bfloat16": {"enabled": True}})
+    assert cfg.engine.precision == "bf16"
+    assert check(cfg, 1, False)["bf16"]["enabled"] is True

@@ -206,8 +206,10 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
     read_conda_file(conda)
 
     job_model, model_code, folders = _job_model(cfg, code_limit_bytes, code_limit_files)
+    # a DeepSpeed file travels as the copy in engine.deepspeed: its local path means nothing on the cluster
     job_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, asset="", workspace=""),
-                                  engine=dataclasses.replace(cfg.engine, nproc=processes), model=job_model)
+                                  engine=dataclasses.replace(cfg.engine, nproc=processes, deepspeed_config=""),
+                                  model=job_model)
     # fp16, offload and a user's DeepSpeed file checked for the SKU's devices and the job's world, as a launch on
     # that machine would: a GPU SKU takes ZeRO-Offload and fp16, a CPU one refuses them here, before any upload
     deepspeed = check_engine(job_cfg, world=options.instance_count * processes, cuda=the_sku.gpus > 0)

@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -55,16 +56,40 @@ def get_path(data: dict, key: str, default=_MISSING):
 
 
 def set_path(data: dict, key: str, value) -> None:
+    """``data[a][b][c] = value`` for ``key`` 'a.b.c', creating sections; a value where a section should be is
+    refused (the file's sections are checked first, so this only guards our own writes)."""
     *parents, last = key.split(".")
     node = data
     for part in parents:
         node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {part}", node, "a section (a mapping of settings)"))
     node[last] = value
 
 
 def _config_value(cfg, field: str):
     section, name = field.split(".")
     return getattr(getattr(cfg, section), name)
+
+
+# --- the values a linked key may hold: strict, as Trainbook's own fields are -------------------------------------
+
+def _whole(value) -> tuple:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("a whole number")
+    return (value,)
+
+
+def _number(value) -> tuple:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ValueError("a finite number")
+    return (float(value),)
+
+
+def _betas(value) -> tuple:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError("a list of two numbers [beta1, beta2]")
+    return _number(value[0]) + _number(value[1])
 
 
 # --- the links between the two configs --------------------------------------------------------------------------
@@ -75,10 +100,10 @@ class Link:
     """Dotted path in the DeepSpeed config."""
     fields: tuple[str, ...]
     """The Trainbook fields it stands for."""
+    from_ds: Callable[[Any], tuple] = _whole
+    """A DeepSpeed value -> the fields' values; raises ValueError (saying what is allowed) for a wrong one."""
     to_ds: Callable[..., Any] = lambda v: v
     """The fields' values -> the DeepSpeed value."""
-    from_ds: Callable[[Any], tuple] = lambda v: (v,)
-    """A DeepSpeed value -> the fields' values."""
     section: str = ""
     """Filled only when the file has this section (a scheduler's params without a scheduler mean nothing)."""
 
@@ -86,21 +111,29 @@ class Link:
 LINKS: tuple[Link, ...] = (
     Link("train_micro_batch_size_per_gpu", ("train.batch_size",)),
     Link("gradient_accumulation_steps", ("train.grad_accum_steps",)),
-    Link("gradient_clipping", ("optim.grad_clip",), from_ds=lambda v: (float(v),)),
+    Link("gradient_clipping", ("optim.grad_clip",), from_ds=_number),
     Link("zero_optimization.stage", ("engine.zero_stage",)),
-    Link("optimizer.params.lr", ("optim.lr",), from_ds=lambda v: (float(v),)),
-    Link("optimizer.params.betas", ("optim.beta1", "optim.beta2"), to_ds=lambda b1, b2: [b1, b2],
-         from_ds=lambda v: tuple(float(b) for b in v)),
-    Link("optimizer.params.weight_decay", ("optim.weight_decay",), from_ds=lambda v: (float(v),)),
+    Link("optimizer.params.lr", ("optim.lr",), from_ds=_number),
+    Link("optimizer.params.betas", ("optim.beta1", "optim.beta2"), from_ds=_betas, to_ds=lambda b1, b2: [b1, b2]),
+    Link("optimizer.params.weight_decay", ("optim.weight_decay",), from_ds=_number),
     Link("scheduler.params.warmup_num_steps", ("optim.warmup_steps",), section="scheduler"),
-    Link("scheduler.params.warmup_max_lr", ("optim.lr",), from_ds=lambda v: (float(v),), section="scheduler"),
+    Link("scheduler.params.warmup_max_lr", ("optim.lr",), from_ds=_number, section="scheduler"),
     Link("scheduler.params.total_num_steps", ("train.max_steps",), section="scheduler"),
 )
-# DeepSpeed's schedulers as Trainbook's optim.schedule (all warm up linearly from 0 to optim.lr)
-SCHEDULES = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosineLR": "cosine"}
-# scheduler params whose only meaning here is Trainbook's own: warm up from 0, linearly
+# DeepSpeed's schedulers as Trainbook's optim.schedule and the LR they end at (WarmupDecayLR decays to 0)
+SCHEDULES = {"WarmupLR": {"optim.schedule": "constant"},
+             "WarmupDecayLR": {"optim.schedule": "linear", "optim.min_lr": 0.0},
+             "WarmupCosineLR": {"optim.schedule": "cosine"}}
+# scheduler params whose only meaning here is Trainbook's own: warm up from 0, linearly (DeepSpeed's WarmupLR
+# defaults to a log-shaped warmup; Trainbook's is linear, as the README says)
 SCHEDULER_FIXED = {"warmup_min_lr": 0, "warmup_type": "linear", "warmup_min_ratio": 0}
 PRECISIONS = ("bf16", "fp16")  # DeepSpeed sections that switch a half precision on; fp32 is neither
+# The sections Trainbook reads or fills: each must be a mapping when the file has it
+SECTIONS = ("optimizer", "optimizer.params", "scheduler", "scheduler.params", "zero_optimization", "fp16", "bf16",
+            "bfloat16", "zero_optimization.offload_optimizer", "zero_optimization.offload_param")
+# Settings that would change what an optimizer step is, which Trainbook's loop and its resume count on
+REFUSED = {"managed_gradient_accumulation": (False, "true (DeepSpeed updates once per gradient_accumulation_steps "
+                                                    "micro-steps; the loop counts optimizer steps by it)")}
 
 
 def _explicit_conflict(key: str, file_value, field: str, value, source: str) -> DeepSpeedConfigError:
@@ -111,34 +144,55 @@ def _explicit_conflict(key: str, file_value, field: str, value, source: str) -> 
 
 
 def read_file(path: str | Path) -> dict:
-    """A DeepSpeed config file as a mapping: JSON (what DeepSpeed's examples ship) or YAML."""
-    import yaml
-
+    """A DeepSpeed config file as a mapping: JSON (what DeepSpeed's examples ship) or YAML, plain data only."""
     from toolkit.fsio import read_regular_file
+    from toolkit.plain_data import PlainDataError, read_document
 
     file = Path(path).expanduser()
-    raw = read_regular_file(file, field=FIELD, error=DeepSpeedConfigError, limit=MAX_FILE_BYTES)
+    allowed = "a JSON or YAML file of DeepSpeed settings"
+    try:
+        raw = read_regular_file(file, field=FIELD, error=DeepSpeedConfigError, limit=MAX_FILE_BYTES)
+    except OSError as exc:
+        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), allowed,
+                                               problem=f"cannot be read ({exc.strerror or exc})")) from None
+    except DeepSpeedConfigError as exc:
+        if "is over" in str(exc):
+            raise DeepSpeedConfigError(not_allowed(FIELD, str(path), f"a DeepSpeed config of at most "
+                                                   f"{MAX_FILE_BYTES:,} bytes", problem="is too big")) from None
+        raise
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), "a JSON or YAML file",
-                                               problem="is not text (UTF-8)")) from None
+        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), allowed, problem="is not text (UTF-8)")) from None
+    kind = "json" if file.suffix.lower() == ".json" else "yaml"
     try:
-        data = json.loads(text) if file.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        kind = "JSON" if file.suffix.lower() == ".json" else "YAML"
-        detail = str(exc).splitlines()[0]
+        data = read_document(text, kind)
+    except PlainDataError as exc:
         raise DeepSpeedConfigError(not_allowed(FIELD, str(path), "a JSON or YAML mapping of DeepSpeed settings",
-                                               problem=f"is not valid {kind} ({detail})")) from None
+                                               problem=f"is refused: {exc}")) from None
     if not isinstance(data, dict):
         raise DeepSpeedConfigError(not_allowed(FIELD, str(path), "a JSON or YAML mapping of DeepSpeed settings",
                                                problem=f"holds a {type(data).__name__}, not a mapping"))
-    try:
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError):
-        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), "plain JSON values (no NaN, no objects)",
-                                               problem="holds values JSON cannot")) from None
     return data
+
+
+def check_shape(ds: dict) -> None:
+    """The sections Trainbook reads are mappings, their types strings, and no setting changes what a step is."""
+    for key in SECTIONS:
+        value = get_path(ds, key, None)
+        if value is not None and not isinstance(value, dict):
+            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {key}", value, "a section (a mapping of settings)"))
+    for key in ("optimizer.type", "scheduler.type"):
+        value = get_path(ds, key, None)
+        if value is not None and not isinstance(value, str):
+            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {key}", value, "a name, such as 'AdamW'"))
+    for p in (*PRECISIONS, "bfloat16"):
+        value = get_path(ds, f"{p}.enabled", None)
+        if value is not None and not isinstance(value, bool) and value != AUTO:
+            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {p}.enabled", value, 'true, false or "auto"'))
+    for key, (bad, allowed) in REFUSED.items():
+        if key in ds and ds[key] == bad:
+            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {key}", ds[key], allowed))
 
 
 def _file_precision(ds: dict) -> set[str]:
@@ -153,30 +207,39 @@ def _file_precision(ds: dict) -> set[str]:
     if enabled:
         return set(enabled)
     for p in PRECISIONS:
-        if get_path(ds, f"{p}.enabled", None) is False:
+        if get_path(ds, f"{p}.enabled", None) is False or (p == "bf16" and
+                                                            get_path(ds, "bfloat16.enabled", None) is False):
             allowed.discard(p)
     return allowed
 
 
-def adopt(cfg, explicit: set[str] | None):
-    """``cfg`` with its DeepSpeed settings taken into the Trainbook fields they mean: the file engine.deepspeed_config
-    names (read once: its contents go into engine.deepspeed, its path made absolute), or engine.deepspeed as kept
-    by a run (then a consistency check: every value is already in). ``explicit``: the Trainbook fields the user set
-    (None: all of them). The batch arithmetic counts engine.nproc processes."""
+def adopt(cfg, given: set[str] | None):
+    """``cfg`` (from a file or --set: the user's edge, toolkit.config.load) with its DeepSpeed settings taken into
+    the Trainbook fields they mean. ``given``: the fields the user set (None: all of them).
+
+    engine.deepspeed, the copy a run keeps, is the source once it exists (a saved config.yaml, an Azure ML job's
+    config: the file is never read again, and may be gone); otherwise the file engine.deepspeed_config names is read,
+    its contents kept in engine.deepspeed and its path made absolute (a record). Both set, with the file still there
+    and no longer what was copied: refused, as the run would not train on what the file says."""
     e = cfg.engine
-    if e.deepspeed_config and not e.deepspeed:
-        path = Path(e.deepspeed_config).expanduser().absolute()
-        cfg = _replace_fields(cfg, {"engine.deepspeed_config": str(path)})
-        ds, source = read_file(path), path.name
-    else:
-        ds, source = copy.deepcopy(e.deepspeed), "engine.deepspeed"
-    if not ds:
-        return cfg
-    return _adopt_data(cfg, ds, explicit, e.nproc, source)
+    if e.deepspeed:
+        if e.deepspeed_config and Path(e.deepspeed_config).expanduser().is_file():
+            if read_file(e.deepspeed_config) != e.deepspeed:
+                raise DeepSpeedConfigError(refused(
+                    "engine.deepspeed", f"(a copy of {e.deepspeed_config}) differs from that file now",
+                    "one of the two: engine.deepspeed={} to read the file again, or engine.deepspeed_config='' "
+                    "to train on the copy"))
+        return _adopt_data(cfg, copy.deepcopy(e.deepspeed), given, None, "engine.deepspeed")
+    path = Path(e.deepspeed_config).expanduser().absolute()
+    cfg = _replace_fields(cfg, {"engine.deepspeed_config": str(path)})
+    return _adopt_data(cfg, read_file(path), given, e.nproc, path.name)
 
 
-def _adopt_data(cfg, ds: dict, explicit: set[str] | None, world: int, source: str):
-    explicitly = (lambda field: True) if explicit is None else explicit.__contains__
+def _adopt_data(cfg, ds: dict, given: set[str] | None, world: int | None, source: str):
+    """``world``: the processes the file's train_batch_size is worked out over (None: a kept copy, whose batch
+    fields are already in; check() holds it against the real world before launch)."""
+    check_shape(ds)
+    explicitly = (lambda field: True) if given is None else given.__contains__
     changes: dict[str, Any] = {}
 
     def take(key: str, fields: tuple[str, ...], values: tuple) -> None:
@@ -185,43 +248,41 @@ def _adopt_data(cfg, ds: dict, explicit: set[str] | None, world: int, source: st
             if value == current:
                 continue
             if explicitly(field) or field in changes:
-                raise _explicit_conflict(key, get_path(ds, key), field, current, source)
+                raise _explicit_conflict(key, get_path(ds, key, value), field, current, source)
             changes[field] = value
 
-    scheduler = ds.get("scheduler")
-    if scheduler is not None:
-        _adopt_scheduler(scheduler, take)
+    if "scheduler" in ds:
+        _adopt_scheduler(ds["scheduler"], take)
     for link in LINKS:
         value = get_path(ds, link.key, None)
         if value is None or value == AUTO:
             continue
         try:
             values = link.from_ds(value)
-        except (TypeError, ValueError):
-            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {link.key}", value, f"a value for {', '.join(link.fields)}"
-                                                   " or \"auto\"")) from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {link.key}", value,
+                                                   f"{exc} for {', '.join(link.fields)}, or \"auto\"")) from None
         take(link.key, link.fields, values)
     allowed = _file_precision(ds)
     precision = changes.get("engine.precision", cfg.engine.precision)
     if precision not in allowed:
-        key = next((f"{p}.enabled" for p in PRECISIONS if get_path(ds, f"{p}.enabled", None) is not None),
-                   "bf16.enabled")
+        key = next((f"{p}.enabled" for p in (*PRECISIONS, "bfloat16") if get_path(ds, f"{p}.enabled", None)
+                    is not None), "bf16.enabled")
         if explicitly("engine.precision"):
             raise _explicit_conflict(key, get_path(ds, key), "engine.precision", precision, source)
         changes["engine.precision"] = "fp32" if "fp32" in allowed else allowed.pop()
-    new = _replace_fields(cfg, changes)
-    _adopt_train_batch_size(new, ds, explicitly, world, source, changes)
-    new = _replace_fields(cfg, changes)
-    return _replace_fields(new, {"engine.deepspeed": ds})
+    if world is not None:
+        _adopt_train_batch_size(_replace_fields(cfg, changes), ds, explicitly, world, source, changes)
+    return _replace_fields(cfg, {**changes, "engine.deepspeed": ds})
 
 
-def _adopt_scheduler(scheduler, take) -> None:
-    if not isinstance(scheduler, dict) or scheduler.get("type") not in SCHEDULES:
-        kind = scheduler.get("type") if isinstance(scheduler, dict) else scheduler
+def _adopt_scheduler(scheduler: dict, take) -> None:
+    if scheduler.get("type") not in SCHEDULES:
         raise DeepSpeedConfigError(not_allowed(
-            f"{FIELD}: scheduler.type", kind, ", ".join(SCHEDULES) + " (read into optim.schedule: Trainbook sets "
-            "the learning rate at every step itself), or no scheduler section (optim.* decides)"))
-    take("scheduler.type", ("optim.schedule",), (SCHEDULES[scheduler["type"]],))
+            f"{FIELD}: scheduler.type", scheduler.get("type"), ", ".join(SCHEDULES) + " (read into optim.schedule: "
+            "Trainbook sets the learning rate at every step itself), or no scheduler section (optim.* decides)"))
+    implied = SCHEDULES[scheduler["type"]]
+    take("scheduler.type", tuple(implied), tuple(implied.values()))
     linked = {link.key.rsplit(".", 1)[1] for link in LINKS if link.section == "scheduler"}
     for name, value in (scheduler.get("params") or {}).items():
         if name in linked or value == AUTO:
@@ -264,9 +325,13 @@ def _adopt_train_batch_size(cfg, ds: dict, explicitly, world: int, source: str, 
                  f"processes ({total} / ({accum} x {world}) = {total / (accum * world):.4g})",
             f"a train_batch_size that is a multiple of {accum * world}, or a train.grad_accum_steps that divides "
             f"{total // world if total % world == 0 else total} (the sequences per process)"))
-    raise DeepSpeedConfigError(refused(
-        key, f"{total} in {source} is not train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes "
-             f"= {micro} x {accum} x {world} = {micro * accum * world}",
+    raise _batch_mismatch(total, source, micro, accum, world)
+
+
+def _batch_mismatch(total: int, source: str, micro: int, accum: int, world: int) -> DeepSpeedConfigError:
+    return DeepSpeedConfigError(refused(
+        f"{FIELD}: train_batch_size", f"{total} in {source} is not train_micro_batch_size_per_gpu x "
+        f"gradient_accumulation_steps x processes = {micro} x {accum} x {world} = {micro * accum * world}",
         f"{micro * accum * world}, \"auto\", or a train_batch_size with one of the two factors left \"auto\""))
 
 
@@ -312,11 +377,13 @@ def merged(cfg, world: int, cuda: bool) -> dict:
     """The DeepSpeed config a run hands to deepspeed.initialize: the user's file (engine.deepspeed) with "auto"
     resolved and every field it leaves out filled from ``cfg``; ``world`` processes, on GPUs when ``cuda``."""
     ds = copy.deepcopy(cfg.engine.deepspeed)
+    check_shape(ds)
     ds.pop("scheduler", None)  # read into optim.* at load; the loop sets the learning rate each step
+    if "bfloat16" in ds and "bf16" not in ds:
+        ds["bf16"] = ds.pop("bfloat16")  # DeepSpeed's older name for the same section
     for link in LINKS:
-        if link.section and link.section not in ds:
-            continue
-        if get_path(ds, link.key, AUTO) == AUTO:
+        if not link.section:
+            # always the Trainbook field's value: the file's own (or "auto") was taken into it, checked and converted
             set_path(ds, link.key, link.to_ds(*(_config_value(cfg, f) for f in link.fields)))
     t = cfg.train
     ds["train_batch_size"] = t.batch_size * t.grad_accum_steps * world  # the DeepSpeed rule
@@ -328,9 +395,8 @@ def merged(cfg, world: int, cuda: bool) -> dict:
     if not cuda:
         # DeepSpeed's fused Adam needs a C++ build on a CPU; torch's AdamW is what the torch engine runs anyway
         params.setdefault("torch_adam", True)
-    for p in PRECISIONS:
-        if get_path(ds, f"{p}.enabled", AUTO) == AUTO:
-            set_path(ds, f"{p}.enabled", cfg.engine.precision == p)
+    for p in PRECISIONS:  # engine.precision holds the file's choice (taken at load) or Trainbook's
+        set_path(ds, f"{p}.enabled", cfg.engine.precision == p)
     ds.setdefault("steps_per_print", 2**62)  # the loop reports progress itself
     ds.setdefault("wall_clock_breakdown", False)
     width = hidden_size(cfg.model)
@@ -369,6 +435,13 @@ def check(cfg, world: int, cuda: bool) -> dict:
     does not read (with the nearest valid name), or when it asks for fp16 or offload without a GPU. Returns it."""
     ds = merged(cfg, world, cuda)
     parse(ds)  # a misspelt key first: what follows reads the keys as spelt
+    total = cfg.engine.deepspeed.get("train_batch_size")
+    if total not in (None, AUTO) and total != ds["train_batch_size"]:  # the file's total, held to the real world
+        t = cfg.train
+        raise _batch_mismatch(total, "the DeepSpeed config", t.batch_size, t.grad_accum_steps, world)
+    steps_per_print = ds.get("steps_per_print")
+    if isinstance(steps_per_print, bool) or not isinstance(steps_per_print, int) or steps_per_print < 1:
+        raise DeepSpeedConfigError(not_allowed(f"{FIELD}: steps_per_print", steps_per_print, "a whole number >= 1"))
     for key in OFFLOADS:
         device = get_path(ds, key, "none")
         if device not in (None, "none") and not cuda:
@@ -448,9 +521,10 @@ def parse(ds: dict) -> None:
         DeepSpeedConfig(probe)
     except pydantic.ValidationError as exc:
         raise DeepSpeedConfigError(_pydantic_message(exc, ds)) from None
-    except (AssertionError, ValueError, TypeError, KeyError) as exc:
-        raise DeepSpeedConfigError(f"{FIELD}: DeepSpeed refuses the merged config: {str(exc).splitlines()[0]}") \
-            from None
+    except Exception as exc:  # noqa: BLE001 - DeepSpeed's own DeepSpeedConfigError is no ValueError; any is a refusal
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DeepSpeedConfigError(refused(FIELD, f"DeepSpeed's parser refuses the merged config: {detail}",
+                                           "a config DeepSpeed 0.19 accepts")) from None
     unknown = sorted(set(ds) - probe.read)
     if unknown:
         raise DeepSpeedConfigError(_unknown_key(unknown[0], sorted(probe.read)))

@@ -93,7 +93,8 @@ class DeepSpeedEngine:
 
     @property
     def loss_scale(self) -> float | None:
-        return float(self.engine.optimizer.cur_scale) if self._dtype is torch.float16 else None
+        # loss_scale: what every fp16 optimizer of DeepSpeed 0.19 has (stage 0's FP16_Optimizer has no cur_scale)
+        return float(self.engine.optimizer.loss_scale) if self._dtype is torch.float16 else None
 
     def train_step(self, micro_batches: list[dict], weights: list[float] | None = None,
                    before_update=None) -> torch.Tensor:

@@ -35,11 +35,15 @@ class TorchEngine:
         # fp16's narrow range: scale the loss up so small gradients do not flush to zero, and skip a step whose
         # gradients overflowed (the scale then halves); bf16 has fp32's range and needs none of it
         self.scaler = torch.amp.GradScaler(topo.device.type) if cfg.engine.precision == "fp16" else None
-        self.skipped_steps = 0  # optimizer steps the scaler skipped for inf/NaN gradients
+        self._skipped = None  # optimizer steps the scaler skipped for inf/NaN gradients (a device tensor)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    @property
+    def skipped_steps(self) -> int:
+        return int(self._skipped) if self._skipped is not None else 0
 
     @property
     def loss_scale(self) -> float | None:
@@ -70,10 +74,12 @@ class TorchEngine:
         if before_update is not None:
             before_update()  # the last moment the weights are still those of the previous step
         if self.scaler is not None:
-            scale = self.scaler.get_scale()
+            if self._skipped is None:
+                self._skipped = torch.zeros((), dtype=torch.int64, device=self.device)
+            before = self.scaler._scale.clone()  # on the device: no host sync per step (read at log time)
             self.scaler.step(self.optimizer)  # skipped when the gradients hold inf or NaN
-            self.scaler.update()
-            self.skipped_steps += self.scaler.get_scale() < scale
+            self.scaler.update()  # and then the scale halves
+            self._skipped += (self.scaler._scale < before).long()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -93,7 +99,7 @@ class TorchEngine:
         weights = trainable_state(self.module) if self.trainable_only else self.module.state_dict()
         files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict()}
         if self.scaler is not None:  # fp16: the loss scale and its growth counter, for an exact resume
-            files[SCALER_FILE] = self.scaler.state_dict()
+            files[SCALER_FILE] = {**self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
         return files
 
     def load_checkpoint_state(self, folder) -> None:
@@ -105,7 +111,9 @@ class TorchEngine:
             self.module.load_state_dict(weights)
         self.optimizer.load_state_dict(safe_load.load(folder / "optimizer.pt", map_location=self.device))
         if self.scaler is not None:
-            self.scaler.load_state_dict(safe_load.load(folder / SCALER_FILE))
+            state = safe_load.load(folder / SCALER_FILE)
+            self._skipped = torch.tensor(state.pop("skipped_steps", 0), dtype=torch.int64, device=self.device)
+            self.scaler.load_state_dict(state)
 
     def train(self):
         self.model.train()

@@ -1,0 +1,87 @@
+"""Documents from elsewhere (a run config, a DeepSpeed config) read as plain data: mappings with string keys, lists,
+strings, numbers, booleans and null, and nothing a parser could be made to spend minutes or gigabytes on.
+
+    data = read_document(text, "yaml")     (or "json"); raises PlainDataError saying what is wrong and where
+
+Refused: YAML anchors and aliases (a 400-byte "billion laughs" file expands to gigabytes; configs never need them),
+duplicate keys (the last one would win silently; DeepSpeed's own loader refuses them too), keys that are not strings,
+nesting deeper than MAX_DEPTH, and numbers that are not finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import yaml
+
+MAX_DEPTH = 32  # a DeepSpeed config nests 3 levels, a Trainbook config 4
+
+
+class PlainDataError(ValueError):
+    """A document that is not plain data; the message says what and where (a key path or a line)."""
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """YAML's safe loader without anchors, aliases or repeated keys."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise PlainDataError(f"line {event.start_mark.line + 1}: an anchor or alias (&name, *name); a config "
+                                 "spells each value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                raise PlainDataError(f"line {key_node.start_mark.line + 1}: the key {key!r} is not a string")
+            if key in seen:
+                raise PlainDataError(f"line {key_node.start_mark.line + 1}: the key {key!r} appears twice")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _no_duplicates(pairs: list) -> dict:
+    keys = [key for key, _ in pairs]
+    repeated = next((key for key in keys if keys.count(key) > 1), None)
+    if repeated is not None:
+        raise PlainDataError(f"the key {repeated!r} appears twice")
+    return dict(pairs)
+
+
+def read_document(text: str, kind: str):
+    """``text`` parsed as ``kind`` ("yaml" or "json") and checked to be plain data (see the module doc)."""
+    try:
+        if kind == "json":
+            data = json.loads(text, object_pairs_hook=_no_duplicates)
+        else:
+            data = yaml.load(text, Loader=_PlainLoader)  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:
+        raise PlainDataError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        if isinstance(exc, PlainDataError):
+            raise
+        raise PlainDataError(f"not valid {kind.upper()}: {str(exc).splitlines()[0]}") from None
+    check_plain(data)
+    return data
+
+
+def check_plain(data, where: str = "", depth: int = 0) -> None:
+    """Refuse anything in ``data`` but string-keyed mappings, lists, strings, finite numbers, booleans and null."""
+    if depth > MAX_DEPTH:
+        raise PlainDataError(f"{where or 'the document'}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                raise PlainDataError(f"{where or 'the document'}: the key {key!r} is not a string")
+            check_plain(value, f"{where}.{key}" if where else key, depth + 1)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            check_plain(value, f"{where}[{i}]", depth + 1)
+    elif isinstance(data, float) and not math.isfinite(data):
+        raise PlainDataError(f"{where or 'the document'}: {data} is not a finite number")
+    elif not (data is None or isinstance(data, (str, int, float, bool))):
+        raise PlainDataError(f"{where or 'the document'}: a {type(data).__name__} is not plain data")
