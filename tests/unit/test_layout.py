@@ -105,3 +105,11 @@ def test_chapters_import_only_what_comes_before_them(chapter_name):
 def test_foundation_modules_import_only_each_other():
     offenders = sorted(f"{m} imports {i}" for m in FOUNDATION & set(MODULES) for i in GRAPH[m] if i not in FOUNDATION)
     assert not offenders, offenders
+
+
+def test_test_files_have_basenames_of_their_own():
+    """pytest imports test files by basename (rootdir, no packages): a second tests/*/test_x.py fails collection of
+    the whole tier, and only in a run that collects both (make test), not in either folder alone."""
+    files = sorted((PROJECT / "tests").rglob("test_*.py"))
+    names = [f.name for f in files]
+    assert not [f for f in files if names.count(f.name) > 1]
