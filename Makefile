@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_accumulation.py
 	$(PY) bench/bench_activation_checkpointing.py
 	$(PY) bench/bench_scaling.py
+	$(PY) bench/bench_memory.py
 
 # Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
 lock: $(STAMP)

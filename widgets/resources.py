@@ -13,7 +13,7 @@ import ipywidgets as w
 from IPython.display import HTML, display
 
 from toolkit.resources.doctor import CHECKS, Check, run_doctor, status_counts
-from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html
+from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html, table_html
 
 STATUS_COLOURS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", "running": "#1f77b4", "waiting": "#aaa"}
 
@@ -71,10 +71,13 @@ class MemoryPanel(Panel):
     """Sliders for model size, precision, ZeRO stage, GPUs and GPU memory; the estimate follows every move.
 
     All arithmetic is :mod:`toolkit.resources.memory_estimate`'s; the panel shows the chosen stage's formula, whether it
-    fits, the stage the toolkit recommends, and the bars for every stage."""
+    fits, the stage the toolkit recommends, and the bars for every stage. "Write this setting" writes the recommendation
+    as a config that trains (write_recommended_config); given a run directory, the panel puts the run's measured peak
+    per rank next to the prediction for its config (compare_run)."""
 
     def __init__(self, model_size: str = "7B", precision: str = "bf16", zero_stage: int | None = None,
-                 gpus: int = 8, gpu_memory_gib: float = 80):
+                 gpus: int = 8, gpu_memory_gib: float = 80, run_dir: str | Path | None = None,
+                 write_to: str | Path = "recommended.yaml"):
         from toolkit.resources.memory_estimate import BYTES_PER_PARAM, STAGES, parse_count
 
         super().__init__()
@@ -94,10 +97,21 @@ class MemoryPanel(Panel):
         self._png = b""
         for control in (self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage):
             control.observe(lambda _: self.guarded(self.refresh), names="value")
+        self.write_path = w.Text(value=str(write_to), description="config file", layout=w.Layout(width="480px"))
+        self.write_button = self.button("Write this setting", self.write_setting, style="primary",
+                                        tooltip="the recommended stage, GPUs and precision as a config that trains")
+        self.written = w.HTML()
+        self.run_dir = w.Text(value=str(run_dir or ""), description="run dir", layout=w.Layout(width="480px"))
+        self.compare_button = self.button("Compare with this run", self.compare,
+                                          tooltip="the run's measured peak per rank next to the prediction")
+        self.measured = w.HTML()
         self.view = w.VBox([self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage,
-                            self.headline, self.formula, self.plot, self.message])
-        self.advice = None
+                            self.headline, self.formula, self.plot, w.HBox([self.write_path, self.write_button]),
+                            self.written, w.HBox([self.run_dir, self.compare_button]), self.measured, self.message])
+        self.advice = self.comparison = None
         self.refresh()
+        if run_dir is not None:
+            self.guarded(self.compare)
 
     def refresh(self):
         from toolkit.report import plots
@@ -123,8 +137,32 @@ class MemoryPanel(Panel):
         self.plot.value = self._png
         return advice
 
+    def write_setting(self):
+        """Write the recommended setting for the sliders' model, GPUs and precision; returns the WrittenConfig."""
+        from toolkit.resources.memory_estimate import parse_count, write_recommended_config
+
+        written = write_recommended_config(self.write_path.value, params=parse_count(self.model_size.value),
+                                           gpus=self.gpus.value, gpu_memory_gib=self.gpu_memory.value,
+                                           precision=self.precision.value)
+        self.written.value = pre_html(written.summary())
+        return written
+
+    def compare(self):
+        """The run in the run-dir field: measured peak per rank against the prediction; returns the RunComparison."""
+        from toolkit.errors import refused
+        from toolkit.resources.memory_estimate import TOLERANCE, compare_run
+
+        if not self.run_dir.value.strip():
+            raise ValueError(refused("run dir", "is empty", "a run directory (runs/NAME-TIME)"))
+        self.comparison = comparison = compare_run(self.run_dir.value.strip())
+        self.measured.value = (f"<b>{html.escape(comparison.prediction.describe())}</b>: measured peak per rank "
+                               f"(step {comparison.step}) against predicted, stated accuracy ±{TOLERANCE:.0%}"
+                               + table_html(comparison.rows()) + pre_html(comparison.prediction.table()))
+        return comparison
+
     def static_html(self) -> str:
-        return f"<div>{self.headline.value}{self.formula.value}{png_html(self._png, 820)}{self.message.value}</div>"
+        return (f"<div>{self.headline.value}{self.formula.value}{png_html(self._png, 820)}{self.written.value}"
+                f"{self.measured.value}{self.message.value}</div>")
 
 
 # --- Azure ML ----------------------------------------------------------------------------------------------------

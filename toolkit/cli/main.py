@@ -27,6 +27,10 @@ def _cmd_train(args) -> int:
         overrides.append(f"engine.nproc={args.nproc}")
     if args.engine is not None:
         overrides.append(f"engine.name={args.engine}")
+    if args.deepspeed is not None:  # as Hugging Face's --deepspeed: the file, and the engine that reads it
+        # the path as a quoted string: --set values are read as YAML, where "a #b.json" or "yes" would change it
+        overrides += [f"engine.name={args.engine or 'deepspeed'}",
+                      f"engine.deepspeed_config={json.dumps(args.deepspeed)}"]
     if args.workspace is not None:
         overrides.append(f"data.workspace={args.workspace}")
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
@@ -53,6 +57,47 @@ def _cmd_resume(args) -> int:
         return handle
 
     return start_and_follow(start)
+
+
+def _cmd_scale(args) -> int:
+    from toolkit.fsio import atomic_write_text
+    from toolkit.runs import scaling
+
+    overrides = list(args.set or []) + ([f"engine.name={args.engine}"] if args.engine else [])
+    counts = scaling.parse_counts(args.nproc) if args.nproc is not None else None
+    plan = scaling.plan(args.config, overrides, counts, mode=args.mode, steps=args.steps, out=args.out,
+                        runs_root=args.runs_root, side_by_side=args.side_by_side)  # refusals: before any run
+    # the runs live in their own sessions: a SIGTERM or a closed terminal must stop them too (run_series does)
+    previous = {sig: signal.signal(sig, raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        result = scaling.run_series(plan, on_line=lambda line: print(line, file=sys.stderr, flush=True))
+    except scaling.ScalingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, Terminated) as exc:
+        signum = exc.args[0] if isinstance(exc, Terminated) else signal.SIGINT
+        print(f"interrupted ({signal.Signals(signum).name}): the series' runs were stopped", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    out = Path(result.out)
+    try:
+        from toolkit.report.plots import scaling as scaling_picture
+
+        result.picture = str(scaling_picture(result.to_dict(), out / "scaling.png"))
+    except ModuleNotFoundError as exc:  # a core install: the table and the JSON still stand
+        from toolkit.extras import missing_extra_message
+
+        print(f"no picture: {missing_extra_message(exc, 'the picture') or exc}", file=sys.stderr)
+    document = result.to_dict()
+    atomic_write_text(out / "scaling.json", json.dumps(document, indent=1) + "\n")
+    if args.json:
+        _print_json(document)
+    else:
+        print(result.table())
+        print(f"picture: {result.picture}\nresults: {out / 'scaling.json'}")
+    return 0
 
 
 def _cmd_checkpoints(args) -> int:
@@ -274,21 +319,59 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_estimate(args) -> int:
-    from toolkit.resources.memory_estimate import estimate, model_params, parse_count, recommend_stage
+    from toolkit import config as config_mod
+    from toolkit.resources import memory_estimate as me
 
-    if args.config:
-        from toolkit import config as config_mod
+    overrides = list(args.set or [])
+    if args.nproc is not None:
+        overrides.append(f"engine.nproc={args.nproc}")
+    if args.engine is not None:
+        overrides.append(f"engine.name={args.engine}")
+    if overrides and not args.config:
+        raise ConfigError(refused("--set/--nproc/--engine", "given without --config", "--config NAME with them"))
+    if args.run and (args.config or args.params):
+        raise ConfigError(not_allowed("--run", args.run, "--run alone (the run's own config is what it measured)",
+                                      problem="is given together with " + ("--config" if args.config else "a count")))
+    cfg = config_mod.load(args.config, overrides) if args.config else None
+    if cfg is not None and args.zero_stage is not None and cfg.engine.name == "deepspeed":
+        cfg = config_mod.load(args.config, [*overrides, f"engine.zero_stage={args.zero_stage}"])
+    if args.measure_baseline:
+        from toolkit.runs.rundir import RunDir
 
-        params = model_params(config_mod.load(args.config, args.set or []))
-    elif args.params:
-        params = parse_count(args.params)
-    else:
-        raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, or --config NAME"))
-    print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
-    if args.zero_stage is not None:
-        print(estimate(params, args.precision, args.zero_stage, args.gpus).formula())
+        engines = [cfg.engine.name] if cfg else [RunDir(args.run).read_config().engine.name] if args.run else \
+            list(me.REFERENCE_BASELINE_MIB)
+        for engine in engines:
+            print(f"measuring the {engine} baseline: the tiny config for {me.BASELINE_STEPS} steps on 2 processes...",
+                  flush=True)
+            peaks = me.measure_baseline(engine)
+            print(f"  {engine}: {', '.join(f'rank {r} {p:,.0f} MiB' for r, p in enumerate(peaks))} (kept in "
+                  f"{me.baseline_cache_path()})")
+    if args.run:
+        comparison = me.compare_run(args.run, device=args.device)
+        print(comparison.prediction.table())
+        print(comparison.table())
         return 0
-    print(recommend_stage(params, args.gpu_memory, args.gpus, args.precision).summary())
+    if cfg is not None:
+        prediction = me.predict_run(cfg, device=args.device)
+        params, precision = prediction.params, args.precision or cfg.engine.precision
+        print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
+        print(prediction.table())
+        print(f"\non GPUs: model state per GPU by ZeRO stage ({precision}, {args.gpus} GPUs):")
+    elif args.params:
+        params, precision = me.parse_count(args.params), args.precision or "bf16"
+        print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
+    else:
+        raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, --config NAME "
+                                  "or --run RUN_DIR"))
+    if args.zero_stage is not None:
+        print(me.estimate(params, precision, args.zero_stage, args.gpus).formula())
+    else:
+        print(me.recommend_stage(params, args.gpu_memory, args.gpus, precision).summary())
+    if args.write_config:
+        written = me.write_recommended_config(args.write_config, params=None if cfg else params, base=args.config,
+                                              overrides=overrides, gpus=args.gpus, gpu_memory_gib=args.gpu_memory,
+                                              precision=precision)
+        print(f"\n{written.summary()}")
     return 0
 
 
@@ -452,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = add_verb(verbs, "train", "train in the foreground with a progress bar", [
         "trainbook train demo",
         "trainbook train tiny --nproc 2 --engine deepspeed --set train.max_steps=50",
+        "trainbook train demo --nproc 2 --deepspeed ds_config.json --set train.grad_accum_steps=4",
         "trainbook train my_config.yaml --set data.asset=mycorpus:2 --max-restarts 3"])
     train.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo, llama, digits, ...)")
     train.add_argument("--set", action="append", metavar=S,
@@ -461,6 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "of the project)")
     train.add_argument("--nproc", type=int, help="processes on this machine (engine.nproc)")
     train.add_argument("--engine", choices=field_choices(EngineConfig, "name"), help="the training engine (engine.name)")
+    train.add_argument("--deepspeed", metavar="DS_CONFIG", help="your DeepSpeed config, JSON or YAML ('auto' values "
+                       "filled from the config; engine.deepspeed_config, and --engine deepspeed)")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart dead training processes from the latest checkpoint up to N times")
     _add_workspace(train)
@@ -536,16 +622,59 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
     doctor.set_defaults(func=_cmd_doctor)
 
-    est = add_verb(verbs, "estimate", "model-state memory per GPU by ZeRO stage, and the stage to use", [
-        "trainbook estimate 7B --gpus 8 --gpu-memory 80", "trainbook estimate --config demo --zero-stage 2"])
+    est = add_verb(verbs, "estimate", "peak memory per rank of a run (predicted, or against a finished run's "
+                   "measurement), model state per GPU by ZeRO stage, and the recommended setting as a config", [
+                       "trainbook estimate 7B --gpus 8 --gpu-memory 80",
+                       "trainbook estimate --config tiny --nproc 2 --engine deepspeed --zero-stage 2",
+                       "trainbook estimate --run runs/tiny-20261126-101500",
+                       "trainbook estimate 7B --gpus 8 --gpu-memory 80 --write-config zero.yaml",
+                       "trainbook estimate --config demo --gpus 2 --write-config demo-zero.yaml"])
     est.add_argument("params", nargs="?", help="parameter count with its unit: 350M, 7B, 1.3e9 (or use --config)")
-    est.add_argument("--config", help="count the parameters of this config's model instead")
+    est.add_argument("--config", help="predict this config's run: peak memory per rank on this machine")
     est.add_argument("--set", action="append", metavar=S, help="override one field of --config (repeatable)")
-    est.add_argument("--precision", default="bf16", choices=["fp16", "bf16", "fp32"], help="(default: bf16)")
+    est.add_argument("--nproc", type=int, help="processes for --config's run (engine.nproc)")
+    est.add_argument("--engine", choices=field_choices(EngineConfig, "name"), help="engine for --config's run "
+                     "(engine.name)")
+    est.add_argument("--device", choices=["cpu", "cuda"], help="predict for this device (default: this machine's)")
+    est.add_argument("--run", metavar="RUN_DIR", help="compare a run's measured peak per rank (its last train "
+                     "event) with the prediction for its own config")
+    est.add_argument("--measure-baseline", action="store_true", help="first measure this machine's baseline (the "
+                     "tiny config's peak, ~30 s per engine) and keep it for later predictions")
+    est.add_argument("--write-config", metavar="FILE.yaml", help="write the recommended setting (ZeRO stage, "
+                     "processes, precision; offload when no stage fits) as a config that trains")
+    est.add_argument("--precision", choices=["fp16", "bf16", "fp32"], help="for the GPU figures (default: "
+                     "--config's engine.precision, else bf16)")
     est.add_argument("--gpus", type=int, default=8, help="data-parallel GPUs (default: 8)")
     est.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: 80, an A100/H100 80GB)")
-    est.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], help="show only this stage's figure")
+    est.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], help="show only this stage's GPU figure (and, "
+                     "with --config on the deepspeed engine, predict that stage)")
     est.set_defaults(func=_cmd_estimate)
+
+    scale = add_verb(verbs, "scale", "train briefly at 1, 2, 4... processes: tokens/s, efficiency vs linear, and "
+                     "a step's time as compute, communication and data wait", [
+                         "trainbook scale tiny --nproc 1,2", "trainbook scale demo --nproc 1,2 --strong --steps 40",
+                         "trainbook scale demo --nproc 1,2,4,8 --engine deepspeed --set engine.zero_stage=2 --json"])
+    scale.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo, llama, ...)")
+    scale.add_argument("--nproc", metavar="N,N,...", help="process counts, e.g. 1,2,4 (1, the baseline, is always "
+                       "run; default: 1, 2, 4... up to one per GPU, or per usable core)")
+    mode = scale.add_mutually_exclusive_group()
+    mode.add_argument("--weak", dest="mode", action="store_const", const="weak",
+                      help="train.batch_size per process, the global batch grows with N (the default)")
+    mode.add_argument("--strong", dest="mode", action="store_const", const="strong",
+                      help="train.batch_size is the global batch, split over the N processes")
+    scale.set_defaults(mode="weak")
+    scale.add_argument("--steps", type=int, default=20, help="measured steps per run, after a warm-up (default: 20)")
+    scale.add_argument("--set", action="append", metavar=S, help="override one config field (repeatable)")
+    scale.add_argument("--engine", choices=field_choices(EngineConfig, "name"),
+                       help="the training engine (engine.name)")
+    scale.add_argument("--side-by-side", action="store_true", help="also run N independent 1-process runs at once "
+                       "for each N > 1: what the machine does for trials that need no communication")
+    scale.add_argument("--out", help="the series folder: its run directories, scaling.png and scaling.json "
+                       "(default: <runs-root>/<name>-scale-<timestamp>)")
+    scale.add_argument("--runs-root", help="where a new series folder goes (default: $TRAINBOOK_RUNS or ./runs of the "
+                       "project)")
+    _add_json(scale, "the table")
+    scale.set_defaults(func=_cmd_scale)
 
     export = add_verb(verbs, "export", "RUN_DIR/model/: safetensors, ONNX and a parity report from the latest "
                       "checkpoint; --register adds it to the workspace's models", [

@@ -1,4 +1,4 @@
-"""How much GPU memory training needs per GPU, and which ZeRO stage makes a model fit.
+"""How much memory training needs: model state per GPU by ZeRO stage (the guide), and a run's peak per rank.
 
 The guide's rule: mixed-precision (fp16/bf16) Adam keeps about 20 bytes per parameter of *model state*:
 
@@ -19,15 +19,49 @@ momentum and variance, 4 bytes each. ZeRO partitions this state over the N data-
 
 Activations, communication buckets and fragmentation come on top and depend on batch and sequence length,
 so a stage is recommended only when the model state fits in ``STATE_SHARE`` of the GPU's memory.
+
+A run's peak per rank (:func:`predict_run`, what ``trainbook estimate --config`` prints and a run's train events
+measure as ``peak_memory_mb``) adds what the guide leaves out: activations (the built-in GPT's are counted tensor by
+tensor), DeepSpeed's buckets and, on a CPU, the process itself. The arithmetic is spelled out above
+:func:`predict_run`. On a GPU it is the guide's model state + activations + DeepSpeed's reduce bucket (not measured
+here: this machine has no GPU). On a CPU the guide's rule is wrong in a way worth knowing, and corrected:
+
+1. The measured figure is the peak resident set of the whole process, so a *baseline* comes first: Python, torch,
+   deepspeed, gloo, the data and TensorBoard (rank 0), about 320 MiB (torch) and 350 MiB (deepspeed) here, a third
+   of the bench model's peak. It is measured, not guessed: the tiny config's peak through ``trainbook train``
+   (``trainbook estimate --measure-baseline`` records this machine's; else the reference machine's figures).
+2. Partitioning saves less than the copies DeepSpeed makes to partition. At 2 processes the guide says fp32 Adam
+   goes 16 -> 12 -> 10 -> 8 bytes a parameter from ZeRO-0 to ZeRO-3; measured on CPU (bench/bench_memory.py, 19M
+   parameters, baseline and activations taken out) it goes ~21 -> 26 -> 25 -> 37: ZeRO-1/2 keep the weights in one
+   flat buffer, the gradients, a reduce bucket and a flat copy of it for gloo's all-reduce (each as large as the
+   model while the model is under DeepSpeed's 5e8-element buckets), and give the optimizer an fp32 master partition
+   and a flattened gradient partition; ZeRO-3 keeps every gathered weight live (max_live_parameters is 1e9),
+   double-buffers its reduce bucket (overlap_comm), reduce-scatters through a full-size copy on gloo, and the model
+   was built whole before it was partitioned. ZeRO-1 to 3 also import torch._inductor (DeepSpeed's optimizer check
+   loads its Muon optimizer, which compiles): 43 MiB a process. Partitioning pays once the model outgrows the
+   buckets and N is large; at ~20M parameters and 2 processes ZeRO-0 (or torch DDP) is the smallest.
+3. Freed memory stays with the process: the training allocator (toolkit.train.allocator) keeps the heap, so a peak
+   is a high-water mark. A buffer ZeRO frees that is under its 32 MiB mmap threshold leaves a hole the next,
+   differently sized request rarely fits (the weights before flattening, the bucket's flat copy, the partition
+   copies): below ~8M parameters those holes are most of ZeRO's excess over ZeRO-0 (glibc's defaults would return
+   them: 515 instead of 708 MiB for ZeRO-1 at 7M parameters); above it they are mapped and unmapped whole.
+The predictor holds within ``TOLERANCE`` (15%) per rank on this machine: within 5% for fp32 from 0.8M to 19M
+parameters at every stage, 10% with torch DDP and accumulation. bf16 on a CPU is modelled from the same structure
+(half-size weights, gradients and activations, fp32 master and moments), checked at 3M parameters only.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from toolkit.config import ConfigError
-from toolkit.errors import not_allowed
+from toolkit.errors import bounded_repr, not_allowed, refused
 
 # Bytes per parameter of each part of the model state: (weights, gradients, optimizer state).
 # The optimizer state includes the fp32 master weights and fp32 gradients where the precision keeps them.
@@ -146,3 +180,607 @@ def model_params(cfg) -> int:
     with torch.device("meta"):
         model = build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
+
+
+# --- a run's peak memory per rank ---------------------------------------------------------------------------------
+#
+# One rank's peak, in bytes, for Ψ parameters over N processes, AdamW, the built-in GPT with L blocks of width C,
+# B sequences of T tokens per micro-step (X = B T C), a vocabulary of V = 256 bytes, and R = min(Ψ, DeepSpeed's
+# reduce bucket): a bucket becomes resident only as far as gradients are written into it (5e8 elements by default).
+#
+#   baseline (CPU)          measured: the tiny config's peak RSS through `trainbook train`, per engine, rank 0 and
+#                           the others (0 on a GPU: max_memory_allocated counts tensors only)
+#   activations             (16 L + 2 + V / C) X x a        per block: its input, ln1's output, q k v (3), attention's
+#                                                           output, the residual, ln2's output, the MLP's hidden before
+#                                                           and after its non-linearity (4 + 4); then the last residual,
+#                                                           ln_f's output and the log-softmax of the logits (V / C)
+#     checkpointing         (L + 16 + 2 + V / C) X x a      each block's input, and one block recomputed in backward
+#     (a = 4 bytes in fp32, 2 in bf16; accumulation adds none: micro-batches run one after another)
+#
+#   CPU, fp32 (h = 2 for DeepSpeed's bf16 weights, gradients and buckets; the master copy and moments stay fp32):
+#   torch, 1 process        4 Ψ weights + 4 Ψ gradients + 8 Ψ Adam moments                          = 16 Ψ
+#     DDP                   + 4 Ψ all-reduce buckets (DDP copies every gradient into them)           = 20 Ψ
+#     bf16 (autocast)       + 2 Ψ: the bf16 copy of each weight, kept for backward
+#   DeepSpeed ZeRO-0        16 Ψ + 4 min(Ψ, 5e8): the flat copy its all-reduce works on              = 20 Ψ
+#     bf16                  + 4 Ψ fp32 master + 4 Ψ fp32 gradients (DeepSpeed's bf16 optimizer)
+#   DeepSpeed ZeRO-1, 2     4 Ψ weights (one flat buffer) + 4 Ψ gradients + 4 R reduce bucket + 4 R flat copy
+#                           for the all-reduce + (4 fp32 master + 8 Adam + 4 gradient partition + 4 its flat copy
+#                           handed to the optimizer) Ψ / N                                           = 16 Ψ + 20 Ψ / N
+#     accumulation          + 4 Ψ / N: the partition of the earlier micro-steps' gradients, kept between them
+#   DeepSpeed ZeRO-3        4 Ψ gathered weights + 4 Ψ gradients + 8 R two reduce buckets (overlap_comm) + 4 R
+#                           gloo's reduce-scatter copy + 4 Ψ the model as built, before partitioning + (4 weights +
+#                           4 master + 8 Adam + 4 gradient partition) Ψ / N                          = 24 Ψ + 20 Ψ / N
+#   ZeRO-1 to 3, also       43 MiB: torch._inductor, imported by DeepSpeed's ZeRO optimizer check
+#                           + heap holes: each buffer ZeRO frees that is under the allocator's 32 MiB mmap threshold
+#                           (4 Ψ weights before flattening, 4 R bucket copy, 4 Ψ / N zeroed gradient partition, 4 Ψ / N
+#                           the step's gradient copy) stays in the heap; above it, it is unmapped and costs nothing
+#   GPU: the guide's model state (estimate() above) + DeepSpeed's reduce bucket (allocated whole: 5e8 x 2 bytes,
+#        twice for ZeRO-3) + activations; offloaded optimizer state or parameters live in host memory instead.
+#   checkpoints every N steps (async): + the staged copy of what the rank saves (torch: 12 Ψ on rank 0).
+#
+# e.g. 19.1M parameters, ZeRO-2 x 2, fp32, batch 8 x 128, width 512, 6 blocks: 351 MiB baseline + 26 x 19.1M bytes
+# (473 MiB) + 43 MiB import + no heap holes (every buffer over 32 MiB) + 98.5 x 8 x 128 x 512 x 4 bytes (197 MiB)
+# = 1,064 MiB on rank 0; measured 1,014 to 1,025.
+
+TOLERANCE = 0.15  # the predictor's stated accuracy per rank (bench/bench_memory.py measures it)
+DEVICES = ("cpu", "cuda")
+MIB = 2**20
+# The tiny config's peak RSS per rank through `trainbook train` (rank 0, other ranks), MiB, on the reference machine:
+# a 2-core x86_64 VM, Linux, Python 3.11, torch 2.13 (CPU), DeepSpeed 0.19.8. Rank 0 also writes events and TensorBoard.
+REFERENCE_BASELINE_MIB = {"torch": (322.0, 318.0), "deepspeed": (351.0, 346.0)}
+REFERENCE_MACHINE = "the reference machine (2-core x86_64 VM, torch 2.13 CPU, DeepSpeed 0.19.8)"
+# DeepSpeed's defaults, in elements (deepspeed.runtime.zero.config, deepspeed.runtime.engine)
+DS_REDUCE_BUCKET = 500_000_000
+DS_ALLREDUCE_BUCKET = 500_000_000  # ZeRO-0's buffered all-reduce (MEMORY_OPT_ALLREDUCE_SIZE)
+BASELINE_STEPS = 4
+# RSS that ZeRO-1 to 3 add on top of ZeRO-0's baseline by importing torch._inductor (deepspeed.runtime.zero.utils.
+# is_zero_supported_optimizer imports deepspeed's Muon optimizer, which calls torch.compile), measured on the
+# reference machine by tracing deepspeed.initialize
+ZERO_IMPORT_MIB = 43.0
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    """On each rank (``rank0_only``: on rank 0 alone)."""
+    formula: str
+    per_param: bool = True
+    """Scales with the parameter count (False: activations, a bucket capped at its size, a fixed cost)."""
+    rank0_only: bool = False
+
+
+@dataclass(frozen=True)
+class RunPrediction:
+    params: int
+    device: str
+    engine: str
+    zero_stage: int
+    nproc: int
+    precision: str
+    baseline_mib: tuple[float, ...]
+    baseline_source: str
+    terms: tuple[Term, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def per_rank_mib(self) -> list[float]:
+        """The predicted peak of each rank, MiB, in rank order."""
+        everywhere = sum(t.bytes for t in self.terms if not t.rank0_only) / MIB
+        rank0 = sum(t.bytes for t in self.terms if t.rank0_only) / MIB
+        return [base + everywhere + (rank0 if r == 0 else 0.0) for r, base in enumerate(self.baseline_mib)]
+
+    def describe(self) -> str:
+        stage = f" ZeRO-{self.zero_stage}" if self.engine == "deepspeed" else ""
+        return (f"{self.engine}{stage}, {self.nproc} process{'es' if self.nproc > 1 else ''}, {self.precision}, "
+                f"on {self.device}")
+
+    def table(self) -> str:
+        """Each term with its formula and size, then the peak per rank."""
+        base = " / ".join(f"{b:,.0f}" for b in dict.fromkeys(self.baseline_mib))
+        lines = [f"predicted peak per rank: {self.describe()}, Ψ = {self.params:,} parameters",
+                 f"  {'baseline':<34} {base:>10} MiB  {self.baseline_source}"]
+        for t in self.terms:
+            where = " (rank 0)" if t.rank0_only else ""
+            lines.append(f"  {t.name + where:<34} {t.bytes / MIB:>10,.1f} MiB  {t.formula}")
+        ranks = ", ".join(f"rank {r} {m:,.0f}" for r, m in enumerate(self.per_rank_mib))
+        lines.append(f"  peak: {ranks} MiB (stated accuracy ±{TOLERANCE:.0%} per rank)")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def activation_bytes(model_cfg, batch_size: int, bytes_per_element: float = 4) -> float | None:
+    """What autograd keeps from forward for backward at its peak, for the built-in GPT; None for a model without a
+    formula here (transformers, custom, digits_mlp)."""
+    if model_cfg.name != "gpt":
+        return None
+    from toolkit.train.models.gpt import VOCAB_SIZE
+
+    L, C, T = model_cfg.n_layer, model_cfg.n_embd, model_cfg.block_size
+    per_block = 16  # input, ln1 out, q k v (3), attention out, residual, ln2 out, MLP hidden (4) and activated (4)
+    head = 2 + VOCAB_SIZE / C  # the last residual, ln_f's output, the log-softmax of the logits (B x T x V)
+    kept = L + per_block if model_cfg.activation_checkpointing else per_block * L
+    return (kept + head) * batch_size * T * C * bytes_per_element
+
+
+def _activation_formula(model_cfg, a: float) -> str:
+    blocks = "(L + 16 + 2 + V/C)" if model_cfg.activation_checkpointing else "(16 L + 2 + V/C)"
+    return f"{blocks} x B T C x {a:g} B; L={model_cfg.n_layer}, C={model_cfg.n_embd}, T={model_cfg.block_size}"
+
+
+def _ds_settings(cfg) -> tuple[int, str | None, str | None]:
+    """(reduce bucket in elements, optimizer offload device, parameter offload device) from engine.deepspeed."""
+    from toolkit.train.engines.deepspeed_config import WIDTH_AUTOS, get_path, hidden_size
+
+    ds = cfg.engine.deepspeed or {}
+    key = "zero_optimization.reduce_bucket_size"
+    bucket = get_path(ds, key, DS_REDUCE_BUCKET)
+    if bucket == "auto":
+        width = hidden_size(cfg.model)
+        bucket = WIDTH_AUTOS[key](width) if width else DS_REDUCE_BUCKET
+    offload = [get_path(ds, f"zero_optimization.{k}.device", "none") for k in ("offload_optimizer", "offload_param")]
+    return int(bucket), *(d if d not in (None, "none") else None for d in offload)
+
+
+def _cpu_terms(psi: int, cfg, bucket: int) -> list[Term]:
+    e = cfg.engine
+    n, stage = e.nproc, e.zero_stage
+    terms: list[Term] = []
+
+    def add(name: str, per: float, count: float = psi, divisor: int = 1, why: str = "", rank0: bool = False):
+        label = "Ψ" if count == psi else f"{count:,.0f}"
+        formula = f"{per:g} B x {label}" + (f" / {divisor}" if divisor > 1 else "") + (f": {why}" if why else "")
+        terms.append(Term(name, per * count / divisor, formula, per_param=count == psi, rank0_only=rank0))
+
+    if e.name == "torch":
+        add("weights", 4)
+        add("gradients", 4)
+        add("Adam moments", 8)
+        if n > 1:
+            add("DDP buckets", 4, why="DDP copies every gradient into its all-reduce buckets")
+        if e.precision == "bf16":
+            add("autocast weight copies", 2, why="the bf16 copy of each weight, kept for backward")
+        return terms
+    h = 2 if e.precision == "bf16" else 4  # DeepSpeed's bf16 mode holds the module, its gradients and buckets in bf16
+    R = min(psi, bucket)
+    if stage == 0:
+        add("weights", h)
+        add("gradients", h)
+        add("Adam moments", 8)
+        if h == 2:
+            add("fp32 master weights", 4, why="DeepSpeed's bf16 optimizer")
+            add("fp32 gradients", 4, why="DeepSpeed's bf16 optimizer accumulates in fp32")
+        add("all-reduce flat copy", 4, min(psi, DS_ALLREDUCE_BUCKET), why="the flat buffer ZeRO-0 all-reduces")
+        return terms
+    if stage in (1, 2):
+        add("weights (flat buffer)", h)
+        add("gradients", h)
+        add("reduce bucket", h, R, why="contiguous gradients, resident as far as they fill it")
+        add("all-reduce copy of the bucket", h, R, why="flattened for gloo's all-reduce")
+        add("fp32 master partition", 4, divisor=n)
+        add("Adam moments partition", 8, divisor=n)
+        add("gradient partition", 4, divisor=n)
+        add("its flat copy for the step", 4, divisor=n, why="the fp32 gradient the optimizer is handed")
+        if cfg.train.grad_accum_steps > 1:
+            add("accumulated gradient partition", 4, divisor=n, why="the earlier micro-steps' gradients, kept")
+    else:
+        add("gathered weights", h, why="all live: stage3_max_live_parameters is 1e9")
+        add("gradients", h)
+        add("reduce buckets (two)", 2 * h, R, why="double-buffered for overlap_comm")
+        add("reduce-scatter copy", h, R, why="gloo reduce-scatters through a full-size copy")
+        add("the model as built", 4, why="built whole before DeepSpeed partitions it; the heap keeps the space")
+        add("weights partition", h, divisor=n)
+        add("fp32 master partition", 4, divisor=n)
+        add("Adam moments partition", 8, divisor=n)
+        add("gradient partition", 4, divisor=n)
+    return terms + _zero_overheads(psi, n, R)
+
+
+def _zero_overheads(psi: int, n: int, bucket: int) -> list[Term]:
+    """What ZeRO-1 to 3 cost on a CPU beyond their buffers: a module import, and the heap's holes."""
+    from toolkit.train.allocator import THRESHOLDS
+
+    mmap_below = THRESHOLDS["mmap"][1]
+    # Buffers ZeRO allocates and frees (at initialize, and every step). Under the training allocator's mmap threshold
+    # they come from the heap, which keeps their space (toolkit.train.allocator) and rarely fits the next, differently
+    # sized request into it; above it they are mapped and unmapped whole and leave nothing behind.
+    transients = {"the weights before flattening": 4 * psi, "the bucket's flat copy": 4 * min(psi, bucket),
+                  "the zeroed gradient partition (initialize)": 4 * psi / n, "the step's gradient copy": 4 * psi / n}
+    kept = {name: size for name, size in transients.items() if size < mmap_below}
+    slack = [Term("heap holes", sum(kept.values()), f"freed buffers under the {mmap_below // MIB} MiB mmap "
+                  f"threshold: {', '.join(kept) or 'none (all above it)'}", per_param=False)]
+    return [Term("torch._inductor, imported", ZERO_IMPORT_MIB * MIB, "by DeepSpeed's ZeRO optimizer check (its Muon "
+                 "optimizer compiles); ZeRO-0's baseline does not have it", per_param=False)] + slack
+
+
+def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_param: str | None) -> list[Term]:
+    e = cfg.engine
+    n, stage = e.nproc, e.zero_stage
+    if e.name == "torch":  # autocast keeps fp32 weights: the guide's fp32 row, plus the half copies and DDP's buckets
+        guide = estimate(psi, "fp32", 0, 1)
+        terms = [Term("weights", guide.weights_bytes, "4 B x Ψ"), Term("gradients", guide.gradients_bytes, "4 B x Ψ"),
+                 Term("Adam moments", guide.optimizer_bytes, "8 B x Ψ")]
+        if n > 1:
+            terms.append(Term("DDP buckets", 4 * psi, "4 B x Ψ: DDP copies every gradient into its buckets"))
+        if e.precision != "fp32":
+            terms.append(Term("autocast weight copies", 2 * psi, "2 B x Ψ: the half copy of each weight"))
+        return terms
+    guide = estimate(psi, e.precision, stage, n)
+    w, g, o = BYTES_PER_PARAM[e.precision]
+    formula = guide.formula().split(" = ")[0]
+    terms = [Term("weights", 0.0 if offload_param else guide.weights_bytes,
+                  f"{w} B x Ψ" + (f" / {n}" if stage == 3 else "") + (f", offloaded to {offload_param}"
+                                                                       if offload_param else "")),
+             Term("gradients", guide.gradients_bytes, f"{g} B x Ψ" + (f" / {n}" if stage >= 2 else "")),
+             Term("optimizer state", 0.0 if offload_opt else guide.optimizer_bytes,
+                  f"{o} B x Ψ" + (f" / {n}" if stage >= 1 else "") + (f", offloaded to {offload_opt}"
+                                                                      if offload_opt else "") +
+                  f" (the guide's {formula})")]
+    if stage >= 1:
+        half = 4 if e.precision == "fp32" else 2
+        copies = 2 if stage == 3 else 1
+        terms.append(Term("reduce bucket" + (" (two)" if copies == 2 else ""), copies * half * bucket,
+                          f"{copies} x {half} B x {bucket:,}: allocated whole", per_param=False))
+    return terms
+
+
+def _staging_terms(psi: int, cfg) -> list[Term]:
+    """Async checkpoints keep a staged copy of what each rank saves (toolkit.checkpoint.checkpointer)."""
+    c, e = cfg.checkpoint, cfg.engine
+    if c.mode != "async" or not (c.every_steps or c.every_seconds):
+        return []
+    n, h = e.nproc, 2 if (e.name == "deepspeed" and e.precision != "fp32") else 4
+    if e.name == "torch" or e.zero_stage == 0:
+        return [Term("checkpoint staging", (h + 8 + (4 if h == 2 else 0)) * psi, "weights + optimizer state, staged "
+                     "for the background write", rank0_only=True)]
+    terms = [Term("checkpoint staging", 12 * psi / n, f"12 B x Ψ / {n}: this rank's optimizer partition, staged")]
+    if e.zero_stage < 3:
+        terms.append(Term("checkpoint staging (weights)", h * psi, f"{h} B x Ψ: the module's weights",
+                          rank0_only=True))
+    else:
+        terms.append(Term("checkpoint staging (weights)", h * psi / n, f"{h} B x Ψ / {n}: this rank's weights"))
+    return terms
+
+
+def _this_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def predict_run(cfg, *, device: str | None = None, params: int | None = None) -> RunPrediction:
+    """Each rank's peak memory for the run ``cfg`` (a Config) describes, on ``device`` (default: this machine's):
+    the formula above, term by term. ``params``: the parameter count when known (else counted on the meta device)."""
+    device = device or _this_device()
+    _check("device", device, device in DEVICES, ", ".join(DEVICES))
+    e = cfg.engine
+    if device == "cpu" and e.precision == "fp16":
+        raise ConfigError(not_allowed("engine.precision", "fp16", "fp32 or bf16 (fp16 needs a GPU)",
+                                      problem="is not allowed on a CPU"))
+    psi = int(params if params is not None else model_params(cfg))
+    bucket, offload_opt, offload_param = _ds_settings(cfg) if e.name == "deepspeed" else (DS_REDUCE_BUCKET, None, None)
+    notes = []
+    if device == "cpu":
+        terms = _cpu_terms(psi, cfg, bucket)
+        baseline, source = baseline_mib(e.name, e.nproc)
+        if e.precision == "bf16":
+            notes.append("bf16 on a CPU: modelled (half-size weights, gradients, activations), checked on a 3M-"
+                         "parameter model only")
+        if offload_opt or offload_param:
+            notes.append("offload moves nothing on a CPU (the state is in host memory already); a launch here "
+                         "refuses it")
+    else:
+        terms = _gpu_terms(psi, cfg, bucket, offload_opt, offload_param)
+        baseline, source = (0.0,) * e.nproc, "none: max_memory_allocated counts tensors, not the CUDA context"
+        notes.append("GPU figures follow the guide and DeepSpeed's allocation rules; not measured on this machine")
+    terms += _staging_terms(psi, cfg)
+    a = 4 if e.precision == "fp32" else 2
+    act = activation_bytes(cfg.model, cfg.train.batch_size, a)
+    if act is None:
+        notes.append(f"activations: no formula for model.name={cfg.model.name!r} (only the built-in gpt's): not "
+                     "counted")
+    else:
+        terms.append(Term("activations", act, _activation_formula(cfg.model, a), per_param=False))
+    if e.name == "deepspeed" and e.zero_stage >= 1 and e.nproc == 1:
+        notes.append("ZeRO on 1 process partitions nothing: ZeRO-0 (or the torch engine) needs less")
+    return RunPrediction(params=psi, device=device, engine=e.name, zero_stage=e.zero_stage if e.name == "deepspeed"
+                         else 0, nproc=e.nproc, precision=e.precision, baseline_mib=baseline, baseline_source=source,
+                         terms=tuple(terms), notes=tuple(notes))
+
+
+# --- the baseline: a process that trains nothing ------------------------------------------------------------------
+
+def baseline_cache_path() -> Path:
+    from toolkit import paths
+
+    return paths.cache_dir() / "memory_baseline.json"
+
+
+def _machine_key() -> str:
+    from importlib import metadata
+
+    versions = []
+    for package in ("torch", "deepspeed"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{package} absent")
+    return f"{platform.node()}|{platform.machine()}|{os.cpu_count()}|{'|'.join(versions)}"
+
+
+def _read_baselines() -> dict:
+    try:
+        record = json.loads(baseline_cache_path().read_text())
+        if record.get("machine") == _machine_key() and isinstance(record.get("engines"), dict):
+            return record["engines"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def store_baseline(engine: str, ranks: list[float]) -> None:
+    """Record this machine's measured baseline for ``engine`` (peak MiB per rank of the tiny config)."""
+    from toolkit.fsio import atomic_write_text
+
+    engines = _read_baselines()
+    engines[engine] = {"ranks": [float(r) for r in ranks], "measured": time.time()}
+    path = baseline_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"machine": _machine_key(), "engines": engines}, indent=1) + "\n")
+
+
+def baseline_mib(engine: str, nproc: int) -> tuple[tuple[float, ...], str]:
+    """Each rank's baseline, MiB, and where the figures come from: this machine's measurement, else the reference."""
+    record = _read_baselines().get(engine)
+    try:
+        ranks = [float(r) for r in record["ranks"]]
+        rank0, other = ranks[0], (ranks[1] if len(ranks) > 1 else ranks[0])
+        when = time.strftime("%Y-%m-%d", time.localtime(record["measured"]))
+        source = f"measured on this machine {when} (the tiny config's peak; `trainbook estimate --measure-baseline`)"
+    except (TypeError, KeyError, IndexError, ValueError, OverflowError):
+        rank0, other = REFERENCE_BASELINE_MIB[engine]
+        source = f"the tiny config's peak on {REFERENCE_MACHINE}; --measure-baseline measures this machine's"
+    return (rank0,) + (other,) * (nproc - 1), source
+
+
+def measure_baseline(engine: str, nproc: int = 2) -> list[float]:
+    """Run the tiny config for a few steps as training starts (the launcher, then the worker: what a run's peak
+    includes), record each rank's peak as this machine's baseline for ``engine``, and return it (~30 s)."""
+    import subprocess
+    import tempfile
+
+    from toolkit import config as config_mod
+    from toolkit.runs.events import TrainEvent, read_events
+    from toolkit.runs.launchers import worker_command
+    from toolkit.runs.rundir import RunDir
+
+    _check("engine", engine, engine in REFERENCE_BASELINE_MIB, ", ".join(REFERENCE_BASELINE_MIB))
+    cfg = config_mod.load("tiny", [f"engine.name={engine}", f"engine.nproc={nproc}",
+                                   f"train.max_steps={BASELINE_STEPS}", "train.log_every=1",
+                                   f"train.eval_every={BASELINE_STEPS}", f"train.eval_batches={nproc}",
+                                   "checkpoint.at_end=false", "profile.enabled=false"])
+    with tempfile.TemporaryDirectory(prefix=f"trainbook-baseline-{engine}-") as tmp:
+        run = RunDir.create(Path(tmp) / "run", cfg)  # not indexed in any workspace: a probe, not a run
+        cmd, env = worker_command(cfg, run.path)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env},
+                              start_new_session=True, timeout=600)
+        peaks = [e.peak_memory_mb for e in read_events(run, TrainEvent) if e.peak_memory_mb]
+    if proc.returncode != 0 or not peaks:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"the {engine} baseline run failed (exit {proc.returncode}): {tail}")
+    store_baseline(engine, peaks[-1])
+    return peaks[-1]
+
+
+# --- a finished run, measured against its prediction ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunComparison:
+    run_dir: Path
+    prediction: RunPrediction
+    measured_mib: list[float]
+    step: int
+
+    @property
+    def ratios(self) -> list[float]:
+        """Measured over predicted, per rank."""
+        return [m / p for m, p in zip(self.measured_mib, self.prediction.per_rank_mib)]
+
+    @property
+    def within_tolerance(self) -> list[bool]:
+        return [abs(r - 1) <= TOLERANCE for r in self.ratios]
+
+    def rows(self) -> list[dict]:
+        return [{"rank": r, "predicted MiB": round(p), "measured MiB": round(m), "measured / predicted": f"{q:.2f}",
+                 f"within ±{TOLERANCE:.0%}": "yes" if ok else "no"}
+                for r, (p, m, q, ok) in enumerate(zip(self.prediction.per_rank_mib, self.measured_mib, self.ratios,
+                                                      self.within_tolerance))]
+
+    def table(self) -> str:
+        lines = [f"measured (last train event, step {self.step}) against predicted, per rank:",
+                 f"  {'rank':>4} {'predicted':>10} {'measured':>10} {'ratio':>6}  within ±{TOLERANCE:.0%}"]
+        for row in self.rows():
+            lines.append(f"  {row['rank']:>4} {row['predicted MiB']:>10,} {row['measured MiB']:>10,} "
+                         f"{row['measured / predicted']:>6}  {row[f'within ±{TOLERANCE:.0%}']}")
+        return "\n".join(lines)
+
+
+def _measured_peaks(run, run_dir) -> tuple[list[float], int]:
+    from toolkit.runs.events import TrainEvent, read_events
+
+    for event in reversed(read_events(run, TrainEvent)):
+        peaks = event.peak_memory_mb
+        if isinstance(peaks, list) and peaks and all(isinstance(p, (int, float)) and not isinstance(p, bool)
+                                                    and math.isfinite(p) and p > 0 for p in peaks):
+            return [float(p) for p in peaks], event.step
+    raise ConfigError(refused("run_dir", f"{bounded_repr(Path(run_dir))} has no train event with peak_memory_mb yet",
+                              "a run that has logged at least one step"))
+
+
+def compare_run(run_dir, *, device: str | None = None) -> RunComparison:
+    """A run's measured peak per rank (its last train event) next to the prediction for its own config. The run's
+    model is never built: its parameter count comes from its events (a copied run directory is data, not code)."""
+    from toolkit.runs.events import StatusEvent, read_events
+    from toolkit.runs.rundir import RunDir
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(not_allowed("run_dir", path, "a run directory", problem="is not a folder"))
+    run = RunDir(path)
+    cfg = run.read_config()
+    measured, step = _measured_peaks(run, path)
+    counts = [e.n_params for e in read_events(run, StatusEvent) if isinstance(e.n_params, int) and e.n_params > 0]
+    if not counts:
+        raise ConfigError(refused("run_dir", f"{bounded_repr(path)} records no parameter count (no running status "
+                                  "event)", "a run that has started"))
+    prediction = predict_run(cfg, device=device, params=counts[-1])
+    return RunComparison(run_dir=path, prediction=prediction, measured_mib=measured[:prediction.nproc], step=step)
+
+
+# --- the recommended setting, as a config that runs -------------------------------------------------------------
+
+# Built-in GPT shapes (n_layer, n_embd), GPT-3's where the config's bounds allow: what a bare count is written as
+GPT_SHAPES = ((4, 128), (6, 512), (12, 768), (24, 1024), (24, 1536), (24, 2048), (32, 2560), (32, 4096), (40, 5120),
+              (48, 6144), (64, 7168), (64, 8192))
+
+
+def gpt_shape(params: float) -> tuple[int, int, int]:
+    """(n_layer, n_embd, n_head) of the built-in GPT shape nearest ``params`` (12 L C^2 parameters in its blocks)."""
+    _check("params", params, isinstance(params, (int, float)) and params > 0, "a positive number of parameters")
+    largest = 12 * GPT_SHAPES[-1][0] * GPT_SHAPES[-1][1] ** 2
+    if params > 1.5 * largest:
+        raise ConfigError(not_allowed("params", params, f"up to {1.5 * largest / 1e9:.0f}B, or --config NAME with "
+                                      "your model (model.name=hf or custom)",
+                                      problem="is too large for the built-in gpt (model.n_layer <= 64, n_embd <= "
+                                              "8192)"))
+    L, C = min(GPT_SHAPES, key=lambda s: abs(math.log(12 * s[0] * s[1] ** 2 / params)))
+    return L, C, max(1, C // (64 if C <= 1024 else 128))
+
+
+@dataclass(frozen=True)
+class WrittenConfig:
+    path: Path
+    deepspeed_config: Path | None
+    advice: StageAdvice
+    params: int
+    stage: int
+    offload: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def summary(self) -> str:
+        lines = [f"wrote {self.path}: engine.name=deepspeed, engine.zero_stage={self.stage}, engine.nproc="
+                 f"{self.advice.estimates[0].gpus}, engine.precision={self.advice.estimates[0].precision} "
+                 f"({self.params:,} parameters)"]
+        if self.advice.stage is not None:
+            lines.append(f"  ZeRO-{self.advice.stage}: the lowest stage whose model state fits in {STATE_SHARE:.0%} of "
+                         f"{self.advice.gpu_memory_gib:g} GiB per GPU")
+        if self.deepspeed_config is not None:
+            lines.append(f"  engine.deepspeed_config: {self.deepspeed_config}")
+        if self.offload:
+            lines.append(f"  no stage fits: ZeRO-3 with {' and '.join(self.offload)} offloaded to CPU memory. This "
+                         "config is for a GPU machine (an Azure ML GPU SKU, see below): a launch on a CPU-only "
+                         "machine refuses offload")
+        lines += [f"  {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _azure_hint(path: Path, gpus: int, gpu_memory_gib: float) -> str:
+    """How to run the written config on Azure ML GPUs of that size: a VM size and how many nodes."""
+    from toolkit.azure.skus import SKUS
+
+    sizes = [s for s in SKUS.values() if s.gpus and s.gpu_mem_gib == gpu_memory_gib]
+    if not sizes:
+        return (f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku <a size with {gpu_memory_gib:g}"
+                f" GiB GPUs> --instance-count <nodes>")
+    # the biggest node that the GPU count fills exactly, else the smallest node
+    whole = [s for s in sizes if s.gpus <= gpus and gpus % s.gpus == 0]
+    sku = max(whole, key=lambda s: (s.gpus, s.infiniband)) if whole else min(sizes, key=lambda s: s.gpus)
+    nodes = math.ceil(gpus / sku.gpus)
+    return (f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku {sku.name} --instance-count "
+            f"{nodes}  ({sku.describe()})")
+
+
+def _offload(advice: StageAdvice) -> tuple[str, ...]:
+    """What ZeRO-3 must move to host memory when no stage fits: the optimizer state (ZeRO-Offload), and the
+    parameters too when the half weights and gradients alone overflow the budget (ZeRO-Infinity)."""
+    stage3 = advice.estimates[-1]
+    on_gpu = (stage3.weights_bytes + stage3.gradients_bytes) / 2**30
+    return ("optimizer",) if on_gpu <= STATE_SHARE * advice.gpu_memory_gib else ("optimizer", "parameters")
+
+
+def write_recommended_config(path, *, params: float | None = None, base=None, overrides=(), gpus: int = 8,
+                             gpu_memory_gib: float = 80.0, precision: str | None = None) -> WrittenConfig:
+    """Write the recommended ZeRO setting for ``gpus`` GPUs of ``gpu_memory_gib`` as a Trainbook config that loads
+    and runs: ``base`` (a config name or file, with ``overrides``) with its engine section set, or for a bare
+    ``params`` count the built-in GPT shaped to about that size. When no stage fits, a ds_config.json with
+    ZeRO-Offload is written next to it (for a GPU machine)."""
+    import yaml
+
+    from toolkit import config as config_mod
+    from toolkit.fsio import atomic_write_text
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(not_allowed("--write-config", path, "a .yaml or .yml file", problem="is a folder"))
+    _check("--write-config", path, path.suffix in (".yaml", ".yml"), "a .yaml or .yml file")
+    _check("gpus", gpus, isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1, "1 or more")
+    if base is not None and params is not None:
+        raise ConfigError(not_allowed("params", params, "no count with a base config: its model is counted",
+                                      problem="is not allowed with a base config"))
+    notes = []
+    if base is not None:
+        cfg = config_mod.load(base, list(overrides))
+        precision = precision or cfg.engine.precision
+    elif params is not None:
+        L, C, H = gpt_shape(params)
+        cfg = config_mod.load(None, [f"model.n_layer={L}", f"model.n_embd={C}", f"model.n_head={H}"])
+        cfg = config_mod.from_dict({**cfg.to_dict(), "name": f"gpt-{L}x{C}"})
+        precision = precision or "bf16"
+    else:
+        raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, or a base "
+                                  "config (--config NAME)"))
+    count = model_params(cfg)
+    if base is None:
+        notes.append(f"model: the built-in gpt shaped to {count / 1e9:.3g}B parameters (n_layer={cfg.model.n_layer}, "
+                     f"n_embd={cfg.model.n_embd}) for the {params:.3g} asked: replace the model section with yours")
+    advice = recommend_stage(count, gpu_memory_gib, gpus, precision)
+    stage = advice.stage if advice.stage is not None else 3
+    offload = () if advice.stage is not None else _offload(advice)
+
+    ds = json.loads(json.dumps(cfg.engine.deepspeed or {}))  # the base's own DeepSpeed settings, kept
+    zero = ds.setdefault("zero_optimization", {})
+    zero["stage"] = stage
+    for part in offload:
+        zero["offload_optimizer" if part == "optimizer" else "offload_param"] = {"device": "cpu", "pin_memory": True}
+    if ds.get("train_batch_size", "auto") != "auto":
+        ds["train_batch_size"] = "auto"  # micro batch x accumulation x the new process count
+        notes.append("train_batch_size in the DeepSpeed config set to \"auto\": it follows the new process count")
+    data = cfg.to_dict()
+    data["engine"].update(name="deepspeed", zero_stage=stage, nproc=gpus, precision=precision, launcher="auto",
+                          deepspeed_config="", deepspeed={})
+    keep_ds = offload or cfg.engine.deepspeed
+    if keep_ds:
+        data["engine"]["deepspeed"] = ds
+    config_mod.from_dict(data)  # a field out of range (engine.nproc > 1024...) refused before anything is written
+    ds_path = None
+    if keep_ds:
+        ds_path = path.with_name(f"{path.stem}.ds_config.json").absolute()
+        atomic_write_text(ds_path, json.dumps(ds, indent=1) + "\n")
+        data["engine"].update(deepspeed_config=str(ds_path), deepspeed={})
+    for_what = (f"ZeRO-{stage}" + (f" + {' and '.join(offload)} offload" if offload else "") +
+                f" for {gpus} GPU{'s' if gpus > 1 else ''} of {gpu_memory_gib:g} GiB, {precision}")
+    header = (f"# Written by `trainbook estimate`: {for_what}, {count:,} parameters.\n"
+              "# Model state per GPU by stage (the guide's rule, 70% of the GPU for model state):\n" +
+              "".join(f"#   {line}\n" for line in advice.summary().splitlines()[1:]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, header + yaml.safe_dump(data, sort_keys=False))
+    try:  # what a user's `trainbook train FILE` does first: the DeepSpeed file merged, every field checked
+        config_mod.load(path)
+    except ConfigError:
+        for written in (path, ds_path):
+            if written is not None:
+                written.unlink(missing_ok=True)
+        raise
+    notes.append(_azure_hint(path, gpus, gpu_memory_gib))
+    return WrittenConfig(path=path, deepspeed_config=ds_path, advice=advice, params=count, stage=stage,
+                         offload=offload, notes=tuple(notes))
