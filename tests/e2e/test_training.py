@@ -223,3 +223,14 @@ def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation():
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert counts["4 x 8"] == counts["1 x 32"] >= 1, counts
+
+
+@pytest.mark.slow
+def test_zero3_evaluates_an_odd_number_of_batches_over_two_ranks(train_tiny):
+    """ZeRO-3 gathers weights inside forward, so every rank must run as many evaluation forwards as the others: with 3
+    validation batches over 2 ranks, rank 1's share is one short and it joins rank 0's last forward (uncounted). This
+    run used to hang in that all-gather until the collective timed out."""
+    proc, run = train_tiny("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3", "--set",
+                           "train.eval_batches=3", "--set", "train.max_steps=6", "--set", "train.eval_every=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [e["step"] for e in run.events("eval")] == [3, 6]

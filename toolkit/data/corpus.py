@@ -349,9 +349,14 @@ def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: in
 def val_batches(corpus: Corpus, cfg, rank: int, world_size: int):
     """This rank's share of the fixed validation batches (the same batches at every evaluation), each of a training
     step's rows (batch_size x grad_accum_steps): the same validation set however a step is split."""
-    rows = cfg.train.batch_size * cfg.train.grad_accum_steps
     for i in range(rank, cfg.train.eval_batches, world_size):
-        yield corpus.batch("val", rows, _generator(cfg.train.seed, VAL_STREAM, i))
+        yield val_batch(corpus, cfg, i)
+
+
+def val_batch(corpus: Corpus, cfg, i: int) -> dict:
+    """Validation batch number ``i`` (a pure function of the seed and i)."""
+    rows = cfg.train.batch_size * cfg.train.grad_accum_steps
+    return corpus.batch("val", rows, _generator(cfg.train.seed, VAL_STREAM, i))
 
 
 def bits_per_byte(loss_nats: float, corpus: Corpus) -> float | None:

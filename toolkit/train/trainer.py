@@ -259,6 +259,13 @@ class Trainer:
             return [batch]
         return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(next(iter(batch.values()))), size)]
 
+    def _eval_batch(self, batch: dict) -> float:
+        """A validation batch's loss, in micro-batches as training runs them (their memory), weighted as one batch
+        (the same validation loss whatever train.grad_accum_steps)."""
+        micro_batches = self._micro_batches(batch)
+        losses = [self.engine.eval_loss(self._to_device(b)) for b in micro_batches]
+        return weighted_mean(losses, micro_batch_weights(micro_batches)).item()
+
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.topo.device, non_blocking=True) for k, v in batch.items()}
 
@@ -330,12 +337,15 @@ class Trainer:
         self.engine.eval()
         loss_sum, count = 0.0, 0
         for batch in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
-            # in micro-batches as training runs them (their memory), weighted as one batch (the same validation loss
-            # whatever train.grad_accum_steps)
-            micro_batches = self._micro_batches(batch)
-            losses = [self.engine.eval_loss(self._to_device(b)) for b in micro_batches]
-            loss_sum += weighted_mean(losses, micro_batch_weights(micro_batches)).item()
+            loss_sum += self._eval_batch(batch)
             count += 1
+        if getattr(self.engine, "state_moves_in_forward", False):
+            # ZeRO-3 gathers each layer's weights from every rank inside forward: a rank whose share of the batches
+            # is one short (eval_batches not a multiple of the ranks) must still join the others' last forward, or
+            # they wait for it forever. Its extra forward is not counted.
+            per_rank = -(-self.cfg.train.eval_batches // self.topo.world_size)
+            for _ in range(per_rank - count):
+                self._eval_batch(data_mod.val_batch(self.corpus, self.cfg, 0))
         loss_sum, count = distributed.all_reduce_sum([loss_sum, count], self.topo.device)
         self.engine.train()
         result = {"val_loss": loss_sum / count}
