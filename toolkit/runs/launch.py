@@ -90,9 +90,7 @@ def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_roo
     config = pin_data_asset(config)
     config = pin_model(config)
     check_model(config)  # the user's model, pretrained weights, LoRA: refused here, before any folder is made
-    import torch
-
-    check_engine(config, world=config.engine.nproc, cuda=torch.cuda.is_available())  # fp16, a DeepSpeed file
+    check_engine(config, world=config.engine.nproc)  # fp16 and a DeepSpeed file, for this machine's devices
     run_dir = Path(run_dir or default_run_dir(config, runs_root))
     with _holding_run_lock(run_dir) as lock_fd:  # before anything is written: a second start is refused here
         run = RunDir.create(run_dir, config)

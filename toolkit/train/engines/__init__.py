@@ -34,11 +34,19 @@ def build_engine(model, cfg, topo, loss_fn=None):
     return ENGINES[cfg.engine.name](model, cfg, topo, loss_fn)
 
 
-def check_engine(cfg, world: int, cuda: bool) -> dict | None:
-    """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``): fp16 only on GPUs,
-    and for DeepSpeed the merged config through DeepSpeed's own parser (toolkit.train.engines.deepspeed_config).
-    Returns what DeepSpeed will be handed (None for the torch engine). Raises ValueError naming the field."""
+def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
+    """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``; None: this machine's,
+    asked only when it matters): fp16 only on GPUs, and for DeepSpeed the merged config through DeepSpeed's own
+    parser (toolkit.train.engines.deepspeed_config). Returns what DeepSpeed will be handed (None for the torch
+    engine). Raises ValueError naming the field."""
     from toolkit.errors import not_allowed
+
+    if cfg.engine.name != "deepspeed" and cfg.engine.precision != "fp16":
+        return None  # nothing device-dependent to check: no torch import (a second of CPU) in the launching process
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
 
     merged = None
     if cfg.engine.name == "deepspeed":  # first: where fp16 came from a user's file, its key is the one to name
