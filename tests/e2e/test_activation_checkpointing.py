@@ -12,7 +12,7 @@ import pytest
 
 from toolkit.runs.rundir import RunDir
 
-from conftest import cli
+from conftest import BIGRAM_MODEL, cli
 from test_checkpoint import CKPT, EVERY, STEPS, TORCH_1, assert_log_matches, losses_by_step
 from test_user_models import HF
 
@@ -71,27 +71,8 @@ def test_a_killed_run_with_activation_checkpointing_resumes_exactly(tmp_path, fi
     assert_log_matches(run, finished_runs(*CKPT, *AC, *PROFILE))  # the uninterrupted run of the test above
 
 
-MODULE_WITHOUT = '''
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Bigram(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.table = nn.Embedding(256, 256)
-
-    def forward(self, input_ids, labels):
-        return F.cross_entropy(self.table(input_ids).flatten(0, 1), labels.flatten())
-
-
-def build():
-    return Bigram()
-'''
-
-
 def test_a_users_module_that_cannot_checkpoint_is_refused_before_launch(tmp_path):
-    (tmp_path / "bigram.py").write_text(MODULE_WITHOUT)
+    (tmp_path / "bigram.py").write_text(BIGRAM_MODEL)  # no gradient_checkpointing_enable
     factory = f"{tmp_path / 'bigram.py'}:build"
     proc = cli("train", "tiny", "--runs-root", str(tmp_path / "runs"), "--set", "model.name=custom",
                "--set", f"model.factory={factory}", *AC)
