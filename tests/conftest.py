@@ -66,7 +66,7 @@ def pytest_configure(config):
 # those fixtures once (spread over two workers, each would build them, and again whenever another module's test came
 # in between). pytest-xdist's `--dist loadgroup` would do this from an xdist_group mark, but with pytest 9 its renaming
 # of items (`item._nodeid`) no longer takes effect, so the groups are named here, by file.
-ONE_WORKER_MODULES = {"test_serving.py", "test_endpoint_fuzz.py", "test_deployment_panel.py", "test_export_safety.py",
+ONE_WORKER_MODULES = {"test_serving.py", "test_multinode.py", "test_endpoint_fuzz.py", "test_deployment_panel.py", "test_export_safety.py",
                       "test_tensorboard.py", "test_hf_export_serving.py"}
 
 

@@ -12,6 +12,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A free port whose next one is free too (a multi-node job's store and its ranks' rendezvous)."""
+    while port_in_use("127.0.0.1", (port := free_port()) + 1):
+        pass
+    return port
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True if a server could not bind ``host:port`` now (another one listens there). Checked with SO_REUSEADDR,
     as the servers bind, so a port whose last connections are still closing counts as free."""

@@ -19,8 +19,11 @@ from conftest import PROJECT, cli
 from toolkit import config
 from toolkit.cli import main
 from toolkit.azure import AzureError, code_upload, connection
+from toolkit.azure import submit as submit_mod
 from toolkit.azure.plan import build_plan, write_plan
 from toolkit.azure.skus import SKUS, get_sku
+from toolkit.resources import drift
+from toolkit.runs import job as job_entry
 
 # azure-ai-ml 1.35.2's schemas warn about marshmallow 4 hundreds of times per load; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::marshmallow.warnings.Marshmallow4Warning")
@@ -78,6 +81,7 @@ def _leftovers(folder: Path) -> list[str]:
 @pytest.mark.parametrize("overrides", [[], DEEPSPEED], ids=["torch", "deepspeed"])
 def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, pydoc_asset, overrides):
     from azure.ai.ml import PyTorchDistribution, load_compute, load_data, load_environment, load_job
+    from azure.ai.ml._schema.job.command_job import CommandJobSchema
     from azure.ai.ml.entities import TensorBoardJobService
 
     cfg = config.load("tiny", ["data.asset=pydoc", *overrides])
@@ -96,6 +100,10 @@ def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, 
     assert env.conda_file["dependencies"][:2] == ["python=3.11", "pip"]  # environment.yml, resolved beside it
     assert (out / "environment.yml").read_bytes() == (PROJECT / "environment.yml").read_bytes()
     assert env.version == plan.environment.version
+    image_pins = dict(spec.split("==") for spec in env.conda_file["dependencies"][2]["pip"])
+    locked = drift.locked_versions(PROJECT / "constraints.txt")
+    assert {"torch", "deepspeed", "azure-ai-ml", "azure-core", "onnxruntime"} <= set(image_pins)
+    assert {name: version for name, version in image_pins.items() if locked[name] != version} == {}, "the lock's"
 
     data = load_data(out / "data.yaml")
     assert (data.name, data.version, data.type) == ("pydoc", str(pydoc_asset.version), "uri_file")
@@ -103,12 +111,25 @@ def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, 
     assert data.tags["sha256"] == pydoc_asset.sha256
 
     job = load_job(out / "job.yaml")
-    assert job.command == ("python -m toolkit.runs.worker outputs/run --config ${{inputs.config}} "
-                           "--set data.path=${{inputs.data}}")
+    # one entry per node, which starts the node's 8 ranks (all the A100s of the size) and restarts them itself
+    assert job.command == job_entry.command_line("${{outputs.runs}}/tiny", config="${{inputs.config}}", nnodes=2,
+                                                 max_restarts=3, gpus_per_node=8,
+                                                 sets={"data.path": "${{inputs.data}}"})
+    assert " --nnodes 2 --max-restarts 3 --gpus-per-node 8 --set data.path=${{inputs.data}}" in job.command
+    assert f"\ncommand: {job.command}\n" in (out / "job.yaml").read_text(), "one line, as it runs"
     assert job.compute == "gpu-a100" and Path(job.code) == PROJECT
     assert job.environment == f"trainbook:{plan.environment.version}"  # the loader drops "azureml:"
     assert isinstance(job.distribution, PyTorchDistribution)
-    assert job.distribution.process_count_per_instance == 8  # all 8 A100s of the size
+    assert job.distribution.process_count_per_instance == 1
+    runs = job.outputs["runs"]._data
+    assert (runs.type, runs.mode, runs.path) == (
+        "uri_folder", "rw_mount", "azureml://datastores/workspaceblobstore/paths/trainbook/runs/")
+    assert job.display_name == "tiny" and job.tags["run_name"] == "tiny"
+    assert submit_mod.run_location(submit_mod.load_plan(out).job) == (
+        "azureml://datastores/workspaceblobstore/paths/trainbook/runs/tiny/"), "what submit says"
+    # azure-ai-ml has no retry setting for command jobs (parallel jobs only): resubmitting the plan resumes instead.
+    # When one appears, set it in entities.job and here.
+    assert "retry_settings" not in CommandJobSchema(context={"base_path": out}).fields
     assert job.resources.instance_count == 2 and job.resources.shm_size == "16g"
     assert job.environment_variables["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
     assert job.environment_variables["UCX_IB_PCI_RELAXED_ORDERING"] == "on"
@@ -119,7 +140,8 @@ def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, 
     assert (Path(job.base_path) / config_input.path).resolve() == out / "trainbook-config.yaml"
     assert (data_input.type, data_input.path, data_input.mode) == ("uri_file", "pydoc:1", "ro_mount")
     board = job.services["tensorboard"]
-    assert isinstance(board, TensorBoardJobService) and board.log_dir == "outputs/run/tb"
+    assert set(job.services) == {"tensorboard"} and isinstance(board, TensorBoardJobService)
+    assert board.log_dir == "tensorboard"  # the job entry links it to the run's tb/
 
     job_cfg = config.load(out / "trainbook-config.yaml")  # the job's config is a valid Trainbook config
     assert (job_cfg.data.asset, job_cfg.data.workspace) == ("", "")
@@ -130,6 +152,13 @@ def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, 
                  "az ml data create -f data.yaml", "az ml job create -f job.yaml --stream"):
         assert step in submit_md
     assert "no SSH, hostfile or" in submit_md and "world size 16" in submit_md
+    assert "`azureml://datastores/workspaceblobstore/paths/trainbook/runs/tiny/` on datastore" in submit_md
+    assert "Submitting this plan again resumes the run" in submit_md and "`--run-name tiny`" in submit_md
+    assert "refused when the job starts, naming the first field that differs" in submit_md
+    assert "up to 3 time(s)" in submit_md and "retry_settings" in submit_md
+    assert ("run          azureml://datastores/workspaceblobstore/paths/trainbook/runs/tiny/ (shared by the nodes; "
+            "submitting this plan again resumes it); up to 3 restart(s) inside the job") in plan.summary()
+    assert "offload" not in plan.summary(), "no offload planned, none shown"
     assert _leftovers(tmp_path) == []
 
 
@@ -147,8 +176,10 @@ def test_sizes_without_infiniband_get_no_infiniband_settings_and_cpu_sizes_run_e
                      instance_count=3)
     assert cpu.sku.name == "Standard_D4s_v3"  # any case in, Azure's spelling out
     assert cpu.job.environment_variables == {} and cpu.job.resources.shm_size == "4g"
-    assert cpu.job.distribution.process_count_per_instance == 2 and cpu.world_size == 6
-    assert cpu.job.command == "python -m toolkit.runs.worker outputs/run --config ${{inputs.config}}"  # no data input
+    assert cpu.job.distribution.process_count_per_instance == 1 and cpu.job.resources.instance_count == 3
+    assert cpu.job_cfg.engine.nproc == 2 and cpu.world_size == 6  # each node's entry starts engine.nproc ranks
+    assert cpu.job.command == ("python -m toolkit.runs.job ${{outputs.runs}}/tiny --config ${{inputs.config}} "
+                               "--nnodes 3 --max-restarts 3")  # no data input, no GPU
     assert cpu.data is None and set(cpu.job.inputs) == {"config"}
 
 
@@ -160,7 +191,8 @@ def test_cli_plan_prints_the_table_writes_the_files_and_never_the_subscription(t
                str(workspace_config), "--out", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["compute", "job", "image", "data", "code", "workspace", "plan"]
+    assert [line.split()[0] for line in lines] == ["compute", "job", "image", "data", "run", "services", "code",
+                                                   "workspace", "plan"]
     assert "2 node(s) x 8 GPUs = world size 16" in proc.stdout and "pydoc:1" in proc.stdout
     assert lines[-1].endswith(str(out / "submit.md")) and (out / "job.yaml").is_file()
     submit_md = (out / "submit.md").read_text()
@@ -189,6 +221,18 @@ BAD_PLANS = [
     (["--image", "not an image"], "--image: 'not an image' is not allowed"),
     (["--set", "data.asset=nope"], "data.asset: 'nope' is not registered"),
     (["--set", "data.asset=pydoc:7"], "data.asset: 'pydoc:7' is not registered"),
+    (["--run-name", "a/b"], "--run-name: 'a/b' is not allowed; allowed: letters, digits, '_', '-', '.', starting with"),
+    (["--run-name", ".."], "--run-name: '..' is not allowed"),
+    (["--datastore", "my-store"], "--datastore: 'my-store' is not allowed; allowed: letters, digits and '_'"),
+    (["--datastore", ""], "--datastore: '' is not allowed"),
+    (["--run-storage", "nfs"], "--run-storage: 'nfs' is not allowed; allowed: datastore or local"),
+    (["--run-storage", "local"], "--run-storage: 'local' is not allowed with --instance-count 2, as the other "
+                                 "nodes' checkpoint shards would never reach node 0's outputs"),
+    (["--max-restarts", "-1"], "--max-restarts: -1 is not allowed; allowed: 0 or more"),
+    (["--services", "tensorboard,jupyter"], "--services: 'tensorboard,jupyter' names 'jupyter', which is not a "
+                                            "service; allowed: a comma-separated list of jupyterlab, vscode, "
+                                            "tensorboard, ssh"),
+    (["--services", "ssh"], "--services: ssh needs --ssh-public-key FILE"),
 ]
 
 
@@ -222,6 +266,81 @@ def test_gpus_per_node_is_refused_on_a_cpu_size(tmp_path, capsys):
     err = _refused(capsys, ["azure", "plan", "tiny", "--set", "engine.nproc=8", "--compute", "cpu-a", "--sku",
                             "Standard_D4s_v3", "--instance-count", "1", "--out", str(out)], out)
     assert "engine.nproc: 8 is not allowed on Standard_D4s_v3; allowed: 1 to 4" in err
+
+
+def _ssh_key_pair(folder: Path) -> tuple[Path, Path]:
+    """A real ed25519 key pair, as ssh-keygen makes it: (private key file, public key file)."""
+    private = folder / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "me@laptop", "-f", str(private)],
+                   check=True, capture_output=True, timeout=30)
+    return private, folder / "id_ed25519.pub"
+
+
+def test_a_plan_names_its_run_datastore_restarts_and_debugging_services(tmp_path, capsys):
+    from azure.ai.ml import load_job
+    from azure.ai.ml.entities import JupyterLabJobService, SshJobService, TensorBoardJobService, VsCodeJobService
+
+    private, public = _ssh_key_pair(tmp_path)
+    out = tmp_path / "plan"
+    code = main(_plan_argv(out, "--run-name", "exp-7.b", "--datastore", "team_runs", "--max-restarts", "0",
+                           "--services", "jupyterlab, vscode,tensorboard,ssh", "--ssh-public-key", str(public)))
+    assert code == 0, capsys.readouterr().err
+    job = load_job(out / "job.yaml")
+    assert job.outputs["runs"]._data.path == "azureml://datastores/team_runs/paths/trainbook/runs/"
+    assert job.command.startswith("python -m toolkit.runs.job ${{outputs.runs}}/exp-7.b --config ${{inputs.config}} "
+                                  "--nnodes 2 --max-restarts 0 ")
+    assert {name: type(service) for name, service in job.services.items()} == {
+        "jupyterlab": JupyterLabJobService, "vscode": VsCodeJobService, "tensorboard": TensorBoardJobService,
+        "ssh": SshJobService}
+    assert job.services["ssh"].ssh_public_keys == public.read_text().strip()
+    assert {job.services[name].nodes for name in ("jupyterlab", "vscode", "ssh")} == {"all"}, "any node can hang"
+    written = "".join(path.read_text() for path in out.iterdir() if path.is_file())
+    secret_line = private.read_text().splitlines()[1]  # base64 of the private key itself
+    assert secret_line not in written and "PRIVATE KEY" not in written
+    submit_md = (out / "submit.md").read_text()
+    assert "`azureml://datastores/team_runs/paths/trainbook/runs/exp-7.b/` on datastore team_runs" in submit_md
+    assert "az ml job connect-ssh --name <job name>" in submit_md and "up to 0 time(s)" in submit_md
+
+
+def test_local_run_storage_keeps_the_run_on_the_one_node(tmp_path):
+    from azure.ai.ml import load_job
+
+    plan = build_plan(config.load("tiny"), compute="cpu-a", sku="Standard_D4s_v3", instance_count=1,
+                      run_storage="local", max_restarts=1)
+    out = write_plan(plan, tmp_path / "plan")
+    job = load_job(out / "job.yaml")
+    assert job.command == ("python -m toolkit.runs.job outputs/run --config ${{inputs.config}} --nnodes 1 "
+                           "--max-restarts 1")
+    assert dict(job.outputs) == {} and job.services["tensorboard"].log_dir == "outputs/run/tb"
+    assert submit_mod.run_location(job) is None
+    assert "run          outputs/run in the job's outputs (node-local, uploaded when the job ends" in plan.summary()
+    assert "submitting the plan again starts from step 0" in (out / "submit.md").read_text()
+    quiet = build_plan(config.load("tiny"), compute="cpu-a", sku="Standard_D4s_v3", instance_count=1, services=())
+    assert not quiet.job.services and "services     none" in quiet.summary()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--instance-count", "1", "--run-storage", "local", "--low-priority"],
+     "--run-storage: 'local' is not allowed with --low-priority, as a preempted job could never resume (its "
+     "checkpoints stay on the node that was taken away); allowed: datastore (the default) with --low-priority"),
+    (["--ssh-public-key", "{public}"], "--ssh-public-key: '{public}' is given without ssh in --services"),
+    (["--services", "ssh", "--ssh-public-key", "{private}"],
+     "--ssh-public-key: '{private}' is a private key; allowed: the public key beside it (the .pub file)"),
+    (["--services", "ssh", "--ssh-public-key", "{folder}/nowhere.pub"],
+     "--ssh-public-key: '{folder}/nowhere.pub' does not exist"),
+    (["--services", "ssh", "--ssh-public-key", "{folder}/notes.txt"],
+     "--ssh-public-key: '{folder}/notes.txt' line 1 is not an OpenSSH public key"),
+], ids=["low priority + local", "key without ssh", "private key", "missing key", "not a key"])
+def test_run_storage_and_ssh_keys_are_checked_before_anything_is_written(tmp_path, capsys, extra, message):
+    private, public = _ssh_key_pair(tmp_path)
+    (tmp_path / "notes.txt").write_text("ssh-ed25519 not-base64!\n")
+    names = {"public": public, "private": private, "folder": tmp_path}
+    out = tmp_path / "out"
+    flags = [item.format(**names) for item in extra if item != "--low-priority"]
+    argv = _plan_argv(out, *flags) + (["--low-priority"] if "--low-priority" in extra else [])
+    err = _refused(capsys, argv, out)
+    assert message.format(**names) in err
+    assert private.read_text().splitlines()[1] not in err, "a private key is never repeated"
 
 
 @pytest.mark.parametrize("content, message", [

@@ -1,5 +1,5 @@
-"""Setup promises: environment.yml is pyproject's core plus the job image extras, torch stays pinned, CI calls the
-README's test command, and a wheel carries the built-in configs."""
+"""Setup promises: environment.yml pins pyproject's core plus the job image extras (and all they need) to the lock,
+torch stays pinned, CI calls the README's test command, and a wheel carries the built-in configs."""
 
 from __future__ import annotations
 
@@ -33,20 +33,51 @@ def _environment_pip() -> list[str]:
     return pip_section
 
 
-def test_environment_yml_is_pyprojects_core_plus_the_job_image_extras():
-    """The Azure ML job and serving image (built from environment.yml) trains, exports, serves and talks to Azure
-    ML; notebook and test tools stay on workstations."""
+def test_environment_yml_pins_the_job_image_closure_to_the_lock():
+    """The Azure ML job and serving image (built from environment.yml) runs the versions `make setup` installs:
+    pyproject's core plus the job image extras and everything they need, each at its constraints.txt version, and
+    no notebook or test tools. `make lock` writes it; this fails when it was not run after a change."""
     from toolkit.extras import JOB_IMAGE_EXTRAS
+    from toolkit.resources import job_environment
 
+    locked = drift.locked_versions(PROJECT / "constraints.txt")
+    assert [spec for spec in _environment_pip() if spec.count("==") != 1] == [], "every package is pinned"
+    pinned = dict(pin.split("==") for pin in _environment_pip())
+    stale = "environment.yml is older than the lock: run `make lock` (python -m toolkit.resources.job_environment)"
+    assert {name: version for name, version in pinned.items() if locked.get(name) != version} == {}, stale
+    assert list(pinned) == sorted(pinned) and all(name == drift._requirement_name(name) for name in pinned)
     core, optional = _requirements()
-    job_image = core + [req for extra in JOB_IMAGE_EXTRAS for req in optional[extra]]
-    assert sorted(map(_normalise, _environment_pip())) == sorted(map(_normalise, job_image))
+    roots = {drift._requirement_name(req) for req in core + [r for e in JOB_IMAGE_EXTRAS for r in optional[e]]}
+    closure = job_environment.closure(job_environment.root_requirements(JOB_IMAGE_EXTRAS))
+    assert roots <= set(pinned) and sorted(pinned) == closure, stale
+    assert {"azure-core", "huggingface-hub", "jinja2"} <= set(pinned), "transitive requirements are pinned too"
+    assert pinned["torch"] == "2.13.0"
     env = yaml.safe_load((PROJECT / "environment.yml").read_text())
     python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
-    assert python == ["python=3.11"]
-    workstation_only = {_normalise(req) for extra in ("notebook", "test") for req in optional[extra]}
-    assert {"pytest", "playwright", "jupyterlab"} <= workstation_only
-    assert workstation_only.isdisjoint(map(_normalise, _environment_pip()))
+    assert python == [f"python={sys.version_info.major}.{sys.version_info.minor}"]
+    workstation_only = {"jupyterlab", "pytest", "papermill", "playwright", "nbval", "ipywidgets", "pytest-xdist"}
+    assert workstation_only.isdisjoint(pinned)
+    assert re.search(r"^lock:.*\n(\t.*\n)*\t\$\(PY\) -m toolkit\.resources\.job_environment$",
+                     (PROJECT / "Makefile").read_text(), re.M), "make lock writes it"
+
+
+def test_make_lock_writes_this_environment_yml_and_refuses_a_lock_that_misses_or_moves_a_package(tmp_path):
+    from toolkit.resources import job_environment
+
+    written = tmp_path / "environment.yml"
+    job_environment.write(written, PROJECT / "constraints.txt")
+    assert written.read_text() == (PROJECT / "environment.yml").read_text(), "run `make lock`"
+    written.unlink()
+    lock, text = tmp_path / "constraints.txt", (PROJECT / "constraints.txt").read_text()
+    lock.write_text(re.sub(r"(?mi)^jinja2==.*\n", "", text))
+    with pytest.raises(job_environment.LockError, match=r"^jinja2: is needed by the job image but constraints.txt "
+                                                        r"does not pin it; allowed: run `make lock`"):
+        job_environment.write(written, lock)
+    lock.write_text(re.sub(r"(?mi)^jinja2==.*$", "Jinja2==0.1", text))
+    with pytest.raises(job_environment.LockError, match=r"^jinja2: is installed at 3\.\S+, constraints.txt pins 0.1; "
+                                                        r"allowed: run `make setup`"):
+        job_environment.write(written, lock)
+    assert not written.exists(), "nothing half-written"
 
 
 def test_the_all_extra_is_every_extra_and_make_setup_installs_it():

@@ -46,7 +46,9 @@ def _cmd_plan(args) -> int:
     plan = build_plan(cfg, compute=args.compute, sku=args.sku, instance_count=args.instance_count,
                       gpus_per_node=args.gpus_per_node, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
                       idle_seconds=args.idle_seconds, low_priority=args.low_priority, image=args.image,
-                      workspace=_config_ref(args), conda_file=args.conda_file)
+                      workspace=_config_ref(args), conda_file=args.conda_file, run_name=args.run_name,
+                      datastore=args.datastore, run_storage=args.run_storage, max_restarts=args.max_restarts,
+                      services=args.services, ssh_public_key=args.ssh_public_key)
     return _print_plan(plan, write_plan(plan, args.out), "submit.md")
 
 
@@ -58,7 +60,8 @@ def _cmd_submit(args) -> int:
 
 
 def _add_plan(verbs) -> None:
-    from toolkit.azure.plan import DEFAULT_IDLE_SECONDS
+    from toolkit.azure.entities import DEFAULT_DATASTORE, SERVICES
+    from toolkit.azure.plan import DEFAULT_IDLE_SECONDS, DEFAULT_MAX_RESTARTS
 
     plan = add_verb(verbs, "plan", "validate and write compute/environment/data/job YAML and submit.md", [
         "trainbook azure plan demo --compute gpu-a100 --sku Standard_NC24ads_A100_v4 --instance-count 2 "
@@ -74,6 +77,20 @@ def _add_plan(verbs) -> None:
     plan.add_argument("--idle-seconds", type=int, default=DEFAULT_IDLE_SECONDS,
                       help=f"idle time before a node is released (default: {DEFAULT_IDLE_SECONDS})")
     plan.add_argument("--low-priority", action="store_true", help="low-priority nodes: cheaper, can be preempted")
+    plan.add_argument("--run-name", help="the run's folder on the datastore (default: the config's name); planning "
+                                          "and submitting again under the same name resumes the run")
+    plan.add_argument("--datastore", default=DEFAULT_DATASTORE,
+                      help=f"datastore that holds the runs (default: {DEFAULT_DATASTORE})")
+    plan.add_argument("--run-storage", default="datastore",
+                      help="datastore (default: shared by the nodes, survives the job) or local (outputs/run on one "
+                           "node, uploaded at the end: a quick single-node try)")
+    plan.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS,
+                      help=f"restarts of the ranks inside the job, from the last checkpoint (default: "
+                           f"{DEFAULT_MAX_RESTARTS})")
+    plan.add_argument("--services", default="tensorboard", metavar="NAME[,NAME...]",
+                      help=f"interactive job services: {', '.join(SERVICES)} (default: tensorboard; '' for none)")
+    plan.add_argument("--ssh-public-key", metavar="FILE", help="public key file for the ssh service, e.g. "
+                                                               "~/.ssh/id_ed25519.pub (never the private key)")
     plan.add_argument("--image", help="base image (default: the current ACPT curated image)")
     plan.add_argument("--conda-file", help="conda environment file (default: the project's environment.yml)")
     plan.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",

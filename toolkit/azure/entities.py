@@ -20,17 +20,40 @@ DEFAULT_IMAGE = "mcr.microsoft.com/azureml/curated/acpt-pytorch-2.8-cuda12.6:lat
 ENVIRONMENT_NAME = "trainbook"
 EXPERIMENT_NAME = "trainbook"
 CONFIG_INPUT = "trainbook-config.yaml"  # the resolved config, written next to job.yaml
-RUN_DIR = "outputs/run"  # Azure ML uploads ./outputs as the job's artifacts, so the run directory lands there
-TB_DIR = f"{RUN_DIR}/tb"
+# Where a job's run directories live (--run-storage datastore): one read-write mounted output on a datastore, every
+# run in a folder named after it, so every node sees the same run and a retried or resubmitted job finds it again.
+RUNS_OUTPUT = "runs"
+RUNS_PREFIX = "trainbook/runs"
+DEFAULT_DATASTORE = "workspaceblobstore"  # every workspace has it: its default blob container
+# --run-storage local: node-local, Azure ML uploads ./outputs as the job's artifacts once the job ends.
+LOCAL_RUN_DIR = "outputs/run"
+# The TensorBoard service reads a folder of the job's working directory, and a mounted output's place on the node is
+# not known in advance: the job entry (toolkit.runs.job) links this name to the run directory's tb/ on node 0.
+TENSORBOARD_LINK = "tensorboard"
+SERVICES = ("jupyterlab", "vscode", "tensorboard", "ssh")
 
 
-def command(with_data: bool, mounted: dict[str, str] | None = None) -> str:
-    """The job's command: one process per rank (PyTorchDistribution sets RANK, WORLD_SIZE, MASTER_ADDR...).
-    ``mounted``: input name -> the config field that names where the job mounts it (the user's model code, model
-    weights), e.g. {"model_code": "model.code_path"}."""
-    text = "python -m toolkit.runs.worker " + RUN_DIR + " --config ${{inputs.config}}"
-    text += " --set data.path=${{inputs.data}}" if with_data else ""
-    return text + "".join(f" --set {field}=${{{{inputs.{name}}}}}" for name, field in (mounted or {}).items())
+def runs_uri(datastore: str, run_name: str | None = None) -> str:
+    """The datastore folder of the job's runs output, or of one run in it."""
+    return f"azureml://datastores/{datastore}/paths/{RUNS_PREFIX}/" + (f"{run_name}/" if run_name else "")
+
+
+def run_dir(run_storage: str, run_name: str) -> str:
+    """The job's run directory as its command names it."""
+    return f"${{{{outputs.{RUNS_OUTPUT}}}}}/{run_name}" if run_storage == "datastore" else LOCAL_RUN_DIR
+
+
+def command(run_storage: str, run_name: str, *, nnodes: int, gpus_per_node: int, max_restarts: int,
+            with_data: bool, mounted: dict[str, str] | None = None) -> str:
+    """The job's command, run once per node (toolkit.runs.job: pre-flight, the supervisor and torchrun for the
+    node's ranks). ``mounted``: input name -> the config field that names where the job mounts it (the user's model
+    code, model weights), e.g. {"model_code": "model.code_path"}."""
+    from toolkit.runs.job import command_line
+
+    sets = {"data.path": "${{inputs.data}}"} if with_data else {}
+    sets.update({field: f"${{{{inputs.{name}}}}}" for name, field in (mounted or {}).items()})
+    return command_line(run_dir(run_storage, run_name), config="${{inputs.config}}", nnodes=nnodes,
+                        max_restarts=max_restarts, gpus_per_node=gpus_per_node, sets=sets)
 
 
 # --- environment variables -------------------------------------------------------------------------------------
@@ -114,16 +137,30 @@ def data(asset):
                 description=asset.description or f"Trainbook data asset {asset.ref}", tags={**asset.tags, **tags})
 
 
-def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, instance_count: int,
-        processes_per_node: int, config_path: str, data_asset=None, folders: dict[str, tuple[str, str]] | None = None):
-    """The CommandJob: ``python -m toolkit.runs.worker`` once per rank under PyTorchDistribution.
+def services(names, *, run_storage: str, ssh_public_keys: str = "") -> dict:
+    """The job's interactive services by name (a subset of SERVICES). JupyterLab, VS Code and SSH reach every node
+    (a hang is often on one of them); TensorBoard runs on node 0, whose rank 0 writes the scalars."""
+    from azure.ai.ml.entities import JupyterLabJobService, SshJobService, TensorBoardJobService, VsCodeJobService
 
-    DeepSpeed configs use PyTorchDistribution too: Azure ML starts every rank with RANK/WORLD_SIZE/MASTER_ADDR set
-    and deepspeed.init_distributed reads them, so no SSH, hostfile or MPI launcher is involved. ``folders``: input
+    log_dir = f"{LOCAL_RUN_DIR}/tb" if run_storage == "local" else TENSORBOARD_LINK
+    build = {"jupyterlab": lambda: JupyterLabJobService(nodes="all"), "vscode": lambda: VsCodeJobService(nodes="all"),
+             "tensorboard": lambda: TensorBoardJobService(log_dir=log_dir),
+             "ssh": lambda: SshJobService(ssh_public_keys=ssh_public_keys, nodes="all")}
+    return {name: build[name]() for name in SERVICES if name in names}
+
+
+def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, instance_count: int,
+        processes_per_node: int, config_path: str, run_name: str, run_storage: str, datastore: str,
+        max_restarts: int, services: dict, data_asset=None, folders: dict[str, tuple[str, str]] | None = None):
+    """The CommandJob: ``python -m toolkit.runs.job`` once per node under PyTorchDistribution (one process per
+    node, which starts the node's ranks itself and restarts them from the last checkpoint).
+
+    DeepSpeed configs run the same way: its ranks get RANK/WORLD_SIZE/MASTER_ADDR from torchrun and
+    deepspeed.init_distributed reads them, so no SSH, hostfile or MPI launcher is involved. ``folders``: input
     name -> (local folder, uploaded with the job; the config field set to where the job mounts it).
     """
-    from azure.ai.ml import Input, PyTorchDistribution
-    from azure.ai.ml.entities import CommandJob, JobResourceConfiguration, TensorBoardJobService
+    from azure.ai.ml import Input, Output, PyTorchDistribution
+    from azure.ai.ml.entities import CommandJob, JobResourceConfiguration
 
     inputs = {"config": Input(type="uri_file", path=config_path)}
     if data_asset is not None:
@@ -131,17 +168,21 @@ def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, i
                                mode="ro_mount")
     for name, (path, _) in (folders or {}).items():
         inputs[name] = Input(type="uri_folder", path=path, mode="ro_mount")
+    outputs = {RUNS_OUTPUT: Output(type="uri_folder", mode="rw_mount", path=runs_uri(datastore))
+               } if run_storage == "datastore" else {}
     world = instance_count * processes_per_node
     return CommandJob(
-        command=command(data_asset is not None, {name: field for name, (_, field) in (folders or {}).items()}),
+        command=command(run_storage, run_name, nnodes=instance_count, max_restarts=max_restarts,
+                        gpus_per_node=processes_per_node if sku.gpus else 0, with_data=data_asset is not None,
+                        mounted={name: field for name, (_, field) in (folders or {}).items()}),
         code=str(code), compute=compute_name, environment=environment_ref,
-        distribution=PyTorchDistribution(process_count_per_instance=processes_per_node),
+        distribution=PyTorchDistribution(process_count_per_instance=1),
         resources=JobResourceConfiguration(instance_count=instance_count, shm_size=shm_size(sku)),
-        environment_variables=environment_variables(sku), inputs=inputs,
-        services={"tensorboard": TensorBoardJobService(log_dir=TB_DIR)},
-        experiment_name=EXPERIMENT_NAME, display_name=cfg.name,
+        environment_variables=environment_variables(sku), inputs=inputs, outputs=outputs, services=services,
+        experiment_name=EXPERIMENT_NAME, display_name=run_name,
         description=f"Trainbook {cfg.name}: {cfg.engine.name} on {instance_count} x {sku.name}, world size {world}",
         tags={"trainbook_config_sha256": cfg.fingerprint(), "engine": cfg.engine.name, "world_size": str(world),
+              "run_name": run_name,
               **({"data": f"{data_asset.name}:{data_asset.version}"} if data_asset is not None else {})})
 
 

@@ -4,18 +4,22 @@
     write_plan(plan, "plans/tiny")   # compute.yaml environment.yaml environment.yml data.yaml job.yaml
                                      # trainbook-config.yaml submit.md
 
+The job runs ``toolkit.runs.job`` once per node, with its run directory on a datastore (a read-write mounted output,
+named after the run), so a retried or resubmitted job resumes it and a crashed rank is restarted inside the job.
+
 Everything is checked before anything is written, and the folder is assembled next to its destination and
 renamed into place, so a failed plan leaves nothing behind and a replaced plan is never half old, half new.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from toolkit.azure import code_upload, entities
 from toolkit.azure.connection import WorkspaceRef
@@ -24,10 +28,20 @@ from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, env
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_sku
 from toolkit.errors import not_allowed, refused
+from toolkit.names import name_problem
 from toolkit.train.engines import check_engine
 from toolkit.train.engines.deepspeed_config import get_path as _get
 
 DEFAULT_IDLE_SECONDS = 1800
+DEFAULT_MAX_RESTARTS = 3  # restarts of the ranks inside one job, from the last checkpoint
+RUN_STORAGES = ("datastore", "local")
+# Azure ML datastore names: letters, digits and '_' (Azure's quickstart templates, "Create an Azure Machine Learning
+# datastore": "can only contain alphanumeric characters and underscore").
+DATASTORE_RE = re.compile(r"[A-Za-z0-9_]{1,255}")
+# OpenSSH public key types (ssh-keygen -t ...); DSA keys are refused by current OpenSSH servers.
+SSH_KEY_TYPES = frozenset({"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+                           "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com"})
+SSH_KEY_FILE_LIMIT = 64 << 10
 # Azure ML compute cluster names: 3 to 24 letters, digits and '-', starting with a letter, and a '-' must be
 # followed by a letter somewhere later (learn.microsoft.com, "Create compute targets ... studio": Compute name).
 COMPUTE_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{2,23}")
@@ -47,6 +61,12 @@ class Options:
     idle_seconds: int
     low_priority: bool
     image: str
+    run_name: str
+    datastore: str
+    run_storage: str
+    max_restarts: int
+    services: tuple[str, ...]
+    ssh_public_key: str | None  # a file path
 
 
 def _compute_name_ok(name: str) -> bool:
@@ -76,7 +96,75 @@ OPTION_RULES: list[tuple[Callable[[Options], bool], Callable[[Options], str]]] =
      lambda o: not_allowed("--idle-seconds", o.idle_seconds, "0 or more")),
     (lambda o: not image_ok(o.image),
      lambda o: not_allowed("--image", o.image, f"an image reference like {entities.DEFAULT_IMAGE}")),
+    (lambda o: name_problem("--run-name", o.run_name) is not None,
+     lambda o: name_problem("--run-name", o.run_name) + " (it names the run's folder on the datastore)"),
+    (lambda o: not (isinstance(o.datastore, str) and DATASTORE_RE.fullmatch(o.datastore)),
+     lambda o: not_allowed("--datastore", o.datastore, "letters, digits and '_' (an Azure ML datastore name, "
+                                                       f"e.g. {entities.DEFAULT_DATASTORE})")),
+    (lambda o: o.run_storage not in RUN_STORAGES,
+     lambda o: not_allowed("--run-storage", o.run_storage, " or ".join(RUN_STORAGES))),
+    (lambda o: o.run_storage == "local" and o.low_priority,
+     lambda o: not_allowed("--run-storage", o.run_storage, "datastore (the default) with --low-priority",
+                           problem="is not allowed with --low-priority, as a preempted job could never resume "
+                                   "(its checkpoints stay on the node that was taken away)")),
+    (lambda o: o.run_storage == "local" and o.instance_count > 1,
+     lambda o: not_allowed("--run-storage", o.run_storage, "datastore (the default) on more than one node",
+                           problem=f"is not allowed with --instance-count {o.instance_count}, as the other "
+                                   "nodes' checkpoint shards would never reach node 0's outputs")),
+    (lambda o: o.max_restarts < 0,
+     lambda o: not_allowed("--max-restarts", o.max_restarts, "0 or more")),
+    (lambda o: not set(o.services) <= set(entities.SERVICES),
+     lambda o: not_allowed("--services", ",".join(o.services),
+                           f"a comma-separated list of {', '.join(entities.SERVICES)}",
+                           problem=f"names {', '.join(x for x in o.services if x not in entities.SERVICES)!r}, "
+                                   "which is not a service")),
+    (lambda o: "ssh" in o.services and not o.ssh_public_key,
+     lambda o: refused("--services", "ssh needs --ssh-public-key FILE",
+                       "--ssh-public-key with your public key file, e.g. ~/.ssh/id_ed25519.pub")),
+    (lambda o: "ssh" not in o.services and o.ssh_public_key,
+     lambda o: not_allowed("--ssh-public-key", o.ssh_public_key, "leave it out, or add ssh to --services",
+                           problem="is given without ssh in --services")),
 ]
+
+
+def _ssh_public_keys(path: str) -> str:
+    """The public keys of ``path`` (one per line), checked: a private key is refused without being repeated, so the
+    job (and its YAML, which anyone with the workspace can read) only ever carries public halves."""
+    field = "--ssh-public-key"
+    allowed = "an OpenSSH public key file, one 'ssh-ed25519 AAAA... comment' line per key (e.g. ~/.ssh/id_ed25519.pub)"
+    file = Path(path).expanduser()
+    try:
+        if not file.is_file():
+            raise AzureError(not_allowed(field, path, allowed, problem="does not exist" if not file.exists()
+                                         else "is not a regular file"))
+        if file.stat().st_size > SSH_KEY_FILE_LIMIT:
+            raise AzureError(not_allowed(field, path, allowed, problem=f"is over {SSH_KEY_FILE_LIMIT:,} bytes"))
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AzureError(not_allowed(field, path, allowed, problem=f"cannot be read ({exc})")) from None
+    if "PRIVATE KEY" in text or text.startswith("PuTTY-User-Key-File"):
+        raise AzureError(not_allowed(field, path, "the public key beside it (the .pub file): a private key never "
+                                                  "leaves this machine", problem="is a private key"))
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for number, key in enumerate(keys, 1):
+        if not _is_public_key(key):
+            raise AzureError(not_allowed(field, path, allowed, problem=f"line {number} is not an OpenSSH public key"))
+    if not keys:
+        raise AzureError(not_allowed(field, path, allowed, problem="holds no key"))
+    return "\n".join(keys)
+
+
+def _is_public_key(line: str) -> bool:
+    """'TYPE BASE64 [comment]' whose decoded blob names the same TYPE first, as OpenSSH writes it."""
+    kind, _, rest = line.partition(" ")
+    if kind not in SSH_KEY_TYPES or not rest.split():
+        return False
+    try:
+        blob = base64.b64decode(rest.split()[0], validate=True)
+    except ValueError:
+        return False
+    length = int.from_bytes(blob[:4], "big")
+    return blob[4:4 + length] == kind.encode()
 
 
 def _processes_per_node(cfg, sku: Sku, options: Options) -> int:
@@ -150,14 +238,22 @@ class Plan:
     def world_size(self) -> int:
         return self.options.instance_count * self.processes_per_node
 
+    @property
+    def run_location(self) -> str:
+        """Where the job's run directory lives, as a person looks for it."""
+        o = self.options
+        if o.run_storage == "datastore":
+            return entities.runs_uri(o.datastore, o.run_name)
+        return f"{entities.LOCAL_RUN_DIR} in the job's outputs"
+
     def summary(self) -> str:
         """A short table of what was planned."""
         o = self.options
         engine = self.cfg.engine.name + (f", ZeRO stage {self.cfg.engine.zero_stage}"
                                          if self.cfg.engine.name == "deepspeed" else "")
         offload = [f"{part} to {device}" for part, device in (
-            ("optimizer state", _get((self.deepspeed or {}), "zero_optimization.offload_optimizer.device")),
-            ("parameters", _get((self.deepspeed or {}), "zero_optimization.offload_param.device")))
+            ("optimizer state", _get(self.deepspeed or {}, "zero_optimization.offload_optimizer.device", None)),
+            ("parameters", _get(self.deepspeed or {}, "zero_optimization.offload_param.device", None)))
             if device not in (None, "none")]
         if offload:
             engine += ", offload " + " and ".join(offload)
@@ -172,6 +268,12 @@ class Plan:
             ("image", f"{o.image} + {self.conda_file.name} (environment {self.environment.name}:"
                       f"{self.environment.version})"),
             ("data", data),
+            ("run", self.run_location + (
+                f" (shared by the nodes; submitting this plan again resumes it); up to {o.max_restarts} "
+                "restart(s) inside the job" if o.run_storage == "datastore" else
+                f" (node-local, uploaded when the job ends: a quick try); up to {o.max_restarts} restart(s) "
+                "inside the job")),
+            ("services", ", ".join(self.job.services or {}) or "none"),
             ("code upload", self.code.describe()),
             *([("model code", self.model_code.describe())] if self.model_code else []),
             ("workspace", self.workspace.describe() if self.workspace else "not given (placeholders in submit.md)"),
@@ -184,18 +286,29 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
                low_priority: bool = False, image: str | None = None, workspace: WorkspaceRef | None = None,
                conda_file: str | Path | None = None, project_root: str | Path | None = None,
                code_limit_bytes: int = code_upload.SNAPSHOT_LIMIT_BYTES,
-               code_limit_files: int = code_upload.SNAPSHOT_LIMIT_FILES) -> Plan:
-    """Validate everything (options, size, data asset, environment.yml, code upload) and build the entities."""
+               code_limit_files: int = code_upload.SNAPSHOT_LIMIT_FILES, run_name: str | None = None,
+               datastore: str = entities.DEFAULT_DATASTORE, run_storage: str = "datastore",
+               max_restarts: int = DEFAULT_MAX_RESTARTS, services: Sequence[str] | str = ("tensorboard",),
+               ssh_public_key: str | Path | None = None) -> Plan:
+    """Validate everything (options, size, data asset, environment.yml, code upload) and build the entities.
+    ``run_name`` (default: the config's name) names the run's folder on ``datastore``: planning and submitting again
+    under the same name resumes the run. ``services``: names of entities.SERVICES (a list, or 'a,b')."""
     from toolkit.paths import PROJECT_ROOT
 
     if max_nodes is None:  # room for the job, and never below the nodes kept warm
         max_nodes = max(instance_count, min_nodes, 1)
     options = Options(compute=str(compute), instance_count=instance_count, gpus_per_node=gpus_per_node,
                       min_nodes=min_nodes, max_nodes=max_nodes, idle_seconds=idle_seconds,
-                      low_priority=low_priority, image=image or entities.DEFAULT_IMAGE)
+                      low_priority=low_priority, image=image or entities.DEFAULT_IMAGE,
+                      run_name=cfg.name if run_name is None else run_name, datastore=datastore,
+                      run_storage=run_storage, max_restarts=max_restarts,
+                      services=tuple(name.strip() for name in services.split(",") if name.strip())
+                      if isinstance(services, str) else tuple(services),
+                      ssh_public_key=None if ssh_public_key is None else str(ssh_public_key))
     for wrong, message in OPTION_RULES:
         if wrong(options):
             raise AzureError(message(options))
+    ssh_keys = _ssh_public_keys(options.ssh_public_key) if options.ssh_public_key else ""
     the_sku = get_sku(sku)
     processes = _processes_per_node(cfg, the_sku, options)
     asset = _local_asset(cfg)
@@ -224,7 +337,12 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
         job=entities.job(job_cfg, compute_name=options.compute, sku=the_sku, code=root,
                          environment_ref=f"azureml:{environment.name}:{environment.version}",
                          instance_count=options.instance_count, processes_per_node=processes,
-                         config_path=f"./{entities.CONFIG_INPUT}", data_asset=asset, folders=folders))
+                         config_path=f"./{entities.CONFIG_INPUT}", run_name=options.run_name,
+                         run_storage=options.run_storage, datastore=options.datastore,
+                         max_restarts=options.max_restarts,
+                         services=entities.services(options.services, run_storage=options.run_storage,
+                                                    ssh_public_keys=ssh_keys),
+                         data_asset=asset, folders=folders))
 
 
 def _job_model(cfg, limit_bytes: int, limit_files: int):
@@ -306,17 +424,59 @@ az ml environment create -f environment.yaml {flags}
 
 ## What runs
 
-- Each of the {plan.world_size} processes runs `{plan.job.command}`.
-  Azure ML's PyTorch distribution starts {plan.processes_per_node} per node and sets RANK, WORLD_SIZE, LOCAL_RANK,
-  MASTER_ADDR and MASTER_PORT; every process is one rank.
-- DeepSpeed configs run the same way: `deepspeed.init_distributed` reads those variables, so no SSH, hostfile or
-  MPI launcher is needed.
-- `outputs/` is uploaded as the job's artifacts: the run directory is `outputs/run`, TensorBoard reads
-  `outputs/run/tb` (the job's TensorBoard service).
+- Each of the {plan.options.instance_count} node(s) runs this once (Azure ML's PyTorch distribution, one process per
+  node, sets MASTER_ADDR, MASTER_PORT and NODE_RANK):
+  `{plan.job.command}`
+- That entry checks the node first (run storage writable, disk, /dev/shm, GPUs, then an all-reduce across the
+  nodes) and fails the job with its report instead of hanging; then torchrun starts the node's
+  {plan.processes_per_node} rank(s) (world size {plan.world_size}) under the supervisor, which restarts them from the
+  last checkpoint up to {plan.options.max_restarts} time(s) when a rank dies.
+- DeepSpeed configs run the same way: `deepspeed.init_distributed` reads torchrun's variables,
+  so no SSH, hostfile or MPI launcher is needed.
 - The code upload is {plan.code.describe()}.
-- Re-creating the environment is a no-op: its version ({plan.environment.version}) is a hash of the image and
-  environment.yml.
+- The environment installs environment.yml: every package pinned to constraints.txt, as `make setup` installs them.
+  Re-creating it is a no-op: its version ({plan.environment.version}) is a hash of the image and environment.yml.
+
+## Where the run lives
+
+{_run_storage_md(plan)}
+
+## Services
+
+{_services_md(plan)}
 """
+
+
+def _run_storage_md(plan: Plan) -> str:
+    o = plan.options
+    if o.run_storage == "local":
+        return (f"`{entities.LOCAL_RUN_DIR}` on the node (--run-storage local): Azure ML uploads `outputs/` as the "
+                "job's artifacts when the job ends. A quick single-node try: a job that fails or is stopped takes "
+                "its checkpoints with it, and submitting the plan again starts from step 0.")
+    return f"""`{plan.run_location}` on datastore {o.datastore}:
+the job's `{entities.RUNS_OUTPUT}` output, mounted read-write on every node, holds the run directory `{o.run_name}`
+(checkpoints, events, status, TensorBoard scalars).
+
+- **Submitting this plan again resumes the run** from its last complete checkpoint (`az ml job create -f job.yaml`
+  or `trainbook azure submit` again): the run is found by its name, `--run-name {o.run_name}`.
+- A different config under the same run name is refused when the job starts, naming the first field that differs.
+  Plan with another `--run-name` to start a new run.
+- Preemption: azure-ai-ml has no retry setting for command jobs (`retry_settings` exists for parallel jobs only).
+  On low-priority nodes Azure ML itself requeues a preempted job, which then resumes from the datastore; a job that
+  ends failed instead is resumed by submitting the plan again."""
+
+
+def _services_md(plan: Plan) -> str:
+    if not plan.job.services:
+        return "None (--services): follow the job with `az ml job stream` or the studio's logs."
+    lines = [f"- {name}" for name in plan.job.services]
+    return "\n".join(lines) + f"""
+
+Open them from the job's page in the studio (Debug and monitor) or list their URLs with
+`az ml job show-services --name <job name> --node-index 0 {az_flags(plan.workspace)}`; SSH connects with
+`az ml job connect-ssh --name <job name> --node-index 0 --private-key-file-path <your private key>`. JupyterLab, VS Code
+and SSH run on every node, TensorBoard on node 0. They need openssh-server and Jupyter in the image: the ACPT curated
+images have them. Only the job's owner can open them."""
 
 
 def _files(plan: Plan, out: Path) -> dict[str, str]:

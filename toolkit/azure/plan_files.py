@@ -65,7 +65,8 @@ def yaml_text(schema: str, content: dict, *, verb: str, create: str) -> str:
     """One plan YAML: who wrote it and how to create it, the ``$schema`` (a file name under SCHEMA_BASE), then
     the content in the SDK's own field order."""
     header = f"# Written by `trainbook azure {verb}`. Create it with: {create}\n"
-    return header + yaml.safe_dump({"$schema": SCHEMA_BASE + schema, **content}, sort_keys=False, width=120)
+    # never folded: a job's command reads as the one line it runs, not split across lines mid-argument
+    return header + yaml.safe_dump({"$schema": SCHEMA_BASE + schema, **content}, sort_keys=False, width=1 << 16)
 
 
 def az_flags(ref: WorkspaceRef | None) -> str:

@@ -78,14 +78,28 @@ def load_plan(plan_dir: str | Path) -> LoadedPlan:
     plan = LoadedPlan(folder, loaded["compute.yaml"], loaded["environment.yaml"], loaded["data.yaml"],
                       loaded["job.yaml"])
     checks = [("job.yaml code", plan.job.code)]
+    # the loader drops "azureml:" from the data input: 'name:version' names the asset data.yaml creates, not a file
+    asset = f"{plan.data.name}:{plan.data.version}" if plan.data is not None else None
     if plan.data is not None:
         checks.append(("data.yaml path", plan.data.path))
     for name, given in plan.job.inputs.items():  # the config, the user's model code, model weights: local folders
         path = getattr(given, "path", None) or getattr(getattr(given, "_data", None), "path", None)
-        checks.append((f"job.yaml inputs.{name}", path))
+        if path != asset:
+            checks.append((f"job.yaml inputs.{name}", path))
     check_local_paths(folder, checks)
     recheck_code(folder, plan.job.code)
     return plan
+
+
+def run_location(job) -> str | None:
+    """The datastore folder of a loaded plan's run (what submitting again resumes); None when the run directory is
+    node-local (--run-storage local)."""
+    from toolkit.azure.entities import RUNS_OUTPUT
+
+    output = (job.outputs or {}).get(RUNS_OUTPUT)
+    path = getattr(getattr(output, "_data", output), "path", None)  # the loader wraps an output in a binding
+    name = (job.tags or {}).get("run_name")
+    return f"{path.rstrip('/')}/{name}/" if isinstance(path, str) and name else None
 
 
 def recheck_code(folder: Path, code) -> None:
@@ -163,6 +177,8 @@ def submit(plan_dir: str | Path, workspace: WorkspaceRef, *, stream: bool = True
         log(f"{step}: {created.name}" + (f":{version}" if version else ""))
     job = call("job", workspace, lambda: client.jobs.create_or_update(plan.job))
     log(f"job: {job.name} submitted; studio: {job.studio_url}")
+    if location := run_location(plan.job):
+        log(f"run: {location} (submitting this plan again resumes it)")
     if stream:
         call("job", workspace, lambda: client.jobs.stream(job.name))
     return job

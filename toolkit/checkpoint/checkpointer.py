@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
-import json
 import os
 import queue
 import shutil
@@ -39,15 +38,14 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from toolkit.checkpoint.cost import CheckpointCost, LostTimeLedger
+from toolkit.checkpoint.peers import PeerReports
 from toolkit.checkpoint.store import CheckpointStore, describe_files
 from toolkit.checkpoint.checksum import ChecksummedWriter, bounce_buffer
-from toolkit.fsio import atomic_write_text, fsync_path
+from toolkit.fsio import fsync_path
 from toolkit.train.rng import capture_rng
 
 WRITER_NICE = 10  # the writer thread's nice value (training runs at 0): it yields the cores to the step
 PEER_TIMEOUT_S = 600.0  # how long rank 0 waits for the other ranks' files before giving the checkpoint up
-DONE_SUFFIX = ".done.json"
-FAILED_SUFFIX = ".failed.json"
 
 
 @dataclass
@@ -127,6 +125,7 @@ class Checkpointer:
         self.full_cfg = cfg
         self.store = CheckpointStore(run_dir)
         self.rank, self.world_size = rank, world_size
+        self.peers = PeerReports(rank, world_size)
         self.engine = engine
         self.on_event = on_event  # rank 0: called (from the training thread) with each checkpoint's figures
         self.on_error = on_error
@@ -264,21 +263,22 @@ class Checkpointer:
                 job.update_seen.set()
                 if not job.persist:
                     continue  # a warm-up has no folder to clean up (its folder is Path(), the current directory)
-                self._abandon(job)
+                reason = f"{type(exc).__name__}: {exc}"
+                self._abandon(job, reason)
                 if self.on_error:
-                    self.on_error(job.step, f"{type(exc).__name__}: {exc}")
+                    self.on_error(job.step, reason)
             finally:
                 job.done.set()
 
-    def _abandon(self, job: _Job) -> None:
+    def _abandon(self, job: _Job, reason: str) -> None:
         """Remove what a failed write left (rank 0), or tell rank 0 not to wait for us (other ranks)."""
         if self.rank == 0:
             shutil.rmtree(job.folder, ignore_errors=True)
         else:
             try:
-                (job.folder / f"rank_{self.rank:05d}{FAILED_SUFFIX}").write_text("{}")
-            except OSError:
-                pass  # the disk is full: rank 0 gives up after PEER_TIMEOUT_S instead
+                self.peers.report_failure(job.step, reason)
+            except Exception:  # the store is gone too: rank 0 gives up after PEER_TIMEOUT_S instead
+                pass
 
     def _check_space(self, job: _Job, written_so_far: int = 0) -> None:
         """Fail with a plain ENOSPC message (torch.save's own on a full disk is an opaque zip-writer error)."""
@@ -311,43 +311,26 @@ class Checkpointer:
                 raise OSError(errno.EIO, f"checkpoint step {job.step}: {name} has {path.stat().st_size} bytes on "
                                          f"disk, {entry['size']} were written")
             written += entry["size"]
-        atomic_write_text(job.folder / f"rank_{self.rank:05d}{DONE_SUFFIX}", json.dumps(described))
         if self.rank != 0:
+            self.peers.report(job.step, described)
             return
-        files = self._gather_peer_files(job)
+        files = self._gather_peer_files(job, described)
         manifest = {
             "step": job.step, "world_size": self.world_size, "engine": self.full_cfg.engine.name,
             "zero_stage": self.full_cfg.engine.zero_stage, "config_sha256": self.full_cfg.fingerprint(),
             "config": self.full_cfg.to_dict(), "created": time.time(), "files": files, **job.manifest_extra,
         }
-        for done in job.folder.glob(f"*{DONE_SUFFIX}"):
-            done.unlink()
         fsync_path(job.folder)
         published = self.store.publish(job.step, manifest)
         deleted = self.store.apply_retention(self.cfg.keep_last)
         job.written = {"path": str(published), "persist_ms": 1e3 * (time.perf_counter() - job.started),
                        "bytes": sum(f["size"] for f in files.values()), "deleted": deleted}
 
-    def _gather_peer_files(self, job: _Job) -> dict:
-        """Rank 0 waits for every rank's ``.done.json`` (written after its files are fsynced), then also lists
+    def _gather_peer_files(self, job: _Job, own: dict) -> dict:
+        """Rank 0: every rank's files (reported through the store once fsynced, toolkit.checkpoint.peers), then the
         files an engine wrote directly (DeepSpeed copies a recovery script into the folder)."""
-        deadline = time.monotonic() + PEER_TIMEOUT_S
-        expected = [job.folder / f"rank_{r:05d}{DONE_SUFFIX}" for r in range(self.world_size)]
-        pause = 0.01
-        while not all(p.exists() for p in expected):
-            failed = sorted(p.name for p in job.folder.glob(f"*{FAILED_SUFFIX}"))
-            if failed:
-                raise RuntimeError(f"checkpoint step {job.step}: other ranks failed to write ({', '.join(failed)})")
-            if time.monotonic() > deadline:
-                missing = [p.name for p in expected if not p.exists()]
-                raise TimeoutError(f"checkpoint step {job.step}: no files from {missing} after {PEER_TIMEOUT_S} s")
-            time.sleep(pause)  # peers signal through the shared folder; no collective off the main thread
-            pause = min(0.2, pause * 2)
-        files = {}
-        for p in expected:
-            files.update(json.loads(p.read_text()))
-        listed = set(files) | {p.name for p in expected}
+        files = self.peers.gather(job.step, own, PEER_TIMEOUT_S)
         extra = [str(f.relative_to(job.folder)) for f in job.folder.rglob("*")
-                 if f.is_file() and str(f.relative_to(job.folder)) not in listed]
+                 if f.is_file() and str(f.relative_to(job.folder)) not in files]
         files.update(describe_files(job.folder, extra))
         return files

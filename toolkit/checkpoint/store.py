@@ -41,7 +41,7 @@ ENGINES = ("torch", "deepspeed")
 # (how long, how often to log or save), not what a step computes.
 RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval_every", "train.eval_batches",
                      "train.eval_at_start", "train.log_every", "profile.", "checkpoint.", "fault.", "data.num_workers",
-                     "data.prefetch_factor")
+                     "data.prefetch_factor", "debug.")
 
 
 class CheckpointError(RuntimeError):
@@ -325,16 +325,22 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def config_differences(old: dict, new: dict, allowed: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """(field, old value, new value) for every field of two config dicts that differs, in field-name order; fields
+    starting with one of ``allowed`` may differ."""
+    old, new = _flatten(old), _flatten(new)
+    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key) and not key.startswith(allowed)]
+
+
 def check_compatible(manifest: dict, config: dict, world_size: int) -> None:
     """Refuse a checkpoint written by a different model, optimizer, engine or world size, naming the difference."""
     name = step_name(manifest.get("step", 0))
     if manifest.get("world_size") != world_size:
         raise CheckpointError(f"checkpoint {name} was written by {manifest.get('world_size')} processes; this run "
                               f"has {world_size} (engine.nproc). Allowed: the same world size")
-    old, new = _flatten(manifest.get("config", {})), _flatten(config)
-    differences = [f"{key}: checkpoint {old.get(key)!r}, this run {new.get(key)!r}"
-                   for key in sorted(set(old) | set(new))
-                   if old.get(key) != new.get(key) and not key.startswith(RESUMABLE_CHANGES)]
+    differences = [f"{key}: checkpoint {old!r}, this run {new!r}"
+                   for key, old, new in config_differences(manifest.get("config", {}), config, RESUMABLE_CHANGES)]
     if differences:
         raise CheckpointError(f"checkpoint {name} was written with a different config: " + "; ".join(differences)
                               + ". Allowed to differ: " + ", ".join(RESUMABLE_CHANGES))

@@ -36,9 +36,21 @@ def _deepspeed(cfg, run_dir, port):
 LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
 
 
-def worker_command(cfg, run_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The command line and extra environment that start every rank of this run."""
+def _torchrun_nodes(cfg, run_dir, nodes) -> list[str]:
+    """One node of a multi-node job (toolkit.runs.job): torchrun's static rendezvous on node 0, one port above the
+    nodes' own store. Both engines: deepspeed.init_distributed reads the same variables, and the DeepSpeed launcher
+    would need SSH between nodes."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.count}", f"--node_rank={nodes.rank}",
+            f"--nproc_per_node={cfg.engine.nproc}", f"--master_addr={nodes.addr}",
+            f"--master_port={nodes.training_port}", "-m", "toolkit.runs.worker", str(run_dir)]
+
+
+def worker_command(cfg, run_dir: Path, nodes=None) -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment that start every rank of this run (of this node's ranks, with
+    ``nodes``: a toolkit.runs.nodes.NodeSpec)."""
     env = {"PYTHONUNBUFFERED": "1"}
+    if nodes is not None and nodes.count > 1:
+        return _torchrun_nodes(cfg, run_dir, nodes), env
     launcher = resolve_launcher(cfg.engine)
     if launcher is None:
         return [sys.executable, "-m", "toolkit.runs.worker", str(run_dir)], env

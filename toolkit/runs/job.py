@@ -1,0 +1,277 @@
+"""``python -m toolkit.runs.job RUN_DIR --config FILE --nnodes N [--max-restarts R] [--set FIELD=VALUE ...]``: one
+node of a multi-node job (an Azure ML command job runs it once per node).
+
+RUN_DIR is on storage every node sees (an Azure ML ``rw_mount`` output on a datastore, named per run, so a retried
+or resubmitted job finds it and resumes). Each node reads NODE_RANK, MASTER_ADDR and MASTER_PORT from the environment
+(Azure ML's PyTorch distribution sets them; ``--node-rank``, ``--master-addr`` and ``--master-port`` override them).
+
+What a node does, in order:
+  1. joins the others through a TCP store on node 0 at MASTER_PORT (toolkit.runs.nodes): nodes coordinate through
+     it, never through files, because what one node writes to shared storage another may see late (blob mounts
+     cache);
+  2. pre-flight: checks this node (run storage writable, disk, /dev/shm, GPUs) and then an all-reduce across all
+     nodes; any failure ends every node at once with the report as the job's error, instead of a hang later;
+  3. node 0 creates the run directory, or finds it (a retry, a resubmission) and checks that the config is the one it
+     was started with, naming the first field that differs;
+  4. runs the supervisor: torchrun starts this node's ranks (rendezvous on MASTER_PORT + 1), and when training dies
+     every node's supervisor agrees, through the store, to restart from the last checkpoint (up to --max-restarts)
+     or to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from toolkit.errors import not_allowed
+from toolkit.runs.nodes import NodeGroup, NodeLost, NodeSpec
+
+PROBE_BYTES = 1 << 20  # written and fsynced to the run storage by every node: proves it writable, timed
+JOIN_TIMEOUT_S = 600.0  # nodes of one job start minutes apart (image pulls, mounts)
+LOST_AFTER_S = 60.0  # a node whose heartbeat has not moved for this long is lost
+
+
+def command_line(run_dir: str, *, config: str, nnodes: int, max_restarts: int, gpus_per_node: int = 0,
+                 sets: dict[str, str] | None = None, python: str = "python") -> str:
+    """The command an Azure ML job runs once per node (PyTorchDistribution, process_count_per_instance=1).
+    Values may be Azure ML expressions such as ``${{outputs.runs}}/demo`` (left unquoted: Azure ML substitutes them
+    before the shell runs)."""
+
+    def arg(value: str) -> str:
+        return value if "${{" in value else shlex.quote(value)
+
+    words = [python, "-m", "toolkit.runs.job", arg(run_dir), "--config", arg(config), "--nnodes", str(nnodes),
+             "--max-restarts", str(max_restarts)]
+    if gpus_per_node:
+        words += ["--gpus-per-node", str(gpus_per_node)]
+    for field_name, value in (sets or {}).items():
+        words += ["--set", f"{field_name}={value}" if "${{" in value else shlex.quote(f"{field_name}={value}")]
+    return " ".join(words)
+
+
+# --- 2. pre-flight ---------------------------------------------------------------------------------------------
+
+
+def _storage_check(run_dir: Path, node: int) -> tuple[str, str]:
+    """Write, fsync, read back and remove a file beside the run directory: the write a checkpoint makes."""
+    parent = run_dir.parent
+    if not parent.is_dir():
+        return "fail", f"run storage {parent} does not exist on node {node} (is the output mounted?)"
+    probe = parent / f".trainbook-preflight-node{node}-{os.getpid()}"
+    block = os.urandom(PROBE_BYTES)
+    try:
+        t0 = time.perf_counter()
+        with open(probe, "xb") as f:
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        seconds = time.perf_counter() - t0
+        if probe.read_bytes() != block:
+            return "fail", f"run storage {parent} on node {node} read back different bytes than were written"
+    except OSError as exc:
+        return "fail", f"run storage {parent} is not writable from node {node}: {exc.strerror or exc}"
+    finally:
+        probe.unlink(missing_ok=True)
+    free_gib = shutil.disk_usage(parent).free / 2**30
+    return "pass", f"{parent}: writable ({PROBE_BYTES / seconds / 1e6:,.0f} MB/s write+fsync), {free_gib:,.1f} GiB free"
+
+
+def _gpu_check(gpus: int, node: int) -> tuple[str, str]:
+    import torch
+
+    seen = torch.cuda.device_count()
+    if seen < gpus:
+        return "fail", f"node {node} sees {seen} GPU(s), the job runs {gpus} per node (driver, CUDA_VISIBLE_DEVICES?)"
+    return "pass", f"{seen} GPU(s) visible" + (f", {torch.cuda.get_device_name(0)}" if seen else "")
+
+
+def _shm_check() -> tuple[str, str]:
+    from types import SimpleNamespace
+
+    from toolkit.resources.doctor import check_shm
+    from toolkit.resources.machine import shm
+
+    status, summary, _ = check_shm(SimpleNamespace(facts={"shm": shm()}))
+    return status, summary
+
+
+def node_checks(spec: NodeSpec, run_dir: Path, gpus: int) -> list[tuple[str, str, str]]:
+    """This node's own checks: (name, pass/warn/fail, what was found)."""
+    checks = [("run storage", *_storage_check(run_dir, spec.rank)), ("shm", *_shm_check())]
+    if gpus:
+        checks.append(("gpus", *_gpu_check(gpus, spec.rank)))
+    return checks
+
+
+def all_reduce_check(group: NodeGroup, gpus: int) -> tuple[str, str]:
+    """One all-reduce across every node, on the backend training will use (NCCL on GPUs): the path that hangs when
+    a firewall, an interface name or an InfiniBand setting is wrong, tried here with a timeout."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if gpus else "gloo"
+    device = torch.device("cuda", 0) if gpus else torch.device("cpu")
+    t0 = time.perf_counter()
+    try:
+        dist.init_process_group(backend, store=dist.PrefixStore("trainbook/preflight", group.store),
+                                rank=group.spec.rank, world_size=group.spec.count,
+                                timeout=timedelta(seconds=group.lost_after_s))
+        tensor = torch.ones(2**20, device=device)  # 4 MiB
+        dist.all_reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ok = bool((tensor == group.spec.count).all())
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raises is the report
+        return "fail", f"{backend} all-reduce across {group.spec.count} nodes failed on node {group.spec.rank}: {exc}"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if not ok:
+        return "fail", f"{backend} all-reduce across {group.spec.count} nodes returned wrong sums"
+    return "pass", f"{backend} all-reduce of 4 MiB across {group.spec.count} nodes in {time.perf_counter() - t0:.2f} s"
+
+
+def preflight(group: NodeGroup, run_dir: Path, gpus: int) -> list[dict]:
+    """Every node's checks, gathered by node 0 and given back to all; then the cross-node all-reduce. Raises
+    PreflightError on any node's failure, on every node, with the whole report."""
+    mine = {"node": group.spec.rank, "host": socket.gethostname(),
+            "checks": [list(c) for c in node_checks(group.spec, run_dir, gpus)]}
+    reports = group.exchange("preflight", mine)
+    if not _failures(reports):
+        status, summary = all_reduce_check(group, gpus)
+        mine["checks"].append(["all-reduce", status, summary])
+        reports = group.exchange("preflight-collective", mine)
+    print(report_table(reports), file=sys.stderr, flush=True)
+    failures = _failures(reports)
+    if failures:
+        raise PreflightError("pre-flight failed: " + "; ".join(failures))
+    return reports
+
+
+def _failures(reports: list[dict]) -> list[str]:
+    return [f"node {r['node']} ({r['host']}) {name}: {summary}" for r in reports for name, status, summary in
+            r["checks"] if status == "fail"]
+
+
+def report_table(reports: list[dict]) -> str:
+    lines = ["pre-flight:"]
+    for r in reports:
+        lines += [f"  node {r['node']} {r['host']:<16} {name:<12} {status:<5} {summary}" for name, status, summary in
+                  r["checks"]]
+    return "\n".join(lines)
+
+
+class PreflightError(RuntimeError):
+    """A node cannot run the job; the message names the node, the check and the path."""
+
+
+# --- 3. the run directory --------------------------------------------------------------------------------------
+
+
+def prepare_run(run_dir: Path, config_file: str, overrides: list[str], world: int, cuda: bool):
+    """Node 0: create the run directory from the config, or check a retried or resubmitted job's config against the
+    one the run was started with (any difference is refused, naming the first field: a run is one config). Returns
+    the RunDir."""
+    from toolkit import config as config_mod
+    from toolkit.checkpoint.store import config_differences
+    from toolkit.runs import status as run_status
+    from toolkit.runs.data_pin import pin_data_asset
+    from toolkit.runs.rundir import RunDir
+    from toolkit.train.engines import check_engine
+    from toolkit.train.models.preflight import check_model, pin_model
+
+    cfg = pin_model(pin_data_asset(config_mod.load(config_file, overrides)))
+    check_model(cfg)
+    check_engine(cfg, world=world, cuda=cuda)  # this node's devices and the job's world
+    run = RunDir(run_dir)
+    if not run.config_path.exists():
+        return RunDir.create(run_dir, cfg)
+    stored = run.read_config()
+    differences = config_differences(stored.to_dict(), cfg.to_dict())
+    if differences:
+        key, old, new = differences[0]
+        raise config_mod.ConfigError(not_allowed(
+            key, new, f"{old!r}, the value run {run_dir.name} was started with (resubmit the same config to resume it, "
+                      "or give the job a new run name to start another run)",
+            problem=f"differs from the stored run's ({len(differences)} field(s) differ; the first is named)"))
+    run_status.transition(run, "retry", resumed=time.time())
+    return run
+
+
+# --- the entry ---------------------------------------------------------------------------------------------------
+
+
+def _spec(args) -> NodeSpec:
+    def pick(flag, env: str, default: str | None) -> str:
+        value = flag if flag is not None else os.environ.get(env, default)
+        if value is None:
+            raise SystemExit(f"{env} is not set: pass --{env.lower().replace('_', '-')} or run under a launcher")
+        return str(value)
+
+    spec = NodeSpec(rank=int(pick(args.node_rank, "NODE_RANK", "0")), count=args.nnodes,
+                    addr=pick(args.master_addr, "MASTER_ADDR", "127.0.0.1"),
+                    port=int(pick(args.master_port, "MASTER_PORT", None)))
+    if not 0 <= spec.rank < spec.count:
+        raise SystemExit(not_allowed("NODE_RANK", spec.rank, f"0 to {spec.count - 1} (--nnodes {spec.count})"))
+    return spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.runs.job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir")
+    parser.add_argument("--config", required=True, help="the run's config (read on node 0 only)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--nnodes", type=int, required=True)
+    parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--gpus-per-node", type=int, default=0, help="0: a CPU job")
+    parser.add_argument("--node-rank", type=int)
+    parser.add_argument("--master-addr")
+    parser.add_argument("--master-port", type=int)
+    parser.add_argument("--lost-after", type=float, default=LOST_AFTER_S,
+                        help="seconds without a heartbeat before a node counts as lost")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.nnodes < 1:
+        raise SystemExit(not_allowed("--nnodes", args.nnodes, "1 or more"))
+    if args.max_restarts < 0:
+        raise SystemExit(not_allowed("--max-restarts", args.max_restarts, "0 or more"))
+    spec = _spec(args)
+    run_dir = Path(args.run_dir).absolute()
+    try:
+        with NodeGroup(spec, join_timeout_s=JOIN_TIMEOUT_S, lost_after_s=args.lost_after) as group:
+            preflight(group, run_dir, args.gpus_per_node)
+            if spec.rank == 0:
+                error = ""
+                try:
+                    from toolkit.config import load
+
+                    nproc = load(args.config, args.set).engine.nproc
+                    prepare_run(run_dir, args.config, args.set, world=spec.count * nproc, cuda=args.gpus_per_node > 0)
+                except (ValueError, OSError) as exc:  # ConfigError, ModelImportError, DataAssetError... name a field
+                    error = str(exc)
+                group.exchange("run-dir", {"error": error})
+            else:
+                error = next((r["error"] for r in group.exchange("run-dir", {}) if r.get("error")), "")
+            if error:
+                print(f"[job] node {spec.rank}: {error}", file=sys.stderr, flush=True)
+                return 2
+            from toolkit.runs.rundir import RunDir
+            from toolkit.runs.supervisor import Supervisor
+
+            return Supervisor(RunDir(run_dir), args.max_restarts, nodes=group).run_to_end()
+    except (PreflightError, NodeLost) as exc:
+        print(f"[job] node {spec.rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
