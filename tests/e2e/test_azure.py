@@ -114,8 +114,9 @@ def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, 
     # one entry per node, which starts the node's 8 ranks (all the A100s of the size) and restarts them itself
     assert job.command == job_entry.command_line("${{outputs.runs}}/tiny", config="${{inputs.config}}", nnodes=2,
                                                  max_restarts=3, gpus_per_node=8,
-                                                 sets={"data.path": "${{inputs.data}}"})
-    assert " --nnodes 2 --max-restarts 3 --gpus-per-node 8 --set data.path=${{inputs.data}}" in job.command
+                                                 sets={"data.path": "${{inputs.data}}"}, tensorboard_link="tensorboard")
+    assert (" --nnodes 2 --max-restarts 3 --gpus-per-node 8 --tensorboard-link tensorboard "
+            "--set data.path=${{inputs.data}}") in job.command
     assert f"\ncommand: {job.command}\n" in (out / "job.yaml").read_text(), "one line, as it runs"
     assert job.compute == "gpu-a100" and Path(job.code) == PROJECT
     assert job.environment == f"trainbook:{plan.environment.version}"  # the loader drops "azureml:"
@@ -179,7 +180,7 @@ def test_sizes_without_infiniband_get_no_infiniband_settings_and_cpu_sizes_run_e
     assert cpu.job.distribution.process_count_per_instance == 1 and cpu.job.resources.instance_count == 3
     assert cpu.job_cfg.engine.nproc == 2 and cpu.world_size == 6  # each node's entry starts engine.nproc ranks
     assert cpu.job.command == ("python -m toolkit.runs.job ${{outputs.runs}}/tiny --config ${{inputs.config}} "
-                               "--nnodes 3 --max-restarts 3")  # no data input, no GPU
+                               "--nnodes 3 --max-restarts 3 --tensorboard-link tensorboard")  # no data input, no GPU
     assert cpu.data is None and set(cpu.job.inputs) == {"config"}
 
 

@@ -8,6 +8,7 @@ A node is lost by SIGKILL of its whole process tree: its job entry, its torchrun
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 
@@ -25,20 +26,29 @@ model: {{name: gpt, n_layer: 2, n_head: 2, n_embd: 32, block_size: 32}}
 optim: {{lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5}}
 train: {{batch_size: 8, max_steps: {STEPS}, eval_every: 12, eval_batches: 4, log_every: 1}}
 checkpoint: {{every_steps: {EVERY}}}
+data: {{tokenizer: bytes}}
 """
 ENGINES = {"torch": [], "deepspeed": ["--set", "engine.name=deepspeed", "--set", "engine.zero_stage=2"]}
 LOST_AFTER_S = 4  # a node silent this long is lost (60 s on a real cluster)
 DEADLINE_S = 240
 
 
+# The job's data: Python's own sources, mounted read-only by each submission under a folder of its own, as Azure ML
+# mounts an input under a path named after the job.
+DATA = b"\n".join((Path(textwrap.__file__).parent / name).read_bytes() for name in ("textwrap.py", "shlex.py", "glob.py"))
+
+
 class Job(LocalNodesJob):
-    """A two-node submission of CONFIG (written beside the nodes' folders)."""
+    """A two-node submission of CONFIG (written beside the nodes' folders), its data mounted at a path of its own."""
 
     def __init__(self, root: Path, run: Path, *flags: str, max_restarts: int = 0, node_runs: dict | None = None):
         config = root / "config.yaml"
         config.write_text(CONFIG)
-        super().__init__(root, run, config, *flags, max_restarts=max_restarts, lost_after_s=LOST_AFTER_S,
-                         node_run_dirs=node_runs)
+        self.data = root / f"mount-{len(list(root.glob('mount-*')))}" / "data"
+        self.data.mkdir(parents=True)
+        (self.data / "corpus.txt").write_bytes(DATA)
+        super().__init__(root, run, config, "--set", f"data.path={self.data}", *flags, max_restarts=max_restarts,
+                         lost_after_s=LOST_AFTER_S, node_run_dirs=node_runs)
 
     def wait(self) -> list[int]:
         return super().wait(timeout=DEADLINE_S)
@@ -88,6 +98,7 @@ def test_a_lost_node_ends_the_job_and_the_resubmitted_job_resumes_exactly(tmp_pa
     assert again.wait() == [0, 0], again.output(0) + again.output(1)
     status = run.read_status()
     assert status["state"] == "completed" and status["step"] == STEPS
+    assert run.read_config().data.path == str(again.data)  # the ranks read this job's mount, not the lost job's
     resumed = [e for e in run.events("status") if e.get("resumed_step")]
     assert resumed and resumed[-1]["resumed_step"] >= EVERY
     want = losses(reference[engine])
@@ -100,7 +111,9 @@ def test_the_supervisor_in_the_job_restarts_every_node_after_a_crash(tmp_path, r
     shared = tmp_path / "shared"
     shared.mkdir()
     run = RunDir(shared / "run")
-    job = Job(tmp_path, run.path, "--set", f"fault.kill_at_step={EVERY + 2}", max_restarts=1)
+    # sync checkpoints: step 8's is published before step 9 starts, so the restart starts from it, not from 0
+    job = Job(tmp_path, run.path, "--set", f"fault.kill_at_step={EVERY + 2}", "--set", "checkpoint.mode=sync",
+              max_restarts=1)
     assert job.wait() == [0, 0], job.output(0) + job.output(1)
     assert run.read_status()["state"] == "completed"
     restarts = run.events("restart")

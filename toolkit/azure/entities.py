@@ -53,7 +53,8 @@ def command(run_storage: str, run_name: str, *, nnodes: int, gpus_per_node: int,
     sets = {"data.path": "${{inputs.data}}"} if with_data else {}
     sets.update({field: f"${{{{inputs.{name}}}}}" for name, field in (mounted or {}).items()})
     return command_line(run_dir(run_storage, run_name), config="${{inputs.config}}", nnodes=nnodes,
-                        max_restarts=max_restarts, gpus_per_node=gpus_per_node, sets=sets)
+                        max_restarts=max_restarts, gpus_per_node=gpus_per_node, sets=sets,
+                        tensorboard_link=TENSORBOARD_LINK if run_storage == "datastore" else "")
 
 
 # --- environment variables -------------------------------------------------------------------------------------

@@ -44,6 +44,12 @@ RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval
                      "data.prefetch_factor", "debug.")
 
 
+# Where a run's inputs are, not what they are: an Azure ML job mounts its inputs under a folder named after the job, so
+# a resubmitted job (toolkit.runs.job) finds its data, model code and weights at new paths. What the data is, the
+# lineage records by content; a resumed run takes its weights from the checkpoint, not init_from.
+LOCATION_FIELDS = ("data.path", "model.code_path", "model.hf.source", "model.init_from")
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message says which and why."""
 
@@ -340,7 +346,8 @@ def check_compatible(manifest: dict, config: dict, world_size: int) -> None:
         raise CheckpointError(f"checkpoint {name} was written by {manifest.get('world_size')} processes; this run "
                               f"has {world_size} (engine.nproc). Allowed: the same world size")
     differences = [f"{key}: checkpoint {old!r}, this run {new!r}"
-                   for key, old, new in config_differences(manifest.get("config", {}), config, RESUMABLE_CHANGES)]
+                   for key, old, new in config_differences(manifest.get("config", {}), config,
+                                                           RESUMABLE_CHANGES + LOCATION_FIELDS)]
     if differences:
         raise CheckpointError(f"checkpoint {name} was written with a different config: " + "; ".join(differences)
                               + ". Allowed to differ: " + ", ".join(RESUMABLE_CHANGES))

@@ -38,7 +38,7 @@ LOST_AFTER_S = 60.0  # a node whose heartbeat has not moved for this long is los
 
 
 def command_line(run_dir: str, *, config: str, nnodes: int, max_restarts: int, gpus_per_node: int = 0,
-                 sets: dict[str, str] | None = None, python: str = "python") -> str:
+                 sets: dict[str, str] | None = None, tensorboard_link: str = "", python: str = "python") -> str:
     """The command an Azure ML job runs once per node (PyTorchDistribution, process_count_per_instance=1).
     Values may be Azure ML expressions such as ``${{outputs.runs}}/demo`` (left unquoted: Azure ML substitutes them
     before the shell runs)."""
@@ -50,6 +50,8 @@ def command_line(run_dir: str, *, config: str, nnodes: int, max_restarts: int, g
              "--max-restarts", str(max_restarts)]
     if gpus_per_node:
         words += ["--gpus-per-node", str(gpus_per_node)]
+    if tensorboard_link:
+        words += ["--tensorboard-link", shlex.quote(tensorboard_link)]
     for field_name, value in (sets or {}).items():
         words += ["--set", f"{field_name}={value}" if "${{" in value else shlex.quote(f"{field_name}={value}")]
     return " ".join(words)
@@ -178,10 +180,11 @@ class PreflightError(RuntimeError):
 
 def prepare_run(run_dir: Path, config_file: str, overrides: list[str], world: int, cuda: bool):
     """Node 0: create the run directory from the config, or check a retried or resubmitted job's config against the
-    one the run was started with (any difference is refused, naming the first field: a run is one config). Returns
-    the RunDir."""
+    one the run was started with (any difference is refused, naming the first field: a run is one config; only where
+    its inputs are mounted may move, toolkit.checkpoint.store.LOCATION_FIELDS). Returns the RunDir."""
     from toolkit import config as config_mod
-    from toolkit.checkpoint.store import config_differences
+    from toolkit.checkpoint.store import LOCATION_FIELDS, config_differences
+    from toolkit.fsio import atomic_write_text
     from toolkit.runs import status as run_status
     from toolkit.runs.data_pin import pin_data_asset
     from toolkit.runs.rundir import RunDir
@@ -195,15 +198,24 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], world: in
     if not run.config_path.exists():
         return RunDir.create(run_dir, cfg)
     stored = run.read_config()
-    differences = config_differences(stored.to_dict(), cfg.to_dict())
+    differences = config_differences(stored.to_dict(), cfg.to_dict(), LOCATION_FIELDS)
     if differences:
         key, old, new = differences[0]
         raise config_mod.ConfigError(not_allowed(
             key, new, f"{old!r}, the value run {run_dir.name} was started with (resubmit the same config to resume it, "
                       "or give the job a new run name to start another run)",
             problem=f"differs from the stored run's ({len(differences)} field(s) differ; the first is named)"))
+    if cfg.fingerprint() != stored.fingerprint():  # only where the inputs are mounted moved: the ranks read them there
+        atomic_write_text(run.config_path, cfg.to_yaml())
     run_status.transition(run, "retry", resumed=time.time())
     return run
+
+
+def _link_tensorboard(link: Path, tb_dir: Path) -> None:
+    """``link`` -> the run's tb/, made here and only here: whatever else is at ``link`` is left alone."""
+    if not link.exists() and not link.is_symlink():
+        tb_dir.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(tb_dir, target_is_directory=True)
 
 
 # --- the entry ---------------------------------------------------------------------------------------------------
@@ -236,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-rank", type=int)
     parser.add_argument("--master-addr")
     parser.add_argument("--master-port", type=int)
+    parser.add_argument("--tensorboard-link", default="",
+                        help="node 0 links this name in the working directory to RUN_DIR/tb (Azure ML's TensorBoard "
+                             "service reads a folder of the working directory; a mount's place is not known before)")
     parser.add_argument("--lost-after", type=float, default=LOST_AFTER_S,
                         help="seconds without a heartbeat before a node counts as lost")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -257,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                     prepare_run(run_dir, args.config, args.set, world=spec.count * nproc, cuda=args.gpus_per_node > 0)
                 except (ValueError, OSError) as exc:  # ConfigError, ModelImportError, DataAssetError... name a field
                     error = str(exc)
+                if not error and args.tensorboard_link:
+                    _link_tensorboard(Path(args.tensorboard_link), run_dir / "tb")
                 group.exchange("run-dir", {"error": error})
             else:
                 error = next((r["error"] for r in group.exchange("run-dir", {}) if r.get("error")), "")
