@@ -15,7 +15,7 @@ import pytest
 from toolkit.catalogue import data_assets
 from toolkit.data import corpus as data_mod
 from toolkit.data.builtin import BUILTINS
-from toolkit.ports import free_port
+from toolkit.ports import free_port_pair
 from toolkit.runs.rundir import RunDir
 
 from conftest import PROJECT, cli
@@ -106,13 +106,13 @@ def test_a_table_path_is_refused_for_the_text_model(ws, tmp_path):
 
 
 @pytest.mark.slow
-def test_ranks_started_by_an_external_launcher_create_the_run_and_train(ws, tmp_path):
+def test_the_job_entry_of_one_node_creates_the_run_trains_and_a_retry_continues_it(ws, tmp_path):
     asset = BUILTINS["pydoc"](ws)
     run_dir = tmp_path / "outputs" / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "toolkit.runs.worker", str(run_dir),
-           "--config", "tiny", "--set", f"data.path={asset.path}", "--set", "train.max_steps=12"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT, timeout=300)
+    cmd = [sys.executable, "-m", "toolkit.runs.job", str(run_dir), "--config", "tiny", "--nnodes", "1",
+           "--set", f"data.path={asset.path}", "--set", "engine.nproc=2", "--set", "train.max_steps=12"]
+    proc = subprocess.run([*cmd, "--master-port", str(free_port_pair())], capture_output=True, text=True,
+                          cwd=PROJECT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = RunDir(run_dir)
     assert run.read_status()["state"] == "completed" and run.read_status()["step"] == 12
@@ -122,9 +122,12 @@ def test_ranks_started_by_an_external_launcher_create_the_run_and_train(ws, tmp_
     assert run.read_config().data.path == str(asset.path)
 
     # The same command again (Azure ML retrying the job) finds the run directory and continues, never clobbers it.
-    cmd[5] = f"--master_port={free_port()}"
-    again = subprocess.run([*cmd[:-1], "train.max_steps=16"], capture_output=True, text=True, cwd=PROJECT,
-                           timeout=300)
+    again = subprocess.run([*cmd, "--master-port", str(free_port_pair())], capture_output=True, text=True,
+                           cwd=PROJECT, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert run.read_status()["state"] == "completed"
-    assert run.read_config().train.max_steps == 12, "the written config is what ran; arguments do not rewrite it"
+    # Another config under the same run directory is refused, naming the field; the run is left as it was.
+    other = subprocess.run([*cmd, "--set", "train.max_steps=16", "--master-port", str(free_port_pair())],
+                           capture_output=True, text=True, cwd=PROJECT, timeout=300)
+    assert other.returncode == 2 and "train.max_steps: 16 differs from the stored run's" in other.stderr, other.stderr[-2000:]
+    assert run.read_config().train.max_steps == 12 and run.read_status()["state"] == "completed"

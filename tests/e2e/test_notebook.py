@@ -120,7 +120,7 @@ def test_resources_notebook_runs_the_doctor_sizes_memory_and_writes_the_azure_pl
     assert sorted(p.name for p in plan.iterdir()) == ["compute.yaml", "data.yaml", "environment.yaml",
                                                       "environment.yml", "job.yaml", "submit.md",
                                                       "trainbook-config.yaml"]
-    assert "python -m toolkit.runs.worker outputs/run" in (plan / "job.yaml").read_text()
+    assert "python -m toolkit.runs.job ${{outputs.runs}}/" in (plan / "job.yaml").read_text()
     # No nbval re-run: its checked cell is the doctor's verdict and the plan asserted above; a second doctor (an
     # all-reduce sweep, a training step) would add ~15 s of CPU to `make test` and nothing to check.
 

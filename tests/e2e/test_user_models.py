@@ -16,6 +16,7 @@ import torch
 
 from toolkit import config as config_mod
 from toolkit.data import corpus as data_mod
+from toolkit.ports import free_port_pair
 from toolkit.runs.rundir import RunDir
 from toolkit.safe_load import load as safe_load
 
@@ -279,9 +280,10 @@ def test_the_azure_job_uploads_the_users_package_and_trains_from_the_mounted_cop
     mounted.parent.mkdir()
     (plan / "model-code").rename(mounted)
     run_dir = tmp_path / "outputs" / "run"
-    proc = subprocess.run([sys.executable, "-m", "toolkit.runs.worker", str(run_dir), "--config",
-                           str(plan / "trainbook-config.yaml"), "--set", f"model.code_path={mounted}"],
-                          capture_output=True, text=True, cwd=PROJECT, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "toolkit.runs.job", str(run_dir), "--config",
+                           str(plan / "trainbook-config.yaml"), "--set", f"model.code_path={mounted}", "--nnodes", "1",
+                           "--master-port", str(free_port_pair())], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     code = json.loads((run_dir / "lineage.json").read_text())["model"]["code"]
     assert code["factory"] == {"import": "mymodels:build", "file": str(mounted / "mymodels" / "bytes.py"),

@@ -60,9 +60,15 @@ def command_line(run_dir: str, *, config: str, nnodes: int, max_restarts: int, g
 # --- 2. pre-flight ---------------------------------------------------------------------------------------------
 
 
-def _storage_check(run_dir: Path, node: int) -> tuple[str, str]:
-    """Write, fsync, read back and remove a file beside the run directory: the write a checkpoint makes."""
+def _storage_check(run_dir: Path, node: int, nnodes: int) -> tuple[str, str]:
+    """Write, fsync, read back and remove a file beside the run directory: the write a checkpoint makes. Several
+    nodes need the folder to be there already (their shared mount): one made here would be this node's alone."""
     parent = run_dir.parent
+    if nnodes == 1:
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return "fail", f"run storage {parent} cannot be created on node {node}: {exc.strerror or exc}"
     if not parent.is_dir():
         return "fail", f"run storage {parent} does not exist on node {node} (is the output mounted?)"
     probe = parent / f".trainbook-preflight-node{node}-{os.getpid()}"
@@ -105,7 +111,7 @@ def _shm_check() -> tuple[str, str]:
 
 def node_checks(spec: NodeSpec, run_dir: Path, gpus: int) -> list[tuple[str, str, str]]:
     """This node's own checks: (name, pass/warn/fail, what was found)."""
-    checks = [("run storage", *_storage_check(run_dir, spec.rank)), ("shm", *_shm_check())]
+    checks = [("run storage", *_storage_check(run_dir, spec.rank, spec.count)), ("shm", *_shm_check())]
     if gpus:
         checks.append(("gpus", *_gpu_check(gpus, spec.rank)))
     return checks
@@ -202,8 +208,8 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], world: in
     if differences:
         key, old, new = differences[0]
         raise config_mod.ConfigError(not_allowed(
-            key, new, f"{old!r}, the value run {run_dir.name} was started with (resubmit the same config to resume it, "
-                      "or give the job a new run name to start another run)",
+            key, new, f"{old!r}, the value the stored run in {run_dir} was started with (resubmit the same config to "
+                      "resume it, or give the job a new run name to start another run)",
             problem=f"differs from the stored run's ({len(differences)} field(s) differ; the first is named)"))
     if cfg.fingerprint() != stored.fingerprint():  # only where the inputs are mounted moved: the ranks read them there
         atomic_write_text(run.config_path, cfg.to_yaml())
