@@ -51,11 +51,15 @@ bench: $(STAMP)
 	$(PY) bench/bench_activation_checkpointing.py
 	$(PY) bench/bench_scaling.py
 	$(PY) bench/bench_memory.py
+	$(PY) bench/bench_mlflow.py
+	$(PY) bench/bench_watchdog.py
 
-# Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup).
+# Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup), then write
+# environment.yml, the Azure ML job and serving images' environment, from the new lock.
 lock: $(STAMP)
 	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/'; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
+	$(PY) -m toolkit.resources.job_environment
 
 clean:
 	rm -rf runs outputs .pytest_cache

@@ -43,6 +43,23 @@ def build():
 """
 
 
+@contextlib.contextmanager
+def no_runaway_training(run: RunDir, *procs: subprocess.Popen):
+    """Whatever the test asserts, leave no CLI, supervisor or rank of this run behind on a shared machine."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        status = run.read_status() if run.status_path.exists() else {}
+        for key in ("worker_pgid", "supervisor_pid"):
+            if isinstance(status.get(key), int):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(status[key], signal.SIGKILL)
+
+
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m toolkit ARGS`` as a user would type it; stdout and stderr captured as text."""
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,

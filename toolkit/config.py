@@ -247,6 +247,64 @@ class FaultConfig:
     """Simulate a checkpoint's slowdown: this many steps after each checkpoint sleep fault.slow_step_ms."""
     slow_step_ms: float = bounded(0.0, ge=0.0)
     """How long each of those steps sleeps (tests check that lost_ms reports it)."""
+    nan_at_step: int = bounded(0, ge=0)
+    """Simulate a diverging step: this step's loss on the last rank is multiplied by NaN, and so are its gradients
+    (first attempt only); 0 is off. What happens next is watchdog.nonfinite's."""
+    hang_at_step: int = bounded(0, ge=0)
+    """Simulate a hang: after this step the last rank waits forever (first attempt only), as behind a stuck
+    collective; 0 is off. watchdog.hang finds it."""
+
+
+@dataclass
+class WatchdogConfig:
+    nonfinite: Literal["stop", "skip", "apply"] = "stop"
+    """A step whose loss or gradients are not finite (NaN, inf), on any rank: stop (its update is not applied, the
+    state before it is checkpointed, the run fails naming the step), skip its update and go on, or apply it anyway
+    (unwatched, as before the watchdog). In fp16 the loss scaler skips such steps itself (its skipped_steps)."""
+    max_consecutive_skips: int = bounded(5, ge=1, le=1000)
+    """With nonfinite=skip, this many non-finite steps in a row stop the run as nonfinite=stop does: by then the
+    weights or the learning rate are at fault, not a batch."""
+    hang: bool = True
+    """Watch each rank for a hang: when no step completes in time, dump every thread's Python stack into
+    RUN_DIR/hangs and end the training processes, so that the supervisor restarts them (--max-restarts)."""
+    hang_factor: int = bounded(10, ge=2, le=1000)
+    """A hang is no step completed within this many times the recent step time (the median of the last 20 steps)."""
+    hang_min_seconds: float = bounded(120.0, gt=0.0)
+    """The shortest time that counts as a hang, however fast the steps are (a slow batch or log write is not one)."""
+    hang_allowance_seconds: float = bounded(900.0, gt=0.0)
+    """The limit where recent steps say nothing: the first steps of a start (compiling, warming up) and the first
+    evaluation and checkpoint (later ones get hang_factor x the longest one before)."""
+
+
+@dataclass
+class DebugConfig:
+    enabled: bool = False
+    """Start debugpy in rank 0 before the trainer is built (`trainbook train --debug`); VS Code or any Debug Adapter
+    Protocol client attaches to it. Other ranks do not listen."""
+    wait_for_client: bool = True
+    """Hold training (on every start and restart) until a debugger has attached; false: listen and train at once."""
+    host: str = "127.0.0.1"
+    """Address debugpy listens on: an IPv4 loopback address only (a debugger runs any code it likes, unauthenticated);
+    from another machine, tunnel to it (ssh -L PORT:127.0.0.1:PORT, or Azure ML's VS Code / SSH job services)."""
+    port: int = bounded(0, ge=0, le=65535)
+    """TCP port debugpy listens on; 0: a free one, chosen at the first start, reported (CLI, events, status.json) and
+    kept for restarts."""
+
+
+@dataclass
+class TrackingConfig:
+    mlflow: Literal["auto", "always", "never"] = "auto"
+    """Also log to MLflow (metrics under TensorBoard's names, the config as params, the run's files): auto where a
+    tracking server is given (an Azure ML job's own, which it sets in $MLFLOW_TRACKING_URI, or tracking.mlflow_uri);
+    always: locally too, into the workspace's store; never. Not on locally by default: MLflow's import and store
+    cost each run seconds of CPU, for a UI that is installed apart."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI, e.g. sqlite:///PATH/mlflow.db or http://HOST:5000; empty: $MLFLOW_TRACKING_URI (in an
+    Azure ML job the job itself, so studio charts its metrics), else sqlite:///WORKSPACE/mlflow/mlflow.db, which
+    `mlflow ui --backend-store-uri` opens."""
+    experiment: str = ""
+    """MLflow experiment the run goes to; empty: the config's name. An Azure ML job logs into its own run, in the
+    job's experiment."""
 
 
 @dataclass
@@ -269,6 +327,12 @@ class Config:
     """When and how training state is saved."""
     fault: FaultConfig = field(default_factory=FaultConfig)
     """Fault injection, for teaching and tests."""
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    """Interactive debugging: debugpy in rank 0, on loopback."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    """What happens when a step is not finite or a rank hangs."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Metrics in MLflow beside TensorBoard."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -413,6 +477,7 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(refused("name", f"{cfg.name[:20]!r}... has {len(cfg.name)} characters",
                                   f"at most {MAX_RUN_NAME} (the run folder's name adds a timestamp)"))
     _check_model_source(cfg)
+    _check_tracking(cfg.tracking)
     if cfg.data.tokenizer_sha256 and not re.fullmatch(r"[0-9a-f]{64}", cfg.data.tokenizer_sha256):
         raise ConfigError(not_allowed("data.tokenizer_sha256", cfg.data.tokenizer_sha256,
                                       "empty, or the 64 hex digits of a sha256 (set at launch)"))
@@ -460,6 +525,52 @@ def _check_relations(cfg: Config) -> None:
     if cfg.engine.launcher == "deepspeed" and cfg.engine.name != "deepspeed":
         raise ConfigError(not_allowed("engine.launcher", cfg.engine.launcher, "'auto', 'torchrun'",
                                       problem="needs engine.name='deepspeed'"))
+    if not _ipv4_loopback(cfg.debug.host):
+        raise ConfigError(not_allowed("debug.host", cfg.debug.host, "an IPv4 loopback address such as '127.0.0.1' "
+                                      "(from elsewhere, tunnel to it: ssh -L PORT:127.0.0.1:PORT)",
+                                      problem="is not loopback: anyone who reaches the port could run any code as "
+                                              "you, debugpy asks for no key"))
+
+
+def _ipv4_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.IPv4Address(host).is_loopback
+    except ValueError:
+        return False
+
+
+MAX_EXPERIMENT_NAME = 256  # MLflow's SQL stores hold experiment names in a 256-character column
+
+
+def _check_tracking(t: TrackingConfig) -> None:
+    """A tracking URI MLflow 3 can use and that keeps no password (the config is saved with the run and logged)."""
+    import urllib.parse
+
+    allowed = ("empty, or a tracking URI: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT, azureml://..., databricks, "
+               "or the scheme of an MLflow plugin")
+    if t.mlflow_uri and t.mlflow == "never":
+        raise ConfigError(not_allowed("tracking.mlflow_uri", t.mlflow_uri, "empty with tracking.mlflow='never'",
+                                      problem="is set while tracking.mlflow='never'"))
+    if t.mlflow_uri and t.mlflow_uri != "databricks":
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]+:\S+", t.mlflow_uri):
+            raise ConfigError(not_allowed("tracking.mlflow_uri", t.mlflow_uri, allowed,
+                                          problem="is not a URI (a folder is MLflow's old file store, which MLflow 3 "
+                                                  "refuses: use sqlite:///FOLDER/mlflow.db)"))
+        if t.mlflow_uri.lower().startswith("file:"):
+            raise ConfigError(not_allowed("tracking.mlflow_uri", t.mlflow_uri, allowed,
+                                          problem="is MLflow's old file store, which MLflow 3 refuses (use "
+                                                  "sqlite:///FOLDER/mlflow.db)"))
+        if urllib.parse.urlsplit(t.mlflow_uri).password is not None:
+            raise ConfigError(refused("tracking.mlflow_uri", "holds a password, and the config is saved with the "
+                                                             "run and logged as its params",
+                                      "a URI without one: a server's credentials go in MLFLOW_TRACKING_USERNAME and "
+                                      "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), a database's URI with "
+                                      "its password in $MLFLOW_TRACKING_URI and tracking.mlflow_uri empty"))
+    if len(t.experiment) > MAX_EXPERIMENT_NAME or not t.experiment.isprintable():
+        raise ConfigError(not_allowed("tracking.experiment", t.experiment,
+                                      f"empty, or printable text of at most {MAX_EXPERIMENT_NAME} characters"))
 
 
 def _check_model_source(cfg: Config) -> None:

@@ -13,12 +13,14 @@ from widgets.panel import badge_html
 
 STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",
                  "stopped": "#9467bd", "killed": "#ff7f0e"}
+WATCHDOG_COLOUR = "#e6a100"  # amber: the run goes on (a skipped step) or is restarted (a hang)
 
 
 def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEvent | None, val: EvalEvent | None,
-                started: float, message: str = "") -> str:
+                started: float, message: str = "", watchdog: str = "") -> str:
     """The progress card as an HTML string (pure: also used for the final, static rendering). ``message``: an
-    error, in red; on a completed run it is history (an earlier attempt's end, recovered from), in grey."""
+    error, in red; on a completed run it is history (an earlier attempt's end, recovered from), in grey.
+    ``watchdog``: the latest watchdog notice (a skipped non-finite step, a hang), behind an amber badge."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
     cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
@@ -29,6 +31,8 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEv
             cells.append(("peak memory / rank", " · ".join(f"{mb:,.0f}" for mb in train.peak_memory_mb) + " MiB"))
         if train.skipped_steps:
             cells.append(("fp16 skipped", f"{train.skipped_steps} (scale {train.loss_scale:g})"))
+        if train.nonfinite_skipped:
+            cells.append(("non-finite skipped", f"{train.nonfinite_skipped:,} steps"))
     if val:
         cells.append(("val loss" if val.val_bpb is None else "val bits/byte", f"{val.headline:.4f}"))
     cells.append(("elapsed", f"{time.time() - started:,.0f} s"))
@@ -40,6 +44,9 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEv
     else:
         note_colour = "#d62728"
     note = f"<div style='color:{note_colour};margin-top:4px'>{html.escape(message)}</div>" if message else ""
+    if watchdog:
+        note += (f"<div style='margin-top:4px'>{badge_html('watchdog', WATCHDOG_COLOUR)} "
+                 f"<span style='font-family:monospace;font-size:0.9em'>{html.escape(watchdog)}</span></div>")
     return (
         f"<div style='border:1px solid #ddd;border-radius:6px;padding:8px;max-width:820px'>"
         f"<b>{html.escape(name)}</b> {badge_html(state, colour)}"
@@ -56,7 +63,7 @@ def follow_run(handle, max_steps: int, show=None) -> dict:
     def card_html(state=None, message=None) -> str:
         p = progress
         return render_card(handle.path.name, state or p.state, p.step, p.max_steps, p.train, p.val, started,
-                           message if message is not None else p.message)
+                           message if message is not None else p.message, p.watchdog)
 
     if show is None:
         card = display(HTML(card_html()), display_id=True)

@@ -235,7 +235,7 @@ class TrainingPanel(Panel):
             elapsed = time.time() - self._started
             eta = f" · ETA {max(elapsed / p.step * (p.max_steps - p.step), 0):,.0f} s"
         self.card.value = render_card(self.run.path.name if self.run else "no run", p.state, p.step, p.max_steps,
-                                      p.train, p.val, self._started, p.message) + (
+                                      p.train, p.val, self._started, p.message, p.watchdog) + (
             f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
         now = time.monotonic()
         if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import os
@@ -17,7 +16,7 @@ import pytest
 
 from toolkit.runs.rundir import RunDir
 
-from conftest import PROJECT, cli
+from conftest import PROJECT, cli, no_runaway_training
 
 LONG = ["--set", "train.max_steps=100000", "--set", "train.log_every=1"]
 
@@ -45,23 +44,6 @@ def await_train_step(run: RunDir, step: int, timeout_s: float = 120) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"no train event at step {step} within {timeout_s} s")
-
-
-@contextlib.contextmanager
-def no_runaway_training(run: RunDir, *procs: subprocess.Popen):
-    """Whatever the test asserts, leave no CLI, supervisor or rank of this run behind on a shared machine."""
-    try:
-        yield
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
-        status = run.read_status() if run.status_path.exists() else {}
-        for key in ("worker_pgid", "supervisor_pid"):
-            if isinstance(status.get(key), int):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(status[key], signal.SIGKILL)
 
 
 def test_two_trains_into_one_run_dir_at_once_one_is_refused_naming_the_holder(tmp_path):

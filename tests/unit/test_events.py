@@ -10,8 +10,9 @@ import json
 import pytest
 
 from toolkit.runs import events
-from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, CheckpointInvalidEvent, ErrorEvent, EvalEvent,
-                                 EventLog, ProfileEvent, RestartEvent, StatusEvent, TrainEvent, read_events, read_new)
+from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, CheckpointInvalidEvent, DebuggerEvent,
+                                 ErrorEvent, EvalEvent, EventLog, ProfileEvent, RestartEvent, StatusEvent, TrainEvent,
+                                 read_events, read_new)
 from toolkit.runs.rundir import RunDir
 
 # One line of each kind as the writers before the schema put them on disk (same keys, same order).
@@ -41,6 +42,7 @@ LINES_BEFORE_THE_SCHEMA = [
     '"val_loss": 3.5, "val_bpb": 5.05}',
     '{"event": "status", "time": 1700000010.0, "state": "killed", "exit_code": -9, "reason": "killed by SIGKILL"}',
 ]
+KINDS_SINCE_THE_SCHEMA = {"tracking", "debugger", "nonfinite", "hang"}  # no line of theirs predates it
 
 
 def _write_lines(run: RunDir, lines: list[str | bytes]) -> None:
@@ -51,7 +53,7 @@ def _write_lines(run: RunDir, lines: list[str | bytes]) -> None:
 
 def test_every_kind_is_in_the_schema_and_every_field_is_described():
     seen = {json.loads(line)["event"] for line in LINES_BEFORE_THE_SCHEMA}
-    assert seen == set(events.KINDS)
+    assert seen | KINDS_SINCE_THE_SCHEMA == set(events.KINDS)
     for cls in events.KINDS.values():
         for f in dataclasses.fields(cls):
             doc = f.metadata.get("doc", "")
@@ -87,6 +89,10 @@ def test_every_kind_round_trips_through_the_writer_and_the_reader(tmp_path):
         ErrorEvent(message="ValueError: no"),
         RestartEvent(restart=1, attempt=1, reason="exit code 1", from_step=1, checkpoint=None, skipped=[]),
         StatusEvent(state="failed", exit_code=1, reason="exit code 1"),
+        DebuggerEvent(state="waiting", host="127.0.0.1", port=5678, world_size=2, attempt=1),
+        events.NonFiniteEvent(step=8, loss="nan", ranks=[1], action="skipped", skipped=1, in_a_row=1),
+        events.HangEvent(step=8, phase="step", waited_s=3.0, limit_s=3.0, stacks="/x/hangs/attempt_0", attempt=0),
+        events.TrackingEvent(state="logging", uri="sqlite:////w/mlflow/mlflow.db", run_id="0a1b", message="mlflow ui"),
     ]
     assert {type(e) for e in written} == set(events.KINDS.values())
     run = RunDir(tmp_path / "r")

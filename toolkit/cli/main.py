@@ -33,6 +33,8 @@ def _cmd_train(args) -> int:
                       f"engine.deepspeed_config={json.dumps(args.deepspeed)}"]
     if args.workspace is not None:
         overrides.append(f"data.workspace={args.workspace}")
+    if args.debug:
+        overrides.append("debug.enabled=true")
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
     if args.max_restarts < 0:
         raise ConfigError(not_allowed("--max-restarts", args.max_restarts, "0 or more", problem="is negative"))
@@ -536,7 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
         "trainbook train demo",
         "trainbook train tiny --nproc 2 --engine deepspeed --set train.max_steps=50",
         "trainbook train demo --nproc 2 --deepspeed ds_config.json --set train.grad_accum_steps=4",
-        "trainbook train my_config.yaml --set data.asset=mycorpus:2 --max-restarts 3"])
+        "trainbook train my_config.yaml --set data.asset=mycorpus:2 --max-restarts 3",
+        "trainbook train tiny --debug --set debug.port=5678"])
     train.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo, llama, digits, ...)")
     train.add_argument("--set", action="append", metavar=S,
                        help="override one config field (repeatable), e.g. --set train.max_steps=50")
@@ -549,6 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "filled from the config; engine.deepspeed_config, and --engine deepspeed)")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart dead training processes from the latest checkpoint up to N times")
+    train.add_argument("--debug", action="store_true",
+                       help="start debugpy in rank 0 on 127.0.0.1 and wait for a debugger (VS Code) before training, "
+                            "on every restart too (debug.enabled; the port: debug.port, 0 a free one)")
     _add_workspace(train)
     train.set_defaults(func=_cmd_train)
 

@@ -80,6 +80,8 @@ class TrainEvent(Event):
         optional=True)
     loss_scale: float | None = _field("fp16: the dynamic loss scale at the interval's end", optional=True)
     skipped_steps: int | None = _field("fp16: optimizer steps skipped so far for inf/NaN gradients", optional=True)
+    nonfinite_skipped: int | None = _field("watchdog.nonfinite=skip: steps whose update was skipped so far for a "
+                                           "non-finite loss or gradients", optional=True)
 
 
 @dataclass(kw_only=True)
@@ -157,9 +159,80 @@ class RestartEvent(Event):
     skipped: list = _field("newer checkpoints that failed verification")
 
 
+@dataclass(kw_only=True)
+class DebuggerEvent(Event):
+    """Rank 0 listens for a debugger (debug.enabled; toolkit.runs.debugging), or one has attached."""
+    kind: ClassVar[str] = "debugger"
+    state: str = _field("waiting (training holds until a client attaches), listening (training goes on) or attached")
+    host: str = _field("the loopback address debugpy listens on")
+    port: int = _field("the TCP port debugpy listens on")
+    world_size: int = _field("processes in the run: the ranks other than 0 wait in their first collective")
+    attempt: int | None = _field("the attempt (0 first, +1 per restart or resume) that listens", optional=True)
+
+
+@dataclass(kw_only=True)
+class NonFiniteEvent(Event):
+    """A step's loss or gradients were not finite on some rank, so its update was not applied (toolkit.train.watchdog):
+    the step was skipped (watchdog.nonfinite=skip) or the run stopped after checkpointing the state before it."""
+    kind: ClassVar[str] = "nonfinite"
+    step: int = _field("the step whose update was not applied")
+    loss: str = _field("that step's loss over all ranks, as text (JSON has no NaN): 'nan', 'inf', or a number when "
+                       "only the gradients were not finite")
+    ranks: list = _field("the ranks whose own loss was not finite; empty when only the gradients were not")
+    action: str = _field("skipped (training went on) or stopped (the run failed after the checkpoint)")
+    skipped: int = _field("steps skipped so far in the run, this one included when it was skipped")
+    in_a_row: int = _field("non-finite steps in a row, this one included")
+    checkpoint: str | None = _field("stopped: the checkpoint holding the state before this step; absent when none "
+                                    "could be written", optional=True)
+
+    @property
+    def summary(self) -> str:
+        """One line for people: the job log, the CLI, the panel."""
+        where = f" (not finite on rank {', '.join(map(str, self.ranks))})" if self.ranks else \
+            " (finite; its gradients were not)"
+        head = f"step {self.step}: loss {self.loss}{where}, update not applied"
+        if self.action == "skipped":
+            return f"{head}; skipped ({self.skipped} so far, {self.in_a_row} in a row)"
+        saved = f"checkpoint {self.checkpoint} holds the state before it" if self.checkpoint else \
+            "no checkpoint of the state before it could be written"
+        in_a_row = f" ({self.in_a_row} in a row)" if self.in_a_row > 1 else ""
+        return f"{head}; the run stops{in_a_row}: {saved}"
+
+
+@dataclass(kw_only=True)
+class HangEvent(Event):
+    """No progress within the watchdog's limit (toolkit.train.watchdog): every rank dumps its threads' Python stacks,
+    then the training processes are ended for the supervisor to restart (written by rank 0's watchdog)."""
+    kind: ClassVar[str] = "hang"
+    step: int = _field("the last step completed")
+    phase: str = _field("what was under way: start, step, evaluation, checkpoint or final checkpoint")
+    waited_s: float = _field("seconds without progress when the hang was declared")
+    limit_s: float = _field("the limit passed: watchdog.hang_factor x the recent step (or phase) time, at least "
+                            "hang_min_seconds, or hang_allowance_seconds where there was no such time yet")
+    stacks: str = _field("the folder of the stack dumps, rank_<r>.txt for each rank")
+    attempt: int = _field("the attempt that hung (0 first, +1 per restart or resume)")
+
+    @property
+    def summary(self) -> str:
+        """One line for people: the job log, the CLI, the panel."""
+        return (f"hang after step {self.step} (in {self.phase}): no progress for {self.waited_s:.0f} s (limit "
+                f"{self.limit_s:.0f} s); Python stacks of every rank in {self.stacks}")
+
+
+@dataclass(kw_only=True)
+class TrackingEvent(Event):
+    """MLflow takes the run's metrics (toolkit.train.tracking), or stopped taking them: training goes on either way,
+    with TensorBoard and this file."""
+    kind: ClassVar[str] = "tracking"
+    state: str = _field("logging (the MLflow run is open) or failed (MLflow is left alone for the rest of the attempt)")
+    uri: str = _field("the MLflow tracking URI (a password in it left out)")
+    run_id: str | None = _field("logging: the MLflow run's id", optional=True)
+    message: str | None = _field("failed: what went wrong; logging: how to look at it", optional=True)
+
+
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     StatusEvent, TrainEvent, EvalEvent, CheckpointEvent, CheckpointErrorEvent, CheckpointInvalidEvent, ProfileEvent,
-    ErrorEvent, RestartEvent)}
+    ErrorEvent, RestartEvent, DebuggerEvent, NonFiniteEvent, HangEvent, TrackingEvent)}
 E = TypeVar("E", bound=Event)
 
 

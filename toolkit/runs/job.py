@@ -86,8 +86,13 @@ def _storage_check(run_dir: Path, node: int, nnodes: int) -> tuple[str, str]:
         return "fail", f"run storage {parent} is not writable from node {node}: {exc.strerror or exc}"
     finally:
         probe.unlink(missing_ok=True)
+    from toolkit.resources.doctor import DISK_WARN_FREE_GIB
+
     free_gib = shutil.disk_usage(parent).free / 2**30
-    return "pass", f"{parent}: writable ({PROBE_BYTES / seconds / 1e6:,.0f} MB/s write+fsync), {free_gib:,.1f} GiB free"
+    summary = f"{parent}: writable ({PROBE_BYTES / seconds / 1e6:,.0f} MB/s write+fsync), {free_gib:,.1f} GiB free"
+    if free_gib < DISK_WARN_FREE_GIB:
+        return "warn", summary + f": under {DISK_WARN_FREE_GIB:g} GiB, checkpoints will fill it"
+    return "pass", summary
 
 
 def _gpu_check(gpus: int, node: int) -> tuple[str, str]:

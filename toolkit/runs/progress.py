@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from toolkit.runs.events import ErrorEvent, EvalEvent, Event, StatusEvent, TrainEvent
+from toolkit.runs import debugging
+from toolkit.runs.events import (DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent, NonFiniteEvent, StatusEvent,
+                                 TrainEvent)
+
+WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come
 
 
 @dataclass
@@ -20,8 +24,9 @@ class RunProgress:
     step: int = 0
     train: TrainEvent | None = None  # the latest train event
     val: EvalEvent | None = None  # the latest eval event
-    message: str = ""  # the latest error
+    message: str = ""  # the latest error, or where rank 0 waits for a debugger (why nothing moves)
     final: StatusEvent | None = None  # the latest status event
+    watchdog: str = ""  # the latest watchdog notice: a skipped non-finite step, a hang
 
     def apply(self, event: Event) -> None:
         if isinstance(event, TrainEvent):
@@ -34,6 +39,10 @@ class RunProgress:
             self.state, self.final = event.state, event
         elif isinstance(event, ErrorEvent):
             self.message = event.message
+        elif isinstance(event, DebuggerEvent):
+            self.message = "" if event.state == "attached" else debugging.notice(event)
+        elif isinstance(event, WATCHDOG_EVENTS):
+            self.watchdog = event.summary
 
 
 PLAIN_EVERY_S = 10.0  # a line this often when the output is a file or a pipe, not a terminal
@@ -65,6 +74,10 @@ def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress 
             progress.apply(event)
             if isinstance(event, ErrorEvent):
                 bar.write(f"error: {event.message}")
+            elif isinstance(event, DebuggerEvent):
+                bar.write(debugging.instructions(event))
+            elif isinstance(event, WATCHDOG_EVENTS):
+                bar.write(f"watchdog: {event.summary}")
             bar.total = progress.max_steps
             bar.update(progress.step - bar.n)
             bar.set_postfix(_figures(progress), refresh=True)
@@ -85,6 +98,10 @@ def _follow_plain(handle, file, progress: RunProgress, every_s: float) -> Status
             progress.apply(event)
             if isinstance(event, ErrorEvent):
                 print(f"error: {event.message}", file=file, flush=True)
+            elif isinstance(event, DebuggerEvent):
+                print(debugging.instructions(event), file=file, flush=True)
+            elif isinstance(event, WATCHDOG_EVENTS):
+                print(f"watchdog: {event.summary}", file=file, flush=True)
         if progress.step != shown_step and time.monotonic() - shown_at >= every_s:
             line()
             shown_at, shown_step = time.monotonic(), progress.step

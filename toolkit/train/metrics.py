@@ -1,4 +1,5 @@
-"""Where numbers go: events.jsonl (for widgets, the CLI and tests), TensorBoard scalars, status.json.
+"""Where numbers go: events.jsonl (for widgets, the CLI and tests), TensorBoard scalars (toolkit.train.scalars names
+them), status.json; with tracking.mlflow, a follower process that mirrors them into MLflow (toolkit.train.tracking).
 
 Only rank 0 has a MetricsSink; the other ranks contribute through all-reduces in the loop.
 """
@@ -15,16 +16,10 @@ from toolkit.runs import status as run_status
 from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, ErrorEvent, EvalEvent, EventLog,
                                  ProfileEvent, StatusEvent, TrainEvent)
 from toolkit.runs.rundir import RunDir
+from toolkit.train import tracking
+from toolkit.train.scalars import scalars
 
 STATUS_EVERY_S = 2.0  # status.json is for people and supervisors: refreshing it faster buys nothing
-
-# event field -> TensorBoard tag
-TRAIN_SCALARS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "perf/tokens_per_s",
-                 "mfu": "perf/mfu", "data_wait_pct": "perf/data_wait_pct"}
-OPTIONAL_TRAIN_SCALARS = {"loss_scale": "train/loss_scale", "skipped_steps": "train/skipped_steps"}  # fp16
-MEMORY_TAG = "memory/peak_mb"  # one scalar per rank: memory/peak_mb/rank0, ...
-EVAL_SCALARS = {"val_loss": "eval/val_loss", "val_bpb": "eval/val_bpb"}
-
 
 class MetricsSink:
     def __init__(self, run: RunDir, cfg):
@@ -33,6 +28,8 @@ class MetricsSink:
         self.run = run
         self.events = EventLog(run.events_path)
         self.tb = SummaryWriter(log_dir=str(run.tb_dir))
+        # started now, so that MLflow's start (seconds of import, a store to open) is behind it by the first step
+        self.mlflow = tracking.start_follower(run.path, cfg, self.events, os.environ)
         self._last_status = 0.0
 
     def start(self, lineage: dict, **facts) -> None:
@@ -42,33 +39,25 @@ class MetricsSink:
                               peak_flops=facts.get("peak_flops"))
         self.events.write(StatusEvent(state="running", **facts))
 
+    def _write_scalars(self, event) -> None:
+        for tag, value in scalars(event).items():
+            self.tb.add_scalar(tag, value, event.step)
+
     def train(self, step: int, **values) -> None:
-        event = self.events.write(TrainEvent(step=step, **{k: _round(v) for k, v in values.items()}))
-        for key, tag in TRAIN_SCALARS.items():
-            self.tb.add_scalar(tag, getattr(event, key), step)
-        for key, tag in OPTIONAL_TRAIN_SCALARS.items():
-            if getattr(event, key) is not None:
-                self.tb.add_scalar(tag, getattr(event, key), step)
-        for rank, mb in enumerate(event.peak_memory_mb or ()):
-            self.tb.add_scalar(f"{MEMORY_TAG}/rank{rank}", mb, step)
+        self._write_scalars(self.events.write(TrainEvent(step=step, **{k: _round(v) for k, v in values.items()})))
         now = time.monotonic()
         if now - self._last_status >= STATUS_EVERY_S:
             run_status.update(self.run, step=step)
             self._last_status = now
 
     def eval(self, step: int, **values) -> None:
-        self.events.write(EvalEvent(step=step, **{k: _round(v) for k, v in values.items()}))
-        for key, tag in EVAL_SCALARS.items():
-            if key in values:
-                self.tb.add_scalar(tag, values[key], step)
+        self._write_scalars(self.events.write(EvalEvent(step=step, **{k: _round(v) for k, v in values.items()})))
         self.tb.flush()
 
     def checkpoint(self, step: int, **figures) -> None:
         """A checkpoint was published and the steps it slowed are over (called from the training thread).
         lost_ms is its cost; blocking_ms the part of it spent standing still."""
-        event = self.events.write(CheckpointEvent(step=step, **{k: _round(v) for k, v in figures.items()}))
-        for key in ("lost_ms", "blocking_ms", "persist_ms", "bytes"):
-            self.tb.add_scalar(f"checkpoint/{key}", getattr(event, key), step)
+        self._write_scalars(self.events.write(CheckpointEvent(step=step, **{k: _round(v) for k, v in figures.items()})))
 
     def checkpoint_error(self, step: int, message: str) -> None:
         self.events.write(CheckpointErrorEvent(step=step, message=message))
@@ -82,13 +71,24 @@ class MetricsSink:
         self.events.write(StatusEvent(state=state, **result))
         run_status.transition(self.run, transition, step=result["step"], ended=time.time())
         self.tb.flush()
+        self._end_mlflow()
 
     def fail(self, error: str) -> None:
         self.events.write(ErrorEvent(message=error))
-        run_status.transition(self.run, "fail", error=error, ended=time.time())
+        try:
+            run_status.transition(self.run, "fail", error=error, ended=time.time())
+        finally:  # an end recorded meanwhile (IllegalTransition) stands; the MLflow run still ends as failed
+            self._end_mlflow()
+
+    def _end_mlflow(self) -> None:
+        """After the attempt's last event: MLflow gets the rest, the run's files and how it ended."""
+        if self.mlflow:
+            self.mlflow.end()
 
     def close(self) -> None:
         self.tb.close()
+        if self.mlflow:
+            self.mlflow.close()
         self.events.close()
 
 

@@ -9,6 +9,7 @@ Rank 0 writes the run directory: events.jsonl, status.json, lineage.json, tb/ an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import time
 import torch
 
 from toolkit.data import corpus as data_mod
-from toolkit.checkpoint.store import CheckpointStore, check_compatible
+from toolkit.checkpoint.store import CheckpointStore, check_compatible, step_name
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import allocator, distributed
 from toolkit.train.engines import build_engine
@@ -30,7 +31,9 @@ from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import flops_per_item, prepare_model
 from toolkit.train.rng import restore_rng
+from toolkit.train.watchdog import HangWatchdog, NonFiniteGuard, NonFiniteLossError, injected_hang, nan_loss
 from toolkit import safe_load
+from toolkit.runs import status as run_status
 from toolkit.runs.events import CheckpointInvalidEvent
 from toolkit.runs.rundir import RunDir
 from toolkit.fsio import atomic_write_text
@@ -86,12 +89,7 @@ def default_threads(cfg) -> int:
 
 class Trainer:
     def __init__(self, run: RunDir):
-        # A stop asked for (`trainbook stop`, Ctrl-C, a stop button: the supervisor's stop request in the run
-        # directory; a SIGTERM to this process, as a preempted node gets) means a checkpoint, then the end: noted
-        # here, acted on between two steps (see train()).
         self.stop_requested = False
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            signal.signal(signal.SIGTERM, self._on_stop_signal)
         self.run = run
         self.cfg = cfg = run.read_config()
         threads = default_threads(cfg)
@@ -102,6 +100,12 @@ class Trainer:
         # Before the model and the data exist, so that their memory, too, is kept rather than handed back
         self.allocator = allocator.keep_freed_memory()
         self.topo = distributed.setup(cfg.engine)
+        # A stop asked for (`trainbook stop`, Ctrl-C, a stop button: the supervisor's stop request in the run
+        # directory; a SIGTERM to this process, as a preempted node gets) means a checkpoint, then the end: noted
+        # here, acted on between two steps (see train()). Only from here: a rank still in the rendezvous has nothing
+        # to save, and must die of the SIGTERM its launcher sends when another rank failed.
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            signal.signal(signal.SIGTERM, self._on_stop_signal)
 
         store = CheckpointStore(run.path)
         if self.topo.is_main:
@@ -133,6 +137,10 @@ class Trainer:
             cfg, run.path, self.topo.rank, self.topo.world_size, self.engine, device=self.topo.device,
             on_event=self.sink.checkpoint if self.sink else None,
             on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error)
+        self.saved_step: int | None = None  # the step of the last checkpoint started (or resumed from)
+        self.guard = NonFiniteGuard(cfg.watchdog)
+        self.watchdog = HangWatchdog(cfg, run, self.topo.rank, self.topo.world_size, ATTEMPT,
+                                     events=self.sink.events if self.sink else None)
         self.resumed_from = self._resume()
 
     # --- the loop -------------------------------------------------------------------------------------------
@@ -149,12 +157,15 @@ class Trainer:
         profiler = self._profiler()
         batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
                                              world_size=topo.world_size))
+        self.watchdog.start(self.step)
         if cfg.train.eval_at_start and self.step == 0:
-            self.evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
+            with self.watchdog.phase("evaluation"):
+                self.evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
         engine.train()
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
         window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+        loss_steps = 0  # the window's steps whose loss is in loss_sum: a skipped (non-finite) step's is not
         last_val = None
         start_step = self.step
         train_seconds = agreed_seconds = self.train_seconds
@@ -172,8 +183,15 @@ class Trainer:
             micro_batches = self._micro_batches(batch)
             # each micro-batch's share of the step's targets, counted on the CPU (no device sync)
             weights = micro_batch_weights(micro_batches) if len(micro_batches) > 1 else None
-            loss_sum += engine.train_step([self._to_device(b) for b in micro_batches], weights,
-                                          before_update=self.checkpointer.before_update).to(torch.float64)
+            with self._injected_nan():
+                loss = engine.train_step([self._to_device(b) for b in micro_batches], weights,
+                                         before_update=self.checkpointer.before_update)
+            action = self.guard.judge(engine.update_skipped)
+            if action:
+                self._nonfinite(loss, action, agreed_seconds)  # raises when the run stops here
+            else:
+                loss_sum += loss.to(torch.float64)
+                loss_steps += 1
             if profiler:
                 profiler.step()
             self.step += 1
@@ -205,7 +223,7 @@ class Trainer:
                 if self.sink:
                     self.sink.train(
                         step=self.step,
-                        loss=total_loss / window_steps / topo.world_size,
+                        loss=total_loss / loss_steps / topo.world_size if loss_steps else math.nan,
                         lr=lr_at(self.step - 1, cfg.optim, self.horizon),
                         tokens_per_s=items_per_s,
                         data_wait_pct=100.0 * window_wait / elapsed,
@@ -214,6 +232,7 @@ class Trainer:
                         horizon=self.horizon,
                         peak_memory_mb=[round(m, 1) for m in memory],
                         **self._loss_scaling(),
+                        **self.guard.train_fields(),
                     )
                 if cfg.train.max_seconds:
                     last = last or agreed_seconds >= cfg.train.max_seconds
@@ -227,7 +246,8 @@ class Trainer:
                 break
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
-                last_val = self.evaluate()
+                with self.watchdog.phase("evaluation"):
+                    last_val = self.evaluate()
                 eval_seconds = time.perf_counter() - eval_start
                 window_start += eval_seconds  # evaluation is not training time
             if self.checkpointer.due(self.step, agreed_seconds, final=last):
@@ -235,17 +255,23 @@ class Trainer:
                 slow_steps = cfg.fault.slow_steps_after_checkpoint
             # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
             self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds - log_seconds)
+            self.watchdog.step_done(self.step)
             if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
                 os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
+            if cfg.fault.hang_at_step == self.step and ATTEMPT == 0 and topo.rank == topo.world_size - 1:
+                injected_hang()  # a stuck rank: the others wait for it in their next collective
             if logged:
                 loss_sum.zero_()
+                loss_steps = 0
                 window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
             if last:
                 break
 
         if profiler:
             profiler.close()
-        self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
+        with self.watchdog.phase("final checkpoint"):
+            self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
+        self.watchdog.close()
         result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {}),
                   "peak_memory_mb": round(peak_memory_mb(topo.device), 1)}
         if self.sink:
@@ -281,8 +307,41 @@ class Trainer:
         return self.stop_requested or self.run.stop_requested()  # a stat: ~2 us, once a step at most
 
     def _save(self, agreed_seconds: float) -> None:
-        self.train_seconds = agreed_seconds
-        self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon, "train_seconds": agreed_seconds})
+        self.train_seconds, self.saved_step = agreed_seconds, self.step
+        with self.watchdog.phase("checkpoint"):
+            self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
+                                               "train_seconds": agreed_seconds,
+                                               "nonfinite_skipped": self.guard.skipped})
+
+    def _injected_nan(self):
+        """fault.nan_at_step: the coming step's loss made NaN on the last rank (first attempt only)."""
+        last_rank = self.topo.rank == self.topo.world_size - 1
+        due = self.cfg.fault.nan_at_step == self.step + 1 and ATTEMPT == 0 and last_rank
+        return nan_loss(self.engine) if due else contextlib.nullcontext()
+
+    def _nonfinite(self, loss: torch.Tensor, action: str, agreed_seconds: float) -> None:
+        """The engine left the update of step self.step + 1 out: its loss or gradients were not finite on some rank.
+        That decision is the same on every rank, so all ranks are here and may take a collective. Skipped: recorded,
+        and training goes on with the next batch. Stopped: the state before the step is checkpointed (unless it just
+        was), then the run fails naming the step and its loss."""
+        losses = [0.0] * self.topo.world_size
+        losses[self.topo.rank] = loss.item()
+        losses = distributed.all_reduce_sum(losses, self.topo.device)
+        checkpoint = None
+        if action == "stopped":
+            if self.saved_step != self.step:
+                self._save(agreed_seconds)
+            with self.watchdog.phase("final checkpoint"):
+                self.checkpointer.close()  # published before the run says it failed
+            if (self.checkpointer.store.root / step_name(self.step)).is_dir():
+                checkpoint = step_name(self.step)
+        event = self.guard.event(self.step + 1, losses, action, checkpoint)
+        if self.sink:
+            self.sink.events.write(event)
+            run_status.update(self.run, nonfinite_skipped=self.guard.skipped)
+            print(f"watchdog: {event.summary}", file=sys.stderr, flush=True)
+        if action == "stopped":
+            raise NonFiniteLossError(event.summary)
 
     def _resume(self) -> dict:
         """Continue from the newest valid checkpoint in the run directory, if there is one.
@@ -304,6 +363,7 @@ class Trainer:
         restore_rng(rank_state["rng"])
         trainer = info.manifest["trainer"]
         self.step, self.train_seconds = trainer["step"], trainer["train_seconds"]
+        self.saved_step, self.guard.skipped = self.step, trainer.get("nonfinite_skipped", 0)
         # A step-budgeted schedule follows max_steps (which a resume may extend); a time-budgeted one goes on
         # from where the clock had put it.
         self.horizon = trainer["horizon"] if self.cfg.train.max_seconds else self.cfg.train.max_steps
@@ -366,6 +426,7 @@ class Trainer:
                             on_summary=self.sink.profile)
 
     def close(self):
+        self.watchdog.close()
         self.checkpointer.close()
         if self.sink:
             self.sink.close()

@@ -4,7 +4,9 @@ An engine exposes the same five things, so the loop in toolkit.train.trainer nev
 ``module`` (the bare model), ``train_step(micro_batches, weights) -> loss`` (one optimizer step; several
 micro-batches with train.grad_accum_steps), ``eval_loss(batch) -> loss``, ``set_lr(lr)``,
 and ``train()`` / ``eval()`` mode switches. A batch is a dict of tensors; the model's adapter ``loss_fn(model,
-batch)`` (toolkit.train.models.loss_function) turns it into the loss, so engines know no model.
+batch)`` (toolkit.train.models.loss_function) turns it into the loss, so engines know no model. After each
+``train_step``, ``update_skipped`` says whether it left its update out for non-finite gradients (watchdog.nonfinite;
+the same on every rank, toolkit.train.watchdog).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ toolkit.train.engines.deepspeed_config's merge of the user's file and the run's 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from toolkit import safe_load
 from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.deepspeed_config import merged
 from toolkit.train.engines.param_groups import HALF, adamw_param_groups, trainable_only
+from toolkit.train.watchdog import gradients_finite
 
 
 DS_TAG = "ds"  # the sub-folder DeepSpeed's own files go in, inside each Trainbook checkpoint
@@ -54,6 +56,20 @@ class _CapturingCheckpointEngine:
         pass
 
 
+@contextlib.contextmanager
+def _update_left_out(optimizer):
+    """DeepSpeed's step without its optimizer's update: the weights and the moments stay as they were."""
+    own = optimizer.__dict__.get("step")
+    optimizer.step = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        if own is None:
+            del optimizer.step  # the class's own again
+        else:
+            optimizer.step = own
+
+
 class DeepSpeedEngine:
     def __init__(self, model, cfg, topo, loss_fn):
         from toolkit.third_party import import_deepspeed
@@ -75,6 +91,13 @@ class DeepSpeedEngine:
         self._dtype = HALF.get(cfg.engine.precision)
         # ZeRO-3 gathers and releases parameters inside forward: stage its state before training goes on.
         self.state_moves_in_forward = cfg.engine.zero_stage == 3
+        # watchdog.nonfinite (toolkit.train.watchdog). DeepSpeed's ZeRO and bf16 optimizers skip an update whose
+        # gradients are not finite themselves (their overflow check all-reduces the verdict); stage 0 in fp32 hands
+        # the update to the plain torch optimizer, which checks nothing, so there it is checked here. In fp16 a skip
+        # is the loss scaler's business (an overflow halves the scale), not the watchdog's.
+        self.watch_nonfinite = cfg.engine.precision != "fp16" and cfg.watchdog.nonfinite != "apply"
+        self._check_here = self.watch_nonfinite and cfg.engine.zero_stage == 0 and self._dtype is None
+        self.update_skipped = False  # the last train_step left its update out
 
     def set_lr(self, lr: float) -> None:
         # The ZeRO optimizers expose the wrapped optimizer's param_groups, so this reaches the real step.
@@ -108,9 +131,15 @@ class DeepSpeedEngine:
             losses.append(loss.detach().float())
             # DeepSpeed divides by n itself: a share w of the step's targets goes in as w x n
             self.engine.backward(loss if weights is None else loss * (weights[i] * n))
-            if i == n - 1 and before_update is not None:
-                before_update()  # the last moment the weights are still those of the previous step
-            self.engine.step()
+            left_out = False
+            if i == n - 1:
+                # stage 0 all-reduced the gradients in this backward: every rank takes the same decision
+                left_out = self._check_here and not gradients_finite(self.module.parameters())
+                if before_update is not None:
+                    before_update()  # the last moment the weights are still those of the previous step
+            with _update_left_out(self.engine.optimizer) if left_out else contextlib.nullcontext():
+                self.engine.step()  # DeepSpeed's bookkeeping (step counts, zeroed gradients) as for any step
+        self.update_skipped = self.watch_nonfinite and (left_out or not self.engine.was_step_applied())
         return weighted_mean(losses, weights)
 
     @torch.no_grad()

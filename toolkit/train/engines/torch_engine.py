@@ -11,6 +11,7 @@ from toolkit import safe_load
 from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.param_groups import (HALF, adamw_param_groups, load_trainable_state, trainable_only,
                                                 trainable_state)
+from toolkit.train.watchdog import gradients_finite
 
 SCALER_FILE = "scaler.pt"  # fp16 runs only
 
@@ -36,6 +37,10 @@ class TorchEngine:
         # gradients overflowed (the scale then halves); bf16 has fp32's range and needs none of it
         self.scaler = torch.amp.GradScaler(topo.device.type) if cfg.engine.precision == "fp16" else None
         self._skipped = None  # optimizer steps the scaler skipped for inf/NaN gradients (a device tensor)
+        # watchdog.nonfinite: leave out an update whose gradients are not finite (toolkit.train.watchdog). In fp16
+        # that is the loss scaler's own business: it skips the step and halves the scale.
+        self.watch_nonfinite = cfg.watchdog.nonfinite != "apply" and self.scaler is None
+        self.update_skipped = False  # the last train_step left its update out
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -69,8 +74,9 @@ class TorchEngine:
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-        if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip) if self.grad_clip else None
+        # after DDP's all-reduce: every rank holds the same gradients, and so takes the same decision
+        self.update_skipped = self.watch_nonfinite and not gradients_finite(self.module.parameters(), norm)
         if before_update is not None:
             before_update()  # the last moment the weights are still those of the previous step
         if self.scaler is not None:
@@ -80,7 +86,7 @@ class TorchEngine:
             self.scaler.step(self.optimizer)  # skipped when the gradients hold inf or NaN
             self.scaler.update()  # and then the scale halves
             self._skipped += (self.scaler._scale < before).long()
-        else:
+        elif not self.update_skipped:  # left out, the weights and the optimizer's moments stay as they were
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return weighted_mean(losses, weights)
