@@ -24,7 +24,7 @@ OPTIONAL_IMPORTS = {
     "playwright": ("playwright", "test"),
 }
 # The extras an Azure ML job or serving image gets on top of core (environment.yml): no notebook or test tools.
-JOB_IMAGE_EXTRAS = ("serve", "azure")
+JOB_IMAGE_EXTRAS = ("serve", "azure", "tracking")
 
 
 def missing_extra_message(exc: ModuleNotFoundError, what: str) -> str | None:
