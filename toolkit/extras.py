@@ -11,6 +11,7 @@ from toolkit.errors import refused
 # Imported module (or dotted prefix) -> (distribution, extra). The longest matching prefix wins, so
 # azure.identity names its own distribution while the rest of the azure namespace names azure-ai-ml.
 OPTIONAL_IMPORTS = {
+    "mlflow": ("mlflow-skinny", "tracking"),
     "onnx": ("onnx", "serve"),
     "onnxscript": ("onnxscript", "serve"),
     "onnxruntime": ("onnxruntime", "serve"),

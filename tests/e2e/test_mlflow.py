@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import cli
-from toolkit.checkpoint.store import _flatten
+from toolkit.checkpoint.store import flatten_config
 from toolkit.ports import free_port
 from toolkit.runs.events import TrackingEvent, read_events
 from toolkit.runs.rundir import RunDir
@@ -74,7 +74,7 @@ def test_the_workspace_store_holds_the_run_with_its_params_tags_scalars_and_file
 
     config = yaml.safe_load(run.config_path.read_text())
     assert logged.data.params == {key: value if isinstance(value, str) else json.dumps(value)
-                                  for key, value in _flatten(config).items()}
+                                  for key, value in flatten_config(config).items()}
     lineage = run.read_lineage()
     assert {k: v for k, v in logged.data.tags.items() if k.startswith("trainbook.")} == {
         "trainbook.run_dir": str(run.path.resolve()), "trainbook.attempt": "1", "trainbook.engine": "torch",

@@ -41,7 +41,7 @@ ENGINES = ("torch", "deepspeed")
 # (how long, how often to log or save), not what a step computes.
 RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval_every", "train.eval_batches",
                      "train.eval_at_start", "train.log_every", "profile.", "checkpoint.", "fault.", "data.num_workers",
-                     "data.prefetch_factor", "debug.")
+                     "data.prefetch_factor", "debug.", "tracking.", "watchdog.")
 
 
 # Where a run's inputs are, not what they are: an Azure ML job mounts its inputs under a folder named after the job, so
@@ -321,11 +321,12 @@ def _folder_problem(path: Path, files: dict) -> str | None:
     return None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten_config(d: dict, prefix: str = "") -> dict:
+    """A nested config dict as dotted field names: {'train': {'seed': 1}} -> {'train.seed': 1}."""
     out = {}
     for key, value in d.items():
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten_config(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -334,7 +335,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def config_differences(old: dict, new: dict, allowed: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
     """(field, old value, new value) for every field of two config dicts that differs, in field-name order; fields
     starting with one of ``allowed`` may differ."""
-    old, new = _flatten(old), _flatten(new)
+    old, new = flatten_config(old), flatten_config(new)
     return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
             if old.get(key) != new.get(key) and not key.startswith(allowed)]
 

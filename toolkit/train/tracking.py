@@ -39,7 +39,7 @@ from typing import Mapping
 
 import yaml
 
-from toolkit.checkpoint.store import _flatten as flatten_config
+from toolkit.checkpoint.store import flatten_config
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.runs.events import ErrorEvent, EventLog, StatusEvent, TrackingEvent, read_new
 from toolkit.runs.rundir import RunDir
