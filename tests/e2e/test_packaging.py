@@ -161,3 +161,19 @@ def test_a_wheel_carries_the_built_in_configs_and_the_cli(tmp_path):
     # The doctor's packages check has no environment.yml here: it checks the wheel's own core requirements.
     assert in_checkout == "False"
     assert doctor_packages.split() == [drift._requirement_name(req) for req in _requirements()[0]]
+
+
+def test_the_tracking_extra_costs_a_deepspeed_process_nothing():
+    """DeepSpeed's autotuner imports mlflow when `import deepspeed` runs, if it is installed (the tracking extra puts
+    it there): seconds of start-up and ~150 MiB in every rank that never logs to MLflow (the follower process does).
+    Our one way in, import_deepspeed(), keeps it out, and leaves mlflow importable afterwards."""
+    probe = ("import sys\n"
+             "from toolkit.third_party import import_deepspeed\n"
+             "import_deepspeed()\n"
+             "assert 'deepspeed' in sys.modules\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'pandas', 'sqlalchemy')))\n"
+             "import mlflow\n"
+             "print(mlflow.__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["[]", "mlflow"], proc.stdout

@@ -25,11 +25,14 @@ def final_figures(run: RunDir) -> tuple[float, float]:
 
 @pytest.mark.parametrize("flags", [[], ["--engine", "deepspeed"]], ids=["torch", "deepspeed-zero0"])
 def test_a_nan_loss_stops_the_run_after_checkpointing_the_step_before(train_tiny, finished_runs, flags):
-    proc, run = train_tiny(*flags, *NAN_AT_8)
+    # restarts allowed, yet none made: resumed exactly from the checkpoint before it, the step would be as bad again
+    proc, run = train_tiny(*flags, *NAN_AT_8, "--max-restarts", "2")
     assert proc.returncode != 0
     status = run.read_status()
     assert status["state"] == "failed" and "step 8: loss nan" in status["error"], status.get("error")
+    assert status["restarts"] == 0 and read_events(run, RestartEvent) == []
     assert "watchdog: step 8: loss nan" in proc.stderr  # the CLI's follow shows it
+    assert "not restarted: a non-finite step: a restart from the checkpoint before it would repeat it" in proc.stderr
     [event] = read_events(run, NonFiniteEvent)
     assert (event.step, event.action, event.ranks, event.checkpoint) == (8, "stopped", [0], "step_00000007")
     assert CheckpointStore(run.path).latest_name() == "step_00000007"

@@ -108,6 +108,9 @@ def test_a_rank_that_never_reports_is_named_after_the_timeout(master_env):
      {"code": -9, "end": True, "node": 1}),  # out of restarts
     ([{"code": -15, "stopping": False, "completed": False}, {"code": -15, "stopping": True, "completed": False}], 0,
      {"code": -15, "end": True, "node": 0}),  # a stop on any node ends every node
+    # node 0's rank 0 said a restart would repeat the failure (the watchdog stopped at a non-finite step)
+    ([{"code": 1, "stopping": False, "completed": False, "no_restart": "a non-finite step"},
+      {"code": 1, "stopping": False, "completed": False, "no_restart": None}], 0, {"code": 1, "end": True, "node": 0}),
 ])
 def test_after_an_attempt_every_node_restarts_or_ends_together(outcomes, restarts, want):
     got = decide(outcomes, restarts, max_restarts=2)
@@ -119,3 +122,12 @@ def test_the_job_command_leaves_azure_expressions_for_azure_and_quotes_the_rest(
                         sets={"data.path": "${{inputs.data}}", "name": "a b"})
     assert line == ("python -m toolkit.runs.job ${{outputs.runs}}/my run --config ${{inputs.config}} --nnodes 2 "
                     "--max-restarts 3 --set data.path=${{inputs.data}} --set 'name=a b'")
+
+
+def test_only_the_attempt_that_forbade_a_restart_is_not_restarted():
+    from toolkit.runs.status import restart_forbidden
+
+    status = {"no_restart": {"attempt": 2, "reason": "a non-finite step"}}
+    assert restart_forbidden(status, 2) == "a non-finite step"
+    assert restart_forbidden(status, 3) is None  # an earlier attempt's word, before a resume
+    assert restart_forbidden({}, 0) is None and restart_forbidden({"no_restart": "junk"}, 0) is None

@@ -7,6 +7,8 @@ import gc
 import signal
 import sys
 
+from toolkit.runs import status as run_status
+
 
 class Terminated(Exception):
     """SIGTERM or SIGHUP reached the foreground CLI (`timeout`, a closed terminal, a cancelled CI job)."""
@@ -85,7 +87,9 @@ def report_end(handle, progress, final) -> int:
     else:
         print(f"{state}: step {step} {summary}".rstrip(), file=sys.stderr)
         if code != 0:
-            print(f"training failed (exit code {code}); log: {handle.path / LOG_NAME}", file=sys.stderr)
+            not_restarted = run_status.restart_forbidden(status, status.get("attempt"))
+            why = f", not restarted: {not_restarted}" if not_restarted else ""
+            print(f"training failed (exit code {code}){why}; log: {handle.path / LOG_NAME}", file=sys.stderr)
     return 0 if code == 0 else 1
 
 

@@ -189,7 +189,7 @@ class PreflightError(RuntimeError):
 # --- 3. the run directory --------------------------------------------------------------------------------------
 
 
-def prepare_run(run_dir: Path, config_file: str, overrides: list[str], world: int, cuda: bool):
+def prepare_run(run_dir: Path, config_file: str, overrides: list[str], nnodes: int, cuda: bool):
     """Node 0: create the run directory from the config, or check a retried or resubmitted job's config against the
     one the run was started with (any difference is refused, naming the first field: a run is one config; only where
     its inputs are mounted may move, toolkit.checkpoint.store.LOCATION_FIELDS). Returns the RunDir."""
@@ -204,7 +204,7 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], world: in
 
     cfg = pin_model(pin_data_asset(config_mod.load(config_file, overrides)))
     check_model(cfg)
-    check_engine(cfg, world=world, cuda=cuda)  # this node's devices and the job's world
+    check_engine(cfg, world=nnodes * cfg.engine.nproc, cuda=cuda)  # this node's devices and the job's world
     run = RunDir(run_dir)
     if not run.config_path.exists():
         return RunDir.create(run_dir, cfg)
@@ -277,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             if spec.rank == 0:
                 error = ""
                 try:
-                    from toolkit.config import load
-
-                    nproc = load(args.config, args.set).engine.nproc
-                    prepare_run(run_dir, args.config, args.set, world=spec.count * nproc, cuda=args.gpus_per_node > 0)
+                    prepare_run(run_dir, args.config, args.set, nnodes=spec.count, cuda=args.gpus_per_node > 0)
                 except (ValueError, OSError) as exc:  # ConfigError, ModelImportError, DataAssetError... name a field
                     error = str(exc)
                 if not error and args.tensorboard_link:

@@ -125,13 +125,17 @@ class NodeGroup:
 
     def _wait_keys(self, keys: list[str], what: str, between) -> None:
         """Wait for ``keys``; ``between()`` runs every POLL_S meanwhile and raises to give up."""
+        self._patiently(self.store.wait, (keys, timedelta(seconds=POLL_S)), what, between)
+
+    def _patiently(self, fn, args: tuple, what: str, between):
+        """``fn(*args)`` on the store, again after each of its POLL_S timeouts once ``between()`` has looked around
+        (it raises to give up); any other store error is a lost node."""
         while True:
             try:
-                self._call(self.store.wait, keys, timedelta(seconds=POLL_S))
-                return
+                return self._call(fn, *args)
             except NodeLost:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a DistStoreError timeout: look around, wait on
+            except Exception as exc:  # noqa: BLE001 - a DistStoreError timeout: look around, try again
                 if not _is_timeout(exc):
                     raise NodeLost(f"waiting for {what}: {exc}") from None
                 between()
@@ -165,15 +169,7 @@ class NodeGroup:
     def _get(self, key: str, what: str) -> bytes:
         """Node 0's value under ``key``, as soon as it is set, in one call (node 0 may leave right after setting it),
         checking every POLL_S that node 0 is alive."""
-        while True:
-            try:
-                return self._call(self.store.get, key)
-            except NodeLost:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                if not _is_timeout(exc):
-                    raise NodeLost(f"waiting for {what}: {exc}") from None
-                self._check_alive([0])
+        return self._patiently(self.store.get, (key,), what, lambda: self._check_alive([0]))
 
     def _leave(self) -> None:
         """Node 0 waits for every other node to say it is done with the store; the others say so and go."""

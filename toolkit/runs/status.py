@@ -93,6 +93,21 @@ def update(run, **fields) -> dict:
         return run.write_status(**fields)
 
 
+def forbid_restart(run, attempt: int, reason: str) -> dict:
+    """Rank 0 says attempt ``attempt`` failed in a way a restart would repeat (resumed exactly from the checkpoint
+    before it, the same step goes wrong again): the supervisor ends the run instead of restarting it."""
+    return update(run, no_restart={"attempt": attempt, "reason": reason})
+
+
+def restart_forbidden(status: dict, attempt: int) -> str | None:
+    """Why attempt ``attempt`` must not be restarted, or None. An earlier attempt's word (before a `resume`, which
+    may have changed the watchdog's settings) does not count."""
+    record = status.get("no_restart")
+    if isinstance(record, dict) and record.get("attempt") == attempt:
+        return str(record.get("reason") or "a restart would repeat the failure")
+    return None
+
+
 @contextlib.contextmanager
 def _locked(run):
     """Hold ``status.lock`` for one read-check-write (milliseconds)."""

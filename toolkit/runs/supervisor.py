@@ -36,11 +36,13 @@ def describe_exit(code: int) -> str:
 
 
 def decide(outcomes: list[dict], restarts: int, max_restarts: int) -> dict:
-    """What every node does after an attempt, from each node's outcome ({code, stopping, completed}; node 0's first):
-    end it (completed, stopped, out of restarts) or restart. The exit code is the first node's that failed."""
+    """What every node does after an attempt, from each node's outcome ({code, stopping, completed, no_restart};
+    node 0's first): end it (completed, stopped, a failure a restart would repeat, out of restarts) or restart. The
+    exit code is the first node's that failed."""
     code = next((o["code"] for o in outcomes if o["code"] != 0), 0)
     # completed, then died (in teardown): the training is done, another attempt would add nothing
-    end = code == 0 or any(o["stopping"] for o in outcomes) or outcomes[0]["completed"] or restarts >= max_restarts
+    end = (code == 0 or any(o["stopping"] for o in outcomes) or outcomes[0]["completed"]
+           or bool(outcomes[0].get("no_restart")) or restarts >= max_restarts)
     return {"code": code, "end": end, "stopping": any(o["stopping"] for o in outcomes),
             "node": next((i for i, o in enumerate(outcomes) if o["code"] != 0), None)}
 
@@ -155,12 +157,18 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.worker.pid, signal.SIGTERM)
             code = self._wait_for_worker()
-            completed = self.writes_run and self.run.read_status().get("state") == "completed"
-            outcome = self._agree("attempt-end", {"code": code, "stopping": self.stopping, "completed": completed},
+            status = self.run.read_status() if self.writes_run else {}
+            no_restart = run_status.restart_forbidden(status, attempt) if code != 0 else None
+            outcome = self._agree("attempt-end", {"code": code, "stopping": self.stopping,
+                                                  "completed": status.get("state") == "completed",
+                                                  "no_restart": no_restart},
                                   lambda values: decide(values, restarts, self.max_restarts))
             code = outcome["code"]
             self.stopping = self.stopping or outcome["stopping"]
             if outcome["end"]:
+                if no_restart and restarts < self.max_restarts:
+                    print(f"[supervisor] training failed ({describe_exit(code)}), not restarted: {no_restart}",
+                          file=sys.stderr, flush=True)
                 break
             restarts += 1
             attempt += 1

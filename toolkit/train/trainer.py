@@ -341,6 +341,9 @@ class Trainer:
             run_status.update(self.run, nonfinite_skipped=self.guard.skipped)
             print(f"watchdog: {event.summary}", file=sys.stderr, flush=True)
         if action == "stopped":
+            if self.sink:
+                run_status.forbid_restart(self.run, ATTEMPT, "a non-finite step: a restart from the checkpoint "
+                                                             "before it would repeat it")
             raise NonFiniteLossError(event.summary)
 
     def _resume(self) -> dict:
