@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -c "import torch, deepspeed, papermill, toolkit" # fail here, not in the middle of a demo
 	# DeepSpeed compiles its shared-memory comm op on first use (~35 s, cached in .venv/torch_extensions):
 	# do it now, so the first DeepSpeed run (the doctor's, in the demo) does not pay for it.
-	$(PY) -c "import toolkit; from deepspeed.comm.torch import build_shm_op; build_shm_op()" > $(VENV)/shm_op.log 2>&1 \
+	$(PY) -c "from toolkit.third_party import import_deepspeed; import_deepspeed(); from deepspeed.comm.torch import build_shm_op; build_shm_op()" > $(VENV)/shm_op.log 2>&1 \
 	  || { tail -20 $(VENV)/shm_op.log; exit 1; }
 	touch $(STAMP)
 
