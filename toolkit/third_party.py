@@ -36,6 +36,7 @@ def import_deepspeed():
     """``import deepspeed``, without its accelerator guess on a CPU-only machine."""
     if "DS_ACCELERATOR" not in os.environ and _cpu_only():
         os.environ["DS_ACCELERATOR"] = "cpu"
+    # process-wide while it lasts: another thread importing mlflow meanwhile would be refused (ranks have none yet)
     hold_off = "mlflow" not in sys.modules and "deepspeed" not in sys.modules
     if hold_off:
         sys.modules["mlflow"] = None  # `import mlflow` raises ImportError; the autotuner's try/except records "absent"

@@ -3,6 +3,7 @@ torch stays pinned, CI calls the README's test command, and a wheel carries the 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -163,6 +164,7 @@ def test_a_wheel_carries_the_built_in_configs_and_the_cli(tmp_path):
     assert doctor_packages.split() == [drift._requirement_name(req) for req in _requirements()[0]]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="the 'tracking' extra is not installed")
 def test_the_tracking_extra_costs_a_deepspeed_process_nothing():
     """DeepSpeed's autotuner imports mlflow when `import deepspeed` runs, if it is installed (the tracking extra puts
     it there): seconds of start-up and ~150 MiB in every rank that never logs to MLflow (the follower process does).

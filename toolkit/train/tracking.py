@@ -51,6 +51,8 @@ LOCAL_STORE = "mlflow"  # in the workspace: mlflow.db and artifacts/
 FINISH_TIMEOUT_S = 60.0  # the most a run's end waits for MLflow (its import, a store's start, the last uploads)
 POLL_S = 1.0  # how often the follower looks for new events: how late a chart is, at most
 NICE = 19  # the follower's priority: it takes what CPU training leaves
+# numpy's BLAS starts its thread pool on import, before the follower can lower its priority: one thread, no pool
+FOLLOWER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 END = "end"  # rank 0's last line to the follower: the attempt is over
 BATCH = 1000  # MLflow's limit of metrics (and of entities) per log_batch
 PARAMS_PER_BATCH = 100  # and of params, and of tags
@@ -182,7 +184,8 @@ class MlflowFollower:
     def __init__(self, run_path: Path, where: Destination, events: EventLog):
         self.where, self.events = where, events
         self.proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.tracking", str(run_path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, **FOLLOWER_ENV})
         # the destination goes through the pipe, not the command line: a URI from the environment may hold a password
         self.proc.stdin.write(json.dumps(dataclasses.asdict(where)) + "\n")
         self.proc.stdin.flush()
@@ -363,22 +366,24 @@ def report(fields: dict) -> None:
 
 def lowest_priority() -> None:
     """Take only CPU that training leaves idle: SCHED_IDLE where Linux offers it (measured by bench/bench_mlflow.py:
-    at nice 19 alone, the follower's ~4 CPU-s over a 30 s run on 2 busy cores still cost training ~5%), else nice."""
+    at nice 19 alone, the follower's ~4 CPU-s over a 30 s run on 2 busy cores still cost training ~5%), else nice.
+    Linux sets the calling thread's policy; threads started later inherit it (the follower's own; the BLAS pool its
+    imports may start is held to one thread by FOLLOWER_ENV)."""
     os.nice(NICE)
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         with contextlib.suppress(OSError):  # a container may refuse it: nice stays
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # before any thread: they inherit it
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def training_priority(pid: int) -> None:
-    """Give process ``pid`` (the follower) this process's scheduling policy and priority back, where allowed (an
-    unprivileged user may not raise a priority: then the follower stays idle-only, which a finished run leaves it)."""
-    try:
+    """Give process ``pid`` (the follower: its main thread, which does the work) a normal policy and this process's
+    priority back, each where allowed. Leaving SCHED_IDLE takes RLIMIT_NICE >= 1 or CAP_SYS_NICE, raising the priority
+    past nice 19 more; without them the follower finishes idle-only, which a finished run's machine mostly is."""
+    with contextlib.suppress(OSError):  # not allowed, or the follower is gone
         if hasattr(os, "sched_setscheduler"):
             os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0))
-    except OSError:  # not privileged, or the follower is gone
-        pass
 
 
 def follow(run_dir: str) -> int:
