@@ -440,7 +440,10 @@ def _cmd_serve(args) -> int:
                 print(f"warning: {warning.message}", file=sys.stderr, flush=True)
     key_file = shlex.quote(str(endpoint.folder / "key"))
     example = '{"text": "What a lovely day"}' if endpoint.tasks[0] == "classify" else '{"prompt": "def "}'
-    print(f"{endpoint.describe()}\n  key file (0600): {endpoint.folder / 'key'}\n  log: {endpoint.log_path}\n"
+    if endpoint.key_file.note:
+        print(f"note: {endpoint.key_file.note}", file=sys.stderr, flush=True)
+    print(f"{endpoint.describe()}\n  key file ({endpoint.key_file.mode_text}): {endpoint.key_file.path}\n"
+          f"  log: {endpoint.log_path}\n"
           f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{example}' "
           + endpoint.scoring_url + f"\n(Ctrl-C or `trainbook endpoints stop {endpoint.name}` stops it)", flush=True)
     return _serve_until_stopped(endpoint)

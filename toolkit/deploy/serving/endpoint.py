@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
-import os
-import secrets
 import sys
 import time
 import urllib.error
@@ -25,7 +23,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit import key_files
 from toolkit.errors import not_allowed
+from toolkit.key_files import KeyFile
 from toolkit.names import check_name
 from toolkit.ports import busy_port_message, free_port, port_in_use
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
@@ -62,18 +62,10 @@ def mask_key(key: str) -> str:
     return f"{key[:4]}…{key[-2:]}" if len(key) > 8 else "…"
 
 
-def endpoint_key(folder: Path) -> str:
-    """The endpoint's key: created once (0600, written exclusively), then reused, like an Azure ML endpoint's."""
-    path = folder / "key"
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    key = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(key)
-    return key
+def endpoint_key(folder: Path) -> KeyFile:
+    """The endpoint's key file: made once (written whole, mode 0600), then reused, like an Azure ML endpoint's; one
+    that is empty, truncated or readable by others is replaced with a new key (its ``note`` says why)."""
+    return key_files.ensure(folder / "key", "the endpoint key")
 
 
 @dataclass
@@ -86,6 +78,7 @@ class LocalEndpoint:
     folder: Path
     service: ServiceProcess = field(repr=False)
     tasks: tuple[str, ...] = TEXT_TASKS  # what it answers (toolkit.deploy.model_format.served_tasks)
+    key_file: KeyFile | None = field(default=None, repr=False)  # where the key is, its mode, what serve did to it
 
     @property
     def process(self):
@@ -162,7 +155,8 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
     name = check_name(str(name))  # it names a folder in the workspace: no '/', no '..'
     folder = Workspace.open(workspace).root / "endpoints" / name
-    key = endpoint_key(folder)
+    key_file = endpoint_key(folder)
+    key = key_file.key
     port = port or free_port()
     # one process, many request threads, so concurrent requests can share a batch (server_main adds the worker
     # class that gives threads only whole requests, and turns gunicorn's control socket off)
@@ -170,7 +164,8 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     service = start_service(cmd, folder / "server.log", env, fresh_log=True)
-    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks)
+    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks,
+                             key_file=key_file)
     # GET /score answers once the model is loaded
     wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
     running.record(folder, running.RunningEndpoint(

@@ -28,6 +28,7 @@ from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions  # noqa:
 from toolkit.deploy.serving.protocol import RequestError  # noqa: E402
 from toolkit.deploy.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
+from toolkit import key_files  # noqa: E402
 from toolkit.errors import refused  # noqa: E402
 
 service: ScoringService | None = None
@@ -37,7 +38,7 @@ def init() -> None:
     global service
     key_file = os.environ.get(KEY_FILE_ENV)
     service = ScoringService(find_model_dir(os.environ["AZUREML_MODEL_DIR"]), ServingOptions.from_environment(),
-                             key=Path(key_file).read_text().strip() if key_file else None)
+                             key=key_files.read(Path(key_file), "the endpoint key") if key_file else None)
 
 
 @rawhttp

@@ -27,6 +27,8 @@ def authorised(key: str | None, authorization: str | None) -> bool:
     compared in constant time. ``key`` None: no check (Azure ML checks keys before requests reach us)."""
     if key is None:
         return True
+    if not key:  # never a check that an empty token passes (key_files refuses an empty key before it gets here)
+        return False
     scheme, _, token = (authorization or "").strip().partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
