@@ -670,13 +670,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (a path, or the name of a built-in config), apply overrides, validate; a DeepSpeed file
     it names is read and merged here (toolkit.train.engines.deepspeed_config)."""
-    from toolkit.plain_data import PlainDataError, read_document
+    from toolkit.plain_data import PlainDataError, read_document, read_text
 
     data: dict = {}
     if path is not None:
         file = resolve_config_path(path)
         try:
-            data = read_document(file.read_text(), "yaml")
+            data = read_document(read_text(file), "yaml")  # its size checked before it is read
         except PlainDataError as exc:
             raise ConfigError(f"{file}: {exc}") from None
         if data is None:

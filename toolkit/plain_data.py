@@ -2,20 +2,29 @@
 strings, numbers, booleans and null, and nothing a parser could be made to spend minutes or gigabytes on.
 
     data = read_document(text, "yaml")     (or "json"); raises PlainDataError saying what is wrong and where
+    text = read_text(path)                 a document file's text, refused unread when over MAX_DOCUMENT_BYTES
 
 Refused: YAML anchors and aliases (a 400-byte "billion laughs" file expands to gigabytes; configs never need them),
 duplicate keys (the last one would win silently; DeepSpeed's own loader refuses them too), keys that are not strings,
-nesting deeper than MAX_DEPTH, and numbers that are not finite.
+nesting deeper than MAX_DEPTH, numbers that are not finite, and documents over MAX_DOCUMENT_BYTES (a 300 MB YAML
+file took PyYAML 208 s and 657 MB).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import yaml
 
+from toolkit.errors import refused
+
 MAX_DEPTH = 32  # a DeepSpeed config nests 3 levels, a Trainbook config 4
+MAX_DOCUMENT_BYTES = 1 << 20  # a config is a few KB (the largest shipped, demo.yaml, 1.4 KB); DeepSpeed's a few KiB
+# A run's config.yaml: a config of at most MAX_DOCUMENT_BYTES written out again with every field and default
+RESOLVED_CONFIG_MAX_BYTES = 4 * MAX_DOCUMENT_BYTES
 
 
 class PlainDataError(ValueError):
@@ -52,8 +61,29 @@ def _no_duplicates(pairs: list) -> dict:
     return dict(pairs)
 
 
+def _over_the_cap(size: int, unit: str) -> PlainDataError:
+    return PlainDataError(refused(None, f"{size:,} {unit} is over the cap and was not read",
+                                  f"a document of at most {MAX_DOCUMENT_BYTES:,} bytes (a config is a few KB)"))
+
+
+def read_text(path: Path) -> str:
+    """The text of the document file ``path``, its size checked before it is read: one over MAX_DOCUMENT_BYTES is
+    refused unread, and a file growing meanwhile is read up to the cap only, then refused too."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(MAX_DOCUMENT_BYTES + 1) if size <= MAX_DOCUMENT_BYTES else b""
+    if max(size, len(data)) > MAX_DOCUMENT_BYTES:
+        raise _over_the_cap(max(size, len(data)), "bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlainDataError(f"not UTF-8 text (byte {exc.start:,})") from None
+
+
 def read_document(text: str, kind: str):
     """``text`` parsed as ``kind`` ("yaml" or "json") and checked to be plain data (see the module doc)."""
+    if len(text) > MAX_DOCUMENT_BYTES:  # text from anywhere else: never handed to the parser either
+        raise _over_the_cap(len(text), "characters")
     try:
         if kind == "json":
             data = json.loads(text, object_pairs_hook=_no_duplicates)

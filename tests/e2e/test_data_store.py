@@ -187,7 +187,7 @@ def test_a_writable_blob_is_checked_and_made_read_only_again_in_place(ws, tmp_pa
     blob.chmod(0o644)  # writable: no longer taken as intact without reading it
     inode = blob.stat().st_ino
     data_assets.register(ws, "src", folder)
-    assert blob.stat().st_mode & 0o777 == 0o444, "read-only again, so the next registration need not read it"
+    assert blob.stat().st_mode & 0o777 == 0o444, "made read-only again"
     assert blob.stat().st_ino == inode == (asset.path / "a.txt").stat().st_ino, "intact: kept, links unchanged"
     assert _bad_blobs(ws) == [] and data_verify.verify(ws).ok
 
@@ -446,3 +446,100 @@ def test_sigkill_during_register_leaves_a_consistent_catalogue(ws, tmp_path, rng
         assert data_assets.open_path(asset.path).sha256 == asset.sha256 == data_assets.open_path(path).sha256
     final = data_verify.verify(ws)
     assert final.ok and _bad_blobs(ws) == [], f"{final.summary()}\n{context}"
+
+
+# --- a blob rewritten in place through a hard link from outside the store -----------------------------------------
+
+def _register_cli(ws, name: str, path: Path) -> str:
+    done = cli("data", "--workspace", str(ws.root), "register", name, str(path))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _tamper_through_a_link(ws, tmp_path, data: bytes) -> tuple[Path, Path]:
+    """Rewrite the blob of ``data`` in place through a hard link made outside the store: same inode, same size, the
+    read-only mode put back, so nothing its lstat shows tells. Returns (blob, the outside link)."""
+    blob = ws.datastore / "blobs" / hashlib.sha256(data).hexdigest()
+    outside = tmp_path / f"outside-{blob.name[:8]}"
+    os.link(blob, outside)
+    outside.chmod(0o644)
+    with open(outside, "r+b") as f:
+        f.write(bytes(255 - b for b in data))
+    outside.chmod(0o444)
+    assert blob.stat().st_ino == outside.stat().st_ino and blob.name in _bad_blobs(ws)
+    return blob, outside
+
+
+def _two_assets(tmp_path) -> tuple[Path, Path]:
+    """(a folder of two files, a single file) to register as sources."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"A" * 100)
+    (folder / "b.txt").write_bytes(b"B" * 100)
+    single = tmp_path / "single.txt"
+    single.write_bytes(b"S" * 100)
+    return folder, single
+
+
+def _unshared(blob: Path, outside: Path) -> None:
+    """The store's blob is a fresh file again: a write to the outside link no longer reaches it."""
+    assert blob.stat().st_ino != outside.stat().st_ino
+    before = blob.read_bytes()
+    outside.chmod(0o644)
+    outside.write_bytes(b"more tampering")
+    assert blob.read_bytes() == before
+
+
+def test_registering_again_replaces_a_blob_tampered_through_a_hard_link(ws, tmp_path):
+    folder, _ = _two_assets(tmp_path)
+    assert _register_cli(ws, "src", folder) == "src:1"
+    blob, outside = _tamper_through_a_link(ws, tmp_path, b"A" * 100)
+    found = cli("data", "--workspace", str(ws.root), "verify")
+    assert found.returncode == 1 and "src:1 'a.txt'" in found.stdout and "register its source again" in found.stdout
+
+    assert _register_cli(ws, "src", folder) == "src:1", "the same content: the same version"
+    assert _bad_blobs(ws) == [], "the tampered blob was replaced from the source"
+    assert _files_in(data_assets.get(ws, "src:1").path) == {"a.txt": b"A" * 100, "b.txt": b"B" * 100}
+    clean = cli("data", "--workspace", str(ws.root), "verify")
+    assert clean.returncode == 0 and "no problems" in clean.stdout, clean.stdout
+    _unshared(blob, outside)
+
+
+def test_verify_repair_restores_tampered_blobs_from_their_sources(ws, tmp_path):
+    folder, single = _two_assets(tmp_path)
+    assert _register_cli(ws, "src", folder) == "src:1"
+    assert _register_cli(ws, "single", single) == "single:1"
+    tampered = [_tamper_through_a_link(ws, tmp_path, data) for data in (b"A" * 100, b"S" * 100)]
+
+    repair = cli("data", "--workspace", str(ws.root), "verify", "--repair")
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    for blob, _ in tampered:
+        assert blob.name in repair.stdout, f"says which blob it restored:\n{repair.stdout}"
+    assert str(folder / "a.txt") in repair.stdout and str(single) in repair.stdout, repair.stdout
+    assert _bad_blobs(ws) == []
+    assert _files_in(data_assets.get(ws, "src:1").path) == {"a.txt": b"A" * 100, "b.txt": b"B" * 100}
+    assert data_assets.get(ws, "single:1").path.read_bytes() == b"S" * 100
+    assert cli("data", "--workspace", str(ws.root), "verify").returncode == 0
+    for blob, outside in tampered:
+        _unshared(blob, outside)
+
+
+@pytest.mark.parametrize("source_now", ["changed", "missing"])
+def test_verify_repair_says_which_blob_it_could_not_restore_and_why(ws, tmp_path, source_now):
+    folder, _ = _two_assets(tmp_path)
+    assert _register_cli(ws, "src", folder) == "src:1"
+    blob, _ = _tamper_through_a_link(ws, tmp_path, b"A" * 100)
+    tampered = blob.read_bytes()
+    if source_now == "changed":
+        (folder / "a.txt").write_bytes(b"a" * 100)
+        why = f"its source {str(folder / 'a.txt')!r} no longer holds the registered bytes"
+    else:
+        (folder / "a.txt").unlink()
+        why = f"its source {str(folder / 'a.txt')!r} is missing"
+
+    repair = cli("data", "--workspace", str(ws.root), "verify", "--repair")
+    assert repair.returncode == 1, repair.stdout + repair.stderr
+    line = next(line for line in repair.stdout.splitlines() if "src:1 'a.txt'" in line)
+    assert f"not restored: {why}" in line, line
+    assert blob.read_bytes() == tampered, "a blob that cannot be restored is left as found, for the report"
+    assert "b.txt" not in repair.stdout, "the intact file is not reported"

@@ -355,6 +355,13 @@ def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
                                  "data that stays the same while a run reads it"))
 
 
+def source_file(row, entry: dict) -> Path:
+    """Where a version's file was registered from: a uri_file's source is the file itself, a folder's (or a
+    table's) holds the file under its listed name. What a damaged blob can be restored from, if it is unchanged."""
+    source = Path(row["source"])
+    return source if row["type"] == "uri_file" else source / entry["name"]
+
+
 def repair_version(ws: Workspace, row, listing: list[dict] | None, states: dict[str, str | None]):
     """Rebuild a version's snapshot (and its listing file) from its blobs if every one of them is intact
     (``states``: :func:`toolkit.catalogue.data_store.blob_states`) and record it in its row; returns the

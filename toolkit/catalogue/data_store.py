@@ -86,27 +86,20 @@ def _intact(path: Path, sha256: str) -> bool:
 
 
 def _reusable_blob(blob: Path, sha256: str, size: int) -> bool:
-    """Whether a registration may link an existing blob instead of storing the bytes again.
-
-    Re-hashing every blob on every registration doubled the time to register content that is already stored, so
-    a blob is taken as intact without reading it when its lstat shows what this module leaves: a regular file of
-    the expected size with no write permission. That heals what a registration can see cheaply: a blob missing,
-    replaced by a link, truncated or grown (the older Trainbook's write through a hard link), or made writable
-    (how anyone but root edits one). A blob rewritten in place at the same size with its mode put back, or bit
-    rot, is what `data verify` finds: it re-hashes every blob. Any other blob is re-hashed here; an intact one is
-    made read-only again (so the next check is cheap), a damaged one is replaced."""
+    """Whether a registration may keep the blob already stored for ``sha256`` instead of writing the bytes again:
+    a regular file of that size whose bytes hash to it. Its bytes are always read: a blob rewritten in place
+    through one of its hard links (inside the store or out), its size and read-only mode kept, looks intact to
+    lstat. An intact blob left writable is made read-only again; a damaged one is replaced by the caller (a fresh
+    file swapped in, never written in place)."""
     try:
         found = blob.lstat()
     except FileNotFoundError:
         return False
-    if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+    if not stat.S_ISREG(found.st_mode) or found.st_size != size or not _intact(blob, sha256):
         return False
-    if not found.st_mode & 0o222:
-        return True
-    if not _intact(blob, sha256):
-        return False
-    with contextlib.suppress(PermissionError):  # another user's blob stays as it is, checked by hash each time
-        os.chmod(blob, stat.S_IMODE(found.st_mode) & ~0o222)  # metadata only: no byte of any link to it changes
+    if found.st_mode & 0o222:
+        with contextlib.suppress(PermissionError):  # another user's blob stays as it is, checked by hash each time
+            os.chmod(blob, stat.S_IMODE(found.st_mode) & ~0o222)  # metadata only: no byte of any link to it changes
     return True
 
 
@@ -133,18 +126,19 @@ def _store_blob(path: Path, blobs: Path) -> str:
             "path", path, "readable files", problem=f"cannot be read ({exc.strerror})")) from None
 
 
-def _copy_into_store(path: Path, blobs: Path) -> str:
-    """Copy one file into the content-addressed store; returns its sha256.
+def _copy_into_store(path: Path, blobs: Path, expected: str | None = None) -> str:
+    """Copy one file into the content-addressed store; returns its sha256. ``expected``: store it only if it hashes
+    to that (a blob restored from its source); the sha256 found is returned either way.
 
     Small files are read once: hashed from memory and written from the same bytes, so the blob is what was
     hashed even if the source changes meanwhile. Large files are hashed while copied, then checked again. A
-    blob already stored is reused only if it still looks as it was left (:func:`_reusable_blob`); a damaged one
-    is replaced.
+    blob already stored is reused only if its bytes still hash to its name (:func:`_reusable_blob`); a damaged
+    one is replaced.
     """
     if path.stat().st_size <= SMALL_BLOB_BYTES:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        if not _reusable_blob(blobs / digest, digest, len(data)):
+        if expected in (None, digest) and not _reusable_blob(blobs / digest, digest, len(data)):
             _publish_file(blobs / digest, data)
         return digest
     tmp = _tmp_path(blobs, "blob")
@@ -152,7 +146,7 @@ def _copy_into_store(path: Path, blobs: Path) -> str:
         with open(tmp, "xb") as dst:
             digest, size = read_hashed(path, dst)
         blob = blobs / digest
-        if not _reusable_blob(blob, digest, size):
+        if expected in (None, digest) and not _reusable_blob(blob, digest, size):
             if sha256_file(tmp) != digest:
                 raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
             os.chmod(tmp, 0o444)
@@ -160,6 +154,24 @@ def _copy_into_store(path: Path, blobs: Path) -> str:
     finally:
         tmp.unlink(missing_ok=True)
     return digest
+
+
+def restore_blob(ws: Workspace, sha256: str, source: Path) -> str | None:
+    """Store ``source`` again as the blob ``sha256`` if its bytes still hash to that: a damaged blob is replaced by
+    a fresh file (a link to the old one, in a snapshot or outside the store, keeps the old bytes; a rebuild of the
+    snapshot links the new one). Returns None when restored, else why the source could not restore it."""
+    ws.require_writable()
+    if not source.exists():
+        return "is missing"
+    if not source.is_file():
+        return "is not a regular file"
+    try:
+        digest = _copy_into_store(source, ws.datastore / BLOBS, expected=sha256)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except DataAssetError:
+        return "changed while it was read"
+    return None if digest == sha256 else "no longer holds the registered bytes"
 
 
 def _listing_bytes(type: str, listing: list[dict]) -> bytes:
@@ -329,6 +341,7 @@ def _rebuild_snapshot(blobs: Path, snapshot: Path, listing: list[dict]) -> None:
 def store_snapshot(ws: Workspace, files: list[tuple[str, Path]], type: str) -> tuple[str, int, int, str]:
     """Content-address ``files`` (a source's, as :func:`files_of` lists them) into the datastore as an asset of
     ``type``. Returns (sha256, size, file count, snapshot path relative to the workspace)."""
+    ws.require_writable()  # before the first blob, not at the catalogue's turn
     blobs = ws.datastore / BLOBS
     blobs.mkdir(parents=True, exist_ok=True)
     # File I/O releases the GIL: a few threads overlap the many small reads and writes of a folder asset.
@@ -343,6 +356,7 @@ def store_snapshot(ws: Workspace, files: list[tuple[str, Path]], type: str) -> t
 def publish(ws: Workspace, type: str, listing: list[dict]) -> tuple[str, str]:
     """Keep ``listing`` (its blobs already stored and verified) and link its snapshot; returns (content hash,
     the snapshot's path relative to the workspace: the file itself for a uri_file)."""
+    ws.require_writable()
     content = _store_listing(ws, type, listing)
     snapshot = _publish_snapshot(ws, content, listing)
     os.sync()  # one flush for all new blobs and links before the catalogue commits (fsync per file: ~10x slower)

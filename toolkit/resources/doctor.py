@@ -293,9 +293,11 @@ def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, on
         if on_check is not None:
             on_check(check)
     report = DoctorReport(facts=facts, checks=checks, seconds=time.perf_counter() - start)
+    from toolkit.catalogue.workspace import WorkspaceError
+
     try:
         _keep_report(root, report)
-    except (OSError, sqlite3.Error, ValueError) as exc:  # a full or read-only disk: what the disk check reports
+    except (OSError, sqlite3.Error, ValueError, WorkspaceError) as exc:  # a full, read-only or damaged workspace
         warnings.warn(f"the doctor's report was not kept in {root}: {exc}", stacklevel=2)
     return report
 

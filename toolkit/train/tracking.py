@@ -42,6 +42,7 @@ import yaml
 
 from toolkit.checkpoint.store import flatten_config
 from toolkit.fsio import atomic_write_text, read_regular_file
+from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
 from toolkit.runs.events import ErrorEvent, EventLog, StatusEvent, TrackingEvent, read_new
 from toolkit.runs.rundir import RunDir
 from toolkit.train.scalars import scalars
@@ -285,7 +286,8 @@ class Mirror:
         self._save_record()
         # params are write-once in MLflow: a resume logs only those the run lacks (train.max_steps may have grown; the
         # config.yaml artifact holds the values each attempt ran with)
-        self.config = yaml.safe_load(read_regular_file(self.run.config_path, field="config.yaml", error=ValueError))
+        self.config = yaml.safe_load(read_regular_file(self.run.config_path, field="config.yaml", error=ValueError,
+                                                       limit=RESOLVED_CONFIG_MAX_BYTES))
         new = [Param(k, v) for k, v in config_params(self.config, MAX_PARAM_VAL_LENGTH).items() if k not in logged]
         for i in range(0, len(new), PARAMS_PER_BATCH):
             client.log_batch(self.run_id, params=new[i:i + PARAMS_PER_BATCH])
