@@ -84,7 +84,7 @@ def pytest_configure(config):
 # in between). pytest-xdist's `--dist loadgroup` would do this from an xdist_group mark, but with pytest 9 its renaming
 # of items (`item._nodeid`) no longer takes effect, so the groups are named here, by file.
 ONE_WORKER_MODULES = {"test_serving.py", "test_multinode.py", "test_endpoint_fuzz.py", "test_deployment_panel.py", "test_export_safety.py",
-                      "test_tensorboard.py", "test_hf_export_serving.py"}
+                      "test_tensorboard.py", "test_hf_export_serving.py", "test_untrusted_folders.py"}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -102,8 +102,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(autouse=True)
 def private_workspace(tmp_path, monkeypatch):
-    """Every test (and every process it starts) indexes runs and data in its own workspace."""
+    """Every test (and every process it starts) indexes runs and data in its own workspace, and signs its runs with
+    a key of its own (toolkit.runs.trust): a test's runs are its user's, another test's are from elsewhere."""
     monkeypatch.setenv("TRAINBOOK_WORKSPACE", str(tmp_path / "workspace"))
+    monkeypatch.setenv("TRAINBOOK_CONFIG_HOME", str(tmp_path / "user-config"))
 
 
 @pytest.fixture

@@ -25,3 +25,11 @@ def cache_dir() -> Path:
     """Per-user cache (measured matmul peak, token files keyed by content hash): $TRAINBOOK_CACHE, else
     ~/.cache/trainbook."""
     return Path(os.environ.get("TRAINBOOK_CACHE", Path.home() / ".cache" / "trainbook"))
+
+
+def user_config_dir() -> Path:
+    """Per-user settings and the key that signs this user's runs (toolkit.runs.trust): $TRAINBOOK_CONFIG_HOME, else
+    $XDG_CONFIG_HOME/trainbook, else ~/.config/trainbook. Never inside a project or a workspace, which travel."""
+    if os.environ.get("TRAINBOOK_CONFIG_HOME"):
+        return Path(os.environ["TRAINBOOK_CONFIG_HOME"])
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "trainbook"

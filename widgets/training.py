@@ -28,7 +28,7 @@ from toolkit.runs.events import read_events
 from toolkit.runs.progress import RunProgress
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.status import FINAL_STATES, RESUMABLE_STATES
-from widgets.panel import Panel, plot_png, png_html
+from widgets.panel import Panel, plot_png, png_html, warn_html
 from widgets.run_progress import render_card
 
 
@@ -69,6 +69,9 @@ class TrainingPanel(Panel):
         self.buttons = {name: self.button(name, getattr(self, name.lower()), style) for name, style in
                         (("Start", "primary"), ("Stop", ""), ("Kill", "danger"), ("Resume", ""),
                          ("TensorBoard", "info"))}
+        # shown only for an opened run from elsewhere whose config runs code, reaches an address or opens a port
+        self.trust_run = w.Checkbox(value=False, description="trust this run's config (code, addresses, port)",
+                                    layout=w.Layout(display="none", width="auto"))
         self.progress = w.FloatProgress(min=0.0, max=1.0, description="0%", layout=w.Layout(width="60%"))
         self.card = w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="900px"))
@@ -77,7 +80,7 @@ class TrainingPanel(Panel):
                        w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile]),
                        w.HBox([self.model, self.tokenizer]),
                        w.HBox([self.deepspeed_config, self.grad_accum, self.precision, self.activation_checkpointing])])
-        self.view = w.VBox([form, w.HBox(list(self.buttons.values())), self.message, self.progress, self.card,
+        self.view = w.VBox([form, w.HBox([*self.buttons.values(), self.trust_run]), self.message, self.progress, self.card,
                             self.plot, self.deepspeed_view, self.links])
         self.handle = None
         self.run: RunDir | None = None
@@ -143,10 +146,12 @@ class TrainingPanel(Panel):
             self.handle.kill()
 
     def resume(self):
+        """What Resume does: `trainbook resume`, with --trust-run when the panel's trust box is ticked."""
         if self.run is None:
             raise ValueError(refused("run", "none yet", "start or open a run first"))
         self.wait()
-        self._follow(launch.resume(self.run.path), self.run.read_config().train.max_steps, keep_history=True)
+        self._follow(launch.resume(self.run.path, trust_run=self.trust_run.value), self.run.read_config().train.max_steps,
+                     keep_history=True)
         return self.handle
 
     def tensorboard(self) -> str:
@@ -172,6 +177,14 @@ class TrainingPanel(Panel):
         """Show a past run's dashboard from its events.jsonl."""
         self.run, self.handle = RunDir(run_dir), None
         self.deepspeed_view.value = ""
+        untrusted = self.run.untrusted_fields()
+        self.trust_run.value = False
+        self.trust_run.layout.display = "flex" if untrusted else "none"
+        if untrusted:  # shown before anything acts on it: Resume refuses it unless the box is ticked
+            from toolkit.runs.trust import describe
+
+            self.message.value = warn_html(f"not your run's settings: {describe(untrusted)}. Read its config.yaml; "
+                                           "Resume honours them only with the trust box ticked.")
         self._progress = RunProgress(self.run.read_config().train.max_steps)
         for event in read_events(self.run):
             self._progress.apply(event)

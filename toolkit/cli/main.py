@@ -51,7 +51,7 @@ def _cmd_resume(args) -> int:
     def start():
         try:
             handle = launch.resume(args.run_dir, max_restarts=args.max_restarts,
-                                   from_checkpoint=args.from_checkpoint)
+                                   from_checkpoint=args.from_checkpoint, trust_run=args.trust_run)
         except launch.NothingToResume as done:
             print(done, file=sys.stderr)
             return None
@@ -59,6 +59,25 @@ def _cmd_resume(args) -> int:
         return handle
 
     return start_and_follow(start)
+
+
+def _untrusted_notice(run_dir: str) -> dict:
+    """The run's fields that resume or export would not honour without --trust-run ({} when none, or when the run
+    has no readable config: the checkpoints are listed all the same)."""
+    from toolkit.runs.rundir import RunDir
+
+    try:
+        return {k: v if isinstance(v, (str, int, float, bool)) else str(v)
+                for k, v in RunDir(run_dir).untrusted_fields().items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def _add_trust_run(parser) -> None:
+    parser.add_argument("--trust-run", action="store_true",
+                        help="honour this run's config even if it came from elsewhere: the code it names "
+                             "(model.factory, model.loss), the addresses (tracking.mlflow_uri, a hub id in "
+                             "model.hf.source) and debug.enabled's port; read config.yaml first")
 
 
 def _cmd_scale(args) -> int:
@@ -109,12 +128,17 @@ def _cmd_checkpoints(args) -> int:
         raise FileNotFoundError(not_allowed("run_dir", args.run_dir, "a run directory", problem="is not a folder"))
     store = CheckpointStore(args.run_dir)
     infos = store.list(verify=not args.quick)
+    untrusted = _untrusted_notice(args.run_dir)
     latest = store.latest_name()
     if args.json:
         _print_json({"run_dir": str(store.root), "latest": latest, "checkpoints": [
             {"name": i.name, "step": i.step, "size_bytes": i.size_bytes, "created": i.created, "valid": i.valid,
-             "reason": i.reason or None} for i in infos]})
+             "reason": i.reason or None} for i in infos], "untrusted_fields": untrusted})
         return 0
+    if untrusted:
+        from toolkit.runs.trust import FLAG, describe
+
+        print(f"note: not your run's settings (resume needs {FLAG}): {describe(untrusted)}", file=sys.stderr)
     if not infos:
         print(f"no checkpoints in {store.root}")
         return 0
@@ -384,7 +408,7 @@ def _cmd_export(args) -> int:
         check_name(args.register, "--register")
     from toolkit.deploy.export import export_run
 
-    result = export_run(args.run_dir, out=args.out)
+    result = export_run(args.run_dir, out=args.out, trust_run=args.trust_run)
     model = None
     if args.register is not None:
         from toolkit.catalogue.model_registry import register_model
@@ -568,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="restart dead training processes from the latest checkpoint up to N times")
     resume.add_argument("--from", dest="from_checkpoint", metavar="CHECKPOINT",
                         help="roll back to this checkpoint (e.g. step_00000040); newer ones are kept aside")
+    _add_trust_run(resume)
     resume.set_defaults(func=_cmd_resume)
 
     stop = add_verb(verbs, "stop", "stop a running run: it saves a checkpoint, then exits (resume continues it)", [
@@ -690,6 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "trainbook export RUN_DIR", "trainbook export RUN_DIR --register demo"])
     export.add_argument("run_dir", help="a run with at least one valid checkpoint")
     export.add_argument("--out", help="model folder (default: RUN_DIR/model)")
+    _add_trust_run(export)
     export.add_argument("--register", nargs="?", const="", metavar="NAME",
                         help="register the export as NAME (default: the run's config name)")
     _add_workspace(export)
@@ -796,7 +822,8 @@ def _add_data_verbs(verbs) -> None:
     verify.add_argument("ref", nargs="?", help="NAME (every version) or NAME:VERSION (default: the whole datastore)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.add_argument("--repair", action="store_true",
-                        help="rebuild snapshots whose listing and blobs are intact (e.g. made by an older Trainbook)")
+                        help="restore damaged blobs from their sources where those still hold the registered "
+                        "bytes (hash-checked), then rebuild snapshots whose listing and blobs are intact")
     tune = data_verb("tune", "measure DataLoader settings against the model's step time", [
         "trainbook data tune pydoc --config demo --steps 10"])
     tune.add_argument("ref", help="the data asset, NAME or NAME:VERSION")

@@ -39,6 +39,7 @@ from toolkit.errors import not_allowed
 from toolkit.fsio import sha256_file, staging_folder
 from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
 from toolkit.deploy.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
+from toolkit.runs import trust
 from toolkit.runs.rundir import RunDir
 
 PARITY_TARGET = 1e-4  # float32: ONNX Runtime and eager PyTorch differ only by operator order
@@ -76,7 +77,7 @@ WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weigh
 EXPORTABLE = (*BUILT_IN, "hf")  # models rebuilt from a config without running a user's code
 
 
-def load_trained_model(run_dir: str | Path):
+def load_trained_model(run_dir: str | Path, trust_run: bool = False):
     """(model in eval mode, config, checkpoint info) from the run's newest valid checkpoint, for any model.name.
 
     The model is rebuilt as training built it (toolkit.train.models.prepare_model: the seed, the spec, and with
@@ -84,7 +85,8 @@ def load_trained_model(run_dir: str | Path):
     are loaded over it: every weight, or with LoRA the adapters (all the checkpoint holds). With LoRA the result is
     the base with the adapters merged in (peft's merge_and_unload: a plain model of the base's class, e.g. a
     transformers LlamaForCausalLM) when model.lora.merge_on_export is true, else the peft PeftModel itself.
-    Float32 on the CPU, whatever the training precision."""
+    Float32 on the CPU, whatever the training precision. A model.hf.source that is a hub id is fetched only for the
+    user's own run, or with ``trust_run`` (toolkit.runs.trust)."""
     from toolkit.train.engines.param_groups import load_trainable_state, trainable_only
     from toolkit.train.models import prepare_model
 
@@ -97,6 +99,7 @@ def load_trained_model(run_dir: str | Path):
         # that may have come from elsewhere (its weights stay readable in the checkpoint, through toolkit.safe_load)
         raise ExportError(not_allowed("model.name", cfg.model.name, ", ".join(EXPORTABLE),
                                       problem=f"in {run.config_path} cannot be exported yet"))
+    trust.require(run.path, cfg, "export", trust_run)
     info, skipped = CheckpointStore(run.path).find_resume_point()
     if info is None:
         why = "; ".join(f"{s.name}: {s.reason}" for s in skipped) or "none was written"
@@ -197,13 +200,13 @@ def _parity(model, model_name: str, cfg, corpus, onnx_path: Path) -> dict:
             "max_abs_diff": max(s["max_abs_diff"] for s in shapes), "shapes": shapes}
 
 
-def export_run(run_dir: str | Path, out: str | Path | None = None) -> ExportResult:
+def export_run(run_dir: str | Path, out: str | Path | None = None, trust_run: bool = False) -> ExportResult:
     """Write ``RUN_DIR/model/`` (or ``out``) from the run's newest valid checkpoint; see the module docstring.
     ``out`` must be missing, empty or an earlier export: that is checked before any work."""
     run = RunDir(run_dir)
     out = Path(out) if out else run.path / "model"
     check_replaceable(out)
-    model, cfg, info = load_trained_model(run_dir)
+    model, cfg, info = load_trained_model(run_dir, trust_run)
     provenance = {"run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
                   "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
                   "data": run.read_lineage().get("data", {})}

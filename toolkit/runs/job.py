@@ -195,7 +195,6 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], nnodes: i
     its inputs are mounted may move, toolkit.checkpoint.store.LOCATION_FIELDS). Returns the RunDir."""
     from toolkit import config as config_mod
     from toolkit.checkpoint.store import LOCATION_FIELDS, config_differences
-    from toolkit.fsio import atomic_write_text
     from toolkit.runs import status as run_status
     from toolkit.runs.data_pin import pin_data_asset
     from toolkit.runs.rundir import RunDir
@@ -217,7 +216,7 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], nnodes: i
                       "resume it, or give the job a new run name to start another run)",
             problem=f"differs from the stored run's ({len(differences)} field(s) differ; the first is named)"))
     if cfg.fingerprint() != stored.fingerprint():  # only where the inputs are mounted moved: the ranks read them there
-        atomic_write_text(run.config_path, cfg.to_yaml())
+        run.write_config(cfg)
     run_status.transition(run, "retry", resumed=time.time())
     return run
 

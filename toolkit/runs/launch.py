@@ -21,6 +21,7 @@ from toolkit.errors import not_allowed
 from toolkit.fsio import open_log
 from toolkit.runs import processes as run_processes
 from toolkit.runs import run_lock
+from toolkit.runs import trust
 from toolkit.runs import status as run_status
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.runs.rundir import RunDir
@@ -103,16 +104,19 @@ def train(config_path: str | Path | None = None, overrides: list[str] | None = N
     return start(config_mod.load(config_path, overrides), **kwargs)
 
 
-def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | None = None) -> RunHandle:
+def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | None = None,
+           trust_run: bool = False) -> RunHandle:
     """Continue a stopped, killed or failed run from its latest valid checkpoint (same run directory), or roll
     it back to ``from_checkpoint`` (a name such as ``step_00000040``; newer checkpoints are set aside, kept).
     The handle's ``plan`` says which checkpoint it starts from. A completed run raises NothingToResume (nothing
-    is started, nothing changes) unless rolled back."""
+    is started, nothing changes) unless rolled back. A config that runs code, reaches the network or opens a port
+    is honoured only for the user's own run, or with ``trust_run`` (toolkit.runs.trust)."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
         raise FileNotFoundError(not_allowed("run_dir", run_dir, "a run directory",
                                              problem="holds no run (no config.yaml)"))
-    run.read_config()  # a config the run could not start with is refused here, before anything changes
+    cfg = run.read_config()  # a config the run could not start with is refused here, before anything changes
+    trust.require(run.path, cfg, "resume", trust_run)  # so is one from elsewhere that would act beyond the run
     with _holding_run_lock(run.path) as lock_fd:
         status = run.read_status()
         if status.get("state") in ("queued", "running") and \

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import yaml
 from toolkit import config as config_mod
 from toolkit.errors import not_allowed, refused
 from toolkit.fsio import atomic_write_text, read_regular_file
+from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
 from toolkit.runs import events as events_mod
 from toolkit.runs import status as run_status
 from toolkit.runs.status import STATES
@@ -62,14 +64,35 @@ class RunDir:
         if run.config_path.exists():
             raise FileExistsError(refused("--run-dir", f"{run.path} already holds a run", "a new or empty folder"))
         run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run.config_path, cfg.to_yaml())
+        run.write_config(cfg)
         run_status.transition(run, "create")
         return run
+
+    def write_config(self, cfg: config_mod.Config) -> None:
+        """Write config.yaml, the user's config (a new run, or a job's resubmission), and sign its fields that act
+        beyond the run (code, addresses, ports) as this user's: toolkit.runs.trust."""
+        from toolkit.key_files import KeyFileError
+        from toolkit.runs import trust
+
+        atomic_write_text(self.config_path, cfg.to_yaml())
+        try:
+            trust.sign(self.path, cfg)
+        except KeyFileError as exc:  # no key to sign with: the run trains; its resume will ask for --trust-run
+            print(f"note: {exc}; {self.path} is not signed as yours, so resume asks for {trust.FLAG}",
+                  file=sys.stderr)
+
+    def untrusted_fields(self, verb: str | None = None) -> dict:
+        """The fields of this run's config that run code, reach the network or open a port, and that this user has
+        not vouched for ({} for the user's own run): what `resume` and `export` refuse without --trust-run."""
+        from toolkit.runs import trust
+
+        return trust.untrusted(self.path, self.read_config(), verb)
 
     def read_config(self) -> config_mod.Config:
         """The run's config, validated. A run directory may be a copy from elsewhere: config.yaml must be the
         run's own regular file, never a link that reads a config from anywhere."""
-        text = read_regular_file(self.config_path, field="config.yaml", error=config_mod.ConfigError)
+        text = read_regular_file(self.config_path, field="config.yaml", error=config_mod.ConfigError,
+                                 limit=RESOLVED_CONFIG_MAX_BYTES)  # a copied run's file of gigabytes is not read
         return config_mod.from_dict(yaml.safe_load(text))
 
     def read_status(self) -> dict:

@@ -154,7 +154,9 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     serving = dataclasses.replace(serving, runtime=check_runtime(model_dir, manifest, runtime))
     name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
     name = check_name(str(name))  # it names a folder in the workspace: no '/', no '..'
-    folder = Workspace.open(workspace).root / "endpoints" / name
+    ws = Workspace.open(workspace)
+    ws.require_writable()  # the endpoint's folder, key and log are written there
+    folder = ws.root / "endpoints" / name
     key_file = endpoint_key(folder)
     key = key_file.key
     port = port or free_port()

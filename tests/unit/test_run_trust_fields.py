@@ -1,0 +1,72 @@
+"""Which config fields act beyond a run (toolkit.runs.trust), and the signature that makes them the user's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from toolkit import config as config_mod
+from toolkit.runs import trust
+
+
+def cfg_with(*overrides: str):
+    return config_mod.load("tiny", list(overrides))
+
+
+@pytest.mark.parametrize("overrides, field, effect", [
+    (("model.name=custom", "model.factory=evil.py:build"), "model.factory", trust.RUNS_CODE),
+    (("model.name=custom", "model.factory=m:build", "model.loss=m:loss"), "model.loss", trust.RUNS_CODE),
+    (("model.name=custom", "model.factory=m:build", "model.code_path=/tmp"), "model.code_path", trust.RUNS_CODE),
+    (("model.name=hf", "model.hf.source=someone/some-model"), "model.hf.source", trust.REACHES_NETWORK),
+    (("tracking.mlflow_uri=http://10.0.0.1:5000",), "tracking.mlflow_uri", trust.REACHES_NETWORK),
+    (("debug.enabled=true",), "debug.enabled", trust.OPENS_PORT),
+])
+def test_each_acting_field_is_found_with_its_effect(overrides, field, effect):
+    found = trust.acting_values(cfg_with(*overrides))
+    assert field in found
+    assert f"({effect})" in trust.describe({field: found[field]})
+
+
+def test_a_deepspeed_monitor_that_logs_to_a_server_or_writes_elsewhere_acts():
+    cfg = cfg_with()
+    cfg.engine.deepspeed = {"wandb": {"enabled": True, "project": "p"}, "csv_monitor": {"enabled": False},
+                            "tensorboard": {"enabled": True, "output_path": "/elsewhere"}}
+    assert trust.acting_values(cfg) == {"engine.deepspeed: wandb": "p", "engine.deepspeed: tensorboard": "/elsewhere"}
+
+
+def test_what_does_not_act_needs_no_signature(tmp_path):
+    plain = cfg_with("tracking.mlflow=never", "debug.enabled=false")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    local_hf = cfg_with("model.name=hf", f"model.hf.source={folder}")  # a folder here, not a hub id
+    for cfg in (plain, local_hf):
+        assert trust.acting_values(cfg) == {} and trust.untrusted(tmp_path, cfg) == {}
+        trust.sign(tmp_path, cfg)
+        assert not (tmp_path / trust.TRUST_FILE).exists()
+
+
+def test_a_signature_covers_exactly_the_values_it_signed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBOOK_CONFIG_HOME", str(tmp_path / "me"))
+    mine = cfg_with("debug.enabled=true")
+    trust.sign(tmp_path, mine)
+    assert trust.untrusted(tmp_path, mine) == {}
+    assert trust.untrusted(tmp_path, cfg_with("debug.enabled=true", "debug.port=5678")) == {}  # does not act itself
+    changed = cfg_with("debug.enabled=true", "tracking.mlflow_uri=http://10.0.0.1:5000")
+    assert set(trust.untrusted(tmp_path, changed)) == {"debug.enabled", "tracking.mlflow_uri"}
+    assert trust.untrusted(tmp_path, changed, verb="export") == {}  # export acts on neither
+    monkeypatch.setenv("TRAINBOOK_CONFIG_HOME", str(tmp_path / "someone-else"))
+    assert trust.untrusted(tmp_path, mine) == {"debug.enabled": True}
+
+
+@pytest.mark.parametrize("planted", ["", "{", "[]", '{"hmac_sha256": 5}', '{"hmac_sha256": "00"}', "x" * 10_000])
+def test_a_forged_or_broken_signature_is_no_signature(tmp_path, monkeypatch, planted):
+    monkeypatch.setenv("TRAINBOOK_CONFIG_HOME", str(tmp_path / "me"))
+    cfg = cfg_with("debug.enabled=true")
+    trust.sign(tmp_path, cfg_with("tracking.mlflow_uri=http://10.0.0.1:5000"))  # the user has a key
+    (tmp_path / trust.TRUST_FILE).write_text(planted)
+    with pytest.raises(trust.UntrustedRunError, match=r"debug.enabled=True \(opens a port\).*--trust-run"):
+        trust.require(tmp_path, cfg, "resume")
+    trust.require(tmp_path, cfg, "resume", trust_run=True)  # the user said so: signed from now on
+    assert json.loads((tmp_path / trust.TRUST_FILE).read_text())["fields"] == ["debug.enabled"]
+    trust.require(tmp_path, cfg, "resume")
