@@ -5,6 +5,8 @@
     fsync_path(path)                      a file's or folder's bytes and names on disk
     read_regular_file(path, ...)          the bytes of a file from an untrusted folder: never through a link, never
                                           waiting on a FIFO
+    check_plain_folder(folder, ...)       a model or tokenizer folder from elsewhere, before a library reads it:
+                                          regular files and plain subfolders only (no link, FIFO or device)
     check_replaceable(out, marker, ...)   may a folder be written at ``out``: missing, empty, or an earlier one of
                                           its kind (it holds ``marker``); never a link
     staging_folder(out)                   a hidden, locked folder beside ``out`` to assemble the new one in
@@ -123,6 +125,53 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
         raise error(not_allowed(field, path, "the small file Trainbook writes there",
                                 problem=f"is over {limit:,} bytes"))
     return data
+
+
+PLAIN_FOLDER = ("regular files and plain subfolders only (a link is never followed: it could lead anywhere; a FIFO, "
+                "socket or device would block its reader)")
+
+
+class NotPlainEntry(ValueError):
+    """An entry of a folder from elsewhere that is neither a regular file nor a plain folder: ``name`` (relative to
+    the folder) and ``what`` it is ("a symbolic link to '...'", "a FIFO", ...)."""
+
+    def __init__(self, name: str, what: str):
+        super().__init__(f"{name} is {what}")
+        self.name, self.what = name, what
+
+
+def plain_files(folder: Path) -> list[str]:
+    """The relative names of every file in ``folder``, at any depth, once each entry is a regular file or a plain
+    folder (never followed through a link); NotPlainEntry names the first that is not. Links inside are refused,
+    not resolved: where one leads is for whoever made the folder to choose."""
+    files, pending = [], [""]
+    while pending:
+        prefix = pending.pop()
+        with os.scandir(folder / prefix) as scan:
+            for entry in scan:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(f"{prefix}{entry.name}/")
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(prefix + entry.name)
+                else:
+                    raise NotPlainEntry(prefix + entry.name, _entry_kind(entry))
+    return sorted(files)
+
+
+def _entry_kind(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return f"a symbolic link to {bounded_repr(os.readlink(entry.path))}"
+    return FILE_TYPES.get(stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode), "not a regular file")
+
+
+def check_plain_folder(folder: Path, *, field: str, error: type[Exception]) -> list[str]:
+    """:func:`plain_files` of a folder a library is about to read (a model, a tokenizer: transformers opens several
+    of its files by name, and follows links), refusing, as ``error`` naming ``field``, the folder, the entry and
+    what it is, any link, FIFO, socket or device in it."""
+    try:
+        return plain_files(Path(folder))
+    except NotPlainEntry as exc:
+        raise error(not_allowed(field, folder, PLAIN_FOLDER, problem=f"holds {exc.name}, {exc.what}")) from None
 
 
 # --- hashing ---------------------------------------------------------------------------------------------------------

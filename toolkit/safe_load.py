@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import pickle
+import struct
 from pathlib import Path
 
-from toolkit.errors import refused
+from toolkit.errors import SHOWN_CHARS, refused
 
 # transformers' loaders: never run code a model folder ships (its config's auto_map), never ask on a terminal;
 # and for a folder from elsewhere (an export being served) nothing fetched from a hub either.
@@ -32,7 +34,18 @@ FORCE_NO_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 class UnsafeCheckpointError(ValueError):
-    """A file that would run code (or build an object we do not allow) if it were unpickled."""
+    """A file that would run code (or build an object we do not allow) if it were unpickled, or that torch cannot
+    read at all."""
+
+
+# What a damaged or crafted .pt file makes torch's readers raise, each meaning "not a file torch.save wrote": its zip
+# reader (RuntimeError, ValueError, KeyError for a missing record), the opcode scan and the weights-only unpickler
+# (UnpicklingError for an opcode torch never writes, such as protocol 0's; EOFError, struct.error and IndexError
+# for one cut short or a stack it never built; Unicode errors, which are ValueErrors; TypeError and AttributeError
+# for an allowed function given other arguments), and lengths or nesting written to exhaust the reader (MemoryError,
+# OverflowError, RecursionError). Anything else is a bug of ours, and keeps its traceback.
+UNREADABLE = (pickle.UnpicklingError, EOFError, struct.error, ValueError, KeyError, IndexError, TypeError,
+              AttributeError, RuntimeError, OSError, MemoryError, OverflowError, RecursionError)
 
 
 # What a Trainbook checkpoint may name beyond torch's defaults, as the pickle spells it ("module.name").
@@ -78,22 +91,21 @@ def weights_only_everywhere():
 
 def load(path: str | Path, map_location=None):
     """``torch.load`` of a file from a checkpoint or export: tensors and plain data, or UnsafeCheckpointError
-    naming the file and what it would have imported."""
-    import pickle
+    naming the file and what it would have imported (or why torch cannot read it)."""
+    return _torch_load(path, _allowed_names(path), map_location=map_location)
 
-    import torch
 
-    # Read what the pickle names first (cheap, nothing runs), then allow exactly those names: a torch checkpoint
-    # does not pay for importing DeepSpeed, and anything outside ALLOWED_NAMES is refused by name.
-    names = _named_globals(path)
-    disallowed = sorted(set(names) - set(ALLOWED_NAMES))
-    if disallowed:
-        raise UnsafeCheckpointError(unsafe_reason(path, disallowed))
+def file_problem(path: str | Path) -> str | None:
+    """Why :func:`load` would refuse ``path`` (naming the file), None if it would not: how a checkpoint listing marks
+    a crafted file. What the pickle names is read from its opcodes; a file that names nothing of DeepSpeed's (which
+    DeepSpeed's own loader reads) is then unpickled for real, its tensors memory-mapped rather than read."""
     try:
-        with torch.serialization.safe_globals(_resolve(set(names) | set(NUMPY_NAMES))):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:  # built something not allowed dynamically: refused all the same
-        raise UnsafeCheckpointError(unsafe_reason(path, [_first_line(exc)])) from None
+        names = _allowed_names(path)
+        if set(names) <= set(NUMPY_NAMES):
+            _torch_load(path, names, map_location="cpu", mmap=True)
+    except UnsafeCheckpointError as exc:
+        return str(exc)
+    return None
 
 
 def unsafe_reason(path: str | Path, names: list[str]) -> str:
@@ -101,14 +113,31 @@ def unsafe_reason(path: str | Path, names: list[str]) -> str:
                    f"tensors and plain data (a Trainbook checkpoint names only {', '.join(ALLOWED_NAMES)})")
 
 
-def disallowed_globals(path: str | Path) -> list[str]:
-    """The classes and functions ``path`` would import when unpickled that we do not allow, found by reading the
-    pickle's opcodes (nothing is executed, no tensor is read): how a checkpoint listing marks a crafted file."""
+def unreadable_reason(path: str | Path, exc: BaseException) -> str:
+    return refused(Path(path).name, f"cannot be read as a torch checkpoint ({_described(exc)})",
+                   "a file torch.save wrote, of tensors and plain data")
+
+
+def _torch_load(path: str | Path, names: list[str], **options):
+    """``torch.load(weights_only=True)`` allowing ``names`` (already checked against ALLOWED_NAMES)."""
+    import torch
+
     try:
-        names = _named_globals(path)
-    except UnsafeCheckpointError as exc:
-        return [str(exc)]
-    return sorted(set(names) - set(ALLOWED_NAMES))
+        with torch.serialization.safe_globals(_resolve(set(names) | set(NUMPY_NAMES))):
+            return torch.load(path, weights_only=True, **options)
+    except UNREADABLE as exc:  # built something not allowed dynamically, or the bytes are not torch's: refused
+        raise UnsafeCheckpointError(unreadable_reason(path, exc)) from None
+
+
+def _allowed_names(path: str | Path) -> list[str]:
+    """What the pickle in ``path`` names beyond torch's defaults (read first, cheaply: nothing runs), refused if
+    anything is outside ALLOWED_NAMES: a torch checkpoint does not pay for importing DeepSpeed, and anything else is
+    refused by name."""
+    names = _named_globals(path)
+    disallowed = sorted(set(names) - set(ALLOWED_NAMES))
+    if disallowed:
+        raise UnsafeCheckpointError(unsafe_reason(path, disallowed))
+    return names
 
 
 def _named_globals(path: str | Path) -> list[str]:
@@ -117,10 +146,16 @@ def _named_globals(path: str | Path) -> list[str]:
 
     try:
         return torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except (ValueError, RuntimeError, KeyError, OSError) as exc:  # not a torch.save zip at all
-        raise UnsafeCheckpointError(f"(not a torch checkpoint: {_first_line(exc)})") from None
+    except UNREADABLE as exc:  # not a torch.save zip at all, or a pickle torch's scan cannot parse
+        raise UnsafeCheckpointError(unreadable_reason(path, exc)) from None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _described(exc: BaseException) -> str:
+    """``Type: first line`` of an error (torch's weights-only refusal: its reason, not its advice), bounded: a
+    crafted file chooses much of the text."""
+    _, marker, after = str(exc).partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (after if marker else str(exc)).splitlines() if line.strip()]
+    reason = lines[0] if lines else ""
+    reason = reason if len(reason) <= SHOWN_CHARS else reason[:SHOWN_CHARS] + "..."
+    name = "struct.error" if isinstance(exc, struct.error) else type(exc).__name__  # not a bare "error"
+    return f"{name}: {reason}" if reason else name

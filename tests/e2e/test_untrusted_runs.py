@@ -5,8 +5,10 @@ manifest whose hashes match them: a manifest proves nothing about who wrote the 
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from conftest import PROJECT, cli
 from unit.test_untrusted_checkpoints import RunsCode
 
 ONE_CHECKPOINT = ("--set", "train.max_steps=5", "--set", "checkpoint.every_steps=5")
+TWO_CHECKPOINTS = ("--set", "train.max_steps=10", "--set", "checkpoint.every_steps=5")
 
 # Builds the run's engine in a process of its own (DeepSpeed needs a process group) and loads a checkpoint folder
 # straight into it, past the listing's checks: the loaders themselves must refuse code.
@@ -81,6 +84,48 @@ def test_a_planted_pickle_is_refused_by_checkpoints_export_resume_and_the_torch_
     assert loaded.returncode == 3 and "model.pt: loading it would import posix.system" in loaded.stdout, \
         loaded.stdout + loaded.stderr
     assert not marker.exists(), "a planted pickle ran"
+
+
+def replace_pickle(folder: Path, name: str, pickled: bytes) -> None:
+    """Make checkpoint file ``name`` a torch.save zip whose data.pkl is ``pickled`` (its other records kept), and make
+    the manifest agree with the new bytes."""
+    import torch
+
+    path = folder / name
+    torch.save(safe_load.load(path), path)  # as torch.save writes it, then the pickle replaced
+    records = {}
+    with zipfile.ZipFile(path) as old:
+        for info in old.infolist():
+            records[info] = pickled if info.filename.endswith("/data.pkl") else old.read(info)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as new:
+        for info, data in records.items():
+            new.writestr(info, data)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"].update(describe_files(folder, [name]))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_pickle_torch_cannot_parse_is_invalid_and_passed_over_by_checkpoints_export_and_resume(finished_run_copy):
+    run = finished_run_copy(*TWO_CHECKPOINTS)
+    older, newer = sorted((run.path / "checkpoints").glob("step_*"))
+    replace_pickle(newer, "model.pt", pickle.dumps({"w": "x"}, protocol=0))  # 'V', '(': opcodes torch never writes
+
+    listing = cli("checkpoints", str(run.path), timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    assert f"INVALID: model.pt: cannot be read as a torch checkpoint (UnpicklingError: Unsupported operand" in \
+        listing.stdout and listing.stdout.count("INVALID") == 1, listing.stdout
+
+    exported = cli("export", str(run.path), timeout=300)
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((run.path / "model" / "trainbook-model.json").read_text())["step"] == 5, "the earlier step"
+
+    run.write_status(state="failed")
+    resumed = cli("resume", str(run.path), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (invalid,) = run.events("checkpoint_invalid")
+    assert invalid["checkpoint"] == newer.name and "Unsupported operand" in invalid["reason"], invalid
+    starts = [e for e in run.events("status") if e.get("resumed_from")]
+    assert starts[-1]["resumed_from"] == older.name and run.read_status()["step"] == 10
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -59,8 +60,11 @@ def _flip_a_byte(path: Path) -> None:
     (lambda f: (f / ".hidden").symlink_to("/etc"), "holds .hidden, a symbolic link"),
     (lambda f: ((f / "parity.json").unlink(), (f / "parity.json").mkdir()),
      "holds parity.json, listed in trainbook-model.json, which is not a regular file"),
+    (lambda f: os.mkfifo(f / ".registry"), "holds .registry, a FIFO; allowed: regular files and plain subfolders"),
+    (lambda f: ((f / ".meta").mkdir(), (f / ".meta" / "notes").symlink_to("/etc/hostname")),
+     "holds .meta/notes, a symbolic link to '/etc/hostname'"),
 ], ids=["changed-byte", "other-size", "missing", "unlisted-file", "unlisted-folder", "listed-link", "hidden-link",
-        "listed-folder"])
+        "listed-folder", "hidden-fifo", "link-in-a-hidden-folder"])
 def test_a_changed_folder_is_refused_naming_the_file(tmp_path, change, message):
     folder = _export(tmp_path / "model")
     (tmp_path / "elsewhere.onnx").write_bytes((folder / "model.onnx").read_bytes())  # same bytes, outside

@@ -69,10 +69,6 @@ class PretrainedWeights:
 
 
 def _regular(path: Path, field: str, folder: Path) -> Path:
-    if path.is_symlink():
-        raise PretrainedError(not_allowed(field, folder, "regular files inside the folder (a link is never followed: "
-                                                         "it could lead anywhere; copy the files in)",
-                                          problem=f"holds {path.name}, a symbolic link"))
     if not path.is_file():
         raise PretrainedError(not_allowed(field, folder, "weight files that exist",
                                           problem=f"lacks {path.name}"))
@@ -80,8 +76,11 @@ def _regular(path: Path, field: str, folder: Path) -> Path:
 
 
 def weight_files(folder: Path, field: str) -> tuple[Path, ...]:
-    """The safetensors files of a save_pretrained folder: model.safetensors, or the shards its index names."""
-    if (folder / INDEX).exists() or (folder / INDEX).is_symlink():
+    """The safetensors files of a save_pretrained folder: model.safetensors, or the shards its index names; the
+    folder holding no link, FIFO or device (toolkit.fsio.check_plain_folder: it is read by name, by us and by
+    transformers)."""
+    fsio.check_plain_folder(folder, field=field, error=PretrainedError)
+    if (folder / INDEX).exists():
         raw = fsio.read_regular_file(folder / INDEX, field=field, error=PretrainedError, limit=INDEX_MAX_BYTES)
         try:
             weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
@@ -94,7 +93,7 @@ def weight_files(folder: Path, field: str) -> tuple[Path, ...]:
                 raise PretrainedError(refused(field, f"{folder / INDEX} names the shard {bounded_repr(shard)}",
                                               "plain .safetensors file names in the same folder"))
         return tuple(_regular(folder / shard, field, folder) for shard in shards)
-    if (folder / SINGLE).exists() or (folder / SINGLE).is_symlink():
+    if (folder / SINGLE).exists():
         return (_regular(folder / SINGLE, field, folder),)
     pickled = [name for name in PICKLED if (folder / name).exists()]
     if pickled:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
 from toolkit.errors import bounded_repr, not_allowed, refused
-from toolkit.fsio import atomic_write_text, fsync_path, name_inside, read_regular_file, swap_in
+from toolkit.fsio import (PLAIN_FOLDER, NotPlainEntry, atomic_write_text, fsync_path, name_inside, plain_files,
+                          read_regular_file, swap_in)
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -220,9 +221,9 @@ class CheckpointStore:
             from toolkit import safe_load
 
             for name in sorted(n for n in manifest["files"] if n.endswith(".pt")):
-                names = safe_load.disallowed_globals(path / name)
-                if names:
-                    return bad(safe_load.unsafe_reason(path / name, names), manifest, step)
+                problem = safe_load.file_problem(path / name)
+                if problem:
+                    return bad(problem, manifest, step)
         return CheckpointInfo(path.name, path, step, True, "ok", size, created, manifest)
 
     def list(self, verify: bool = True) -> list[CheckpointInfo]:
@@ -300,18 +301,12 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
 def _folder_problem(path: Path, files: dict) -> str | None:
     """The folder must hold exactly the listed files and the manifest: no link (it could lead anywhere), and no
     unlisted file (it would be loaded without having been verified)."""
-    found = set()
-    for folder, dirnames, filenames in os.walk(path):
-        here = Path(folder)
-        for name in dirnames + filenames:
-            entry = here / name
-            rel = entry.relative_to(path).as_posix()
-            if entry.is_symlink():
-                return refused(None, f"{rel} is a link", "regular files only")
-            if not (entry.is_dir() or entry.is_file()):  # a FIFO or a device would block or never end a read
-                return refused(None, f"{rel} is not a regular file", "regular files only")
-            if name in filenames:
-                found.add(rel)
+    try:
+        found = set(plain_files(path))
+    except NotPlainEntry as exc:
+        return refused(None, str(exc), PLAIN_FOLDER)
+    except OSError as exc:  # removed or made unreadable while it was listed
+        return f"the folder cannot be read ({exc.strerror or exc})"
     missing = sorted(set(files) - found)
     if missing:
         return f"{missing[0]} is missing"

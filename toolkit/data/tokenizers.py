@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.errors import not_allowed, refused
+from toolkit.fsio import check_plain_folder
 from toolkit.safe_load import HF_LOCAL_ONLY
 
 BYTES_KEY = "bytes-v1"
@@ -170,9 +171,11 @@ def _is_byte_level(backend) -> bool:
 
 
 def _from_folder(folder: Path, source: str, field: str, value) -> HFTokenizer:
-    """The tokenizer saved in ``folder``: local files only, no code from the folder (trust_remote_code False)."""
+    """The tokenizer saved in ``folder``: local files only, no code from the folder (trust_remote_code False), and
+    none of its files a link or a FIFO (AutoTokenizer opens several by name)."""
     from transformers import AutoTokenizer
 
+    check_plain_folder(folder, field=field, error=TokenizerError)
     try:
         hf = AutoTokenizer.from_pretrained(str(folder), **HF_LOCAL_ONLY)
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -40,6 +40,13 @@ def quiet_progress():
             hf_logging.enable_progress_bar()
 
 
+def _plain(folder: str | Path) -> str:
+    """``folder`` as transformers is given it, once none of its files is a link, a FIFO or a device: transformers
+    opens several by name (and follows links), and a folder may come from elsewhere (toolkit.fsio)."""
+    fsio.check_plain_folder(Path(folder), field="model", error=ExportError)
+    return str(folder)
+
+
 def load_model(folder: str | Path, task: str):
     """The folder's model in eval mode, float32, from its safetensors (never a pickled .bin)."""
     import torch
@@ -49,7 +56,7 @@ def load_model(folder: str | Path, task: str):
 
     cls = getattr(transformers, TASKS[task])
     with quiet_progress():
-        return cls.from_pretrained(str(folder), use_safetensors=True, dtype=torch.float32, **HF_LOCAL_ONLY).eval()
+        return cls.from_pretrained(_plain(folder), use_safetensors=True, dtype=torch.float32, **HF_LOCAL_ONLY).eval()
 
 
 def context_length(config) -> int | None:
@@ -78,7 +85,7 @@ def labels(folder: str | Path) -> list[str]:
     """A classifier's class names in id order (config.json's id2label)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(folder), **HF_LOCAL_ONLY)
+    config = AutoConfig.from_pretrained(_plain(folder), **HF_LOCAL_ONLY)
     return [str(config.id2label[i]) for i in range(config.num_labels)]
 
 
@@ -87,7 +94,7 @@ def eos_ids(folder: str | Path) -> frozenset[int]:
     eos_token_id when the folder has one, else config.json's."""
     from transformers import AutoConfig, GenerationConfig
 
-    folder = Path(folder)
+    folder = Path(_plain(folder))
     if (folder / "generation_config.json").is_file():
         eos = GenerationConfig.from_pretrained(str(folder), **HF_LOCAL_ONLY).eos_token_id
     else:
@@ -142,7 +149,7 @@ def load_tokenizer(folder: str | Path, eos: frozenset[int] = frozenset(), key: s
     that end a generation (:func:`eos_ids` for a transformers model; none for the built-in GPT, which never stops
     early); ``key``: the manifest's name for it. The byte tokenizer (its key, or the description older exports
     hold) is :class:`BytesTokenizer`: the same ids without importing transformers or its per-call cost."""
-    folder = Path(folder)
+    folder = Path(_plain(folder))
     if key == BYTES_KEY or _describes_bytes(folder):
         return BytesTokenizer(eos)
     try:

@@ -77,13 +77,11 @@ def listed_files(manifest: dict, where: str) -> dict[str, dict]:
 
 
 def _check_entries(folder: Path, files: dict) -> None:
-    """No link anywhere, every listed name a regular file, nothing unlisted a runtime could pick up. Hidden names
-    are left alone: runtimes load fixed, listed names, and a registry may keep its own metadata there."""
+    """No link, FIFO or device anywhere (fsio.check_plain_folder), every listed name a regular file, nothing
+    unlisted a runtime could pick up. Hidden names are otherwise left alone: runtimes load fixed, listed names, and
+    a registry may keep its own metadata there."""
+    fsio.check_plain_folder(folder, field="model", error=ExportError)
     for entry in os.scandir(folder):
-        if entry.is_symlink():
-            raise ExportError(not_allowed("model", folder,
-                                          "regular files only (a link would serve bytes from outside the folder)",
-                                          problem=f"holds {entry.name}, a symbolic link"))
         if entry.name in files and not entry.is_file(follow_symlinks=False):
             raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
                                           problem=f"holds {entry.name}, listed in {MANIFEST}, which is not a regular "

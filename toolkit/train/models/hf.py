@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 from pathlib import Path
 
+from toolkit import fsio
 from toolkit.data.batch import IGNORE_INDEX
 from toolkit.errors import not_allowed
 from toolkit.safe_load import HF_NO_REMOTE_CODE
@@ -34,11 +35,24 @@ def auto_class(cfg):
     return getattr(transformers, TASKS[cfg.hf.task])
 
 
+def source_folder(cfg) -> Path | None:
+    """model.hf.source as the folder on this machine it names, checked file by file before transformers reads any
+    (toolkit.fsio.check_plain_folder: a folder from elsewhere); None for a hub id (transformers' cache is its own)."""
+    from toolkit.catalogue.pretrained import PretrainedError
+
+    folder = Path(cfg.hf.source).expanduser()
+    if not cfg.hf.source or not folder.is_dir():
+        return None
+    fsio.check_plain_folder(folder, field="model.hf.source", error=PretrainedError)
+    return folder
+
+
 def hf_config(cfg):
     """The transformers config the model is built from (read from the folder, or made from the architecture)."""
     from transformers import AutoConfig
 
     if cfg.hf.source:
+        source_folder(cfg)  # before any of its files is opened: build() reads its weights and generation config next
         config = AutoConfig.from_pretrained(cfg.hf.source, **HF_NO_REMOTE_CODE)
     else:
         config = AutoConfig.for_model(cfg.hf.architecture, **cfg.hf.config)
@@ -109,14 +123,12 @@ def check_source(cfg) -> None:
     from toolkit.catalogue.pretrained import PretrainedError, weight_files
 
     source = cfg.hf.source
-    folder = Path(source).expanduser()
-    if folder.is_dir():
-        config = folder / "config.json"
-        if config.is_symlink() or not config.is_file():
+    folder = source_folder(cfg)
+    if folder is not None:
+        if not (folder / "config.json").is_file():
             raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder (config.json and "
                                                                          "safetensors weights)",
-                                              problem="has no config.json" if not config.is_symlink() else
-                                              "has a config.json that is a link"))
+                                              problem="has no config.json"))
         weight_files(folder, "model.hf.source")
         return
     if _looks_like_path(source):
