@@ -4,6 +4,7 @@ seconds with a plain message when config.json or credentials are missing. No Azu
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT, cli
+from conftest import BIGRAM_MODEL, PROJECT, cli
 from toolkit import config
 from toolkit.cli import main
 from toolkit.azure import AzureError, code_upload, connection
@@ -517,6 +518,218 @@ def test_an_upload_filtered_by_gitignore_is_checked_for_secrets_too(tmp_path):
     assert "notebooks/config.json (an Azure ML workspace config with a subscription_id)" in message
     assert "configs/config.json" not in message and SUBSCRIPTION not in message
     assert "exclude them in .gitignore (add '.azureml/', '.trainbook/', 'config.json'; a line without" in message
+
+
+
+# --- the code upload: secrets by content and by name, links out of the project --------------------------------------
+# These run `python -m toolkit azure plan` from a copy of this project, as a user runs it there: that copy's toolkit
+# plans, and that copy is what it would upload. What a test plants is removed after it (the copy is shared).
+
+STORAGE_KEY = base64.b64encode(bytes(range(64))).decode()  # a storage account key's shape: 88 base64 characters
+CLIENT_SECRET = "Xy8Q~" + "abcDEF123_" * 3 + "z.-"  # an Entra ID client secret's shape
+AWS_KEY_ID, AWS_SECRET = "AKIA" + "Z7" * 8, "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCY" * 2 + "zz"  # AWS's documented shapes
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 3 + "F6g7H8"
+
+
+def _pem_key(folder: Path) -> str:
+    """A real RSA private key in PEM (PKCS#8), as openssl writes it."""
+    path = folder / "server.key"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024", "-out", str(path)],
+                   check=True, capture_output=True, timeout=60)
+    return path.read_text()
+
+
+# id: (where it is planted, its content made in a scratch folder, what the refusal says the file holds)
+SECRET_CONTENTS = {
+    "openssh private key": ("notes/deploy.txt", lambda tmp: _ssh_key_pair(tmp)[0].read_text(),
+                            "an OpenSSH private key"),
+    "pem private key": ("certs/server.crt", _pem_key, "a PEM private key"),
+    "putty private key": ("notes/laptop.txt", lambda _: "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"
+                                                        f"Comment: me\nPublic-Lines: 2\n{STORAGE_KEY}\n",
+                          "a PuTTY private key"),
+    "storage connection string": ("settings.ini", lambda _: "[storage]\nconn = DefaultEndpointsProtocol=https;"
+                                                            f"AccountName=demo;AccountKey={STORAGE_KEY};"
+                                                            "EndpointSuffix=core.windows.net\n",
+                                  "an Azure connection string with its key"),
+    "service bus connection string": ("bus.yaml", lambda _: "conn: Endpoint=sb://demo.servicebus.windows.net/;"
+                                                            f"SharedAccessKeyName=root;SharedAccessKey={STORAGE_KEY}\n",
+                                      "an Azure connection string with its key"),
+    "service principal json": ("azure-sp.json", lambda _: json.dumps({
+        "clientId": "00000000-0000-0000-0000-000000000001", "clientSecret": CLIENT_SECRET,
+        "subscriptionId": SUBSCRIPTION, "tenantId": "00000000-0000-0000-0000-000000000002"}, indent=2),
+        "a client secret beside an Azure subscription id"),
+    "client secret in yaml": ("conf/auth.yaml", lambda _: f"tenant: contoso\nclient_secret: {CLIENT_SECRET}\n",
+                              "a client secret"),
+    "netrc logins": ("notes/hosts.txt", lambda _: f"machine api.example.com\n  login me\n  password {CLIENT_SECRET}\n",
+                     "netrc logins (machine ... password)"),
+    "git credential store": ("notes/remotes.txt", lambda _: f"https://me:{CLIENT_SECRET}@git.example.com\n",
+                             "a URL with a password in it"),
+    "aws keys": ("notes/aws.cfg", lambda _: f"[default]\naws_access_key_id = {AWS_KEY_ID}\n"
+                                            f"aws_secret_access_key = {AWS_SECRET}\n", "an AWS access key"),
+    "github token": ("notes/ci.txt", lambda _: f"token: {GITHUB_TOKEN}\n", "a GitHub token"),
+}
+SECRET_NAMES = ["prod.env", "configs/.envrc", ".ENV", "ID_RSA", "backup/id_rsa.bak", "id_ed25519_sk", ".netrc",
+                "_netrc", ".git-credentials", ".pypirc", "credentials", "certs/client.pfx", "certs/client.p12",
+                "keys/laptop.ppk", "notes/api_key.txt", "notes/ApiKey.json", "conf/db-secret.yaml"]
+# Ordinary files of a project, whatever their names or words suggest: they must still upload.
+ORDINARY = {
+    "keyboard.py": "LAYOUT = 'qwerty'\n",
+    "monkey.py": "def patch(): ...\n",
+    "tokenizer.json": json.dumps({"model": {"type": "BPE", "vocab": {"key": 0, "secret": 1}}}),
+    "configs/environment.yml": "name: extra\ndependencies:\n  - pip\n",
+    "src/api_keys.py": "import os\n\n\ndef api_key():\n    return os.environ['SERVICE_API_KEY']\n",
+    "src/client_secrets.py": "import os\nclient_secret = os.environ['AZURE_CLIENT_SECRET']\n"
+                             "credential = ClientSecretCredential(tenant, client, client_secret=client_secret)\n",
+    "docs/ssh.md": "A private key starts with `-----BEGIN OPENSSH PRIVATE KEY-----`: never commit one.\n",
+    "docs/storage.md": "Put `AccountKey=<your key>` in the connection string (`DefaultEndpointsProtocol=https;...`), "
+                       "or `clientSecret: ${{ secrets.SP }}` in CI.\n",
+    "docs/remotes.md": "Clone https://github.com/org/repo.git or git@github.com:org/repo.git\n",
+    "notes/machine.txt": "machine learning needs a password manager\n",
+    "notes/monkey.key.md": "notes on keys\n",
+}
+
+
+@pytest.fixture(scope="module")
+def project_copy(tmp_path_factory) -> Path:
+    return _project_copy(tmp_path_factory.mktemp("copy") / "proj")
+
+
+@pytest.fixture
+def project(project_copy):
+    """The shared copy as the test found it: what it plants is removed after it, and .amlignore restored."""
+    root = project_copy
+
+    def entries() -> set[str]:
+        return {os.path.join(here, name) for here, dirs, files in os.walk(root) for name in dirs + files}
+
+    before, ignore = entries(), (root / ".amlignore").read_text()
+    yield root
+    for path in sorted(entries() - before):  # a planted folder sorts before what is in it
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+    (root / ".amlignore").write_text(ignore)
+
+
+def _plant(root: Path, rel: str, content: str = "harmless\n", link_to: Path | None = None) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(link_to) if link_to else path.write_text(content)
+    return path
+
+
+def _plan_cli(root: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolkit", "azure", "plan", "tiny", "--compute", "cpu-a", "--sku",
+                           "Standard_D4s_v3", "--instance-count", "1", "--out", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _upload_refused(root: Path, out: Path) -> str:
+    """The one-line refusal of planning from ``root``; nothing written."""
+    proc = _plan_cli(root, out)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    err = proc.stderr
+    assert err.startswith(f"error: code: '{root}' would upload secret-looking files: ") and err.count("\n") == 1, err
+    assert not out.exists()
+    return err
+
+
+@pytest.mark.parametrize("case", SECRET_CONTENTS)
+def test_files_holding_secrets_are_refused_by_content_whatever_their_name(project, tmp_path, case):
+    rel, make, what = SECRET_CONTENTS[case]
+    content = make(tmp_path)
+    _plant(project, rel, content)
+    err = _upload_refused(project, tmp_path / "plan")
+    assert f"{rel} (holds {what})" in err and f"(add '/{rel}';" in err, err
+    assert not [line for line in content.splitlines() if len(line) > 16 and line in err], "never repeats the secret"
+    for secret in (STORAGE_KEY, CLIENT_SECRET, AWS_SECRET, GITHUB_TOKEN):
+        assert secret not in err
+
+
+@pytest.mark.parametrize("rel", SECRET_NAMES)
+def test_secret_file_names_are_refused_in_any_case_and_with_any_suffix(project, tmp_path, rel):
+    _plant(project, rel)
+    err = _upload_refused(project, tmp_path / "plan")
+    name = rel.rpartition("/")[2]
+    assert f" {rel} (" in err and f"(add '{name}';" in err, err
+
+
+# id: (the link, what it leads to under a scratch home, a line added to .amlignore, the name the refusal gives it)
+LINKS_OUT = {
+    "a file linked to a key": ("notes/readme.txt", ".ssh/id_rsa", None, "notes/readme.txt"),
+    "a linked folder": ("data", "backup", None, "data/"),
+    "a linked folder .amlignore lists": ("data", "backup", "/data/", "data/"),
+    "a linked folder in an ignored folder": ("node_modules/pkg", "backup", "node_modules/", "node_modules/pkg/"),
+}
+
+
+@pytest.mark.parametrize("case", LINKS_OUT)
+def test_links_out_of_the_project_are_refused_naming_where_they_lead(project, tmp_path, case):
+    """azure-ai-ml follows links (``os.walk(followlinks=True)``) and judges ignore rules by where a linked folder
+    leads, so a link is never followed out of the project, listed in .amlignore or not."""
+    link, target, ignore_line, shown = LINKS_OUT[case]
+    home = (tmp_path / "home").resolve()
+    (home / ".ssh").mkdir(parents=True)
+    key = home / ".ssh" / "id_rsa"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, capture_output=True,
+                   timeout=30)
+    _plant(home, "backup/readme.txt", key.read_text())  # a harmless name under a linked folder
+    if ignore_line:
+        with (project / ".amlignore").open("a") as ignore:
+            ignore.write(ignore_line + "\n")
+    _plant(project, link, link_to=home / target)
+    err = _upload_refused(project, tmp_path / "plan")
+    assert f"{shown} (a link to {home / target}, outside the project" in err, err
+    assert "readme.txt (" not in err.replace(f"{link} (", ""), "a linked folder is never walked"
+    if shown.endswith("/"):  # Azure ML follows it whatever the ignore file says: no ignore line helps
+        assert "(add " not in err and "whatever the ignore file says" in err, err
+    else:
+        assert f"(add '/{link}';" in err, err
+
+
+def test_a_link_inside_the_project_is_judged_by_what_it_leads_to(project, tmp_path):
+    from toolkit.deploy.serving.endpoint import endpoint_key
+    from toolkit.catalogue.workspace import Workspace
+
+    endpoint_key(Workspace.open(project / "notebooks" / ".trainbook").root / "endpoints" / "demo")  # .amlignore'd
+    _plant(project, "notes/endpoint.txt", link_to=Path("../notebooks/.trainbook/endpoints/demo/key"))
+    err = _upload_refused(project, tmp_path / "plan")
+    assert ("notes/endpoint.txt (a link to notebooks/.trainbook/endpoints/demo/key, a Trainbook workspace" in err
+            and "(add '/notes/endpoint.txt';" in err), err
+
+
+def test_ordinary_files_and_links_inside_the_project_still_upload(project, tmp_path):
+    for rel, content in ORDINARY.items():
+        _plant(project, rel, content)
+    _plant(project, "notes/latest.md", link_to=Path("../README.md"))
+    proc = _plan_cli(project, tmp_path / "plan")
+    assert proc.returncode == 0, proc.stderr
+    uploaded = {rel for rel, _ in code_upload.scan(project).files}
+    assert sorted({*ORDINARY, "notes/latest.md"} - uploaded) == []
+
+
+MODEL_CODE_HOLES = {  # id: (plant under the code folder, what the refusal says)
+    "a key in the package": (lambda code, _: _plant(code, "leaky/settings.txt", f"conn: AccountKey={STORAGE_KEY}\n"),
+                             "leaky/settings.txt (holds an Azure connection string with its key)"),
+    "a module linked out": (lambda code, tmp: _plant(code, "leaky.py", link_to=_plant(tmp, "home/model.py",
+                                                                                       BIGRAM_MODEL)),
+                            "leaky.py, a symbolic link"),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_CODE_HOLES)
+def test_the_users_model_code_is_judged_like_the_project(tmp_path, case):
+    plant, message = MODEL_CODE_HOLES[case]
+    code = tmp_path / "code"
+    if case == "a key in the package":
+        _plant(code, "leaky/__init__.py", BIGRAM_MODEL)
+    plant(code, tmp_path)
+    proc = cli("azure", "plan", "tiny", "--set", "model.name=custom", "--set", "model.factory=leaky:build", "--set",
+               f"model.code_path={code}", "--compute", "cpu-a", "--sku", "Standard_D4s_v3", "--instance-count", "1",
+               "--out", str(tmp_path / "plan"), timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert STORAGE_KEY not in proc.stderr and not (tmp_path / "plan").exists()
 
 
 # --- plan folders ----------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """What ``code:`` would upload: the project folder filtered the way azure-ai-ml filters it, checked against the
 snapshot limit, against the files the job cannot run without, and against secrets (a code snapshot is readable by
-everyone with access to the Azure ML workspace, and kept with every job).
+everyone with access to the Azure ML workspace, and kept with every job): secrets by folder, by name and by content
+(the first HEAD_BYTES of each text file), and links leading out of the project, which the SDK follows.
 
 The SDK's own helpers decide what is ignored (``get_ignore_file``: ``.amlignore`` if present, else ``.gitignore``,
 only in the root folder; ``traverse_directory``: which files of a folder survive it), so this check and the real
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +26,56 @@ SNAPSHOT_LIMIT_BYTES = 300 * 10**6
 SNAPSHOT_LIMIT_FILES = 2000
 MB = 10**6  # the SDK reports upload sizes in 10**6 bytes; so do we
 NEEDED = ("toolkit/**/*.py", "toolkit/configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.runs.worker` imports and reads
-# Secret-looking files, by name: (pattern over the basename, what it is). Endpoint keys are files named `key`
-# (toolkit.deploy.serving.endpoint); the rest are the usual private-key and environment files.
-SECRET_NAMES = ((re.compile(r"key"), "an endpoint key"), (re.compile(r".*\.(pem|key)"), "a private key or certificate"),
-                (re.compile(r"id_(rsa|dsa|ecdsa|ed25519)(\.pub)?"), "an SSH key"),
-                (re.compile(r"\.env(\..+)?"), "an environment file (often holds credentials)"))
+_BACKUP = r"(\.(bak|old|orig|save|backup)|~)?"  # a copy's suffix: id_rsa.bak is still the key
+_NOT_CODE = r"(?!.*\.(py|pyi|ipynb|md|rst)$)"  # code and docs about secrets (api_keys.py) are judged by content
+# Secret-looking files, by name: (pattern over the whole basename, any case; what it is). Endpoint keys are files
+# named `key` (toolkit.deploy.serving.endpoint); the rest are the usual key, certificate, login and environment files.
+SECRET_NAMES = tuple((re.compile(pattern, re.IGNORECASE), what) for pattern, what in (
+    (r"key", "an endpoint key"),
+    (rf".*\.(pem|key){_BACKUP}", "a private key or certificate"),
+    (rf".*\.(pfx|p12){_BACKUP}", "a certificate bundle with its private key"),
+    (rf".*\.ppk{_BACKUP}", "a PuTTY private key"),
+    (r"id_(rsa|dsa|ecdsa|ed25519).*", "an SSH key"),
+    (r"\.env.*|.*\.env", "an environment file (often holds credentials)"),
+    (rf"[._]netrc{_BACKUP}", "a netrc file (logins and passwords)"),
+    (rf"\.git-credentials{_BACKUP}", "git's credential store"),
+    (rf"\.pypirc{_BACKUP}", "a PyPI config (upload credentials)"),
+    (rf"(\.pgpass|\.htpasswd){_BACKUP}", "a password file"),
+    (rf"{_NOT_CODE}credentials(\..*)?", "a credentials file"),
+    (rf"{_NOT_CODE}.*(secret|api[_-]?key|access[_-]?token).*", "a file named for a secret"),
+))
+HEAD_BYTES = 64 * 1024  # what is read of a file: keys and logins sit at the top; x SNAPSHOT_LIMIT_FILES bounds the work
+_KEY_BODY = r"(?:\r?\n|\\n)(?:Proc-Type:|[A-Za-z0-9+/=]{16})"  # a header with a key after it, not code naming one
+_VALUE = r"""(?:"[^"\s<>${}]{8,}"|'[^'\s<>${}]{8,}'|[^\s"'<>${}()\[\],;]{8,}[ \t]*$)"""  # a literal, not a variable
+# Secrets by content, whatever the file's name: (marker, pattern over the file's head, what the file holds). A pattern
+# runs only on a head holding its marker (any case), and starts with a literal where it can (a regex searches for a
+# leading literal fast, for anything else slowly). Each pattern needs a value after its marker, so code and docs that
+# name the marker (this file, its tests) are no secret.
+CONTENT_SECRETS = tuple((marker, re.compile(pattern, re.MULTILINE), what) for marker, pattern, what in (
+    ("private key-----", r"-----BEGIN OPENSSH PRIVATE KEY-----" + _KEY_BODY, "an OpenSSH private key"),
+    ("private key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _KEY_BODY, "a PEM private key"),
+    ("putty-user-key-file-", r"PuTTY-User-Key-File-\d+: \S+\r?\n", "a PuTTY private key"),
+    ("accountkey=", r"AccountKey=[A-Za-z0-9+/]{20,}", "an Azure connection string with its key"),
+    ("sharedaccesskey=", r"SharedAccessKey=[A-Za-z0-9+/]{20,}", "an Azure connection string with its key"),
+    ("sig=", r"sig=[A-Za-z0-9%+/]{30,}", "an Azure shared access signature"),
+    ("secret", r"(?i)client[_-]?secret[\"']?[ \t]*[:=][ \t]*" + _VALUE, "a client secret"),
+    ("akia", r"AKIA[0-9A-Z]{16}(?![0-9A-Z])", "an AWS access key"),
+    ("aws_secret_access_key", r"(?i)aws_secret_access_key[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9/+]{40}", "an AWS secret key"),
+    # a netrc entry starts a line or follows a space, not a quote: a string in code is no netrc
+    ("password", r"(?:machine(?<!\Smachine)[ \t]+\S+|default(?<!\Sdefault)(?=\s+login))"
+                 r"(?:\s+(?:login|account)\s+\S+)*\s+password\s+\S+", "netrc logins (machine ... password)"),
+    # a password of 8 or more: a token, not an example such as https://me:secret@host in a test
+    ("://", r"://[^\s:/@'\"<>${}]+:[^\s/@'\"<>${}]{8,}@[A-Za-z0-9.-]+", "a URL with a password in it"),
+    ("gh", r"gh[pousr]_[A-Za-z0-9]{36,}", "a GitHub token"),
+    ("pypi-", r"pypi-[A-Za-z0-9_-]{50,}", "a PyPI token"),
+    ("xox", r"xox[abprs]-[A-Za-z0-9-]{10,}", "a Slack token"),
+))
+# Beside a secret, a subscription id makes the file a whole login to an Azure subscription (az ad sp --sdk-auth).
+SUBSCRIPTION = re.compile(r"(?i)subscription[_-]?id[\"']?\s*[:=]")
 # Folders whose every file is a secret or private: Trainbook workspaces (keys, the catalogue, data) and the Azure ML
 # config folder that MLClient.from_config reads.
 SECRET_FOLDERS = {".trainbook": "a Trainbook workspace (endpoint keys, catalogue, data)",
                   ".azureml": "Azure ML's config folder"}
-CONFIG_JSON_LIMIT = 1 << 20  # an Azure config.json is a few hundred bytes; a bigger one is not it
 # Two names no sensible per-file rule matches: if both are ignored inside a folder, a folder rule ignores it whole.
 _PROBES = ("zz-probe.trainbook", "zz-probe-dir/zz-probe.trainbook")
 
@@ -45,6 +87,8 @@ class CodeUpload:
     root: Path
     ignore_file: Path | None  # the .amlignore or .gitignore in force, None if neither exists
     files: tuple[tuple[str, int], ...]  # (path relative to root, bytes), sorted by path
+    # (link relative to root, '/' after a folder's; where it really leads): links out of root, never followed
+    links_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -65,8 +109,33 @@ class CodeUpload:
 
 def _prunable(ignore, folder: Path, negations: bool) -> bool:
     """True if the ignore rules drop every file under ``folder``, so the walk need not enter it (.venv alone holds
-    tens of thousands of files). The SDK walks them all and drops them one by one; the result is the same."""
+    tens of thousands of files). The SDK walks them all and drops them one by one; the result is the same, but
+    for linked folders under it (see _links_out_under)."""
     return not negations and all(ignore.is_file_excluded((folder / probe).as_posix()) for probe in _PROBES)
+
+
+def _leads_out(root: Path, path: Path) -> str | None:
+    """Where ``path`` really leads, if it is a link that leads out of ``root``."""
+    if not os.path.islink(path):
+        return None  # walked from root through links inside it only, so a plain entry is inside
+    real = os.path.realpath(path)
+    return None if Path(real).is_relative_to(root) else real
+
+
+def _link_out(root: Path, path: Path, target: str) -> tuple[str, str]:
+    """An entry of CodeUpload.links_out."""
+    return path.relative_to(root).as_posix() + ("/" if os.path.isdir(path) else ""), target
+
+
+def _links_out_under(root: Path, folder: Path) -> list[tuple[str, str]]:
+    """Linked folders leading out of ``root`` anywhere under ``folder``, a folder the ignore rules drop whole: the
+    SDK walks it all the same, follows such a link and judges the ignore rules by where it leads (outside, so
+    nothing drops it), uploading what it leads to. Linked files under it are judged by their own path: dropped."""
+    found = []
+    for here, dirnames, _ in os.walk(folder):  # followlinks=False: a linked folder is listed, never entered
+        found += [_link_out(root, Path(here) / d, target) for d in dirnames
+                  if (target := _leads_out(root, Path(here) / d))]
+    return found
 
 
 def scan(root: str | Path) -> CodeUpload:
@@ -78,15 +147,28 @@ def scan(root: str | Path) -> CodeUpload:
     ignore_path = Path(ignore.path) if ignore.path else None
     rules = ignore_path.read_text(errors="replace").splitlines() if ignore_path else []
     negations = any(line.strip().startswith("!") for line in rules)
-    files = []
-    for folder, dirnames, filenames in os.walk(root, followlinks=True):  # the SDK follows links too
+    files, links_out = [], []
+    # The SDK follows links too; this walk follows those inside root only (whatever the ignore rules say of a link
+    # leading out, the SDK would upload what it leads to: see _links_out_under)
+    for folder, dirnames, filenames in os.walk(root, followlinks=True):
         here = Path(folder)
-        dirnames[:] = [d for d in sorted(dirnames) if not (ignore_path and _prunable(ignore, here / d, negations))]
+        walked = []
+        for name in sorted(dirnames):
+            if target := _leads_out(root, here / name):
+                links_out.append(_link_out(root, here / name, target))
+            elif ignore_path and _prunable(ignore, here / name, negations):
+                links_out += _links_out_under(root, here / name)
+            else:
+                walked.append(name)
+        dirnames[:] = walked
         prefix = here.relative_to(root).as_posix()
         for source, rel in traverse_directory(folder, filenames, prefix="" if prefix == "." else prefix,
                                               ignore_file=ignore):
-            files.append((rel, os.path.getsize(source)))
-    return CodeUpload(root, ignore_path, tuple(sorted(files)))
+            if target := _leads_out(root, root / rel):
+                links_out.append(_link_out(root, root / rel, target))
+            else:
+                files.append((rel, os.path.getsize(source)))
+    return CodeUpload(root, ignore_path, tuple(sorted(files)), tuple(sorted(links_out)))
 
 
 def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
@@ -119,16 +201,17 @@ def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
 
 
 def _check_secrets(upload: CodeUpload, where: str) -> None:
-    """Refuse an upload holding secret-looking files, naming each and the ignore rule that drops it."""
+    """Refuse an upload holding secret-looking files or links out of the project, naming each, why, and the ignore
+    rule that drops it (none drops a linked folder)."""
     secrets = secret_files(upload)
     if secrets:
         named = ", ".join(f"{rel} ({what})" for rel, what, _ in secrets[:10])
         more = f" and {len(secrets) - 10} more" if len(secrets) > 10 else ""
-        rules = ", ".join(dict.fromkeys(rule for _, _, rule in secrets))
-        raise AzureError(not_allowed(
-            "code", upload.root, f"exclude them in {where} (add {rules}; a line without a leading '/' matches at "
-                                 "any depth), or move them out of the project folder",
-            problem=f"would upload secret-looking files: {named}{more}"))
+        rules = ", ".join(dict.fromkeys(rule for _, _, rule in secrets if rule))
+        exclude = (f"exclude them in {where} (add {rules}; a line without a leading '/' matches at any depth), or "
+                   if rules else "")
+        raise AzureError(not_allowed("code", upload.root, f"{exclude}move them out of the project folder",
+                                     problem=f"would upload secret-looking files: {named}{more}"))
 
 
 def _workspace_folders(files: set[str]) -> set[str]:
@@ -139,15 +222,38 @@ def _workspace_folders(files: set[str]) -> set[str]:
     return {rel.rpartition("/")[0] for rel in files if "/" in rel and rel.rpartition("/")[2] == catalogue}
 
 
-def _azure_config(path: Path) -> bool:
-    """A config.json that names an Azure subscription (what MLClient.from_config reads)."""
+def _azure_config(head: str) -> bool:
+    """A config.json that names an Azure subscription (what MLClient.from_config reads; a few hundred bytes, so
+    one longer than its head is not it)."""
     try:
-        if path.stat().st_size > CONFIG_JSON_LIMIT:
-            return False
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        content = json.loads(head)
+    except ValueError:
         return False
     return isinstance(content, dict) and "subscription_id" in content
+
+
+def _head(path: Path) -> str | None:
+    """The first HEAD_BYTES of a regular file as text (latin-1: any bytes decode); None for a binary file (a NUL in
+    its head), anything but a regular file, or one this user cannot read (neither can the upload)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks the check
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        head = file.read(HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b"\0"
+    return None if b"\0" in head else head.decode("latin-1")
+
+
+def secret_in_name(name: str) -> str | None:
+    """What a file named ``name`` (a basename) is, if its name says it holds a secret."""
+    return next((what for pattern, what in SECRET_NAMES if pattern.fullmatch(name)), None)
+
+
+def secret_in_content(text: str) -> str | None:
+    """What secret ``text`` (a file's head) holds, if any."""
+    lower = text.lower()
+    found = next((what for marker, pattern, what in CONTENT_SECRETS if marker in lower and pattern.search(text)), None)
+    return f"{found} beside an Azure subscription id" if found and SUBSCRIPTION.search(text) else found
 
 
 def _secret_kind(root: Path, rel: str, workspaces: set[str]) -> tuple[str, str] | None:
@@ -158,16 +264,43 @@ def _secret_kind(root: Path, rel: str, workspaces: set[str]) -> tuple[str, str] 
             return SECRET_FOLDERS[folder], f"'{folder}/'"
         if (workspace := "/".join(folders[:depth + 1])) in workspaces:
             return SECRET_FOLDERS[".trainbook"], f"'/{workspace}/'"  # that folder only: its name may be common
-    if name == "config.json" and _azure_config(root / rel):
+    if what := secret_in_name(name):
+        return what, f"'{name}'"
+    head = _head(root / rel)
+    if head is None:
+        return None
+    if name == "config.json" and _azure_config(head):
         return "an Azure ML workspace config with a subscription_id", "'config.json'"
-    return next(((what, f"'{name}'") for pattern, what in SECRET_NAMES if pattern.fullmatch(name)), None)
+    what = secret_in_content(head)
+    return (f"holds {what}", f"'/{rel}'") if what else None  # that file only: its name says nothing
 
 
-def secret_files(upload: CodeUpload) -> list[tuple[str, str, str]]:
-    """(path, what it is, the ignore line that drops it) for every uploaded file that looks like a secret."""
+def _link_kind(root: Path, rel: str, workspaces: set[str]) -> tuple[str, str] | None:
+    """A link inside the project is judged by where it leads too: a harmless name for a workspace's key, which
+    the ignore rules drop at its own path but not through the link."""
+    real = (root / rel).resolve()
+    if real == root / rel or not real.is_relative_to(root):
+        return None
+    kind = _secret_kind(root, real.relative_to(root).as_posix(), workspaces)
+    return kind and (f"a link to {real.relative_to(root).as_posix()}, {kind[0]}", f"'/{rel}'")
+
+
+def _link_out_kind(rel: str, target: str) -> tuple[str, str | None]:
+    """What a link out of the project is, and the ignore line that drops it: none for a folder, which the SDK
+    follows whatever the ignore file says."""
+    if rel.endswith("/"):
+        return f"a link to {target}, outside the project, followed whatever the ignore file says", None
+    return f"a link to {target}, outside the project", f"'/{rel}'"
+
+
+def secret_files(upload: CodeUpload) -> list[tuple[str, str, str | None]]:
+    """(path, what it is, the ignore line that drops it, None if none does) for every uploaded file that looks like
+    a secret and every link out of the project."""
     workspaces = _workspace_folders({rel for rel, _ in upload.files})
-    found = ((rel, _secret_kind(upload.root, rel, workspaces)) for rel, _ in upload.files)
-    return [(rel, *kind) for rel, kind in found if kind]
+    found = [(rel, _secret_kind(upload.root, rel, workspaces) or _link_kind(upload.root, rel, workspaces))
+             for rel, _ in upload.files]
+    found += [(rel, _link_out_kind(rel, target)) for rel, target in upload.links_out]
+    return sorted(((rel, *kind) for rel, kind in found if kind), key=lambda secret: secret[0])
 
 
 def require(upload: CodeUpload, rel: str, field: str, what: str) -> Path:
@@ -208,18 +341,22 @@ class ModelCode:
         return f"{MODEL_CODE}/: {', '.join(tops)} ({len(self.files)} files, {self.total_bytes / MB:.2f} MB)"
 
 
+def _refuse_link(field: str, shown: Path, path: Path, base: Path) -> None:
+    """No link is followed or copied into the model code: a link could bring in anything from outside."""
+    if path.is_symlink():
+        raise AzureError(not_allowed(field, shown, "regular files and folders (a link could upload anything from "
+                                                   "outside them)",
+                                     problem=f"holds {path.relative_to(base)}, a symbolic link"))
+
+
 def _package_files(top: Path, field: str) -> list[tuple[str, Path]]:
     """Every file of the package folder ``top`` as (path from its parent, path): regular files only, no link
-    followed or copied (a link could bring in anything from outside), compiled caches left out."""
+    followed or copied, compiled caches left out."""
     found = []
     for folder, dirnames, filenames in os.walk(top):  # followlinks=False: a linked folder is seen, not entered
         here = Path(folder)
         for name in sorted(dirnames + filenames):
-            if (here / name).is_symlink():
-                raise AzureError(not_allowed(field, top, "a package of regular files and folders (a link could "
-                                                         "upload anything from outside it)",
-                                             problem=f"holds {(here / name).relative_to(top.parent)}, a symbolic "
-                                                     "link"))
+            _refuse_link(field, top, here / name, top.parent)
         dirnames[:] = sorted(d for d in dirnames if d not in CACHES)
         found += [((here / n).relative_to(top.parent).as_posix(), here / n) for n in sorted(filenames)
                   if not n.endswith((".pyc", ".pyo"))]
@@ -255,6 +392,7 @@ def model_code(model_cfg, limit_bytes: int = SNAPSHOT_LIMIT_BYTES, limit_files: 
             if package.is_dir():
                 entries = _package_files(package, field)
             elif module.is_file():
+                _refuse_link(field, root, module, root)
                 entries = [(module.name, module)]
             else:
                 raise AzureError(not_allowed(field, spec, f"a module under model.code_path={str(root)!r}",
