@@ -78,19 +78,15 @@ def _found(path: Path, what: str, note: str) -> KeyFile:
 
 def _inspect(path: Path, what: str) -> tuple[str, str | None]:
     """(the key, None) for a good key file, ("", why) for one to replace; KeyFileError for one we may not touch."""
-    info = os.lstat(path)  # FileNotFoundError: the caller makes one
     allowed = f"a regular file of yours holding {KEY_SHAPE_TEXT}, mode 0600 (remove it: a new one is made)"
-    if not stat.S_ISREG(info.st_mode):
-        kind = "a link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else \
-            "not a regular file (a FIFO, socket or device)"
-        raise KeyFileError(refused(f"{what} {path}", f"is {kind}", allowed))
-    if info.st_uid != os.geteuid():
-        raise KeyFileError(refused(f"{what} {path}", f"belongs to user id {info.st_uid}, not to you", allowed))
+    _refuse_unless_regular(os.lstat(path), path, what, allowed)  # FileNotFoundError: the caller makes one
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise KeyFileError(refused(f"{what} {path}", f"cannot be read ({exc.strerror})", allowed)) from None
     with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())  # what was opened, not what the name meant a moment before
+        _refuse_unless_regular(info, path, what, allowed)
         raw = f.read(READ_LIMIT + 1)
     text = raw.decode("ascii", errors="replace").strip()
     if not text:
@@ -100,6 +96,15 @@ def _inspect(path: Path, what: str) -> tuple[str, str | None]:
     if stat.S_IMODE(info.st_mode) & 0o077:
         return "", f"is readable or writable by others (mode {stat.S_IMODE(info.st_mode):04o}), so the key may be known"
     return text, None
+
+
+def _refuse_unless_regular(info: os.stat_result, path: Path, what: str, allowed: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else \
+            "not a regular file (a FIFO, socket or device)"
+        raise KeyFileError(refused(f"{what} {path}", f"is {kind}", allowed))
+    if info.st_uid != os.geteuid():
+        raise KeyFileError(refused(f"{what} {path}", f"belongs to user id {info.st_uid}, not to you", allowed))
 
 
 def _write_new(path: Path, replace: bool) -> str | None:

@@ -33,3 +33,9 @@ def user_config_dir() -> Path:
     if os.environ.get("TRAINBOOK_CONFIG_HOME"):
         return Path(os.environ["TRAINBOOK_CONFIG_HOME"])
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "trainbook"
+
+
+# Every Python process Trainbook starts (`python -m ...`: the supervisor and so every rank, followers, servers) gets
+# this: without it `-m` puts the current folder first on sys.path, so a `toolkit/` or `torch.py` in a run directory
+# one resumes from would be imported instead of the real one. Python 3.11+ reads it (3.10 ignores it).
+SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import http.server
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
@@ -109,7 +112,7 @@ def test_a_copied_run_does_not_open_a_debugger_port(finished_run_copy):
     run = finished_run_copy(*ONE_CHECKPOINT)
     rewrite_config(run, debug={"enabled": True, "wait_for_client": False})
     proc = cli("resume", str(run.path), *FROM_START)
-    assert_refused(proc, run, "debug.enabled=True (opens a port)")
+    assert_refused(proc, run, "(opens a port)")
     assert "debugger" not in run.read_status()
 
 
@@ -146,7 +149,7 @@ def test_the_users_own_run_resumes_as_it_is_and_someone_elses_copy_only_with_tru
 
     # a field changed by hand since it was signed is not vouched for
     rewrite_config(run, debug={"enabled": True, "wait_for_client": False})
-    assert_refused(cli("resume", str(run.path), "--from", "step_00000005"), run, "debug.enabled=True")
+    assert_refused(cli("resume", str(run.path), "--from", "step_00000005"), run, "(opens a port)")
 
 
 def test_the_training_panel_shows_a_copied_runs_settings_and_resumes_only_when_trusted(finished_run_copy):
@@ -156,7 +159,31 @@ def test_the_training_panel_shows_a_copied_runs_settings_and_resumes_only_when_t
     run = finished_run_copy(*ONE_CHECKPOINT)
     rewrite_config(run, debug={"enabled": True, "wait_for_client": False})
     panel = TrainingPanel(config="tiny").open_run(run.path)
-    assert "debug.enabled=True (opens a port)" in panel.message.value and panel.trust_run.layout.display == "flex"
-    with pytest.raises(UntrustedRunError, match="debug.enabled"):
+    assert "(opens a port)" in panel.message.value and panel.trust_run.layout.display == "flex"
+    with pytest.raises(UntrustedRunError, match="opens a port"):
         panel.resume()
     assert not (run.path / "trust.json").exists(), "nothing was vouched for"
+
+
+def test_a_toolkit_folder_in_the_run_directory_is_not_what_resume_starts(finished_run_copy):
+    """`cd RUN && trainbook resume .`: the processes Trainbook starts with `python -m` would put the current folder
+    first on sys.path, so a `toolkit/` planted in the run would be imported in place of Trainbook's."""
+    run = finished_run_copy(*ONE_CHECKPOINT)
+    (run.path / "toolkit").mkdir()
+    (run.path / "toolkit" / "__init__.py").write_text(
+        "from pathlib import Path\nPath(__file__).parent.with_name('ran.marker').write_text('planted code ran')\n")
+    trainbook = Path(sys.executable).with_name("trainbook")  # the console script a user types: not `python -m`
+    proc = subprocess.run([str(trainbook), "resume", ".", *FROM_START], cwd=run.path, capture_output=True, text=True,
+                          timeout=600)
+    assert not (run.path / "ran.marker").exists(), "a process Trainbook started imported the run's toolkit/"
+    assert proc.returncode == 0 and run.read_status()["state"] == "completed", proc.stderr[-2000:]
+
+
+def test_a_copied_deepspeed_config_cannot_make_deepspeed_import_or_write(finished_run_copy):
+    run = finished_run_copy(*ONE_CHECKPOINT)
+    rewrite_config(run, engine={"name": "deepspeed", "deepspeed": {
+        "torch_autocast": {"enabled": True, "lower_precision_safe_modules": ["this.x"]},
+        "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(run.path.parent / "overwritten")}}})
+    proc = cli("resume", str(run.path), *FROM_START)
+    assert_refused(proc, run, "engine.deepspeed=", "torch_autocast", "flops_profiler")
+    assert not (run.path.parent / "overwritten").exists()

@@ -66,7 +66,7 @@ def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset:
             [sys.executable, "-m", run_processes.SUPERVISOR_MODULE, str(run.path), "--max-restarts", str(max_restarts),
              "--lock-fd", str(lock_fd)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, run_processes.TOKEN_ENV: token}, pass_fds=(lock_fd,))
+            env={**os.environ, **paths.SAFE_PATH_ENV, run_processes.TOKEN_ENV: token}, pass_fds=(lock_fd,))
     run_lock.record_holder(lock_fd, process.pid)
     run_status.update(run, supervisor_pid=process.pid, max_restarts=max_restarts)
     return RunHandle(run, process, from_offset, plan)

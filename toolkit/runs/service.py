@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.fsio import open_log
+from toolkit.paths import SAFE_PATH_ENV
 from toolkit.runs.parent_watch import parent_env
 
 STOP_GRACE_S = 10.0  # SIGTERM, then this long to exit, then SIGKILL
@@ -52,7 +53,8 @@ def start_service(cmd: list[str], log_path: Path, env: dict[str, str] | None = N
     to this process's environment."""
     with open_log(Path(log_path), fresh=fresh_log) as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env={**os.environ, **(env or {}), **parent_env()})
+                                   start_new_session=True,
+                                   env={**os.environ, **SAFE_PATH_ENV, **(env or {}), **parent_env()})
     return ServiceProcess(process, Path(log_path))
 
 

@@ -4,9 +4,9 @@ A run directory may have come from elsewhere (copied, shared, downloaded): its c
 would turn that data into action on `resume` or `export`: they import code, reach an address, or open a port
 (ACTING_FIELDS). Those are honoured only when
 
-  * the run was made here by this user: Trainbook signs the acting fields' values when it writes a run's config
-    (HMAC-SHA256 with a key in the user's config folder, never in a project, workspace or run, which travel), and
-    a copied or edited config whose values the signature does not cover is not the user's; or
+  * the run was made here by this user: Trainbook signs the acting fields' values, with the run's own path, when it
+    writes a run's config (HMAC-SHA256 with a key in the user's config folder, never in a project, workspace or run,
+    which travel); a copied, moved or edited run whose values the signature does not cover is not the user's; or
   * the user says so (`--trust-run`, like transformers' trust_remote_code), which signs the values, so that later
     restarts and resumes of the same values need not ask again.
 
@@ -16,6 +16,7 @@ Every verb that acts on a run's config asks :func:`require`; `trainbook checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -35,6 +36,7 @@ RUNS_CODE = "runs code"
 REACHES_NETWORK = "reaches the network"
 OPENS_PORT = "opens a port"
 WRITES_OUTSIDE = "writes outside the run"
+DEEPSPEED_ACTS = "DeepSpeed imports, writes or connects by it"
 
 
 class UntrustedRunError(ValueError):
@@ -61,16 +63,48 @@ def _set(value):
 def _hub_id(cfg) -> str | None:
     """model.hf.source when it is not a folder on this machine: a hub id, which transformers would download."""
     source = cfg.model.hf.source
-    return source if cfg.model.name == "hf" and source and not Path(source).expanduser().is_dir() else None
+    if cfg.model.name != "hf" or not source:
+        return None
+    try:
+        return None if Path(source).expanduser().is_dir() else source
+    except RuntimeError:  # '~someone/...' of no such user: not a folder here
+        return source
 
 
-def _deepspeed_monitor(name: str, key: str) -> Callable:
-    """A DeepSpeed monitor section of engine.deepspeed when it is enabled (wandb and comet log to their servers,
-    tensorboard and csv_monitor write to their output_path)."""
-    def value(cfg):
-        section = (cfg.engine.deepspeed or {}).get(name)
-        return (section.get(key) or True) if isinstance(section, dict) and section.get("enabled") else None
-    return value
+# DeepSpeed settings that are numbers, precisions and ZeRO's partitioning: Trainbook reads or fills them, and
+# DeepSpeed neither imports nor writes by them. Anything else in engine.deepspeed is DeepSpeed's to act on (its
+# monitors log to servers or write to paths, torch_autocast imports modules by name, the flops profiler writes its
+# output_file, NVMe offload writes swap files at nvme_path).
+PLAIN_DEEPSPEED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                   "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "optimizer",
+                   "scheduler", "zero_optimization", "fp16", "bf16", "bfloat16", "prescale_gradients",
+                   "gradient_predivide_factor", "communication_data_type", "zero_allow_untested_optimizer",
+                   "zero_force_ds_cpu_optimizer", "sparse_gradients", "managed_gradient_accumulation"}
+NVME_PATHS = ("offload_param", "offload_optimizer")
+
+
+def _deepspeed_actions(cfg) -> dict | None:
+    """The settings of engine.deepspeed that DeepSpeed acts on by itself (see PLAIN_DEEPSPEED), or None."""
+    ds = cfg.engine.deepspeed or {}
+    found = {key: value for key, value in ds.items() if key not in PLAIN_DEEPSPEED}
+    zero = ds.get("zero_optimization")
+    for section in NVME_PATHS:
+        offload = zero.get(section) if isinstance(zero, dict) else None
+        if isinstance(offload, dict) and offload.get("nvme_path"):
+            found[f"zero_optimization.{section}.nvme_path"] = offload["nvme_path"]
+    return found or None
+
+
+def _new_workspace(cfg) -> str | None:
+    """data.workspace when no workspace is there yet: opening it would make one (a catalogue, a datastore, with
+    tracking.mlflow=always an MLflow store) wherever the config says."""
+    from toolkit.catalogue.workspace import CATALOGUE_NAME
+
+    where = cfg.data.workspace
+    try:
+        return where if where and not (Path(where).expanduser() / CATALOGUE_NAME).is_file() else None
+    except RuntimeError:
+        return where
 
 
 ACTING_FIELDS = (
@@ -80,11 +114,10 @@ ACTING_FIELDS = (
     ActingField("model.hf.source", REACHES_NETWORK, _hub_id, verbs=("resume", "export")),
     ActingField("tracking.mlflow_uri", REACHES_NETWORK,
                 lambda cfg: _set(cfg.tracking.mlflow_uri) if cfg.tracking.mlflow != "never" else None),
-    ActingField("debug.enabled", OPENS_PORT, lambda cfg: True if cfg.debug.enabled else None),
-    ActingField("engine.deepspeed: wandb", REACHES_NETWORK, _deepspeed_monitor("wandb", "project")),
-    ActingField("engine.deepspeed: comet", REACHES_NETWORK, _deepspeed_monitor("comet", "project")),
-    ActingField("engine.deepspeed: tensorboard", WRITES_OUTSIDE, _deepspeed_monitor("tensorboard", "output_path")),
-    ActingField("engine.deepspeed: csv_monitor", WRITES_OUTSIDE, _deepspeed_monitor("csv_monitor", "output_path")),
+    # the whole section: where it listens is part of what is vouched for
+    ActingField("debug", OPENS_PORT, lambda cfg: dataclasses.asdict(cfg.debug) if cfg.debug.enabled else None),
+    ActingField("engine.deepspeed", DEEPSPEED_ACTS, _deepspeed_actions),
+    ActingField("data.workspace", WRITES_OUTSIDE, _new_workspace),
 )
 
 
@@ -99,8 +132,11 @@ def acting_values(cfg, verb: str | None = None) -> dict[str, object]:
     return found
 
 
-def _digest(values: dict, key: str) -> str:
-    message = json.dumps(values, sort_keys=True, default=str, separators=(",", ":")).encode()
+def _digest(run_path: Path, values: dict, key: str) -> str:
+    """The signature of ``values`` for the run at ``run_path``: bound to its real path, so that a trust.json copied
+    into another run (or the run moved elsewhere) vouches for nothing."""
+    message = json.dumps({"run": str(Path(run_path).resolve()), "values": values}, sort_keys=True, default=str,
+                         separators=(",", ":")).encode()
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
@@ -127,7 +163,7 @@ def sign(run_path: Path, cfg) -> None:
     if not values:
         trust_file.unlink(missing_ok=True)
         return
-    signature = _digest(values, _key(create=True))
+    signature = _digest(run_path, values, _key(create=True))
     atomic_write_text(trust_file, json.dumps({"hmac_sha256": signature, "fields": sorted(values)}, indent=1) + "\n")
 
 
@@ -138,7 +174,7 @@ def untrusted(run_path: Path, cfg, verb: str | None = None) -> dict[str, object]
     if not values:
         return {}
     key = _key(create=False)
-    if key is not None and hmac.compare_digest(_signature(run_path), _digest(values, key)):
+    if key is not None and hmac.compare_digest(_signature(run_path), _digest(run_path, values, key)):
         return {}
     return acting_values(cfg, verb) if verb else values
 
@@ -166,8 +202,9 @@ def require(run_path: Path, cfg, verb: str, trust_run: bool = False) -> None:
     fields = untrusted(run_path, cfg, verb)
     if not fields:
         return
-    if trust_run:
-        sign(run_path, cfg)
+    if trust_run:  # signed only when the refusal would have shown every field the signature covers
+        if fields == acting_values(cfg):
+            sign(run_path, cfg)
         return
     raise UntrustedRunError(refused(
         f"{run_path / 'config.yaml'}", f"sets {describe(fields)}, and this run was not made here by you (or those "

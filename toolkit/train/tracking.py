@@ -42,6 +42,7 @@ import yaml
 
 from toolkit.checkpoint.store import flatten_config
 from toolkit.fsio import atomic_write_text, read_regular_file
+from toolkit.paths import SAFE_PATH_ENV
 from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
 from toolkit.runs.events import ErrorEvent, EventLog, StatusEvent, TrackingEvent, read_new
 from toolkit.runs.rundir import RunDir
@@ -186,7 +187,7 @@ class MlflowFollower:
         self.where, self.events = where, events
         self.proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.tracking", str(run_path)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **FOLLOWER_ENV})
+                                     env={**os.environ, **SAFE_PATH_ENV, **FOLLOWER_ENV})
         # the destination goes through the pipe, not the command line: a URI from the environment may hold a password
         self.proc.stdin.write(json.dumps(dataclasses.asdict(where)) + "\n")
         self.proc.stdin.flush()

@@ -58,6 +58,26 @@ def plain_http_warning(host: str) -> str | None:
             "behind a TLS proxy on a network you trust.")
 
 
+def _run_name(model_dir: Path) -> str:
+    """The name of the run an export came from (its config.yaml's), which names the endpoint by default."""
+    import yaml
+
+    from toolkit.fsio import read_regular_file
+    from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
+
+    text = read_regular_file(model_dir / "config.yaml", field="config.yaml", error=EndpointError,
+                             limit=RESOLVED_CONFIG_MAX_BYTES)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    name = data.get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name:
+        raise EndpointError(not_allowed("config.yaml", str(model_dir / "config.yaml"), "a run config with a name",
+                                        problem="names no run"))
+    return name
+
+
 def mask_key(key: str) -> str:
     return f"{key[:4]}…{key[-2:]}" if len(key) > 8 else "…"
 
@@ -134,8 +154,6 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     the timeouts), checked before anything starts. A client gets 408 if its request head has not arrived ``header_timeout``
     seconds after it connected, or its body ``body_timeout`` seconds after the head; 503 if its answer is not
     ready ``request_timeout`` seconds after the request came (the model is busy with others)."""
-    import yaml
-
     from toolkit.deploy.model_format import check_runtime, served_tasks, verify_model_folder
     from toolkit.catalogue.model_registry import resolve_model_dir
     from toolkit.catalogue.workspace import Workspace
@@ -152,7 +170,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     manifest = verify_model_folder(model_dir)  # a tampered file is named here, not lost in the server's log
     tasks = served_tasks(manifest)  # a model no endpoint serves is named here too
     serving = dataclasses.replace(serving, runtime=check_runtime(model_dir, manifest, runtime))
-    name = name or yaml.safe_load((model_dir / "config.yaml").read_text())["name"]  # the run's config name
+    name = name or _run_name(model_dir)
     name = check_name(str(name))  # it names a folder in the workspace: no '/', no '..'
     ws = Workspace.open(workspace)
     ws.require_writable()  # the endpoint's folder, key and log are written there
