@@ -84,9 +84,11 @@ def pytest_configure(config):
 # in between). pytest-xdist's `--dist loadgroup` would do this from an xdist_group mark, but with pytest 9 its renaming
 # of items (`item._nodeid`) no longer takes effect, so the groups are named here, by file.
 ONE_WORKER_MODULES = {"test_serving.py", "test_multinode.py", "test_endpoint_fuzz.py", "test_deployment_panel.py", "test_export_safety.py",
-                      "test_tensorboard.py", "test_hf_export_serving.py", "test_untrusted_folders.py"}
+                      "test_tensorboard.py", "test_hf_export_serving.py", "test_untrusted_folders.py",
+                      "test_gpu_deepspeed.py", "test_gpu_serving.py"}  # tests/gpu: runs shared on one GPU
 
 
+@pytest.hookimpl(optionalhook=True)  # without pytest-xdist (a GPU image's pytest) the hook is unknown, not an error
 def pytest_xdist_make_scheduler(config, log):
     """Load scheduling (a test at a time to whichever worker is free), except that each of ONE_WORKER_MODULES is one
     unit of work."""

@@ -145,6 +145,30 @@ def test_fp16_and_offload_need_a_gpu_and_pass_where_there_is_one(tmp_path):
     assert "ZeRO stage 3 (only stage 3 partitions the parameters)" in refusal(tmp_path, stage2_params, cuda=True)
 
 
+def test_on_a_gpu_without_fused_adam_deepspeed_steps_with_torch_adamw_unless_the_file_says_otherwise(tmp_path):
+    """DeepSpeed's default Adam on a GPU is FusedAdam, a CUDA op built at first use with nvcc; where the package has it
+    prebuilt or nvcc is there it is kept, elsewhere (a pip torch, DeepSpeed from PyPI) torch's AdamW steps instead of
+    the run failing at its first step. A file's own torch_adam, another optimizer, or optimizer offload (DeepSpeed's
+    CPU Adam, built with g++) are left alone."""
+    from toolkit.third_party import import_deepspeed
+
+    import_deepspeed()
+    from toolkit.train.engines.deepspeed_config import fall_back_to_torch_adam, fused_adam_unavailable
+
+    ds = merged(load(tmp_path, {}), world=1, cuda=True)
+    assert "torch_adam" not in ds["optimizer"]["params"], "FusedAdam is DeepSpeed's choice on a GPU"
+    why = fall_back_to_torch_adam(ds)
+    assert (why is None) == (fused_adam_unavailable() is None)
+    assert ds["optimizer"]["params"].get("torch_adam", False) is (why is not None)
+    if why is not None:
+        assert "fused_adam" in why and "nvcc" in why, why
+    for kept in ({"optimizer": {"params": {"torch_adam": False}}}, {"optimizer": {"type": "Lamb", "params": {}}},
+                 ZERO2_OFFLOAD):
+        ds = merged(load(tmp_path, kept), world=1, cuda=True)
+        before = json.dumps(ds, sort_keys=True)
+        assert fall_back_to_torch_adam(ds) is None and json.dumps(ds, sort_keys=True) == before, kept
+
+
 def test_a_deepspeed_file_needs_the_deepspeed_engine(tmp_path):
     (tmp_path / "ds.json").write_text("{}")
     with pytest.raises(ConfigError, match="engine.deepspeed_config: .* is set while engine.name='torch'"):

@@ -50,6 +50,8 @@ class StatusEvent(Event):
     flops_source: str | None = _field("running: where flops_per_item comes from (a formula, the config, or an "
                                       "estimate of 6 x parameters)", optional=True)
     peak_flops: float | None = _field("running: this device's peak FLOP/s, the denominator of MFU", optional=True)
+    peak_source: str | None = _field("running: where peak_flops comes from: 'datasheet' (a known GPU in bf16/fp16) or "
+                                     "'measured' (a matmul on this device)", optional=True)
     attempt: int | None = _field("running: 0 for the first start, +1 per restart or resume", optional=True)
     resumed_from: str | None = _field("running: the checkpoint this attempt resumed from", optional=True)
     resumed_step: int | None = _field("running: the step that checkpoint was taken at", optional=True)

@@ -1,9 +1,16 @@
-"""Model FLOPs utilisation (MFU): achieved training FLOPs over a peak measured on this machine.
+"""Model FLOPs utilisation (MFU): achieved training FLOPs over the peak of the device that trains.
 
-The peak is what a large float32 matmul reaches here with all cores, measured once and cached, because a
-datasheet number means nothing on a shared 2-core VM. ``bench/`` and ``doctor`` measure it again; the cache keeps
-the highest figure (see :func:`store_peak`), and every run records the one it used (status.json, lineage.json
-and its first status event), so its MFU stays explainable whatever the cache holds later.
+Which peak (:func:`mfu_peak`, recorded with every run: status.json ``peak_flops`` and ``peak_source``, lineage.json
+``mfu_peak``, its first status event):
+
+* A GPU that NVIDIA's datasheets list, training in bf16 or fp16: the dense (no 2:4 sparsity) tensor-core peak for that
+  precision from the datasheet (:data:`DATASHEET_PEAKS`): MFU as papers quote it (PaLM, appendix B), comparable
+  across runs and machines.
+* Any other GPU, or fp32 on a GPU: a matmul of the run's precision measured on that device as the run starts.
+* A CPU: what a large float32 matmul reaches here with all cores, measured once and cached, because a datasheet number
+  means nothing on a shared 2-core VM. ``bench/`` and ``doctor`` measure it again; the cache keeps the highest figure
+  (see :func:`store_peak`), and every run records the one it used, so its MFU stays explainable whatever the cache
+  holds later.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import time
 
 import torch
@@ -90,3 +98,89 @@ def store_peak(flops: float) -> float:
         return flops
     finally:
         os.close(fd)  # releases the lock
+
+
+# --- the peak of a GPU --------------------------------------------------------------------------------------------
+
+# Dense bf16 (= fp16) tensor-core peak FLOP/s by GPU, from NVIDIA's datasheets, which print the figure with 2:4
+# structured sparsity (twice the dense one) and say so in a footnote. Matched against the name torch reports
+# (torch.cuda.get_device_name) in this order, so that a PCIe or NVL part is never taken for the SXM one:
+#   (pattern, peak, the datasheet and what it prints)
+DATASHEET_PEAKS: tuple[tuple[str, float, str], ...] = (
+    (r"\bgh200\b", 989e12, "NVIDIA GH200 Grace Hopper Superchip datasheet: BF16 Tensor Core 1,979 TFLOPS with "
+                          "sparsity, 989 dense"),
+    (r"\bh200\b.*\bnvl\b", 835e12, "NVIDIA H200 Tensor Core GPU datasheet, H200 NVL: BF16 Tensor Core 1,671 TFLOPS "
+                                  "with sparsity, 835 dense"),
+    (r"\bh200\b", 989e12, "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 Tensor Core 1,979 TFLOPS with "
+                         "sparsity, 989 dense"),
+    (r"\bh100\b.*\bpcie\b", 756e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe: BF16 Tensor Core 1,513 "
+                                   "TFLOPS with sparsity, 756 dense"),
+    (r"\bh100\b.*\bnvl\b", 835e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL: BF16 Tensor Core 1,671 TFLOPS "
+                                  "with sparsity, 835 dense"),
+    (r"\bh100\b", 989e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 Tensor Core 1,979 TFLOPS with "
+                         "sparsity, 989 dense"),
+    (r"\ba100\b", 312e12, "NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe, 40 and 80 GB): BF16 Tensor Core "
+                         "312 TFLOPS dense (624 with sparsity)"),
+)
+HALF_PRECISIONS = ("bf16", "fp16")  # what the table's tensor-core figure is for (fp16 and bf16 peaks are equal)
+
+
+def datasheet_peak(device_name: str, precision: str) -> dict | None:
+    """The dense tensor-core peak of the GPU torch calls ``device_name`` for ``precision`` (bf16 or fp16), as
+    ``{"flops", "source": "datasheet", "device", "precision", "reference"}``; None for a GPU or precision the
+    table does not hold (fp32: the peak is measured)."""
+    if precision not in HALF_PRECISIONS:
+        return None
+    name = device_name.lower()
+    for pattern, flops, reference in DATASHEET_PEAKS:
+        if re.search(pattern, name):
+            return {"flops": flops, "source": "datasheet", "device": device_name, "precision": precision,
+                    "reference": reference}
+    return None
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def measure_device_matmul_peak(device: torch.device, precision: str, n: int = 8192, seconds: float = 0.5) -> float:
+    """Best FLOP/s of an n x n matmul of ``precision`` on the GPU ``device`` (2 n^3 FLOPs each), timed with CUDA
+    events. fp32 runs as torch runs it (TF32 only where torch.backends.cuda.matmul.allow_tf32 is set).
+
+    Its three matrices (1.2 GiB in fp32) would stand in the device's peak-memory statistics, which a run reports as
+    its peak (torch.cuda.max_memory_allocated), so they are reset afterwards: call it before training allocates."""
+    dtype = DTYPES[precision]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    with torch.cuda.device(device):
+        torch.mm(a, b)  # cuBLAS picks and loads its kernel
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best, deadline = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start.record()
+            for _ in range(4):
+                torch.mm(a, b)
+            end.record()
+            end.synchronize()
+            best = max(best, 4 * 2 * n**3 / (start.elapsed_time(end) / 1e3))
+    del a, b
+    torch.cuda.empty_cache()  # the measurement's buffers are not the run's: leave the allocator as it was
+    torch.cuda.reset_peak_memory_stats(device)
+    return best
+
+
+def mfu_peak(device: torch.device, precision: str) -> dict:
+    """The peak a run on ``device`` in ``precision`` computes MFU against, with where it comes from
+    (``source``): a known GPU in bf16/fp16 the datasheet's, another GPU (or fp32) measured on the device now, a CPU
+    this machine's cached measurement (:func:`cached_peak_record`). A measurement on a GPU resets its peak-memory
+    statistics: call this before the run allocates anything there."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        record = datasheet_peak(name, precision)
+        if record is not None:
+            return record
+        return {"flops": measure_device_matmul_peak(device, precision), "source": "measured", "device": name,
+                "precision": precision, "measured": time.time(),
+                "reference": f"a {precision} matmul measured on the device at the start (no datasheet figure for "
+                             f"{name!r} in {precision} in toolkit.train.flops.DATASHEET_PEAKS)"}
+    return {**cached_peak_record(), "source": "measured"}

@@ -36,7 +36,7 @@ class MetricsSink:
         atomic_write_text(self.run.lineage_path, json.dumps(lineage, indent=1))
         # the MFU peak too: it is the run's denominator, and the machine's cached figure may change later
         run_status.transition(self.run, "start", pid=os.getpid(), started=time.time(),
-                              peak_flops=facts.get("peak_flops"))
+                              peak_flops=facts.get("peak_flops"), peak_source=facts.get("peak_source"))
         self.events.write(StatusEvent(state="running", **facts))
 
     def _write_scalars(self, event) -> None:

@@ -42,7 +42,8 @@ class StepProfiler:
         self._open = True
 
     def _write_summary(self, prof):
-        sort_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        # on a GPU by the kernels' own time (self_cuda_time_total is its deprecated alias since torch 2.4)
+        sort_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         averages = prof.key_averages()
         table = averages.table(sort_by=sort_key, row_limit=SUMMARY_ROWS)
         self.summary_path.write_text(table + "\n")

@@ -26,7 +26,7 @@ from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import allocator, distributed
 from toolkit.train.engines import build_engine
 from toolkit.train.engines.accumulation import micro_batch_weights, weighted_mean
-from toolkit.train.flops import cached_peak_record
+from toolkit.train.flops import mfu_peak
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import flops_per_item, prepare_model
@@ -100,6 +100,10 @@ class Trainer:
         # Before the model and the data exist, so that their memory, too, is kept rather than handed back
         self.allocator = allocator.keep_freed_memory()
         self.topo = distributed.setup(cfg.engine)
+        # The MFU denominator, recorded with the run (the cache may hold another figure later): a GPU's datasheet
+        # peak, or a measurement, which on a GPU must come before the model is there (toolkit.train.flops.mfu_peak)
+        self.peak = mfu_peak(self.topo.device, cfg.engine.precision)
+        self.peak_flops = self.peak["flops"]
         # A stop asked for (`trainbook stop`, Ctrl-C, a stop button: the supervisor's stop request in the run
         # directory; a SIGTERM to this process, as a preempted node gets) means a checkpoint, then the end: noted
         # here, acted on between two steps (see train()). Only from here: a rank still in the rendezvous has nothing
@@ -126,8 +130,6 @@ class Trainer:
         # e.g. 8 sequences * 4 micro-steps * 128 tokens * 2 ranks = 8,192 tokens per step
         per_micro_step = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
         self.items_per_step = per_micro_step * cfg.train.grad_accum_steps * self.topo.world_size
-        self.peak = cached_peak_record()  # recorded with the run: the cache may hold another figure later
-        self.peak_flops = self.peak["flops"]
         self.step = 0  # optimizer steps completed
         # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
         self.horizon = cfg.train.max_steps
@@ -149,10 +151,10 @@ class Trainer:
         cfg, topo, engine = self.cfg, self.topo, self.engine
         if self.sink:
             lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak,
-                       "model": self._model_lineage(), "allocator": self.allocator}
+                       "model": self._model_lineage(), "allocator": self.allocator, "device": self._device_lineage()}
             self.sink.start(lineage=lineage, n_params=self.n_params, n_trainable=self.n_trainable,
                             flops_per_item=self.flops_per_item, flops_source=self.flops_source,
-                            peak_flops=self.peak_flops,
+                            peak_flops=self.peak_flops, peak_source=self.peak["source"],
                             attempt=ATTEMPT, **self.resumed_from)
         profiler = self._profiler()
         batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
@@ -394,6 +396,16 @@ class Trainer:
             out["lora"] = {"rank": m.lora.rank, "alpha": m.lora.alpha, "trainable_parameters": self.n_trainable}
         return out
 
+
+    def _device_lineage(self) -> dict:
+        """What rank 0 trained on: the device (a GPU by the name torch gives it), the precision, and the collective
+        backend where there is a process group (nccl on GPUs, gloo on CPUs; a lone torch-engine process has none)."""
+        device = self.topo.device
+        import torch.distributed as dist
+
+        return {"type": device.type, "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "precision": self.cfg.engine.precision,
+                "backend": dist.get_backend() if dist.is_initialized() else None}
 
     def evaluate(self) -> dict:
         """Mean validation loss over the fixed validation batches, each rank taking its share."""

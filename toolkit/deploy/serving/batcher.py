@@ -312,7 +312,7 @@ class Batcher:
         (its prefill) for a job that joins. At most max_rows rows are in the cache; later jobs wait their turn."""
         stepping = list(self.decoder.members)  # the cache holds only live jobs (_loop retains them each step)
         if stepping:
-            logits = self.decoder.step([job.new[-1] for job in stepping]).float().numpy()
+            logits = self.decoder.step([job.new[-1] for job in stepping]).float().cpu().numpy()
             self._count(len(stepping))
             for job, row in zip(stepping, logits):
                 job.steps += 1
@@ -323,7 +323,7 @@ class Batcher:
                 job.joined = True
                 self._count(1)
                 job.steps += 1
-                job.add(logits.float().numpy())
+                job.add(logits.float().cpu().numpy())
 
     def _forward_rows(self, active: list[_Job]) -> None:
         counts = share_rows([job.wants() for job in active], self.max_rows, self._turn % len(active))

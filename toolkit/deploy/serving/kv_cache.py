@@ -8,6 +8,9 @@ have alone (up to float rounding). Rows leave at any step; padding no row needs 
 
 Works for transformers models whose cache is one full-attention layer per layer (Llama, GPT-2, GPT-NeoX, Mistral
 without a sliding window, ...): :func:`supports_batched_cache` says whether a model's is.
+
+Everything lives on the model's device (a GPU's cache stays there); the logits returned are on it too, and the
+caller brings to the host only the rows it samples from.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ def supports_batched_cache(model) -> bool:
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     with torch.inference_mode():
-        out = model(input_ids=torch.zeros((1, 2), dtype=torch.long), use_cache=True)
+        out = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=_device(model)), use_cache=True)
     cache = getattr(out, "cache", None)
     return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -44,11 +51,13 @@ class CachedDecoder:
 
     def __init__(self, model):
         self.model = model
+        self.device = _device(model)
         self.members: list = []
         self.keys: list[torch.Tensor] = []  # per layer: (rows, heads, length, head_dim)
         self.values: list[torch.Tensor] = []
-        self.mask = torch.zeros((0, 0), dtype=torch.long)  # (rows, length): 1 at a real position, 0 at padding
-        self.positions = torch.zeros(0, dtype=torch.long)  # each row's next position (its real length)
+        # (rows, length): 1 at a real position, 0 at padding
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)  # each row's next position (its length)
 
     def __len__(self) -> int:
         return len(self.members)
@@ -56,7 +65,7 @@ class CachedDecoder:
     @torch.inference_mode()
     def join(self, member, ids: list[int]) -> torch.Tensor:
         """Add a row for ``member`` with prompt ``ids``; returns the logits that predict its first new token."""
-        x = torch.tensor([ids], dtype=torch.long)
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True)
         keys, values = _layers(out.cache)
         width = max(self.mask.shape[1], len(ids))
@@ -67,7 +76,7 @@ class CachedDecoder:
         else:
             self.keys, self.values = keys, values
         self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(torch.ones_like(x), width, 1)])
-        self.positions = torch.cat([self.positions, torch.tensor([len(ids)])])
+        self.positions = torch.cat([self.positions, torch.tensor([len(ids)], device=self.device)])
         self.members.append(member)
         return out.logits[0, -1]
 
@@ -77,8 +86,9 @@ class CachedDecoder:
         from transformers.cache_utils import DynamicCache
 
         cache = DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))
-        self.mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
-        out = self.model(input_ids=torch.tensor(tokens, dtype=torch.long)[:, None], attention_mask=self.mask,
+        self.mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long, device=self.device)], dim=1)
+        out = self.model(input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None],
+                         attention_mask=self.mask,
                          position_ids=self.positions[:, None], cache=cache, use_cache=True)
         self.keys, self.values = _layers(out.cache)
         self.positions = self.positions + 1
@@ -91,7 +101,7 @@ class CachedDecoder:
         if not members:
             self.__init__(self.model)
             return
-        rows = torch.tensor([self.members.index(m) for m in members])
+        rows = torch.tensor([self.members.index(m) for m in members], device=self.device)
         mask = self.mask[rows]
         start = int(mask.any(dim=0).long().argmax())  # leading columns that are padding in every kept row
         self.keys = [k[rows, :, start:] for k in self.keys]

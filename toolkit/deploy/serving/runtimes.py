@@ -5,6 +5,10 @@ for a language model, (batch, labels) for a classifier.
 Every runtime also has the folder's ``tokenizer`` (encode, decode, eos_ids), its ``tasks`` (what requests it
 answers), ``block_size`` (its context) and ``labels`` (a classifier's class names); a transformers causal LM on
 torch also offers ``decoder()``, a batched KV cache (toolkit.deploy.serving.kv_cache) to generate with.
+
+The torch runtimes run on the first GPU when the server process sees one (``device``; CUDA_VISIBLE_DEVICES= keeps
+an endpoint on the CPU), ONNX Runtime on the CPU. The device is chosen in the process that serves (gunicorn's worker,
+after its fork), never before: CUDA does not survive a fork.
 """
 
 from __future__ import annotations
@@ -20,8 +24,16 @@ from toolkit.errors import not_allowed
 from toolkit.train.models.preflight import BUILT_IN  # what TorchRuntime builds: no user code, no hub
 
 
+def serving_device():
+    """Where a torch runtime puts its model: the first GPU this process sees, else the CPU."""
+    import torch
+
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
 class OnnxRuntime:
     name = "onnx"
+    device = "cpu"  # CPUExecutionProvider
 
     def __init__(self, model_dir: Path):
         import onnxruntime as ort
@@ -61,12 +73,13 @@ class TorchRuntime:
                                                  "builds"))
         self.model = build_model(cfg.model)
         load_model(self.model, str(model_dir / WEIGHTS[self.name]), strict=False)  # the tied lm_head is shared
-        self.model.eval()
+        self.device = serving_device()
+        self.model.to(self.device).eval()  # in place: the tied lm_head stays the embedding's
         self._torch = torch
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         with self._torch.inference_mode():
-            return self.model(self._torch.from_numpy(ids)).numpy()
+            return self.model(self._torch.from_numpy(ids).to(self.device)).float().cpu().numpy()
 
 
 class HFRuntime:
@@ -82,7 +95,8 @@ class HFRuntime:
         from toolkit.deploy.serving.kv_cache import supports_batched_cache
 
         self.task = task
-        self.model = load_model(model_dir, task)
+        self.device = serving_device()
+        self.model = load_model(model_dir, task).to(self.device)
         self.kv_cache = task == "causal_lm" and supports_batched_cache(self.model)
         self._torch = torch
 
@@ -90,7 +104,8 @@ class HFRuntime:
         from toolkit.deploy.hf_folder import model_logits
 
         with self._torch.inference_mode():
-            return model_logits(self.model, self.task, self._torch.from_numpy(ids)).float().numpy()
+            ids = self._torch.from_numpy(ids).to(self.device)
+            return model_logits(self.model, self.task, ids).float().cpu().numpy()
 
     def decoder(self):
         """A new batched KV cache over this model (None when its cache cannot be batched: then it generates by
@@ -150,4 +165,5 @@ def describe(runtime) -> dict:
     return {"runtime": runtime.name, "model": m["model"], "tasks": list(runtime.tasks),
             "parameters": m["parameters"], "step": m["step"], "block_size": runtime.block_size,
             "tokenizer": runtime.tokenizer.name, "kv_cache": getattr(runtime, "kv_cache", False),
+            "device": str(getattr(runtime, "device", "cpu")),
             "run": Path(m["run_dir"]).name, "data": (m.get("data") or {}).get("name")}

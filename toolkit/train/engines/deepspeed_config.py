@@ -416,6 +416,42 @@ def merged(cfg, world: int, cuda: bool) -> dict:
     return ds
 
 
+def fused_adam_unavailable() -> str | None:
+    """Why DeepSpeed's FusedAdam (its default Adam on a GPU) cannot load on this machine, or None when it can: it is a
+    CUDA op, either built into the installed package (DS_BUILD_FUSED_ADAM=1) or compiled at first use, which needs
+    nvcc. A pip-installed torch brings the CUDA runtime but no compiler, and DeepSpeed from PyPI is an sdist that
+    builds without its ops: there its first step fails (MissingCUDAException: CUDA_HOME does not exist)."""
+    import os
+
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if installed_ops.get("fused_adam"):
+        return None
+    if CUDA_HOME and os.access(os.path.join(CUDA_HOME, "bin", "nvcc"), os.X_OK):
+        return None
+    return (f"DeepSpeed was installed without its fused_adam op and there is no nvcc to build it "
+            f"(CUDA_HOME: {CUDA_HOME or 'not found'})")
+
+
+def fall_back_to_torch_adam(ds: dict) -> str | None:
+    """On a GPU where FusedAdam cannot load (:func:`fused_adam_unavailable`), have DeepSpeed step with torch's AdamW
+    (``optimizer.params.torch_adam``, what it runs on a CPU and what the torch engine runs) instead of failing at the
+    first step; returns why, or None when nothing changed: FusedAdam loads, the file chose (``torch_adam`` given),
+    another optimizer type, or optimizer offload (whose DeepSpeedCPUAdam is built with the host's C++ compiler)."""
+    optimizer = ds.get("optimizer") or {}
+    if str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
+        return None
+    params = optimizer.setdefault("params", {})
+    offload = get_path(ds, "zero_optimization.offload_optimizer.device", "none")
+    if "torch_adam" in params or offload not in (None, "none"):
+        return None
+    why = fused_adam_unavailable()
+    if why is not None:
+        params["torch_adam"] = True
+    return why
+
+
 def _paths(data: dict, prefix: str = ""):
     for key, value in data.items():
         path = f"{prefix}{key}"

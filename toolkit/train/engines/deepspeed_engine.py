@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import sys
 from pathlib import Path
 
 import torch
 
 from toolkit import safe_load
 from toolkit.train.engines.accumulation import weighted_mean
-from toolkit.train.engines.deepspeed_config import merged
+from toolkit.train.engines.deepspeed_config import fall_back_to_torch_adam, merged
 from toolkit.train.engines.param_groups import HALF, adamw_param_groups, trainable_only
 from toolkit.train.watchdog import gradients_finite
 
@@ -80,6 +81,10 @@ class DeepSpeedEngine:
         model = model.to(topo.device)
         # the user's file (engine.deepspeed) merged with this run's fields, for the world this run really has
         self.ds_config = merged(cfg, topo.world_size, cuda=topo.device.type == "cuda")
+        if topo.device.type == "cuda" and (why := fall_back_to_torch_adam(self.ds_config)):
+            if topo.is_main:
+                print(f"DeepSpeed steps with torch's AdamW (optimizer.params.torch_adam), not FusedAdam: {why}",
+                      file=sys.stderr, flush=True)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=adamw_param_groups(model, cfg.optim.weight_decay),
