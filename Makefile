@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: setup demo test test-unit test-fast bench lock clean
+.PHONY: setup demo test test-unit test-fast bench lock clean gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -53,6 +53,16 @@ bench: $(STAMP)
 	$(PY) bench/bench_memory.py
 	$(PY) bench/bench_mlflow.py
 	$(PY) bench/bench_watchdog.py
+
+# The GPU machine's prepared check (README, "On a GPU box"). gpu-wheels, here (PyPI reachable): the wheels its image
+# lacks, for Python 3.12, into .whl/ (ignored; copy it there with the tree). gpu-check, there: install them, run the
+# GPU tier and a short benchmark, and write gpu_check.md and .json into $OUT (default bench/results/); on the
+# image's python3, or .venv's where there is one (here: a dry run, "no CUDA device").
+gpu-wheels:
+	bash bench/gpu_wheels.sh
+
+gpu-check:
+	PYTHON="$${PYTHON:-$(if $(wildcard $(PY)),$(PY),python3)}" bash bench/gpu_check.sh
 
 # Re-pin every dependency to what is installed now (after changing pyproject.toml and running setup), then write
 # environment.yml, the Azure ML job and serving images' environment, from the new lock.
