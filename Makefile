@@ -56,7 +56,7 @@ bench: $(STAMP)
 
 # The GPU machine's prepared check (README, "On a GPU box"). gpu-wheels, here (PyPI reachable): the wheels its image
 # lacks, for Python 3.12, into .whl/ (ignored; copy it there with the tree). gpu-check, there: install them, run the
-# GPU tier and a short benchmark, and write gpu_check.md and .json into $OUT (default bench/results/); on the
+# GPU tier and a short benchmark, and write gpu_check.md and .json into $OUT (default: a dated folder under bench/results/); on the
 # image's python3, or .venv's where there is one (here: a dry run, "no CUDA device").
 gpu-wheels:
 	bash bench/gpu_wheels.sh

@@ -2,7 +2,7 @@
 # The prepared check for a GPU machine with no network: install what its image lacks from .whl/ (make gpu-wheels),
 # print the device's facts, run the GPU tier (tests/gpu, marker gpu) and a short benchmark (bench/bench_gpu.py),
 # and write one report, gpu_check.md and gpu_check.json (with gpu_tests.xml and gpu_check.log beside them), into
-# $OUT (default bench/results/).
+# $OUT (default bench/results/gpu-check-<UTC time>/, a report to commit).
 #
 #   OUT=/some/folder bash bench/gpu_check.sh
 #
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-OUT="${OUT:-bench/results}"
+OUT="${OUT:-bench/results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}"  # a dated report, committed
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
