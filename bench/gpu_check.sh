@@ -10,8 +10,8 @@
 # check, start-up included), and a failing or missing step is reported, never fatal. Exit status 0 when the report
 # was written, whatever it says; non-zero only when it could not be. Without CUDA it takes seconds and says so.
 # Settings: PYTHON (the image's, default python3), GPU_WHEELS (.whl), GPU_WHEELS_LIST (bench/gpu_wheels.txt),
-# GPU_TIER (tests/gpu, or one file of it), GPU_CHECK_SECONDS (420), GPU_BENCH_SECONDS (30: the benchmark's timed
-# training).
+# GPU_TIER (tests/gpu, or some of its files and test ids, space-separated), GPU_CHECK_SECONDS (420),
+# GPU_BENCH_SECONDS (30: the benchmark's timed training; 0 leaves it out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -22,7 +22,7 @@ OUT=$(cd "$OUT" && pwd)
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
 WHEELS="${GPU_WHEELS:-$REPO/.whl}"
 LIST="${GPU_WHEELS_LIST:-$REPO/bench/gpu_wheels.txt}"
-TIER="${GPU_TIER:-tests/gpu}"
+read -r -a TIER <<< "${GPU_TIER:-tests/gpu}"  # one or more paths or test ids
 BUDGET="${GPU_CHECK_SECONDS:-420}"
 BENCH_SECONDS="${GPU_BENCH_SECONDS:-30}"
 JUNIT="$OUT/gpu_tests.xml"
@@ -102,8 +102,10 @@ step facts "$(min 60 "$(left)")" "$RUN_PY" bench/gpu_facts.py --json "$WORK/fact
 
 # 3. The GPU tier, with what is left after keeping the benchmark's share.
 tier_limit=$(( $(left) - BENCH_SECONDS - 70 ))
-if [[ ! -e "$TIER" ]]; then
-  skip "gpu tier" "$TIER does not exist: there is no GPU tier to run"
+missing=()
+for t in "${TIER[@]}"; do [[ -e "${t%%::*}" ]] || missing+=("${t%%::*}"); done
+if (( ${#missing[@]} )); then
+  skip "gpu tier" "${missing[*]} does not exist: there is no GPU tier to run"
 elif ! "$RUN_PY" -c "import pytest" 2>/dev/null; then
   skip "gpu tier" "pytest is not installed for $RUN_PY"
 elif (( tier_limit < 30 )); then
@@ -115,7 +117,7 @@ else
   # One process (no -n): the tests share the one GPU, and their timings mean something only alone. xdist stays
   # loaded: tests/conftest.py implements one of its hooks. Figures come back as JUnit properties (xunit1 keeps them
   # per test) and in $TRAINBOOK_FIGURES.
-  TRAINBOOK_FIGURES="$WORK/figures.json" step "gpu tier" "$tier_limit" "$RUN_PY" -m pytest "$TIER" -m gpu -q \
+  TRAINBOOK_FIGURES="$WORK/figures.json" step "gpu tier" "$tier_limit" "$RUN_PY" -m pytest "${TIER[@]}" -m gpu -q \
     -p no:cacheprovider --junitxml="$JUNIT" -o junit_family=xunit1 "${per_test[@]}"
   rc=$(tail -n 1 "$WORK/steps.tsv" | cut -f2)
   if [[ "$rc" == 5 ]]; then note "the GPU tier collected no test (pytest exit status 5)"; fi
@@ -123,7 +125,9 @@ fi
 
 # 4. The benchmark: what is left, less the report's few seconds, bounds its timed part.
 bench_seconds=$(min "$BENCH_SECONDS" $(( $(left) - 60 )))
-if (( bench_seconds < 5 )); then
+if (( BENCH_SECONDS == 0 )); then
+  skip benchmark "GPU_BENCH_SECONDS=0"
+elif (( bench_seconds < 5 )); then
   skip benchmark "only $(left) s left of the budget"
 else
   step benchmark "$(( bench_seconds + 50 ))" "$RUN_PY" bench/bench_gpu.py --seconds "$bench_seconds" \

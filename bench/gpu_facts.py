@@ -57,12 +57,25 @@ def cuda_facts() -> dict:
             "bf16_supported": torch.cuda.is_bf16_supported(), "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
 
 
+def build_facts() -> dict:
+    """What DeepSpeed's JIT op builds (FusedAdam, CPU Adam) depend on: a compiler, and the architectures asked for."""
+    import os
+    import shutil
+
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except Exception:  # noqa: BLE001 - recorded as unknown
+        CUDA_HOME = None
+    return {"torch_cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"), "cuda_home": CUDA_HOME,
+            "nvcc": shutil.which("nvcc") or (CUDA_HOME and shutil.which("nvcc", path=os.path.join(CUDA_HOME, "bin")))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     facts = {"python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(),
-             **cuda_facts(), "nvidia_smi": nvidia_smi(), "versions": versions()}
+             **cuda_facts(), **build_facts(), "nvidia_smi": nvidia_smi(), "versions": versions()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(facts, indent=1))
     for key, value in facts.items():

@@ -247,6 +247,9 @@ class FaultConfig:
     """Simulate a checkpoint's slowdown: this many steps after each checkpoint sleep fault.slow_step_ms."""
     slow_step_ms: float = bounded(0.0, ge=0.0)
     """How long each of those steps sleeps (tests check that lost_ms reports it)."""
+    slow_write_ms: float = bounded(0.0, ge=0.0)
+    """Simulate a slow disk: each checkpoint's write takes this many milliseconds more (tests check that a checkpoint
+    due before the previous one is written reports its wait)."""
     nan_at_step: int = bounded(0, ge=0)
     """Simulate a diverging step: this step's loss on the last rank is multiplied by NaN, and so are its gradients
     (first attempt only); 0 is off. What happens next is watchdog.nonfinite's."""

@@ -11,12 +11,20 @@ DeepSpeed's autotuner (deepspeed.autotuning.autotuner, imported by ``import deep
 training rank (measured: the tiny DeepSpeed config's peak went 351 -> 541 MiB on rank 0), for an autotuner we never
 run. A rank logs nothing to MLflow (toolkit.train.tracking's follower process does), so the import is held off while
 DeepSpeed loads; mlflow stays importable afterwards.
+
+DeepSpeed's JIT op builder (FusedAdam's, at the first step on a GPU) parses TORCH_CUDA_ARCH_LIST as MAJOR.MINOR[+PTX]
+and fails on the architecture-specific entries PyTorch accepts (9.0a, 10.0f), which GPU images set: "ValueError:
+invalid literal for int() with base 10: '0a'" on an H200. DeepSpeed is handed the list without those suffixes (9.0a
+builds as 9.0, the same GPU's portable code, all FusedAdam uses), said on stderr.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+
+_ARCH_SUFFIX = re.compile(r"^(\d+\.\d+)[af](\+PTX)?$")
 
 
 def _cpu_only() -> bool:
@@ -32,10 +40,24 @@ def _cpu_only() -> bool:
     return not any(importlib.util.find_spec(p) for p in ("torch_npu", "habana_frameworks", "torch_mlu", "torch_sdaa"))
 
 
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's op builder can parse it (9.0a -> 9.0, 10.0f+PTX -> 10.0+PTX), or None when
+    it parses as it is."""
+    entries = [e for e in re.split(r"[;\s]+", value or "") if e]
+    if not any(_ARCH_SUFFIX.match(e) for e in entries):
+        return None
+    return ";".join(_ARCH_SUFFIX.sub(r"\1\2", e) for e in entries)
+
+
 def import_deepspeed():
     """``import deepspeed``, without its accelerator guess on a CPU-only machine."""
     if "DS_ACCELERATOR" not in os.environ and _cpu_only():
         os.environ["DS_ACCELERATOR"] = "cpu"
+    given = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if (handed := deepspeed_arch_list(given)) is not None:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = handed
+        print(f"TORCH_CUDA_ARCH_LIST {given!r} handed to DeepSpeed as {handed!r}: its op builder does not read "
+              f"architecture-specific entries", file=sys.stderr, flush=True)
     # process-wide while it lasts: another thread importing mlflow meanwhile would be refused (ranks have none yet)
     hold_off = "mlflow" not in sys.modules and "deepspeed" not in sys.modules
     if hold_off:

@@ -249,6 +249,21 @@ def test_checkpoint_events_report_lost_blocking_persist_and_bytes(finished_runs)
         assert e["lost_ms"] >= e["blocking_ms"] and e["window_steps"] >= 1, e
 
 
+def test_a_checkpoint_that_waits_for_the_previous_write_says_so(tmp_path):
+    """Every 2 steps, on a disk where a write takes 600 ms more: each checkpoint after the first waits for the one
+    before (one is written at a time), its event says how long (waited_ms, part of blocking_ms), and the run says
+    once, on stderr, that checkpoints come faster than they are written."""
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *CKPT, *[f"--set={s}" for s in (
+        "train.max_steps=6", "checkpoint.every_steps=2", "checkpoint.at_end=false", "fault.slow_write_ms=600")])
+    assert proc.returncode == 0, proc.stderr
+    events = RunDir(tmp_path / "r").events("checkpoint")
+    assert [e["step"] for e in events] == [2, 4], events  # step 6's window never closes: training ended
+    assert events[0]["waited_ms"] == 0, events
+    assert 300 < events[1]["waited_ms"] <= events[1]["blocking_ms"], events
+    assert proc.stderr.count("checkpoints come faster than they are written") == 1, proc.stderr
+    assert "trainbook advise" in proc.stderr
+
+
 def test_lost_time_reports_the_slowdown_injected_after_each_checkpoint(tmp_path):
     """3 steps after each checkpoint sleep 400 ms: each checkpoint must report ~1.2 s lost, though it blocked
     for a few ms; and the advisor must take that loss as the checkpoint's cost."""

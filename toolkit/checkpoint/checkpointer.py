@@ -64,6 +64,7 @@ class _Job:
     staged: threading.Event = field(default_factory=threading.Event)
     update_seen: threading.Event = field(default_factory=threading.Event)  # blocking time is final
     done: threading.Event = field(default_factory=threading.Event)
+    waited_s: float = 0.0  # of its blocking, the wait for the previous checkpoint's write
     ready: object = None  # GPU, overlapped: a CUDA event on the training stream once the state to copy is computed
 
 
@@ -167,6 +168,7 @@ class Checkpointer:
         previous = self._pending
         if previous is not None:  # one checkpoint in flight at a time: its staging buffers are reused
             previous.done.wait()
+        waited_s = time.perf_counter() - t0 if previous is not None and previous.persist else 0.0
         closed = self.ledger.checkpoint_started(step)  # this checkpoint ends the previous one's window
         if closed is not None:
             self._report(previous, closed)
@@ -174,7 +176,7 @@ class Checkpointer:
         folder.mkdir(parents=True, exist_ok=True)
         states = self.engine.checkpoint_state(folder, is_writer=self.rank == 0)
         states[f"rank_{self.rank:05d}.pt"] = {"rng": capture_rng()}
-        job = _Job(step=step, folder=folder, started=t0,
+        job = _Job(step=step, folder=folder, started=t0, waited_s=waited_s,
                    files={name: _capture(state) for name, state in states.items()},
                    manifest_extra={"trainer": trainer_state})
         self.last_saved_seconds = trainer_state.get("train_seconds", 0.0)
@@ -245,6 +247,7 @@ class Checkpointer:
             return
         baseline = None if cost.baseline_step_s is None else round(1e3 * cost.baseline_step_s, 3)
         self.on_event(step=job.step, lost_ms=1e3 * cost.lost_s, blocking_ms=1e3 * cost.blocking_s,
+                      waited_ms=1e3 * job.waited_s,
                       window_steps=cost.steps, baseline_step_ms=baseline, **job.written)
 
     # --- the background thread --------------------------------------------------------------------------
@@ -338,6 +341,8 @@ class Checkpointer:
         if self._bounce is None:
             self._bounce = bounce_buffer()  # here, so a failure is reported like any other failed write
         self._check_space(job)
+        if self.full_cfg.fault.slow_write_ms:
+            time.sleep(self.full_cfg.fault.slow_write_ms / 1e3)  # fault injection: a slow disk
         described, written = {}, 0
         for name, (leaves, spec) in job.files.items():
             path = job.folder / name

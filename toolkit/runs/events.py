@@ -100,6 +100,9 @@ class EvalEvent(Event):
         return self.val_loss if self.val_bpb is None else self.val_bpb
 
 
+WAITED_NOTICE_MS = 10.0  # a checkpoint's wait for the previous write this long is told once: the interval outruns the disk
+
+
 @dataclass(kw_only=True)
 class CheckpointEvent(Event):
     """A checkpoint was published and the steps its write slowed are over: what it cost."""
@@ -108,6 +111,8 @@ class CheckpointEvent(Event):
     lost_ms: float | None = _field("training time it lost, blocking plus slowed steps (runs since lost_ms)",
                                    optional=True)
     blocking_ms: float = _field("training time spent standing still for it, milliseconds")
+    waited_ms: float | None = _field("of blocking_ms, the wait for the previous checkpoint's write to finish (one is "
+                                     "written at a time; runs since waited_ms)", optional=True)
     window_steps: int | None = _field("steps its cost was measured over (runs since lost_ms)", optional=True)
     baseline_step_ms: float | None = _field("the undisturbed step time it was compared with; null when unknown",
                                             null=True)
@@ -115,6 +120,15 @@ class CheckpointEvent(Event):
     persist_ms: float = _field("from its start to its publication, milliseconds")
     bytes: int = _field("its size on disk")
     deleted: list = _field("checkpoint names retention removed when it was published")
+
+    @property
+    def waited_notice(self) -> str | None:
+        """One line for people when it waited for the previous write long enough to matter, else None."""
+        if (self.waited_ms or 0) < WAITED_NOTICE_MS:
+            return None
+        return (f"checkpoint at step {self.step} waited {self.waited_ms:.0f} ms for the previous one's write "
+                f"({self.persist_ms:.0f} ms each): checkpoints come faster than they are written; space them out "
+                f"(checkpoint.every_steps, checkpoint.every_seconds), or ask `trainbook advise RUN_DIR`")
 
 
 @dataclass(kw_only=True)

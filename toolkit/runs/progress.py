@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from toolkit.runs import debugging
-from toolkit.runs.events import (DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent, NonFiniteEvent, StatusEvent,
-                                 TrainEvent)
+from toolkit.runs.events import (CheckpointEvent, DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent,
+                                 NonFiniteEvent, StatusEvent, TrainEvent)
 
 WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come
 
@@ -27,6 +27,7 @@ class RunProgress:
     message: str = ""  # the latest error, or where rank 0 waits for a debugger (why nothing moves)
     final: StatusEvent | None = None  # the latest status event
     watchdog: str = ""  # the latest watchdog notice: a skipped non-finite step, a hang
+    checkpoint_notice: str = ""  # the first checkpoint that waited for the previous one's write (told once)
 
     def apply(self, event: Event) -> None:
         if isinstance(event, TrainEvent):
@@ -43,6 +44,21 @@ class RunProgress:
             self.message = "" if event.state == "attached" else debugging.notice(event)
         elif isinstance(event, WATCHDOG_EVENTS):
             self.watchdog = event.summary
+        elif isinstance(event, CheckpointEvent) and not self.checkpoint_notice:
+            self.checkpoint_notice = event.waited_notice or ""
+
+
+def _notice(event: Event, progress: RunProgress) -> str | None:
+    """The line an event (already applied to ``progress``) is shown as, above the progress, or None."""
+    if isinstance(event, ErrorEvent):
+        return f"error: {event.message}"
+    if isinstance(event, DebuggerEvent):
+        return debugging.instructions(event)
+    if isinstance(event, WATCHDOG_EVENTS):
+        return f"watchdog: {event.summary}"
+    if isinstance(event, CheckpointEvent) and event.waited_notice and event.waited_notice == progress.checkpoint_notice:
+        return progress.checkpoint_notice
+    return None
 
 
 PLAIN_EVERY_S = 10.0  # a line this often when the output is a file or a pipe, not a terminal
@@ -72,12 +88,8 @@ def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress 
               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
         for event in handle.follow():
             progress.apply(event)
-            if isinstance(event, ErrorEvent):
-                bar.write(f"error: {event.message}")
-            elif isinstance(event, DebuggerEvent):
-                bar.write(debugging.instructions(event))
-            elif isinstance(event, WATCHDOG_EVENTS):
-                bar.write(f"watchdog: {event.summary}")
+            if notice := _notice(event, progress):
+                bar.write(notice)
             bar.total = progress.max_steps
             bar.update(progress.step - bar.n)
             bar.set_postfix(_figures(progress), refresh=True)
@@ -96,12 +108,8 @@ def _follow_plain(handle, file, progress: RunProgress, every_s: float) -> Status
     for batch in handle.follow_batches():
         for event in batch:
             progress.apply(event)
-            if isinstance(event, ErrorEvent):
-                print(f"error: {event.message}", file=file, flush=True)
-            elif isinstance(event, DebuggerEvent):
-                print(debugging.instructions(event), file=file, flush=True)
-            elif isinstance(event, WATCHDOG_EVENTS):
-                print(f"watchdog: {event.summary}", file=file, flush=True)
+            if notice := _notice(event, progress):
+                print(notice, file=file, flush=True)
         if progress.step != shown_step and time.monotonic() - shown_at >= every_s:
             line()
             shown_at, shown_step = time.monotonic(), progress.step

@@ -15,11 +15,24 @@ caller brings to the host only the rows it samples from.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
 def _layers(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+
+
+def _cache_of(out):
+    """The cache a forward returned: ``cache`` in transformers 5.2x, ``past_key_values`` before (5.17, the GPU image's)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _cache_argument(model) -> str:
+    """The name the model's forward takes a cache under (renamed like the output: ``cache``, ``past_key_values``)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def supports_batched_cache(model) -> bool:
@@ -29,7 +42,7 @@ def supports_batched_cache(model) -> bool:
 
     with torch.inference_mode():
         out = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=_device(model)), use_cache=True)
-    cache = getattr(out, "cache", None)
+    cache = _cache_of(out)
     return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
@@ -52,6 +65,7 @@ class CachedDecoder:
     def __init__(self, model):
         self.model = model
         self.device = _device(model)
+        self.cache_argument = _cache_argument(model)
         self.members: list = []
         self.keys: list[torch.Tensor] = []  # per layer: (rows, heads, length, head_dim)
         self.values: list[torch.Tensor] = []
@@ -67,7 +81,7 @@ class CachedDecoder:
         """Add a row for ``member`` with prompt ``ids``; returns the logits that predict its first new token."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True)
-        keys, values = _layers(out.cache)
+        keys, values = _layers(_cache_of(out))
         width = max(self.mask.shape[1], len(ids))
         if self.members:
             self.keys = [torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)]) for a, b in zip(self.keys, keys)]
@@ -89,8 +103,8 @@ class CachedDecoder:
         self.mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long, device=self.device)], dim=1)
         out = self.model(input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None],
                          attention_mask=self.mask,
-                         position_ids=self.positions[:, None], cache=cache, use_cache=True)
-        self.keys, self.values = _layers(out.cache)
+                         position_ids=self.positions[:, None], use_cache=True, **{self.cache_argument: cache})
+        self.keys, self.values = _layers(_cache_of(out))
         self.positions = self.positions + 1
         return out.logits[:, -1]
 
