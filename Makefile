@@ -41,6 +41,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_training.py
+	$(PY) bench/bench_compile.py
 	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_data.py
 	$(PY) bench/bench_doctor.py

@@ -185,6 +185,10 @@ class TrainConfig:
     """Seed for weights, batch sampling and dropout; a run is reproducible from it."""
     threads: int = bounded(0, ge=0, le=1024)
     """torch intra-op threads per process; 0 means CPU cores divided by the process count."""
+    compile: bool = False
+    """torch.compile the model, in place (both engines; DeepSpeed's engine.compile()): kernels fused, Python overhead
+    gone, after the first steps pay for compiling (a compile event says how long, and names each recompilation).
+    Needs a C++ compiler on a CPU, Triton on a GPU. Off by default: on a 2-core CPU it did not pay (make bench)."""
 
 
 @dataclass

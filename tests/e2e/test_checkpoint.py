@@ -47,8 +47,13 @@ DEEPSPEED_1, DEEPSPEED_ZERO2_2 = ("--engine", "deepspeed"), ("--engine", "deepsp
                                                              "engine.zero_stage=2")
 # 4 micro-batches of 2 per optimizer step: the same 8 rows a step as tiny's batch of 8, in a quarter of the memory
 ACCUM = ("--set", "train.batch_size=2", "--set", "train.grad_accum_steps=4")
+# torch.compile in place: the same checkpoints, an exact resume. On one thread: Inductor's CPU kernels reduce across
+# threads in a varying order, so on two any two compiled runs differ in the last bits (pytorch/pytorch#94855)
+COMPILED = ("--set", "train.compile=true", "--set", "train.threads=1")
 GOLDEN = [
     pytest.param(TORCH_1, id="torch-1", marks=pytest.mark.smoke),
+    pytest.param(TORCH_1 + COMPILED, id="torch-1-compiled"),
+    pytest.param(DEEPSPEED_1 + COMPILED, id="deepspeed-1-compiled", marks=pytest.mark.slow),
     pytest.param(TORCH_1 + ACCUM, id="torch-1-accum", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_ZERO2_2 + ACCUM, id="deepspeed-zero2-2-accum", marks=pytest.mark.slow),
     pytest.param(TORCH_DDP_2, id="torch-ddp-2", marks=pytest.mark.slow),

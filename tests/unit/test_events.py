@@ -42,7 +42,7 @@ LINES_BEFORE_THE_SCHEMA = [
     '"val_loss": 3.5, "val_bpb": 5.05}',
     '{"event": "status", "time": 1700000010.0, "state": "killed", "exit_code": -9, "reason": "killed by SIGKILL"}',
 ]
-KINDS_SINCE_THE_SCHEMA = {"tracking", "debugger", "nonfinite", "hang"}  # no line of theirs predates it
+KINDS_SINCE_THE_SCHEMA = {"tracking", "debugger", "nonfinite", "hang", "compile"}  # no line of theirs predates it
 
 
 def _write_lines(run: RunDir, lines: list[str | bytes]) -> None:
@@ -93,6 +93,7 @@ def test_every_kind_round_trips_through_the_writer_and_the_reader(tmp_path):
         events.NonFiniteEvent(step=8, loss="nan", ranks=[1], action="skipped", skipped=1, in_a_row=1),
         events.HangEvent(step=8, phase="step", waited_s=3.0, limit_s=3.0, stacks="/x/hangs/attempt_0", attempt=0),
         events.TrackingEvent(state="logging", uri="sqlite:////w/mlflow/mlflow.db", run_id="0a1b", message="mlflow ui"),
+        events.CompileEvent(step=1, seconds=5.8, graphs=1, recompiles=0, reasons=[], graph_breaks=0),
     ]
     assert {type(e) for e in written} == set(events.KINDS.values())
     run = RunDir(tmp_path / "r")
@@ -181,3 +182,12 @@ def test_steady_state_averages_the_second_half_of_the_intervals():
     assert (speed.tokens_per_s, round(speed.mfu, 3), speed.data_wait_pct_max, speed.intervals) == (105.0, 0.105, 2.0, 2)
     assert steady_state(train[:1]).tokens_per_s == 10.0, "one interval is its own steady state"
     assert steady_state([]) is None
+
+
+def test_a_compile_event_reads_as_one_line_naming_each_recompilation():
+    first = events.CompileEvent(step=1, seconds=18.43, graphs=2, recompiles=0, reasons=[], graph_breaks=0)
+    again = events.CompileEvent(step=10, seconds=3.2, graphs=1, recompiles=1, graph_breaks=1,
+                                reasons=["forward: 0/0: GLOBAL_STATE changed: grad_mode"])
+    assert first.summary == "compiled 2 graphs in 18.4 s at step 1"
+    assert again.summary == ("recompiled 1 graph in 3.2 s at step 10, 1 graph breaks: "
+                             "forward: 0/0: GLOBAL_STATE changed: grad_mode")

@@ -246,9 +246,33 @@ class TrackingEvent(Event):
     message: str | None = _field("failed: what went wrong; logging: how to look at it", optional=True)
 
 
+@dataclass(kw_only=True)
+class CompileEvent(Event):
+    """train.compile: torch.compile compiled (or recompiled) graphs of the model since the last such event
+    (toolkit.train.compilation): how long it took and, for a recompilation, dynamo's reason."""
+    kind: ClassVar[str] = "compile"
+    step: int = _field("the step during or before which it compiled (a compile in an evaluation counts for the step "
+                       "after it)")
+    seconds: float = _field("compile time: dynamo, AOTAutograd and the backend, forward and backward graphs")
+    graphs: int = _field("forward graphs compiled (each with its backward when it trains)")
+    recompiles: int = _field("of those, recompilations of code compiled before (a new batch shape, no_grad, ...)")
+    reasons: list = _field("each recompilation's reason, as dynamo gives it ('FUNCTION: GUARD FAILURE'), and any "
+                           "compile that failed and ran eagerly")
+    graph_breaks: int = _field("graph breaks in the graphs compiled: code dynamo left to Python")
+
+    @property
+    def summary(self) -> str:
+        """One line for people: the CLI, the panel."""
+        what = "recompiled" if self.recompiles else "compiled"
+        breaks = f", {self.graph_breaks} graph breaks" if self.graph_breaks else ""
+        head = f"{what} {self.graphs} graph{'s' if self.graphs != 1 else ''} in {self.seconds:.1f} s at step " \
+               f"{self.step}{breaks}"
+        return head + (f": {'; '.join(self.reasons)}" if self.reasons else "")
+
+
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     StatusEvent, TrainEvent, EvalEvent, CheckpointEvent, CheckpointErrorEvent, CheckpointInvalidEvent, ProfileEvent,
-    ErrorEvent, RestartEvent, DebuggerEvent, NonFiniteEvent, HangEvent, TrackingEvent)}
+    ErrorEvent, RestartEvent, DebuggerEvent, NonFiniteEvent, HangEvent, TrackingEvent, CompileEvent)}
 E = TypeVar("E", bound=Event)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from toolkit.runs import debugging
-from toolkit.runs.events import (CheckpointEvent, DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent,
+from toolkit.runs.events import (CheckpointEvent, CompileEvent, DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent,
                                  NonFiniteEvent, StatusEvent, TrainEvent)
 
 WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come
@@ -56,6 +56,8 @@ def _notice(event: Event, progress: RunProgress) -> str | None:
         return debugging.instructions(event)
     if isinstance(event, WATCHDOG_EVENTS):
         return f"watchdog: {event.summary}"
+    if isinstance(event, CompileEvent):
+        return f"torch.compile: {event.summary}"
     if isinstance(event, CheckpointEvent) and event.waited_notice and event.waited_notice == progress.checkpoint_notice:
         return progress.checkpoint_notice
     return None

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from toolkit.fsio import atomic_write_text
 from toolkit.runs import status as run_status
-from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, ErrorEvent, EvalEvent, EventLog,
-                                 ProfileEvent, StatusEvent, TrainEvent)
+from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, CompileEvent, ErrorEvent, EvalEvent,
+                                 EventLog, ProfileEvent, StatusEvent, TrainEvent)
 from toolkit.runs.rundir import RunDir
 from toolkit.train import tracking
 from toolkit.train.scalars import scalars
@@ -58,6 +58,10 @@ class MetricsSink:
         """A checkpoint was published and the steps it slowed are over (called from the training thread).
         lost_ms is its cost; blocking_ms the part of it spent standing still."""
         self._write_scalars(self.events.write(CheckpointEvent(step=step, **{k: _round(v) for k, v in figures.items()})))
+
+    def compile(self, **fields) -> None:
+        """train.compile: graphs compiled since the last such event (toolkit.train.compilation)."""
+        self.events.write(CompileEvent(**fields))
 
     def checkpoint_error(self, step: int, message: str) -> None:
         self.events.write(CheckpointErrorEvent(step=step, message=message))

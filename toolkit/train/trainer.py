@@ -26,6 +26,7 @@ from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import allocator, distributed
 from toolkit.train.engines import build_engine
 from toolkit.train.engines.accumulation import micro_batch_weights, weighted_mean
+from toolkit.train.compilation import CompileWatch
 from toolkit.train.flops import mfu_peak
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
@@ -141,6 +142,7 @@ class Trainer:
             on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error)
         self.saved_step: int | None = None  # the step of the last checkpoint started (or resumed from)
         self.guard = NonFiniteGuard(cfg.watchdog)
+        self.compile_watch = CompileWatch() if cfg.train.compile else None
         self.watchdog = HangWatchdog(cfg, run, self.topo.rank, self.topo.world_size, ATTEMPT,
                                      events=self.sink.events if self.sink else None)
         self.resumed_from = self._resume()
@@ -258,6 +260,8 @@ class Trainer:
             # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
             self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds - log_seconds)
             self.watchdog.step_done(self.step)
+            if self.compile_watch and (compiled := self.compile_watch.step_done(self.step)) and self.sink:
+                self.sink.compile(**compiled)
             if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
                 os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
             if cfg.fault.hang_at_step == self.step and ATTEMPT == 0 and topo.rank == topo.world_size - 1:

@@ -43,12 +43,15 @@ def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
     engine). Raises ValueError naming the field."""
     from toolkit.errors import not_allowed
 
-    if cfg.engine.name != "deepspeed" and cfg.engine.precision != "fp16":
+    if cfg.engine.name != "deepspeed" and cfg.engine.precision != "fp16" and not cfg.train.compile:
         return None  # nothing device-dependent to check: no torch import (a second of CPU) in the launching process
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
+    from toolkit.train import compilation
+
+    compilation.check(cfg, cuda)
 
     merged = None
     if cfg.engine.name == "deepspeed":  # first: where fp16 came from a user's file, its key is the one to name

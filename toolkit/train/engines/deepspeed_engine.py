@@ -90,6 +90,8 @@ class DeepSpeedEngine:
             model_parameters=adamw_param_groups(model, cfg.optim.weight_decay),
             config=copy.deepcopy(self.ds_config),  # DeepSpeed fills in what it defaults; the run keeps the merge
         )
+        if cfg.train.compile:
+            self.engine.compile()  # DeepSpeed's own path: the module compiled in place, its hooks kept
         self.module = self.engine.module
         self.trainable_only = trainable_only(cfg)  # LoRA: checkpoints leave the frozen base out
         self.device = topo.device

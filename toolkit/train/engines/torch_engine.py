@@ -8,12 +8,19 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
+from toolkit.train.compilation import compile_in_place
 from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.param_groups import (HALF, adamw_param_groups, load_trainable_state, trainable_only,
                                                 trainable_state)
 from toolkit.train.watchdog import gradients_finite
 
 SCALER_FILE = "scaler.pt"  # fp16 runs only
+
+
+def adamw_implementation(device: torch.device) -> dict:
+    """AdamW's fused kernel on a GPU (one kernel for every parameter's update, instead of torch's default foreach
+    loop of several); elsewhere torch's default."""
+    return {"fused": True} if device.type == "cuda" else {}
 
 
 class TorchEngine:
@@ -25,9 +32,12 @@ class TorchEngine:
             self.model = DistributedDataParallel(self.module, device_ids=device_ids)
         else:
             self.model = self.module
+        if cfg.train.compile:  # the wrapper when there is one: dynamo then splits graphs at DDP's buckets
+            compile_in_place(self.model)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            adamw_param_groups(self.module, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2))
+            adamw_param_groups(self.module, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
+            **adamw_implementation(topo.device))
         self.grad_clip = o.grad_clip
         self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
         self.device = topo.device
