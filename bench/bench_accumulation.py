@@ -25,8 +25,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+import cli_train  # noqa: E402
 from toolkit.runs.events import StatusEvent, TrainEvent, read_events  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
 
 SIDES = {"1 x 32": ["train.batch_size=32", "train.grad_accum_steps=1"],
          "4 x 8": ["train.batch_size=8", "train.grad_accum_steps=4"]}
@@ -41,13 +41,8 @@ MODEL = ["model.n_layer=6", "model.n_embd=256", "model.n_head=8"]
 
 def cli_run(run_dir: Path, steps: int, settings: list[str]) -> tuple[float, list[float]]:
     """`python -m toolkit train demo` with ``settings``: (tokens/s over the training time, the loss of every step)."""
-    flags = [x for s in [f"train.max_steps={steps}", f"train.eval_every={steps}", *QUIET, *settings]
-             for x in ("--set", s)]
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "demo", "--run-dir", str(run_dir), *flags],
-                          capture_output=True, text=True, cwd=PROJECT)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed: {proc.stderr[-2000:]}")
-    run = RunDir(run_dir)
+    run = cli_train.train("demo", run_dir, [f"train.max_steps={steps}", f"train.eval_every={steps}", *QUIET,
+                                            *settings])
     cfg = run.read_config()
     final = read_events(run, StatusEvent)[-1]
     tokens = steps * cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.block_size * cfg.engine.nproc

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,8 +24,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+import cli_train  # noqa: E402
 from toolkit.runs.events import CompileEvent, StatusEvent, TrainEvent, read_events  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
 
 SIDES = {"eager": ["train.compile=false"], "compiled": ["train.compile=true"]}
 MODEL = ["model.n_layer=6", "model.n_embd=256", "model.n_head=8"]
@@ -35,13 +34,8 @@ QUIET = ["train.max_seconds=0", "profile.enabled=false", "train.eval_batches=1",
 
 
 def cli_run(run_dir: Path, steps: int, settings: list[str]) -> dict:
-    flags = [x for s in [f"train.max_steps={steps}", f"train.eval_every={steps}", *QUIET, *MODEL, *settings]
-             for x in ("--set", s)]
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "demo", "--run-dir", str(run_dir), *flags],
-                          capture_output=True, text=True, cwd=PROJECT)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed: {proc.stderr[-2000:]}")
-    run = RunDir(run_dir)
+    run = cli_train.train("demo", run_dir, [f"train.max_steps={steps}", f"train.eval_every={steps}", *QUIET, *MODEL,
+                                            *settings])
     cfg = run.read_config()
     final = read_events(run, StatusEvent)[-1]
     tokens = steps * cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.block_size
