@@ -166,6 +166,12 @@ def markdown(r: dict) -> str:
                 ("bf16 peak, TFLOP/s: datasheet / measured",
                  f"{tflops(b.get('peak_bf16_datasheet_flops'))} / {tflops(b.get('peak_bf16_measured_flops'))}"),
                 ("peak memory, GiB", b.get("peak_memory_gib")), ("final loss", b.get("final_loss"))]
+        if c := b.get("compiled"):
+            lo, hi = c.get("over_eager_range") or (None, None)
+            rows += [("compiled: tokens/s", f"{c.get('tokens_per_s'):,}"), ("compiled: step, ms", c.get("step_ms")),
+                     ("compiled: MFU (datasheet)", pct(c.get("mfu_vs_datasheet"))),
+                     ("compiled / eager, median (range)", f"{c.get('over_eager_median')} ({lo} to {hi})"),
+                     ("compile, s", c.get("compile_s"))]
         out += ["| figure | value |", "| --- | --- |"] + [f"| {k} | {cell(val)} |" for k, val in rows]
         out += [f"- {note}" for note in b.get("notes", [])]
     elif b.get("reason"):

@@ -122,6 +122,9 @@ def test_the_benchmarks_gpu_path_runs_on_the_cpu_and_its_figures_reach_the_repor
     md = (out / "gpu_check.md").read_text()
     assert "## Benchmark: ok" in md and f"| tokens/s | {bench['tokens_per_s']:,} |" in md
     assert "| MFU (datasheet dense bf16 peak) | n/a |" in md
+    compiled = bench["compiled"]  # the same loop compiled in place, timed in turns with eager
+    assert compiled["steps"] >= 10 and compiled["compile_s"] > 0 and compiled["over_eager_median"] > 0
+    assert f"| compiled / eager, median (range) | {compiled['over_eager_median']} (" in md
     assert json.loads((out / "gpu_check.json").read_text())["benchmark"] == bench
 
 
