@@ -204,6 +204,10 @@ class EngineConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Compute precision; bf16 uses autocast (torch) or DeepSpeed's bf16 mode with fp32 master weights; fp16 adds
     dynamic loss scaling (skipped steps are logged) and needs a GPU."""
+    tf32: bool = True
+    """On a GPU, fp32 matmuls and convolutions run on TF32 tensor cores (inputs rounded to 10 mantissa bits, sums
+    in fp32): several times faster on Ampere and later, what bf16 runs use for their fp32 parts too. false: full
+    fp32 (IEEE) matmuls. No effect on a CPU."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend; 'auto' is nccl on GPUs and gloo on CPU."""
     deepspeed_config: str = ""

@@ -161,3 +161,16 @@ def test_parameter_counts_from_text_and_from_a_config():
     proc = cli("estimate", "--config", "demo", "--gpus", "1")
     assert proc.returncode == 0 and "ZeRO-0" in proc.stdout and "<- recommended" in proc.stdout
     assert cli("estimate", "12 parsecs").returncode == 2
+
+
+def test_the_doctor_names_an_nccl_setting_that_would_break_collectives(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=no-such-nic0")
+    monkeypatch.setenv("NCCL_ASYNC_ERROR_HANDLING", "1")
+    proc = cli("doctor", "--only", "nccl-env", "--workspace", str(tmp_path / "ws"), "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # not a required check: a CPU machine trains without NCCL
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("nccl-env"))
+    assert "FAIL" in line and "NCCL_SOCKET_IFNAME==no-such-nic0 matches no network interface here" in line
+    report = json.loads((tmp_path / "r.json").read_text())
+    (check,) = report["checks"]
+    assert check["details"]["settings"] == {"NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_SOCKET_IFNAME": "=no-such-nic0"}
+    assert [f["level"] for f in check["details"]["findings"]] == ["fail", "warn"]

@@ -198,6 +198,12 @@ def check_shm(ctx: DoctorContext) -> tuple[str, str, dict]:
     return ("warn", shortfall, info) if shortfall else ("pass", summary, info)
 
 
+def check_nccl_env(ctx: DoctorContext) -> tuple[str, str, dict]:
+    from toolkit.resources import nccl_env
+
+    return nccl_env.summary(os.environ)
+
+
 def check_allreduce(ctx: DoctorContext) -> tuple[str, str, dict]:
     from toolkit.resources.collectives import allreduce_sweep
 
@@ -257,6 +263,7 @@ CHECKS: dict[str, CheckSpec] = {
     "matmul": CheckSpec(check_matmul, True, "fp32 matmul throughput"),
     "disk": CheckSpec(check_disk, True, "write bandwidth and free space in the workspace"),
     "shm": CheckSpec(check_shm, False, "/dev/shm against DataLoader workers"),
+    "nccl-env": CheckSpec(check_nccl_env, False, "NCCL_* settings that slow or break collectives"),
     "all-reduce": CheckSpec(check_allreduce, True, "all-reduce bandwidth sweep across local processes"),
     "train-torch": CheckSpec(_engine_step("torch"), True, "a real training step with the torch engine"),
     "train-deepspeed": CheckSpec(_engine_step("deepspeed"), True, "a real training step with DeepSpeed"),

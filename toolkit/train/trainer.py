@@ -101,6 +101,9 @@ class Trainer:
         # Before the model and the data exist, so that their memory, too, is kept rather than handed back
         self.allocator = allocator.keep_freed_memory()
         self.topo = distributed.setup(cfg.engine)
+        if self.topo.device.type == "cuda":  # engine.tf32; on a CPU "high" would let oneDNN use bf16 too: left alone
+            torch.set_float32_matmul_precision("high" if cfg.engine.tf32 else "highest")
+            torch.backends.cudnn.allow_tf32 = cfg.engine.tf32
         # The MFU denominator, recorded with the run (the cache may hold another figure later): a GPU's datasheet
         # peak, or a measurement, which on a GPU must come before the model is there (toolkit.train.flops.mfu_peak)
         self.peak = mfu_peak(self.topo.device, cfg.engine.precision)
