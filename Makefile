@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_accumulation.py
 	$(PY) bench/bench_activation_checkpointing.py
 	$(PY) bench/bench_scaling.py
+	$(PY) bench/bench_zero.py
 	$(PY) bench/bench_memory.py
 	$(PY) bench/bench_mlflow.py
 	$(PY) bench/bench_watchdog.py

@@ -1,6 +1,6 @@
 """A Hugging Face model through Trainbook, against Hugging Face's own Trainer and a bare loop of the same model.
 
-    python bench/bench_hf.py [--rounds 5] [--steps 80]
+    python bench/bench_hf.py [--rounds 5] [--steps 80] [--device cuda] [--set model.hf.config.hidden_size=2048 ...]
 
 The model is the shipped `llama` config (a 4-layer, 128-wide Llama built from its config, bytes as tokens), batch
 16 x 128 tokens, the threads each process gets by default. Three sides, each a whole process of its own, run
@@ -47,16 +47,16 @@ def _throughput(ends: list[float], tokens_per_step: int) -> dict:
 CONFIG = "llama"
 
 
-def _setup(steps: int):
+def _setup(steps: int, settings: list[str], device: str):
     import torch
 
     from toolkit import config as config_mod
     from toolkit.data.corpus import pydoc_text
     from toolkit.train.models import build_model
 
-    cfg = config_mod.load(CONFIG, [f"train.max_steps={steps}"])
+    cfg = config_mod.load(CONFIG, [f"train.max_steps={steps}", *settings])
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model).to(device)
     data = torch.frombuffer(bytearray(pydoc_text()), dtype=torch.uint8)
     data = data[: int(len(data) * (1 - cfg.data.val_fraction))]
     return cfg, model, data
@@ -69,12 +69,23 @@ def _windows(data, batch: int, block: int, generator):
     return data[starts[:, None] + torch.arange(block + 1)].long()
 
 
-def bare_side(steps: int, started: float) -> dict:
-    """nanoGPT's loop around the HF model."""
+def _step_end(device: str) -> float:
+    """When a step ended: on a GPU once its kernels have (a synchronisation per step, on every side alike)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def bare_side(steps: int, started: float, settings: list[str], device: str) -> dict:
+    """nanoGPT's loop around the HF model (bf16 autocast on a GPU)."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
-    cfg, model, data = _setup(steps)
+    cfg, model, data = _setup(steps, settings, device)
     o = cfg.optim
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
@@ -85,25 +96,26 @@ def bare_side(steps: int, started: float) -> dict:
     begin = time.time()
     ends = []
     for step in range(steps):
-        chunk = _windows(data, B, T, generator)
+        chunk = _windows(data, B, T, generator).to(device)
         for group in optimizer.param_groups:
             group["lr"] = o.lr * min(1.0, (step + 1) / max(1, o.warmup_steps))
-        logits = model(input_ids=chunk[:, :-1], use_cache=False).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
+        with torch.autocast(device, dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext():
+            logits = model(input_ids=chunk[:, :-1], use_cache=False).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), chunk[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        ends.append(time.perf_counter())
+        ends.append(_step_end(device))
     return {**_throughput(ends, B * T), "startup_s": begin - started}
 
 
-def trainer_side(steps: int, started: float, out: str) -> dict:
-    """transformers.Trainer on the same model, windows, optimizer settings and threads."""
+def trainer_side(steps: int, started: float, out: str, settings: list[str], device: str) -> dict:
+    """transformers.Trainer on the same model, windows, optimizer settings and threads (bf16 on a GPU)."""
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    cfg, model, data = _setup(steps)
+    cfg, model, data = _setup(steps, settings, device)
     B, T = cfg.train.batch_size, cfg.model.block_size
 
     class Windows(torch.utils.data.Dataset):
@@ -122,25 +134,27 @@ def trainer_side(steps: int, started: float, out: str) -> dict:
             marks["begin"] = time.time()
 
         def on_step_end(self, args, state, control, **kw):
-            marks.setdefault("ends", []).append(time.perf_counter())
+            marks.setdefault("ends", []).append(_step_end(device))
 
     o = cfg.optim
     args = TrainingArguments(
         output_dir=out, per_device_train_batch_size=B, max_steps=steps, learning_rate=o.lr, weight_decay=o.weight_decay,
         adam_beta1=o.beta1, adam_beta2=o.beta2, max_grad_norm=o.grad_clip, warmup_steps=o.warmup_steps,
         lr_scheduler_type="cosine", logging_steps=cfg.train.log_every, save_strategy="no", report_to=[],
-        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, optim="adamw_torch")
+        use_cpu=device == "cpu", bf16=device == "cuda", dataloader_num_workers=0, disable_tqdm=True,
+        optim="adamw_torch_fused" if device == "cuda" else "adamw_torch")
     Trainer(model=model, args=args, train_dataset=Windows(), callbacks=[Clock()]).train()
     return {**_throughput(marks["ends"], B * T), "startup_s": marks["begin"] - started}
 
 
-def trainbook_side(steps: int, run_dir: Path) -> dict:
+def trainbook_side(steps: int, run_dir: Path, settings: list[str], device: str) -> dict:
     """`python -m toolkit train llama`, the way a user runs it; figures from the run's events."""
     from toolkit.runs.events import StatusEvent, TrainEvent, read_events
     from toolkit.runs.rundir import RunDir
 
     settings = [f"train.max_steps={steps}", f"train.eval_every={steps}", "train.eval_batches=1",
-                "checkpoint.at_end=false", f"train.log_every={WINDOW}"]
+                "checkpoint.at_end=false", f"train.log_every={WINDOW}", *settings,
+                *(["engine.precision=bf16"] if device == "cuda" else [])]
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "toolkit", "train", CONFIG, "--run-dir", str(run_dir),
                            *[a for s in settings for a in ("--set", s)]],
@@ -159,9 +173,10 @@ def trainbook_side(steps: int, run_dir: Path) -> dict:
             "startup_s": running.time - started}
 
 
-def _own_process(side: str, steps: int, tmp: Path) -> dict:
+def _own_process(side: str, steps: int, tmp: Path, settings: list[str], device: str) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--side", side, "--steps", str(steps), "--started",
-                           repr(time.time()), "--out", str(tmp)], capture_output=True, text=True, cwd=PROJECT)
+                           repr(time.time()), "--out", str(tmp), "--device", device,
+                           *[a for s in settings for a in ("--set", s)]], capture_output=True, text=True, cwd=PROJECT)
     if proc.returncode != 0:
         raise SystemExit(f"{side} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
@@ -178,19 +193,25 @@ def main() -> int:
     parser.add_argument("--side", choices=["bare", "trainer"], help="(internal) run one side in this process")
     parser.add_argument("--started", type=float, help="(internal) when the side's command was given")
     parser.add_argument("--out", help="(internal) a scratch folder")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="a change to the llama config, for every side (e.g. a ~1B model's sizes on a GPU)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: bf16 on the first GPU")
     args = parser.parse_args()
     if args.steps < WARM + 2 * WINDOW or args.steps % WINDOW:
         parser.error(f"--steps: {args.steps} is not allowed; allowed: a multiple of {WINDOW}, {WARM + 2 * WINDOW} "
                      "or more (two timing windows after the warm-up)")
     if args.side == "bare":
-        print(json.dumps(bare_side(args.steps, args.started)))
+        print(json.dumps(bare_side(args.steps, args.started, args.settings, args.device)))
         return 0
     if args.side == "trainer":
-        print(json.dumps(trainer_side(args.steps, args.started, args.out)))
+        print(json.dumps(trainer_side(args.steps, args.started, args.out, args.settings, args.device)))
         return 0
 
-    print(f"== a Hugging Face Llama ({CONFIG} config: 4 layers x 128, bytes, batch 16 x 128 tokens), {args.steps} steps "
-          f"per side per round, throughput after step {WARM}, whole processes interleaved")
+    shape = f"{CONFIG} config: 4 layers x 128, bytes, batch 16 x 128 tokens"
+    if args.settings:
+        shape = f"{CONFIG} config with {' '.join(args.settings)}"
+    print(f"== a Hugging Face Llama ({shape}) on {args.device}, {args.steps} steps per side per round, throughput "
+          f"after step {WARM}, whole processes interleaved")
     print(f"  {'round':>5} {'bare tok/s':>11} {'Trainer tok/s':>14} {'Trainbook tok/s':>16} {'TB/bare':>8} "
           f"{'TB/Trainer':>11}")
     rows = []
@@ -198,9 +219,10 @@ def main() -> int:
         for r in range(args.rounds):
             # Each round starts with the next side (bare Trainer Trainbook, Trainer Trainbook bare, ...): a side always
             # run first or last would carry whatever the machine does at that point of a round.
-            sides = {"bare": lambda: _own_process("bare", args.steps, Path(tmp) / f"bare-{r}"),
-                     "trainer": lambda: _own_process("trainer", args.steps, Path(tmp) / f"trainer-{r}"),
-                     "trainbook": lambda: trainbook_side(args.steps, Path(tmp) / f"trainbook-{r}")}
+            own = (args.settings, args.device)
+            sides = {"bare": lambda: _own_process("bare", args.steps, Path(tmp) / f"bare-{r}", *own),
+                     "trainer": lambda: _own_process("trainer", args.steps, Path(tmp) / f"trainer-{r}", *own),
+                     "trainbook": lambda: trainbook_side(args.steps, Path(tmp) / f"trainbook-{r}", *own)}
             order = list(sides)[r % 3:] + list(sides)[:r % 3]
             got = {side: sides[side]() for side in order}
             bare, trainer, tb = got["bare"], got["trainer"], got["trainbook"]

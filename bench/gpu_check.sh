@@ -10,7 +10,8 @@
 # 15-minute device lease room to start the machine twice and rerun what failed), and a failing or missing step is reported, never fatal. Exit status 0 when the report
 # was written, whatever it says; non-zero only when it could not be. Without CUDA it takes seconds and says so.
 # Settings: PYTHON (the image's, default python3), GPU_WHEELS (.whl), GPU_WHEELS_LIST (bench/gpu_wheels.txt),
-# GPU_TIER (tests/gpu, or some of its files and test ids, space-separated), GPU_CHECK_SECONDS (480),
+# GPU_TIER (tests/gpu, or some of its files and test ids, space-separated; none), GPU_COMPARISONS (hf, zero: see 3b),
+# GPU_CHECK_SECONDS (480),
 # GPU_BENCH_SECONDS (30: the benchmark's timed training; 0 leaves it out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -103,8 +104,10 @@ step facts "$(min 60 "$(left)")" "$RUN_PY" bench/gpu_facts.py --json "$WORK/fact
 # 3. The GPU tier, with what is left after keeping the benchmark's share.
 tier_limit=$(( $(left) - BENCH_SECONDS - 170 ))  # the benchmark's compile, its start, the report
 missing=()
-for t in "${TIER[@]}"; do [[ -e "${t%%::*}" ]] || missing+=("${t%%::*}"); done
-if (( ${#missing[@]} )); then
+for t in "${TIER[@]}"; do [[ "$t" == none || -e "${t%%::*}" ]] || missing+=("${t%%::*}"); done
+if [[ "${TIER[*]}" == none ]]; then
+  skip "gpu tier" "GPU_TIER=none"
+elif (( ${#missing[@]} )); then
   skip "gpu tier" "${missing[*]} does not exist: there is no GPU tier to run"
 elif ! "$RUN_PY" -c "import pytest" 2>/dev/null; then
   skip "gpu tier" "pytest is not installed for $RUN_PY"
@@ -122,6 +125,33 @@ else
   rc=$(tail -n 1 "$WORK/steps.tsv" | cut -f2)
   if [[ "$rc" == 5 ]]; then note "the GPU tier collected no test (pytest exit status 5)"; fi
 fi
+
+# 3b. The comparisons issue 30 asks for, when GPU_COMPARISONS names them ("hf zero"): minutes each, so a lease's
+# second command runs them (GPU_TIER=none GPU_BENCH_SECONDS=0 GPU_COMPARISONS="hf zero"). Their tables are in the log.
+# hf: a ~1B Llama from config (16 x 2048, context 1024, bytes) through Trainbook, HF Trainer and a bare loop, bf16.
+LLAMA_1B=(--set model.hf.config.hidden_size=2048 --set model.hf.config.intermediate_size=5632
+  --set model.hf.config.num_hidden_layers=16 --set model.hf.config.num_attention_heads=16
+  --set model.hf.config.num_key_value_heads=16 --set model.hf.config.max_position_embeddings=1024
+  --set model.block_size=1024 --set train.batch_size=8 --set optim.lr=3e-4 --set optim.warmup_steps=10)
+# zero: GPT-2 small's shape (the built-in GPT) under DeepSpeed, ZeRO-3 against ZeRO-0 on the one rank, bf16.
+GPT2_SMALL=(--set model.n_layer=12 --set model.n_head=12 --set model.n_embd=768 --set model.block_size=1024
+  --set train.batch_size=8)
+read -r -a COMPARISONS <<< "${GPU_COMPARISONS:-}"
+reserve=$(( BENCH_SECONDS > 0 ? BENCH_SECONDS + 170 : 30 ))
+if (( ${#COMPARISONS[@]} )) && ! "$RUN_PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  for c in "${COMPARISONS[@]}"; do skip "comparison $c" "no CUDA device"; done
+  COMPARISONS=()
+fi
+for c in "${COMPARISONS[@]}"; do
+  limit=$(( $(left) - reserve ))
+  if (( limit < 60 )); then skip "comparison $c" "only $limit s left of the budget"; continue; fi
+  case "$c" in
+    hf) step "comparison hf" "$limit" "$RUN_PY" bench/bench_hf.py --device cuda --rounds 3 --steps 40 "${LLAMA_1B[@]}" ;;
+    zero) step "comparison zero" "$limit" "$RUN_PY" bench/bench_zero.py --config tiny --rounds 3 --steps 30 \
+      "${GPT2_SMALL[@]}" ;;
+    *) skip "comparison $c" "not a comparison: allowed hf, zero" ;;
+  esac
+done
 
 # 4. The benchmark: what is left, less the report's few seconds, bounds its timed part.
 bench_seconds=$(min "$BENCH_SECONDS" $(( $(left) - 160 )))

@@ -151,3 +151,14 @@ def test_without_pip_a_wheel_is_unpacked_where_it_imports_and_its_scripts_run(tm
                           check=True).stdout.split() == ["42", "1.0"]
     assert subprocess.run([bindir / "demo-tool"], capture_output=True, text=True, check=True).stdout == "tool ran\n"
     assert not (site / "demo.h").exists() and not (tmp_path / "demo.h").exists()
+
+
+def test_a_second_command_runs_only_the_comparisons_and_says_why_each_did_not_run_here(tmp_path):
+    """GPU_TIER=none GPU_BENCH_SECONDS=0 GPU_COMPARISONS=...: a lease's second command. Without CUDA every
+    comparison is skipped with its reason, and the tier and benchmark say they were left out on purpose."""
+    _, report, md = run_check(tmp_path, GPU_TIER="none", GPU_BENCH_SECONDS="0", GPU_COMPARISONS="hf zero")
+    assert "gpu tier skipped: GPU_TIER=none" in report["notes"]
+    assert "benchmark skipped: GPU_BENCH_SECONDS=0" in report["notes"]
+    assert [n for n in report["notes"] if n.startswith("comparison")] == [
+        "comparison hf skipped: no CUDA device", "comparison zero skipped: no CUDA device"]
+    assert "| comparison hf | skipped |" in md
