@@ -5,12 +5,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: setup demo test test-unit test-fast bench lock clean gpu-wheels gpu-check
+.PHONY: setup demo test test-unit test-fast bench docs lock clean gpu-wheels gpu-check
 
 setup: $(STAMP)
 
-# One pip command: the project (editable) with every extra (.[all]: serve, azure, notebook, test), every version
-# fixed by constraints.txt
+# One pip command: the project (editable) with every extra (.[all]: serve, azure, notebook, test, tracking, docs),
+# every version fixed by constraints.txt
 # (torch==2.13.0 is the CPU build found on this machine; anything else pulls several GB of CUDA wheels).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +39,15 @@ test-fast: $(STAMP)
 	$(PY) -m pytest tests/unit
 	$(PY) -m pytest tests/e2e -m smoke
 
+# The docs site (docs/mkdocs.yml): the generated reference pages must match the code, then a --strict build (a broken
+# link, anchor, nav entry or snippet fails it) into docs/build/site/, ignored by git. NO_MKDOCS_2_WARNING: Material's
+# end-of-life notice (May 2027; its successor is Zensical), printed on every build, is left out.
+DOCS_SITE := docs/build/site
+
+docs: $(STAMP)
+	$(PY) docs/generate.py --check
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml -d $(CURDIR)/$(DOCS_SITE)
+
 bench: $(STAMP)
 	$(PY) bench/bench_training.py
 	$(PY) bench/bench_compile.py
@@ -56,8 +65,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_mlflow.py
 	$(PY) bench/bench_watchdog.py
 
-# The GPU machine's prepared check (README, "On a GPU box"). gpu-wheels, here (PyPI reachable): the wheels its image
-# lacks, for Python 3.12, into .whl/ (ignored; copy it there with the tree). gpu-check, there: install them, run the
+# The GPU machine's prepared check (docs/pages/gpu.md, "The prepared GPU check"). gpu-wheels, here (PyPI reachable):
+# the wheels its image lacks, for Python 3.12, into .whl/ (ignored; copy it there with the tree). gpu-check, there: install them, run the
 # GPU tier and a short benchmark, and write gpu_check.md and .json into $OUT (default: a dated folder under bench/results/); on the
 # image's python3, or .venv's where there is one (here: a dry run, "no CUDA device").
 gpu-wheels:
