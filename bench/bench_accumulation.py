@@ -79,6 +79,7 @@ def count_all_reduces() -> None:
     from toolkit.train import distributed
     from toolkit.train.engines import build_engine
     from toolkit.train.models import build_model
+    from toolkit.train.trainer import train_step
 
     counts = {}
     for side, settings in SIDES.items():
@@ -100,7 +101,7 @@ def count_all_reduces() -> None:
                 calls[0] = 0  # DDP sizes its buckets during the first step: count the steady state after it
             micro = [{"input_ids": torch.randint(0, 256, (B, T)), "labels": torch.randint(0, 256, (B, T))}
                      for _ in range(n)]
-            engine.train_step(micro)
+            train_step(engine, micro)
         counts[side] = calls[0] / steps
     if dist.get_rank() == 0:
         print(json.dumps(counts))

@@ -92,6 +92,7 @@ def side(model: str, on: bool, steps: int) -> dict:
     from toolkit.train.distributed import Topology
     from toolkit.train.engines.torch_engine import TorchEngine
     from toolkit.train.models import loss_function, prepare_model
+    from toolkit.train.trainer import train_step
 
     name, settings = MODELS[model]
     cfg = config_mod.load(name, [*settings, f"model.activation_checkpointing={str(on).lower()}"])
@@ -101,17 +102,17 @@ def side(model: str, on: bool, steps: int) -> dict:
     corpus = load_corpus(cfg)
     generator = torch.Generator().manual_seed(0)
     batches = [corpus.batch("train", cfg.train.batch_size, generator) for _ in range(1 + steps + MEMORY_STEPS)]
-    engine.train_step([batches[0]])  # AdamW's moments now exist; the gradients are freed again
+    train_step(engine, [batches[0]])  # AdamW's moments now exist; the gradients are freed again
     times = []
     for batch in batches[1:1 + steps]:
         t0 = time.perf_counter()
-        engine.train_step([batch]).item()
+        train_step(engine, [batch]).item()
         times.append(time.perf_counter() - t0)
     returned = _return_freed_memory()
     before_mib = _kib("VmRSS") / 1024
     reset = _reset_peak()
     for batch in batches[1 + steps:]:
-        engine.train_step([batch]).item()
+        train_step(engine, [batch]).item()
     peak_mib = _kib("VmHWM") / 1024 if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"step_s": statistics.median(times), "added_mib": peak_mib - before_mib, "baseline_mib": before_mib,
             "params_m": sum(p.numel() for p in built.parameters()) / 1e6, "exact": reset and returned,

@@ -46,6 +46,7 @@ from toolkit.train.distributed import Topology  # noqa: E402
 from toolkit.train.engines.torch_engine import TorchEngine  # noqa: E402
 from toolkit.train.models import loss_function  # noqa: E402
 from toolkit.train.models.gpt import GPT  # noqa: E402
+from toolkit.train.trainer import train_step  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.runs.rundir import RunDir  # noqa: E402
 from toolkit.train.trainer import Trainer  # noqa: E402
@@ -80,7 +81,7 @@ def lost_time_comparison(rounds: int, layers: int, width: int, workdir: Path) ->
 
     def step(before_update=None) -> float:
         t0 = time.perf_counter()
-        engine.train_step([corpus.batch("train", cfg.train.batch_size, generator)], before_update=before_update)
+        train_step(engine, [corpus.batch("train", cfg.train.batch_size, generator)], before_update=before_update)
         return time.perf_counter() - t0
 
     step()  # AdamW creates its moment buffers on the first step: now the state is full size

@@ -51,6 +51,7 @@ def per_step_work(repeats: int = 2000) -> None:
     from toolkit.train.distributed import Topology
     from toolkit.train.engines import build_engine
     from toolkit.train.models import build_model
+    from toolkit.train.trainer import train_step
     from toolkit.train.watchdog import HangClock, NonFiniteGuard, gradients_finite
 
     cfg = config_mod.load("demo", [])
@@ -61,7 +62,7 @@ def per_step_work(repeats: int = 2000) -> None:
     step_s = []
     for _ in range(23):
         start = time.perf_counter()
-        engine.train_step([batch])
+        train_step(engine, [batch])
         step_s.append(time.perf_counter() - start)
     step = statistics.median(step_s[3:])
     engine.loss_fn(engine.model, batch).backward()  # gradients to check, as before an update

@@ -84,6 +84,7 @@ def test_an_overflowing_fp16_step_is_skipped_and_halves_the_scale():
     from toolkit.train.distributed import Topology
     from toolkit.train.engines import build_engine
     from toolkit.train.models import build_model
+    from toolkit.train.trainer import train_step
 
     cfg = config_mod.load("tiny", ["engine.precision=fp16", "train.grad_accum_steps=2"])
     torch.manual_seed(0)
@@ -97,12 +98,12 @@ def test_an_overflowing_fp16_step_is_skipped_and_halves_the_scale():
     engine = build_engine(model, cfg, Topology(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")),
                           loss_fn=loss_fn)
     batch = {"input_ids": torch.randint(0, 256, (2, 32)), "labels": torch.randint(0, 256, (2, 32))}
-    engine.train_step([batch, batch])
+    train_step(engine, [batch, batch])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     overflow["on"] = True
-    engine.train_step([batch, batch])
+    train_step(engine, [batch, batch])
     assert (engine.skipped_steps, engine.loss_scale) == (1, 2.0 ** 15)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "a skipped step changes nothing"
     overflow["on"] = False
-    engine.train_step([batch, batch])
+    train_step(engine, [batch, batch])
     assert engine.skipped_steps == 1 and not all(torch.equal(before[k], v) for k, v in model.state_dict().items())

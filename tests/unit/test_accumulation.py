@@ -13,6 +13,7 @@ from toolkit.train.distributed import Topology
 from toolkit.train.engines import build_engine
 from toolkit.train.engines.accumulation import micro_batch_weights, weighted_mean
 from toolkit.train.models import build_model
+from toolkit.train.trainer import train_step
 
 CPU = Topology(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -38,7 +39,7 @@ def one_step(micro_batches: list[dict], weights) -> tuple[float, dict]:
     def keep_gradients():  # called just before the update, when the step's gradients are whole
         grads.update({name: p.grad.clone() for name, p in model.named_parameters()})
 
-    loss = engine.train_step(micro_batches, weights, before_update=keep_gradients).item()
+    loss = train_step(engine, micro_batches, weights, before_update=keep_gradients).item()
     return loss, grads
 
 

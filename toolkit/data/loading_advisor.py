@@ -86,6 +86,7 @@ def _measure(cfg, corpus, steps: int) -> Trial:
     from toolkit.train.distributed import Topology
     from toolkit.train.engines.torch_engine import TorchEngine
     from toolkit.train.models import build_model, loss_function
+    from toolkit.train.trainer import train_step
 
     torch.manual_seed(cfg.train.seed)
     engine = TorchEngine(build_model(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")),
@@ -96,7 +97,7 @@ def _measure(cfg, corpus, steps: int) -> Trial:
         t0 = time.perf_counter()
         batch = next(loader)
         t1 = time.perf_counter()
-        engine.train_step([batch])
+        train_step(engine, [batch])
         if i >= 3:  # the first batches include worker start-up
             waits.append(t1 - t0)
             totals.append(time.perf_counter() - t0)

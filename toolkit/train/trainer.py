@@ -9,7 +9,6 @@ Rank 0 writes the run directory: events.jsonl, status.json, lineage.json, tb/ an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -32,22 +31,31 @@ from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import flops_per_item, prepare_model
 from toolkit.train.rng import restore_rng
-from toolkit.train.watchdog import HangWatchdog, NonFiniteGuard, NonFiniteLossError, injected_hang, nan_loss
+from toolkit.train.faults import FaultPlan, attempt_number
+from toolkit.train.log_window import LogWindow
+from toolkit.train.watchdog import HangWatchdog, NonFiniteGuard, NonFiniteLossError
 from toolkit import safe_load
 from toolkit.runs import status as run_status
 from toolkit.runs.events import CheckpointInvalidEvent
 from toolkit.runs.rundir import RunDir
 from toolkit.fsio import atomic_write_text
-from toolkit.runs.launchers import ATTEMPT_ENV
 from toolkit.resources.machine import usable_cores
-
-# Which attempt of this run this process is (0 first; the supervisor counts restarts). Fault injection
-# fires on the first attempt only, so a restarted run gets past the step that killed it.
-ATTEMPT = int(os.environ.get(ATTEMPT_ENV, "0"))
-
 
 def _print_checkpoint_error(step: int, message: str) -> None:
     print(f"checkpoint at step {step} failed: {message}", file=sys.stderr)
+
+
+def train_step(engine, micro_batches: list[dict], weights: list[float] | None = None,
+               before_update=None) -> torch.Tensor:
+    """One optimizer step, whatever the engine: forward and backward over each micro-batch (train.grad_accum_steps of
+    them: their gradients add up, each loss weighted by its share of the step's targets, ``weights``;
+    toolkit.train.engines.accumulation), then the update. ``before_update`` runs when the gradients are whole and the
+    weights still the previous step's (a checkpoint's staging copy must be done by then). Returns the step's loss."""
+    n = len(micro_batches)
+    losses = [engine.forward_backward(batch, None if weights is None else weights[i], n, last=i == n - 1)
+              for i, batch in enumerate(micro_batches)]
+    engine.optimizer_step(before_update)  # clip, check (watchdog.nonfinite), update or leave it out, clear gradients
+    return weighted_mean(losses, weights)
 
 
 def lr_at(step: int, optim, max_steps: int) -> float:
@@ -125,8 +133,8 @@ class Trainer:
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.engine = build_engine(model, cfg, self.topo)
-        if self.topo.is_main and hasattr(self.engine, "ds_config"):  # what DeepSpeed got, for people to read
-            atomic_write_text(run.deepspeed_config_path, json.dumps(self.engine.ds_config, indent=1) + "\n")
+        if self.topo.is_main and self.engine.deepspeed_config is not None:  # what DeepSpeed got, for people to read
+            atomic_write_text(run.deepspeed_config_path, json.dumps(self.engine.deepspeed_config, indent=1) + "\n")
         torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
 
         self.corpus = data_mod.load_corpus(cfg)
@@ -146,146 +154,134 @@ class Trainer:
         self.saved_step: int | None = None  # the step of the last checkpoint started (or resumed from)
         self.guard = NonFiniteGuard(cfg.watchdog)
         self.compile_watch = CompileWatch() if cfg.train.compile else None
-        self.watchdog = HangWatchdog(cfg, run, self.topo.rank, self.topo.world_size, ATTEMPT,
+        self.attempt = attempt_number()  # 0 first, +1 per restart or resume
+        self.faults = FaultPlan(cfg.fault, self.topo.rank, self.topo.world_size, self.attempt)
+        self.watchdog = HangWatchdog(cfg, run, self.topo.rank, self.topo.world_size, self.attempt,
                                      events=self.sink.events if self.sink else None)
         self.resumed_from = self._resume()
 
     # --- the loop -------------------------------------------------------------------------------------------
 
     def train(self) -> dict:
-        cfg, topo, engine = self.cfg, self.topo, self.engine
-        if self.sink:
-            lineage = {**collect_lineage(cfg, self.corpus, topo.world_size), "mfu_peak": self.peak,
-                       "model": self._model_lineage(), "allocator": self.allocator, "device": self._device_lineage()}
-            self.sink.start(lineage=lineage, n_params=self.n_params, n_trainable=self.n_trainable,
-                            flops_per_item=self.flops_per_item, flops_source=self.flops_source,
-                            peak_flops=self.peak_flops, peak_source=self.peak["source"],
-                            attempt=ATTEMPT, **self.resumed_from)
+        """Steps until max_steps (or the time budget, or a stop): each a train_step (forward, backward, update), then
+        what falls due after it, each component keeping its own cadence: the log line, evaluation, the checkpoint."""
+        cfg, engine = self.cfg, self.engine
+        self._announce_start()
         profiler = self._profiler()
-        batches = iter(data_mod.train_loader(self.corpus, cfg, topo.rank, first_step=self.step,
-                                             world_size=topo.world_size))
+        batches = iter(data_mod.train_loader(self.corpus, cfg, self.topo.rank, first_step=self.step,
+                                             world_size=self.topo.world_size))
         self.watchdog.start(self.step)
         if cfg.train.eval_at_start and self.step == 0:
-            with self.watchdog.phase("evaluation"):
-                self.evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
+            self._evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
         engine.train()
-
-        loss_sum = torch.zeros((), dtype=torch.float64, device=topo.device)  # no .item() per step: no sync
-        window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
-        loss_steps = 0  # the window's steps whose loss is in loss_sum: a skipped (non-finite) step's is not
-        last_val = None
-        start_step = self.step
-        train_seconds = agreed_seconds = self.train_seconds
-        slow_steps = 0  # fault injection: steps left to slow down after a checkpoint
-        stopping = False  # every rank agreed to stop at this step (after a SIGTERM)
+        window = LogWindow(self.topo.device, self.topo.rank, self.topo.world_size, self.train_seconds)
+        first_step, last_val, stopping = self.step + 1, None, False
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
-            eval_seconds = 0.0
             batch = next(batches)
-            t1 = time.perf_counter()
-            if slow_steps:
-                slow_steps -= 1
-                time.sleep(cfg.fault.slow_step_ms / 1e3)
+            window.step_started(data_wait=time.perf_counter() - t0)
+            self.faults.before_step()
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
             micro_batches = self._micro_batches(batch)
-            # each micro-batch's share of the step's targets, counted on the CPU (no device sync)
-            weights = micro_batch_weights(micro_batches) if len(micro_batches) > 1 else None
-            with self._injected_nan():
-                loss = engine.train_step([self._to_device(b) for b in micro_batches], weights,
-                                         before_update=self.checkpointer.before_update)
-            action = self.guard.judge(engine.update_skipped)
-            if action:
-                self._nonfinite(loss, action, agreed_seconds)  # raises when the run stops here
+            with self.faults.nan_loss(self.step + 1, engine):
+                loss = train_step(engine, [self._to_device(b) for b in micro_batches],
+                                  micro_batch_weights(micro_batches), before_update=self.checkpointer.before_update)
+            if action := self.guard.judge(engine.update_skipped):
+                self._nonfinite(loss, action, window.agreed_seconds)  # raises when the run stops here
             else:
-                loss_sum += loss.to(torch.float64)
-                loss_steps += 1
+                window.add_loss(loss)
             if profiler:
                 profiler.step()
             self.step += 1
-            if self.step == start_step + 1:
+            if self.step == first_step:
                 self.checkpointer.warm_up()  # the optimizer state exists now: size the staging buffers
-            window_steps += 1
-            window_wait += t1 - t0
             last = self.step == cfg.train.max_steps
 
             # One process stops at the step it is in; several agree on the step at the next log interval, as the
             # request reaches each rank at a different step and they must all save the same one.
-            stopping = stopping or (topo.world_size == 1 and not last and self._stop_asked())
+            stopping = stopping or (self.topo.world_size == 1 and not last and self._stop_asked())
             logged = self.step % cfg.train.log_every == 0 or last or stopping
             log_start = time.perf_counter()
             if logged:
-                elapsed = time.perf_counter() - window_start
-                train_seconds += elapsed
-                # One collective per log interval: the loss, the clock every rank agrees on (the mean), so that
-                # all ranks take the same time-based decisions and nobody waits forever in a collective, and
-                # whether any rank was asked to stop.
-                # Each rank's peak memory goes in its own slot of the same vector, so rank 0 logs all of them.
-                memory = [0.0] * topo.world_size
-                memory[topo.rank] = peak_memory_mb(topo.device)
-                total_loss, seconds_sum, stop_votes, *memory = distributed.all_reduce_sum(
-                    [loss_sum.item(), train_seconds, float(self._stop_asked()), *memory], topo.device)
-                agreed_seconds = seconds_sum / topo.world_size
-                stopping = stop_votes > 0 and not last  # at the last step it simply completes
-                items_per_s = self.items_per_step * window_steps / elapsed
-                if self.sink:
-                    self.sink.train(
-                        step=self.step,
-                        loss=total_loss / loss_steps / topo.world_size if loss_steps else math.nan,
-                        lr=lr_at(self.step - 1, cfg.optim, self.horizon),
-                        tokens_per_s=items_per_s,
-                        data_wait_pct=100.0 * window_wait / elapsed,
-                        mfu=items_per_s * self.flops_per_item / self.peak_flops,
-                        elapsed_s=agreed_seconds,
-                        horizon=self.horizon,
-                        peak_memory_mb=[round(m, 1) for m in memory],
-                        **self._loss_scaling(),
-                        **self.guard.train_fields(),
-                    )
-                if cfg.train.max_seconds:
-                    last = last or agreed_seconds >= cfg.train.max_seconds
-                    self.horizon = time_budget_horizon(self.step, agreed_seconds, cfg.train)
-            # Logging happens every log_every steps, checkpoints usually on one of them: keep it out of the
-            # step time that checkpoint costs are measured from, as evaluation is.
+                stopping, last = self._log(window, last)
+            # Logging happens every log_every steps, checkpoints usually on one of them: keep it out of the step
+            # time that checkpoint costs are measured from, as evaluation is.
             log_seconds = time.perf_counter() - log_start
             if stopping:  # checkpointed as a final step is (checkpoint.at_end), without the evaluation
-                if self.checkpointer.due(self.step, agreed_seconds, final=True):
-                    self._save(agreed_seconds)
+                if self.checkpointer.due(self.step, window.agreed_seconds, final=True):
+                    self._save(window.agreed_seconds)
                 break
+            eval_seconds = 0.0
             if last or self.step % cfg.train.eval_every == 0:
                 eval_start = time.perf_counter()
-                with self.watchdog.phase("evaluation"):
-                    last_val = self.evaluate()
+                last_val = self._evaluate()
                 eval_seconds = time.perf_counter() - eval_start
-                window_start += eval_seconds  # evaluation is not training time
-            if self.checkpointer.due(self.step, agreed_seconds, final=last):
-                self._save(agreed_seconds)
-                slow_steps = cfg.fault.slow_steps_after_checkpoint
+                window.exclude(eval_seconds)  # evaluation is not training time
+            if self.checkpointer.due(self.step, window.agreed_seconds, final=last):
+                self._save(window.agreed_seconds)
+                self.faults.checkpoint_saved()
             # the step's time, checkpoint blocking included: what the checkpoint's cost is measured from
             self.checkpointer.step_done(time.perf_counter() - t0 - eval_seconds - log_seconds)
-            self.watchdog.step_done(self.step)
-            if self.compile_watch and (compiled := self.compile_watch.step_done(self.step)) and self.sink:
-                self.sink.compile(**compiled)
-            if cfg.fault.kill_at_step == self.step and ATTEMPT == 0 and topo.is_main:
-                os.killpg(os.getpgrp(), signal.SIGKILL)  # a lost node: every rank and the launcher, no goodbye
-            if cfg.fault.hang_at_step == self.step and ATTEMPT == 0 and topo.rank == topo.world_size - 1:
-                injected_hang()  # a stuck rank: the others wait for it in their next collective
+            self._step_done()
             if logged:
-                loss_sum.zero_()
-                loss_steps = 0
-                window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+                window.reset()
             if last:
                 break
+        return self._finish(profiler, window.agreed_seconds, last_val, stopping)
 
+    # --- what the loop calls ------------------------------------------------------------------------------
+
+    def _announce_start(self) -> None:
+        """Rank 0: lineage.json and the run's `running` event, with everything MFU and a resume are read against."""
+        if not self.sink:
+            return
+        lineage = {**collect_lineage(self.cfg, self.corpus, self.topo.world_size), "mfu_peak": self.peak,
+                   "model": self._model_lineage(), "allocator": self.allocator, "device": self._device_lineage()}
+        self.sink.start(lineage=lineage, n_params=self.n_params, n_trainable=self.n_trainable,
+                        flops_per_item=self.flops_per_item, flops_source=self.flops_source,
+                        peak_flops=self.peak_flops, peak_source=self.peak["source"],
+                        attempt=self.attempt, **self.resumed_from)
+
+    def _log(self, window: LogWindow, last: bool) -> tuple[bool, bool]:
+        """The log interval: its one collective, its train event, and the time budget. Returns (stopping, last):
+        whether any rank was asked to stop (at the last step the run simply completes), and whether this is the last
+        step now that the agreed clock is known."""
+        closed = window.close(self._stop_asked(), peak_memory_mb(self.topo.device))
+        items_per_s = self.items_per_step * closed.steps / closed.seconds
+        if self.sink:
+            self.sink.train(step=self.step, loss=closed.loss, lr=lr_at(self.step - 1, self.cfg.optim, self.horizon),
+                            tokens_per_s=items_per_s, data_wait_pct=closed.data_wait_pct,
+                            mfu=items_per_s * self.flops_per_item / self.peak_flops, elapsed_s=closed.agreed_seconds,
+                            horizon=self.horizon, peak_memory_mb=[round(m, 1) for m in closed.peak_memory_mb],
+                            **self._loss_scaling(), **self.guard.train_fields())
+        stopping = closed.stop_votes > 0 and not last
+        if self.cfg.train.max_seconds:
+            last = last or closed.agreed_seconds >= self.cfg.train.max_seconds
+            self.horizon = time_budget_horizon(self.step, closed.agreed_seconds, self.cfg.train)
+        return stopping, last
+
+    def _step_done(self) -> None:
+        """The step is over, evaluation and checkpoint included: the components that watch steps hear of it."""
+        self.watchdog.step_done(self.step)
+        if self.compile_watch and (compiled := self.compile_watch.step_done(self.step)) and self.sink:
+            self.sink.compile(**compiled)
+        self.faults.after_step(self.step)
+
+    def _finish(self, profiler, agreed_seconds: float, last_val: dict | None, stopped: bool) -> dict:
         if profiler:
             profiler.close()
         with self.watchdog.phase("final checkpoint"):
             self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
         self.watchdog.close()
         result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {}),
-                  "peak_memory_mb": round(peak_memory_mb(topo.device), 1)}
+                  "peak_memory_mb": round(peak_memory_mb(self.topo.device), 1)}
         if self.sink:
-            self.sink.finish(result, stopped=stopping)
+            self.sink.finish(result, stopped=stopped)
         return result
+
+    def _evaluate(self) -> dict:
+        with self.watchdog.phase("evaluation"):
+            return self.evaluate()
 
     def _micro_batches(self, batch: dict) -> list[dict]:
         """The step's batch (batch_size x grad_accum_steps rows) as grad_accum_steps micro-batches (views)."""
@@ -322,12 +318,6 @@ class Trainer:
                                                "train_seconds": agreed_seconds,
                                                "nonfinite_skipped": self.guard.skipped})
 
-    def _injected_nan(self):
-        """fault.nan_at_step: the coming step's loss made NaN on the last rank (first attempt only)."""
-        last_rank = self.topo.rank == self.topo.world_size - 1
-        due = self.cfg.fault.nan_at_step == self.step + 1 and ATTEMPT == 0 and last_rank
-        return nan_loss(self.engine) if due else contextlib.nullcontext()
-
     def _nonfinite(self, loss: torch.Tensor, action: str, agreed_seconds: float) -> None:
         """The engine left the update of step self.step + 1 out: its loss or gradients were not finite on some rank.
         That decision is the same on every rank, so all ranks are here and may take a collective. Skipped: recorded,
@@ -351,9 +341,11 @@ class Trainer:
             print(f"watchdog: {event.summary}", file=sys.stderr, flush=True)
         if action == "stopped":
             if self.sink:
-                run_status.forbid_restart(self.run, ATTEMPT, "a non-finite step: a restart from the checkpoint "
+                run_status.forbid_restart(self.run, self.attempt, "a non-finite step: a restart from the checkpoint "
                                                              "before it would repeat it")
             raise NonFiniteLossError(event.summary)
+
+    # --- resuming -------------------------------------------------------------------------------------------
 
     def _resume(self) -> dict:
         """Continue from the newest valid checkpoint in the run directory, if there is one.
@@ -382,7 +374,7 @@ class Trainer:
         self.checkpointer.last_saved_seconds = self.train_seconds
         return {"resumed_from": info.name, "resumed_step": self.step}
 
-    # --- components -----------------------------------------------------------------------------------------
+    # --- lineage, evaluation, profiling -----------------------------------------------------------------------
 
     def _model_lineage(self) -> dict:
         """Where the model came from: the user's code (each import path and its file's sha256, read now: a resume
@@ -421,7 +413,7 @@ class Trainer:
         for batch in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
             loss_sum += self._eval_batch(batch)
             count += 1
-        if getattr(self.engine, "state_moves_in_forward", False):
+        if self.engine.state_moves_in_forward:
             # ZeRO-3 gathers each layer's weights from every rank inside forward: a rank whose share of the batches
             # is one short (eval_batches not a multiple of the ranks) must still join the others' last forward, or
             # they wait for it forever. Its extra forward is not counted.

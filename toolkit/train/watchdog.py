@@ -68,18 +68,6 @@ def gradients_finite(parameters, norm: torch.Tensor | None = None) -> bool:
     return bool(torch.isfinite(norm))  # the step's one host sync
 
 
-@contextlib.contextmanager
-def nan_loss(engine):
-    """fault.nan_at_step: the engine's loss times NaN for one step, so that its gradients are NaN too, as a real
-    overflow's are (a NaN added to the loss would leave them finite)."""
-    loss_fn = engine.loss_fn
-    engine.loss_fn = lambda model, batch: loss_fn(model, batch) * float("nan")
-    try:
-        yield
-    finally:
-        engine.loss_fn = loss_fn
-
-
 class NonFiniteGuard:
     """What a step whose update the engine left out means for the run (watchdog.nonfinite): skipped and counted, or
     the end of the run. ``skipped``: the count so far (a resumed run continues it from its checkpoint)."""
@@ -112,12 +100,6 @@ class NonFiniteGuard:
 
 
 # --- hangs ------------------------------------------------------------------------------------------------------------
-
-def injected_hang() -> None:
-    """fault.hang_at_step: wait forever on an event nobody sets, as a rank stuck in a collective does (without the
-    GIL, so this rank's watchdog thread runs)."""
-    threading.Event().wait()
-
 
 class HangClock:
     """When a rank is overdue. Pure bookkeeping, the time passed in (monotonic seconds); the loop's thread writes it,

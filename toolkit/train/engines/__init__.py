@@ -1,15 +1,57 @@
-"""Engine registry: ``engine.name`` picks how a model is wrapped, stepped and (later) checkpointed.
+"""Engine registry: ``engine.name`` picks how a model is wrapped, stepped and checkpointed.
 
-An engine exposes the same five things, so the loop in toolkit.train.trainer never asks which one it has:
-``module`` (the bare model), ``train_step(micro_batches, weights) -> loss`` (one optimizer step; several
-micro-batches with train.grad_accum_steps), ``eval_loss(batch) -> loss``, ``set_lr(lr)``,
-and ``train()`` / ``eval()`` mode switches. A batch is a dict of tensors; the model's adapter ``loss_fn(model,
-batch)`` (toolkit.train.models.loss_function) turns it into the loss, so engines know no model. After each
-``train_step``, ``update_skipped`` says whether it left its update out for non-finite gradients (watchdog.nonfinite;
-the same on every rank, toolkit.train.watchdog).
+Every engine is an :class:`Engine`: the trainer (toolkit.train.trainer.train_step) calls ``forward_backward`` for
+each micro-batch of a step and then ``optimizer_step``, and never asks which engine it has. A batch is a dict of
+tensors; the model's adapter ``loss_fn(model, batch)`` (toolkit.train.models.loss_function) turns it into the loss, so
+engines know no model.
 """
 
 from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+
+class Engine(Protocol):
+    module: torch.nn.Module
+    """The bare model (no DDP or DeepSpeed wrapper): what lineage, exports and checks read."""
+    loss_fn: Callable
+    """(model, batch) -> loss, the model's adapter (fault injection wraps it)."""
+    update_skipped: bool
+    """The last optimizer_step left its update out: its gradients were not finite (watchdog.nonfinite; the same on
+    every rank)."""
+    cheap_state_capture: bool
+    """checkpoint_state hands out references, with no copy and no collective (so staging buffers can warm up)."""
+    state_moves_in_forward: bool
+    """Parameters are gathered and released inside forward (ZeRO-3): evaluation must keep every rank in step."""
+    deepspeed_config: dict | None
+    """What DeepSpeed was handed (written beside the run for people to read); None for other engines."""
+    skipped_steps: int
+    """fp16: updates the loss scaler skipped for overflowing gradients."""
+    loss_scale: float | None
+    """fp16: the loss scale now; None otherwise."""
+
+    def forward_backward(self, batch: dict, weight: float | None, n: int, last: bool) -> torch.Tensor:
+        """One micro-batch of ``n``: its loss, and its gradients added to the step's (the loss weighted by its share
+        of the step's targets, ``weight``; None: 1 / n). ``last``: the step's last micro-batch."""
+
+    def optimizer_step(self, before_update: Callable[[], None] | None = None) -> None:
+        """The update from the step's gradients (clipped, checked, applied or left out); gradients cleared.
+        ``before_update`` runs when the gradients are whole and the weights still the previous step's."""
+
+    def eval_loss(self, batch: dict) -> torch.Tensor: ...
+
+    def set_lr(self, lr: float) -> None: ...
+
+    def train(self) -> None: ...
+
+    def eval(self) -> None: ...
+
+    def checkpoint_state(self, folder, is_writer: bool) -> dict:
+        """Relative file name -> state to save (tensors referenced, not copied)."""
+
+    def load_checkpoint_state(self, folder) -> None: ...
 
 
 def _torch_engine(model, cfg, topo, loss_fn):
@@ -27,7 +69,7 @@ def _deepspeed_engine(model, cfg, topo, loss_fn):
 ENGINES = {"torch": _torch_engine, "deepspeed": _deepspeed_engine}
 
 
-def build_engine(model, cfg, topo, loss_fn=None):
+def build_engine(model, cfg, topo, loss_fn=None) -> Engine:
     """The engine ``cfg.engine.name`` names around ``model``; ``loss_fn`` defaults to the model's adapter."""
     if loss_fn is None:
         from toolkit.train.models import loss_function

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from toolkit import safe_load
-from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.deepspeed_config import fall_back_to_torch_adam, merged
 from toolkit.train.engines.param_groups import HALF, adamw_param_groups, trainable_only
 from toolkit.train.watchdog import gradients_finite
@@ -72,6 +71,8 @@ def _update_left_out(optimizer):
 
 
 class DeepSpeedEngine:
+    cheap_state_capture = False  # capturing its state is itself a collective (the ZeRO partitions)
+
     def __init__(self, model, cfg, topo, loss_fn):
         from toolkit.third_party import import_deepspeed
 
@@ -80,15 +81,15 @@ class DeepSpeedEngine:
 
         model = model.to(topo.device)
         # the user's file (engine.deepspeed) merged with this run's fields, for the world this run really has
-        self.ds_config = merged(cfg, topo.world_size, cuda=topo.device.type == "cuda")
-        if topo.device.type == "cuda" and (why := fall_back_to_torch_adam(self.ds_config)):
+        self.deepspeed_config = merged(cfg, topo.world_size, cuda=topo.device.type == "cuda")  # the trainer writes it
+        if topo.device.type == "cuda" and (why := fall_back_to_torch_adam(self.deepspeed_config)):
             if topo.is_main:
                 print(f"DeepSpeed steps with torch's AdamW (optimizer.params.torch_adam), not FusedAdam: {why}",
                       file=sys.stderr, flush=True)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=adamw_param_groups(model, cfg.optim.weight_decay),
-            config=copy.deepcopy(self.ds_config),  # DeepSpeed fills in what it defaults; the run keeps the merge
+            config=copy.deepcopy(self.deepspeed_config),  # DeepSpeed fills in what it defaults; the run keeps the merge
         )
         if cfg.train.compile:
             self.engine.compile()  # DeepSpeed's own path: the module compiled in place, its hooks kept
@@ -126,28 +127,27 @@ class DeepSpeedEngine:
         # loss_scale: what every fp16 optimizer of DeepSpeed 0.19 has (stage 0's FP16_Optimizer has no cur_scale)
         return float(self.engine.optimizer.loss_scale) if self._dtype is torch.float16 else None
 
-    def train_step(self, micro_batches: list[dict], weights: list[float] | None = None,
-                   before_update=None) -> torch.Tensor:
-        """One optimizer step over ``micro_batches``: DeepSpeed divides each backward by gradient_accumulation_steps
-        and communicates and updates only at the boundary (the last micro-step's ``step()``); returns the step's
-        loss (micro-batches weighted by their targets, as in the torch engine)."""
-        n = len(micro_batches)
-        losses = []
-        for i, batch in enumerate(micro_batches):
-            loss = self.loss_fn(self.engine, self._cast(batch))
-            losses.append(loss.detach().float())
-            # DeepSpeed divides by n itself: a share w of the step's targets goes in as w x n
-            self.engine.backward(loss if weights is None else loss * (weights[i] * n))
-            left_out = False
-            if i == n - 1:
-                # stage 0 all-reduced the gradients in this backward: every rank takes the same decision
-                left_out = self._check_here and not gradients_finite(self.module.parameters())
-                if before_update is not None:
-                    before_update()  # the last moment the weights are still those of the previous step
-            with _update_left_out(self.engine.optimizer) if left_out else contextlib.nullcontext():
-                self.engine.step()  # DeepSpeed's bookkeeping (step counts, zeroed gradients) as for any step
+    def forward_backward(self, batch: dict, weight: float | None, n: int, last: bool) -> torch.Tensor:
+        """One micro-batch of ``n``: its loss (returned) and backward. DeepSpeed divides each backward by
+        gradient_accumulation_steps itself, and takes a ``step()`` after each: inside the accumulation that is only
+        bookkeeping; the last micro-batch's, the update, is :meth:`optimizer_step`'s."""
+        loss = self.loss_fn(self.engine, self._cast(batch))
+        # a share w of the step's targets goes in as w x n, since DeepSpeed divides by n
+        self.engine.backward(loss if weight is None else loss * (weight * n))
+        if not last:
+            self.engine.step()
+        return loss.detach().float()
+
+    def optimizer_step(self, before_update=None) -> None:
+        """The update at the accumulation boundary (clipping, ZeRO's reduction and the optimizer are DeepSpeed's), or
+        left out where the gradients are not finite (watchdog.nonfinite)."""
+        # stage 0 all-reduced the gradients in the last backward: every rank takes the same decision
+        left_out = self._check_here and not gradients_finite(self.module.parameters())
+        if before_update is not None:
+            before_update()  # the last moment the weights are still those of the previous step
+        with _update_left_out(self.engine.optimizer) if left_out else contextlib.nullcontext():
+            self.engine.step()  # DeepSpeed's bookkeeping (step counts, zeroed gradients) as for any step
         self.update_skipped = self.watch_nonfinite and (left_out or not self.engine.was_step_applied())
-        return weighted_mean(losses, weights)
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:

@@ -9,7 +9,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
 from toolkit.train.compilation import compile_in_place
-from toolkit.train.engines.accumulation import weighted_mean
 from toolkit.train.engines.param_groups import (HALF, adamw_param_groups, load_trainable_state, trainable_only,
                                                 trainable_state)
 from toolkit.train.watchdog import gradients_finite
@@ -64,24 +63,22 @@ class TorchEngine:
     def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler is not None else None
 
-    def train_step(self, micro_batches: list[dict], weights: list[float] | None = None,
-                   before_update=None) -> torch.Tensor:
-        """One optimizer step over ``micro_batches`` (train.grad_accum_steps of them): their gradients add up, each
-        loss weighted by its share of the step's targets (``weights``:
-        toolkit.train.engines.accumulation; None: equal shares), so the sum is the one batch's; returns the step's loss."""
-        n = len(micro_batches)
-        losses = []
-        for i, batch in enumerate(micro_batches):
-            # DDP all-reduces gradients during backward; on the inner micro-steps there is nothing to share yet,
-            # so only the last backward communicates (1 all-reduce per optimizer step instead of n)
-            inner = i < n - 1 and self.model is not self.module
-            with self.model.no_sync() if inner else contextlib.nullcontext():
-                with self._autocast():
-                    loss = self.loss_fn(self.model, batch)
-                    losses.append(loss.detach())
-                    if n > 1:
-                        loss = loss / n if weights is None else loss * weights[i]
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+    def forward_backward(self, batch: dict, weight: float | None, n: int, last: bool) -> torch.Tensor:
+        """One micro-batch of ``n``: its loss (returned, detached) and its gradients, added to those of the step's
+        micro-batches before it, its loss weighted by ``weight`` (its share of the step's targets; None: 1 / n)."""
+        # DDP all-reduces gradients during backward; on the inner micro-steps there is nothing to share yet, so only
+        # the last backward communicates (1 all-reduce per optimizer step instead of n)
+        inner = not last and self.model is not self.module
+        with self.model.no_sync() if inner else contextlib.nullcontext():
+            with self._autocast():
+                loss = self.loss_fn(self.model, batch)
+                share = loss if n == 1 else (loss / n if weight is None else loss * weight)
+            (self.scaler.scale(share) if self.scaler is not None else share).backward()
+        return loss.detach()
+
+    def optimizer_step(self, before_update=None) -> None:
+        """The update from the step's gradients: unscaled (fp16), clipped, checked (watchdog.nonfinite), then applied
+        or left out; the gradients cleared either way."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip) if self.grad_clip else None
@@ -99,7 +96,6 @@ class TorchEngine:
         elif not self.update_skipped:  # left out, the weights and the optimizer's moments stay as they were
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return weighted_mean(losses, weights)
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:
@@ -107,6 +103,8 @@ class TorchEngine:
             return self.loss_fn(self.model, batch)
 
     cheap_state_capture = True  # state_dict() hands out references: no copy, no collective
+    state_moves_in_forward = False  # the state stays where it is during forward (ZeRO-3's does not)
+    deepspeed_config = None  # not DeepSpeed: no config was handed to it
 
     # DDP replicas are identical, so rank 0 alone writes the model and optimizer state.
     def checkpoint_state(self, folder, is_writer: bool) -> dict:
