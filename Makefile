@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: setup demo test test-unit test-fast bench docs lock clean gpu-wheels gpu-check
+.PHONY: setup demo test test-unit test-fast bench docs lint lock clean gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ DOCS_SITE := docs/build/site
 docs: $(STAMP)
 	$(PY) docs/generate.py --check
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml -d $(CURDIR)/$(DOCS_SITE)
+
+# ruff (lint: pyproject.toml [tool.ruff]) and mypy (types: [tool.mypy]) over toolkit/ and widgets/.
+lint: $(STAMP)
+	$(PY) -m ruff check toolkit widgets
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) bench/bench_training.py

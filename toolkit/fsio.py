@@ -29,7 +29,7 @@ import stat
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit.errors import bounded_repr, not_allowed
 

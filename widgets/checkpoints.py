@@ -8,7 +8,8 @@ Listing verifies every file's checksum against the manifest (toolkit.checkpoint.
 when started from the button, since reading a large checkpoint takes a while. Each row shows what the
 checkpoint cost when it was written: the training time it lost (its blocking plus the slowdown of the steps
 its background write overlapped, toolkit.checkpoint.cost) and, of that, the time training stood still. The
-interval advisor is toolkit.checkpoint.interval_advisor's Young/Daly arithmetic on the run's own lost time and step time.
+interval advisor is toolkit.checkpoint.interval_advisor's Young/Daly arithmetic on the run's own lost time and step
+time.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import html
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import ipywidgets as w
 from toolkit import paths

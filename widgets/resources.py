@@ -129,7 +129,8 @@ class MemoryPanel(Panel):
                                 f"{self.gpu_memory.value:g} GiB ({budget:.1f} GiB)")
         use = f"ZeRO-{advice.stage}" if advice.stage is not None else "no stage fits: more GPUs or offload"
         self.headline.value = (f"<div style='font-size:1.1em'>{size} parameters, {self.precision.value}, "
-                               f"ZeRO-{chosen.zero_stage} on {self.gpus.value} GPU{'s' if self.gpus.value > 1 else ''}: "
+                               f"ZeRO-{chosen.zero_stage} on {self.gpus.value} "
+                               f"GPU{'s' if self.gpus.value > 1 else ''}: "
                                f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
                                f"Recommended: <b>{html.escape(use)}</b></div>")
         self.formula.value = pre_html(advice.summary())

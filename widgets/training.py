@@ -40,7 +40,8 @@ class TrainingPanel(Panel):
                  overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
         super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
-        self.config = w.Dropdown(options=sorted({*config_mod.builtin_config_names(), config}), value=config, description="config")
+        self.config = w.Dropdown(options=sorted({*config_mod.builtin_config_names(), config}), value=config,
+                                 description="config")
         self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
         self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
@@ -62,7 +63,8 @@ class TrainingPanel(Panel):
                                                "decides the stage", layout=w.Layout(width="420px"))
         self.grad_accum = w.BoundedIntText(value=grad_accum_steps, min=1, max=4096, description="grad accum",
                                            tooltip="micro-batches per optimizer step")
-        self.precision = w.Dropdown(options=[("config's", ""), ("fp32", "fp32"), ("bf16", "bf16"), ("fp16 (GPU)", "fp16")],
+        self.precision = w.Dropdown(options=[("config's", ""), ("fp32", "fp32"), ("bf16", "bf16"),
+                                             ("fp16 (GPU)", "fp16")],
                                     value=precision, description="precision")
         self.activation_checkpointing = w.Checkbox(value=activation_checkpointing, description="act. checkpointing")
         self.deepspeed_view = w.HTML()
@@ -80,7 +82,8 @@ class TrainingPanel(Panel):
                        w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile]),
                        w.HBox([self.model, self.tokenizer]),
                        w.HBox([self.deepspeed_config, self.grad_accum, self.precision, self.activation_checkpointing])])
-        self.view = w.VBox([form, w.HBox([*self.buttons.values(), self.trust_run]), self.message, self.progress, self.card,
+        self.view = w.VBox([form, w.HBox([*self.buttons.values(), self.trust_run]), self.message, self.progress,
+                            self.card,
                             self.plot, self.deepspeed_view, self.links])
         self.handle = None
         self.run: RunDir | None = None
@@ -150,7 +153,8 @@ class TrainingPanel(Panel):
         if self.run is None:
             raise ValueError(refused("run", "none yet", "start or open a run first"))
         self.wait()
-        self._follow(launch.resume(self.run.path, trust_run=self.trust_run.value), self.run.read_config().train.max_steps,
+        self._follow(launch.resume(self.run.path, trust_run=self.trust_run.value),
+                     self.run.read_config().train.max_steps,
                      keep_history=True)
         return self.handle
 
@@ -173,7 +177,7 @@ class TrainingPanel(Panel):
             self.tb_server.stop()
             self.tb_server = None
 
-    def open_run(self, run_dir: str | Path) -> "TrainingPanel":
+    def open_run(self, run_dir: str | Path) -> TrainingPanel:
         """Show a past run's dashboard from its events.jsonl."""
         self.run, self.handle = RunDir(run_dir), None
         self.deepspeed_view.value = ""

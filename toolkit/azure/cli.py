@@ -165,7 +165,8 @@ def _add_deploy_plan(verbs) -> None:
 
 def _add_deploy(verbs) -> None:
     deploy = add_verb(verbs, "deploy", "create a deployment plan's endpoint and deployment, route all traffic to "
-                      "it, print the scoring URI", ["trainbook azure deploy plans/demo-ep --workspace-config config.json"])
+                      "it, print the scoring URI",
+                      ["trainbook azure deploy plans/demo-ep --workspace-config config.json"])
     deploy.add_argument("plan_dir", help="a folder written by `trainbook azure deploy-plan`")
     _add_workspace_flags(deploy)
     deploy.set_defaults(func=_cmd_deploy)

@@ -25,7 +25,8 @@ from toolkit.errors import not_allowed, refused
 SNAPSHOT_LIMIT_BYTES = 300 * 10**6
 SNAPSHOT_LIMIT_FILES = 2000
 MB = 10**6  # the SDK reports upload sizes in 10**6 bytes; so do we
-NEEDED = ("toolkit/**/*.py", "toolkit/configs/*.yaml", "pyproject.toml")  # what `python -m toolkit.runs.worker` imports and reads
+# what `python -m toolkit.runs.worker` imports and reads
+NEEDED = ("toolkit/**/*.py", "toolkit/configs/*.yaml", "pyproject.toml")
 _BACKUP = r"(\.(bak|old|orig|save|backup)|~)?"  # a copy's suffix: id_rsa.bak is still the key
 _NOT_CODE = r"(?!.*\.(py|pyi|ipynb|md|rst)$)"  # code and docs about secrets (api_keys.py) are judged by content
 # Secret-looking files, by name: (pattern over the whole basename, any case; what it is). Endpoint keys are files

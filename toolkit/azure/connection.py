@@ -84,7 +84,8 @@ CLI_FIELD = "--workspace-config"  # how the command line names the config; a not
 
 def find_config(path: str | Path | None = None, cwd: str | Path | None = None, config_field: str = CLI_FIELD) -> Path:
     """The config.json to read: ``path`` (a file, or a folder holding config.json), else the first of
-    ./config.json and ./.azureml/config.json. Messages name ``config_field``, the option or parameter ``path`` came in."""
+    ./config.json and ./.azureml/config.json. Messages name ``config_field``, the option or parameter ``path`` came
+    in."""
     if path is not None:
         candidate = Path(path).expanduser()
         candidate = candidate / "config.json" if candidate.is_dir() else candidate
@@ -97,7 +98,8 @@ def find_config(path: str | Path | None = None, cwd: str | Path | None = None, c
     for candidate in tried:
         if candidate.is_file():
             return candidate
-    other = (f"pass {CLI_FIELD} PATH or --subscription, --resource-group and --workspace-name" if config_field == CLI_FIELD
+    other = (f"pass {CLI_FIELD} PATH or --subscription, --resource-group and --workspace-name"
+             if config_field == CLI_FIELD
              else f"set {config_field} to its path")
     raise AzureError(f"{config_field}: no config.json at {' or '.join(map(str, tried))}; {GET_ONE}, or {other}")
 
@@ -242,7 +244,8 @@ class ConnectionStatus:
         return f"Azure ML: {'connected' if self.connected else 'not connected, working offline'}. {where}{self.reason}"
 
 
-def connection_status(config: str | Path | None = None, credential=None, config_field: str = CLI_FIELD) -> ConnectionStatus:
+def connection_status(config: str | Path | None = None, credential=None,
+                      config_field: str = CLI_FIELD) -> ConnectionStatus:
     """Find the workspace config and get one token; never raises for a missing piece (that is the answer).
     ``config_field``: how the caller's user names the config (a notebook's parameter), for the messages."""
     try:

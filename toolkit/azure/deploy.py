@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from toolkit.azure.connection import WorkspaceRef
 from toolkit.azure.deploy_plan import sdk_loaders

@@ -19,7 +19,8 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from toolkit.azure import code_upload, entities
 from toolkit.azure.connection import WorkspaceRef

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit.azure.skus import Sku
 

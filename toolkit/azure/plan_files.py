@@ -13,7 +13,8 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import yaml
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from toolkit.azure.connection import WorkspaceRef, check_credentials, default_credential, ml_client
 from toolkit.azure.errors import AzureError

@@ -114,7 +114,7 @@ class Workspace:
         self.read_only = read_only  # this user cannot write it: looking works, every write is refused
 
     @classmethod
-    def open(cls, path: str | Path | None = None) -> "Workspace":
+    def open(cls, path: str | Path | None = None) -> Workspace:
         """Open the workspace at ``path`` (default: :func:`default_path`), creating it on first use. A workspace this
         user cannot write opens read-only: its catalogue is read, never written (:meth:`require_writable`)."""
         root = Path(path) if path is not None else default_path()
@@ -131,7 +131,7 @@ class Workspace:
         return ws
 
     @classmethod
-    def existing(cls, path: str | Path | None = None) -> "Workspace | None":
+    def existing(cls, path: str | Path | None = None) -> Workspace | None:
         """The workspace at ``path`` (default: :func:`default_path`) if one was made there, else None: what a
         read-only verb (a listing) opens, so that looking never creates a workspace."""
         root = Path(path) if path is not None else default_path()

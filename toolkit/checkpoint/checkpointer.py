@@ -199,7 +199,8 @@ class Checkpointer:
         copy may run while the optimizer changes the tensors. Engines whose state capture is itself a
         collective (DeepSpeed) skip it.
         """
-        if not getattr(self.engine, "cheap_state_capture", False) or not (self.cfg.every_steps or self.cfg.every_seconds):
+        periodic = self.cfg.every_steps or self.cfg.every_seconds
+        if not getattr(self.engine, "cheap_state_capture", False) or not periodic:
             return
         states = self.engine.checkpoint_state(None, is_writer=self.rank == 0)
         # Pending like a checkpoint, so that the first real one waits for it instead of staging into the same
@@ -335,7 +336,8 @@ class Checkpointer:
         free = shutil.disk_usage(job.folder).free
         if needed > free:
             raise OSError(errno.ENOSPC, f"No space left on device: checkpoint step {job.step} needs "
-                                        f"{needed / 1e6:.2f} MB more, {free / 1e6:.2f} MB free under {job.folder.parent}")
+                                        f"{needed / 1e6:.2f} MB more, {free / 1e6:.2f} MB free under "
+                                        f"{job.folder.parent}")
 
     def _persist(self, job: _Job) -> None:
         if self._bounce is None:

@@ -10,8 +10,9 @@
 
 A checkpoint counts only if its manifest exists and is well-formed, the folder holds exactly the files it lists
 (no links, no extra files), every file has the recorded size and checksum (toolkit.checkpoint.checksum), and no ``.pt``
-file would import anything but tensors and plain data when loaded (toolkit.safe_load). A run directory may be a copy from elsewhere: LATEST
-and manifests are read as untrusted text, so no name in them leads outside the run's checkpoints folder.
+file would import anything but tensors and plain data when loaded (toolkit.safe_load). A run directory may be a
+copy from elsewhere: LATEST and manifests are read as untrusted text, so no name in them leads outside the run's
+checkpoints folder.
 """
 
 from __future__ import annotations

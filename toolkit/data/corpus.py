@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -104,7 +104,7 @@ class PackedCorpus(Corpus):
         self._window = torch.arange(block_size + 1)
 
     @classmethod
-    def from_bytes(cls, name: str, text: bytes, block_size: int, val_fraction: float) -> "PackedCorpus":
+    def from_bytes(cls, name: str, text: bytes, block_size: int, val_fraction: float) -> PackedCorpus:
         tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         return cls(name, tokens, hashlib.sha256(text).hexdigest(), block_size, val_fraction)
 

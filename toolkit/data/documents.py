@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

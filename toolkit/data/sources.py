@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from toolkit.data.documents import DataFormat, file_records, is_jsonl, table_records
 

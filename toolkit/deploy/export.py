@@ -28,7 +28,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -179,7 +179,8 @@ def _export_onnx(model, example: torch.Tensor, model_name: str, block_size: int,
         warnings.simplefilter("ignore", FutureWarning)
         torch.onnx.export(model, (example,), str(path), dynamo=True, input_names=["inputs"], output_names=["logits"],
                           dynamic_shapes={arg: dims}, external_data=False, verbose=False)
-    return max(o.version for o in onnx.load(str(path), load_external_data=False).opset_import if o.domain in ("", "ai.onnx"))
+    imports = onnx.load(str(path), load_external_data=False).opset_import
+    return max(o.version for o in imports if o.domain in ("", "ai.onnx"))
 
 
 def _parity(model, model_name: str, cfg, corpus, onnx_path: Path) -> dict:

@@ -62,7 +62,8 @@ def _export_onnx(model, task: str, context: int, path: Path) -> tuple[int | None
     import onnx
 
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    dims = {0: torch.export.Dim("batch", min=1, max=ONNX_MAX_BATCH), 1: torch.export.Dim("sequence", min=1, max=context)}
+    dims = {0: torch.export.Dim("batch", min=1, max=ONNX_MAX_BATCH),
+            1: torch.export.Dim("sequence", min=1, max=context)}
     example = _inputs(model.config.vocab_size, 2, min(16, context))
     try:
         with warnings.catch_warnings():

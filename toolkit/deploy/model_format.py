@@ -119,7 +119,8 @@ def verify_model_folder(model_dir: str | Path) -> dict:
 # --- what a folder serves -----------------------------------------------------------------------------------------
 
 # (model, task) -> the requests an endpoint over it answers (toolkit.deploy.serving.protocol's task names)
-SERVED_TASKS = {("gpt", None): TEXT_TASKS, ("hf", "causal_lm"): TEXT_TASKS, ("hf", "sequence_classification"): ("classify",)}
+SERVED_TASKS = {("gpt", None): TEXT_TASKS, ("hf", "causal_lm"): TEXT_TASKS,
+                ("hf", "sequence_classification"): ("classify",)}
 
 
 def served_tasks(manifest: dict) -> tuple[str, ...]:

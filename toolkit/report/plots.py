@@ -173,7 +173,8 @@ def checkpoint_interval(advice, out: str | Path, current_s: float | None = None)
     from toolkit.checkpoint.interval_advisor import advise, overhead_pct
 
     plt = _pyplot()
-    lo, hi = max(min(advice.cost_s, advice.blocking_s or advice.cost_s), 1e-3), max(advice.mtbf_s, 10 * advice.interval_s)
+    lo = max(min(advice.cost_s, advice.blocking_s or advice.cost_s), 1e-3)
+    hi = max(advice.mtbf_s, 10 * advice.interval_s)
     intervals = np.geomspace(lo, hi, 200)
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.plot(intervals, [overhead_pct(t, advice.cost_s, advice.mtbf_s, advice.restart_s) for t in intervals],

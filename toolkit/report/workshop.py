@@ -151,7 +151,8 @@ def run_workshop(participants: int, params_file: str | Path, notebook: str = "03
 
 
 def report_table(results: list[ParticipantResult]) -> str:
-    lines = [f"{'participant':<12} {'status':<7} {'seconds':>7} {'steps':>6} {'val bpb':>8} {'tokens/s':>9}  parameters"]
+    lines = [f"{'participant':<12} {'status':<7} {'seconds':>7} {'steps':>6} {'val bpb':>8} {'tokens/s':>9}  "
+             "parameters"]
     for r in results:
         run = r.runs[-1] if r.runs else {}
         shown = {k: v for k, v in r.parameters.items() if k != "runs_root"}

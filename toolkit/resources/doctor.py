@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit.errors import not_allowed
 

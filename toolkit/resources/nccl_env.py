@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ def _socket_ifname(value: str, machine: Machine) -> str | None:
     missing = _interfaces_missing(value, machine)
     if missing is None or not machine.interfaces:
         return None
-    return (f"NCCL_SOCKET_IFNAME={missing} matches no network interface here ({', '.join(sorted(machine.interfaces))}): "
+    return (f"NCCL_SOCKET_IFNAME={missing} matches no network interface here "
+            f"({', '.join(sorted(machine.interfaces))}): "
             f"NCCL cannot bootstrap and the first collective fails")
 
 

@@ -100,7 +100,8 @@ class EvalEvent(Event):
         return self.val_loss if self.val_bpb is None else self.val_bpb
 
 
-WAITED_NOTICE_MS = 10.0  # a checkpoint's wait for the previous write this long is told once: the interval outruns the disk
+# a checkpoint's wait for the previous write this long is told once: the interval outruns the disk
+WAITED_NOTICE_MS = 10.0
 
 
 @dataclass(kw_only=True)

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from toolkit.errors import not_allowed
 from toolkit.runs import processes as run_processes

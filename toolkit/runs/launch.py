@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from toolkit import config as config_mod
 from toolkit import paths

@@ -31,7 +31,8 @@ class LocalNodesJob:
         for k in range(nodes):
             local = workdir / f"node{k}"
             local.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, **SAFE_PATH_ENV, "NODE_RANK": str(k), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
+            env = {**os.environ, **SAFE_PATH_ENV, "NODE_RANK": str(k), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(self.port),
                    "TRAINBOOK_CACHE": str(local / "cache")}
             with open(self.logs[k], "wb") as log:
                 self.processes.append(subprocess.Popen(

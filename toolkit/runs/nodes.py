@@ -68,7 +68,7 @@ class NodeGroup:
         self._thread.start()
         self._join(join_timeout_s)
 
-    def __enter__(self) -> "NodeGroup":
+    def __enter__(self) -> NodeGroup:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:

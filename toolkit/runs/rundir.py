@@ -59,7 +59,7 @@ class RunDir:
         self.stop_request_path.unlink(missing_ok=True)
 
     @classmethod
-    def create(cls, path: str | Path, cfg: config_mod.Config) -> "RunDir":
+    def create(cls, path: str | Path, cfg: config_mod.Config) -> RunDir:
         run = cls(path)
         if run.config_path.exists():
             raise FileExistsError(refused("--run-dir", f"{run.path} already holds a run", "a new or empty folder"))

@@ -33,7 +33,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit import config as config_mod
 from toolkit.config import ConfigError

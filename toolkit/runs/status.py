@@ -34,7 +34,8 @@ from toolkit.errors import not_allowed, refused
 
 STATES = ("queued", "running", "completed", "failed", "stopped", "killed")
 FINAL_STATES = ("completed", "failed", "stopped", "killed")
-RESUMABLE_STATES = ("failed", "stopped", "killed")  # what a person resumes; queued/running only when left by a dead supervisor
+# what a person resumes; queued/running only when left by a dead supervisor
+RESUMABLE_STATES = ("failed", "stopped", "killed")
 
 LOCK_NAME = "status.lock"
 

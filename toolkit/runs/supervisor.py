@@ -162,7 +162,7 @@ class Supervisor:
             outcome = self._agree("attempt-end", {"code": code, "stopping": self.stopping,
                                                   "completed": status.get("state") == "completed",
                                                   "no_restart": no_restart},
-                                  lambda values: decide(values, restarts, self.max_restarts))
+                                  lambda values, restarts=restarts: decide(values, restarts, self.max_restarts))
             code = outcome["code"]
             self.stopping = self.stopping or outcome["stopping"]
             if outcome["end"]:

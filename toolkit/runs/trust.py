@@ -23,7 +23,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit import key_files, paths
 from toolkit.errors import bounded_repr, refused

@@ -36,7 +36,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 import yaml
 

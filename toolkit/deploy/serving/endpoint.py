@@ -138,7 +138,7 @@ class LocalEndpoint:
     def stop(self) -> None:
         self.service.stop()  # gunicorn's master and its workers
 
-    def __enter__(self) -> "LocalEndpoint":
+    def __enter__(self) -> LocalEndpoint:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -150,8 +150,9 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
           **options) -> LocalEndpoint:
     """Start a local endpoint for ``model`` (a model folder or a registered NAME[:VERSION]) and wait until it
     answers; returns its handle. ``runtime`` None: the folder's default (torch for a transformers model, which
-    generates with a KV cache; onnx for the built-ins). ``options`` are ServingOptions' fields (max_batch, max_wait_ms, threads and
-    the timeouts), checked before anything starts. A client gets 408 if its request head has not arrived ``header_timeout``
+    generates with a KV cache; onnx for the built-ins). ``options`` are ServingOptions' fields (max_batch,
+    max_wait_ms, threads and the timeouts), checked before anything starts. A client gets 408 if its request head has
+    not arrived ``header_timeout``
     seconds after it connected, or its body ``body_timeout`` seconds after the head; 503 if its answer is not
     ready ``request_timeout`` seconds after the request came (the model is busy with others)."""
     from toolkit.deploy.model_format import check_runtime, served_tasks, verify_model_folder
@@ -181,7 +182,8 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     # one process, many request threads, so concurrent requests can share a batch (server_main adds the worker
     # class that gives threads only whole requests, and turns gunicorn's control socket off)
     env = {"PYTHONUNBUFFERED": "1", **serving.environment(), KEY_FILE_ENV: str(folder / "key")}
-    cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host, "--entry_script", str(SCORE_SCRIPT),
+    cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host,
+           "--entry_script", str(SCORE_SCRIPT),
            "--model_dir", str(model_dir), "--port", str(port)]
     service = start_service(cmd, folder / "server.log", env, fresh_log=True)
     endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks,

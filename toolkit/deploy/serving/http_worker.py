@@ -36,7 +36,8 @@ from gunicorn import util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from toolkit.deploy.serving.options import ServingOptions
-from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, body_too_large
+from toolkit.deploy.serving.protocol import (BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES,
+                                             body_too_large)
 from toolkit.errors import not_allowed, refused
 
 WORKER_CONNECTIONS = 1000  # gunicorn's default: open connections (reading, waiting or kept alive) at once

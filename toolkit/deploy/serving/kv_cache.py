@@ -25,7 +25,8 @@ def _layers(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 
 def _cache_of(out):
-    """The cache a forward returned: ``cache`` in transformers 5.2x, ``past_key_values`` before (5.17, the GPU image's)."""
+    """The cache a forward returned: ``cache`` in transformers 5.2x, ``past_key_values`` before (5.17, the GPU
+    image's)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
 

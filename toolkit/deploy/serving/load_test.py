@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 
 def request_body(prompt: str, max_new_tokens: int, seed: int, **sampling) -> bytes:

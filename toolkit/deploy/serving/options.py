@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S
 from toolkit.errors import not_allowed

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit.deploy.serving.batcher import Batcher
 from toolkit.deploy.serving.options import ServingOptions

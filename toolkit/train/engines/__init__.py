@@ -8,7 +8,8 @@ engines know no model.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 import torch
 

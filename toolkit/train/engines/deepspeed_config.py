@@ -27,7 +27,8 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from toolkit.errors import bounded_repr, not_allowed, refused
 

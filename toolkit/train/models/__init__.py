@@ -16,7 +16,7 @@ Models with another calling convention bring an adapter (``loss``) rather than c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -25,7 +25,7 @@ import importlib.util
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit.errors import bounded_repr, not_allowed, refused
 

@@ -142,7 +142,8 @@ def check_source(cfg) -> None:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder on this machine, or "
                                                                      "a hub id where the machine has a network",
-                                          problem=f"is not a folder, and as a hub id it cannot be read ({reason})"))
+                                          problem=f"is not a folder, and as a hub id it cannot be read ({reason})")
+                              ) from None
 
 
 def check_context(cfg, model) -> None:

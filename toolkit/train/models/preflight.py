@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from toolkit.errors import refused
 
