@@ -19,13 +19,6 @@ azure.ai.ml) load inside the functions that need them, so ``import toolkit`` sta
 __version__ = "0.1.0"
 
 import importlib as _importlib
-import os as _os
-import sys as _sys
-
-# DeepSpeed JIT-compiles its ops into TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every
-# Python environment of the user: two checkouts (or CI's clone) then invalidate each other's build and each
-# recompiles (~35 s). One cache per environment; `make setup` fills it.
-_os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
 
 # public name -> "module:attribute" (the one list the README's table and the tests read). The guided notebooks
 # import from here only (tests/unit/test_notebook_imports.py): when a module moves, its line here follows it.

@@ -50,7 +50,13 @@ def deepspeed_arch_list(value: str | None) -> str | None:
 
 
 def import_deepspeed():
-    """``import deepspeed``, without its accelerator guess on a CPU-only machine."""
+    """``import deepspeed``, without its accelerator guess on a CPU-only machine, building its ops into this Python
+    environment's own cache."""
+    # DeepSpeed JIT-compiles its ops into TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every
+    # Python environment of the user: two checkouts (or CI's clone) then invalidate each other's build and each
+    # recompiles (~35 s). One cache per environment (`make setup` fills it); set here, where DeepSpeed comes in, so
+    # the processes this one starts inherit it and `import toolkit` changes nothing.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
     if "DS_ACCELERATOR" not in os.environ and _cpu_only():
         os.environ["DS_ACCELERATOR"] = "cpu"
     given = os.environ.get("TORCH_CUDA_ARCH_LIST")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import toolkit  # noqa: F401 (sets TORCH_EXTENSIONS_DIR inside the venv)
 from toolkit.third_party import import_deepspeed
 
 

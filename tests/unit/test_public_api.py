@@ -30,3 +30,4 @@ def test_the_docs_list_every_public_name():
     page = Path(toolkit.__file__).resolve().parents[1] / "docs" / "pages" / "architecture.md"
     missing = [name for name in toolkit.__all__ if f"`toolkit.{name}`" not in page.read_text()]
     assert not missing, f"docs/pages/architecture.md does not list {missing}"
+

@@ -1,5 +1,5 @@
 """The doctor's "is DeepSpeed's shm comm op compiled" answer looks where torch's JIT loader builds it: under
-TORCH_EXTENSIONS_DIR directly when that is set (Trainbook sets it to the venv's), under a per-Python tag otherwise.
+TORCH_EXTENSIONS_DIR directly when that is set (import_deepspeed sets it to the venv's), under a per-Python tag otherwise.
 It once looked one level too deep and warned "not compiled yet" on every machine `make setup` had prepared."""
 
 from __future__ import annotations
