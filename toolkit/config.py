@@ -651,6 +651,12 @@ def _with_deepspeed_config(cfg: Config, data: dict) -> Config:
         raise ConfigError(f"{exc} (a value from engine.deepspeed_config)") from None
 
 
+def string_override(key: str, text: str) -> str:
+    """``key=text`` as ``--set`` takes it, ``text`` kept exactly: double-quoted (a JSON string is a YAML one), so a
+    '#', ': ' or leading space in a path stays in the value instead of ending it."""
+    return f"{key}={json.dumps(text)}"
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``'train.lr=3e-3'`` -> (['train', 'lr'], 0.003). The value is read as YAML, so types come out right."""
     key, sep, raw = text.partition("=")

@@ -106,7 +106,7 @@ class TrainingPanel(Panel):
                     f"profile.enabled={str(self.profile.value).lower()}", *model_overrides(self.model.value)]
         ds_file = self.deepspeed_config.value.strip()
         if ds_file:
-            settings.append(f"engine.deepspeed_config={ds_file}")
+            settings.append(config_mod.string_override("engine.deepspeed_config", ds_file))
         else:
             settings.append(f"engine.zero_stage={self.zero_stage.value}")
         if self.grad_accum.value > 1:

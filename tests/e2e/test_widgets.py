@@ -100,7 +100,7 @@ def test_the_form_takes_your_deepspeed_config_and_shows_what_deepspeed_got(tmp_p
 
     from ds_examples import ZERO2_AUTO
 
-    ds = tmp_path / "ds_z2_config.json"
+    ds = tmp_path / "my ds #2.json"  # a '#' would end the value in a section.field=value string left unquoted
     ds.write_text(json.dumps(ZERO2_AUTO))
     panel = TrainingPanel(config="tiny", engine="deepspeed", nproc=2, steps=10, profile=False,
                           runs_root=tmp_path / "runs", deepspeed_config=str(ds), grad_accum_steps=2,
