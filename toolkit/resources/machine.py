@@ -84,8 +84,8 @@ def deepspeed_ops() -> dict:
 
 def shm_comm_built(environ=os.environ) -> bool:
     """Whether DeepSpeed's shm comm op is compiled where torch's JIT loader will look: TORCH_EXTENSIONS_DIR/NAME
-    when that is set (toolkit.third_party.import_deepspeed sets it to the venv's), else ~/.cache/torch_extensions/<python+cuda tag>/NAME
-    (torch.utils.cpp_extension._get_build_directory)."""
+    when that is set (toolkit.third_party.import_deepspeed sets it to the venv's), else
+    ~/.cache/torch_extensions/<python+cuda tag>/NAME (torch.utils.cpp_extension._get_build_directory)."""
     if environ.get("TORCH_EXTENSIONS_DIR"):
         return any(Path(environ["TORCH_EXTENSIONS_DIR"]).glob("deepspeed_shm_comm/*.so"))
     return any((Path.home() / ".cache" / "torch_extensions").glob("*/deepspeed_shm_comm/*.so"))
