@@ -1,4 +1,5 @@
-"""Shell completion, generated from the parser itself (so it never lists a verb or a flag that does not exist):
+"""``trainbook completion``: shell completion, generated from the parser itself (so it never lists a verb or a flag
+that does not exist):
 
     eval "$(trainbook completion bash)"        # in ~/.bashrc; zsh: autoload bashcompinit && bashcompinit first
 
@@ -10,6 +11,21 @@ from __future__ import annotations
 
 import argparse
 import shlex
+
+from toolkit.cli.conventions import add_verb
+
+
+def register(verbs) -> None:
+    completion = add_verb(verbs, "completion", "print a shell completion script for trainbook", [
+        'trainbook completion bash >> ~/.bashrc'])
+    completion.add_argument("shell", choices=["bash"], help="bash (zsh: `autoload bashcompinit && bashcompinit` "
+                            "first)")
+    completion.set_defaults(func=cmd_completion)
+
+
+def cmd_completion(args) -> int:
+    print(bash_script(args.root_parser), end="")  # the whole parser: main.build_parser sets it as a default
+    return 0
 
 
 def _walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):

@@ -1,10 +1,33 @@
-"""Verbs for what runs in the background, started elsewhere (another terminal, a notebook, `serve ... &`):
-``stop`` and ``watch`` a run, list and stop ``endpoints``."""
+"""Verbs for a run started elsewhere (another terminal, a notebook, `train ... &`): ``stop`` it, ``watch`` it,
+``kill`` its training processes."""
 
 from __future__ import annotations
 
 import shlex
 import sys
+
+from toolkit.cli.conventions import add_verb
+
+
+def register(verbs) -> None:
+    from toolkit.runs.handle import STOP_WAIT_S  # imports no torch
+
+    stop = add_verb(verbs, "stop", "stop a running run: it saves a checkpoint, then exits (resume continues it)", [
+        "trainbook stop runs/demo-20261125-101500"])
+    stop.add_argument("run_dir", help="the run directory of a running run")
+    stop.add_argument("--timeout", type=float, default=STOP_WAIT_S,
+                      help=f"seconds to wait for the checkpoint before the run is killed (default: {STOP_WAIT_S:g})")
+    stop.set_defaults(func=cmd_stop)
+
+    watch = add_verb(verbs, "watch", "follow a run started elsewhere: its progress bar until it ends (Ctrl-C "
+                     "leaves it running)", ["trainbook watch runs/demo-20261125-101500"])
+    watch.add_argument("run_dir", help="the run directory to follow")
+    watch.set_defaults(func=cmd_watch)
+
+    kill = add_verb(verbs, "kill", "SIGKILL a run's training processes (simulates a lost node)", [
+        "trainbook kill RUN_DIR && trainbook resume RUN_DIR"])
+    kill.add_argument("run_dir", help="the run directory of a running run")
+    kill.set_defaults(func=cmd_kill)
 
 
 def cmd_stop(args) -> int:
@@ -54,23 +77,11 @@ def cmd_watch(args) -> int:
     return report_end(handle, progress, final)
 
 
-def cmd_endpoints(args) -> int:
-    from toolkit.deploy.serving.running import running_endpoints, stop_endpoint
+def cmd_kill(args) -> int:
+    from toolkit.runs.handle import kill_training
 
-    if args.endpoints_verb == "stop":
-        stopped = stop_endpoint(args.name, workspace=args.workspace)
-        print(f"stopped endpoint {stopped.name} ({stopped.url}, pid {stopped.pid})")
-        return 0
-    endpoints = running_endpoints(args.workspace)
-    if getattr(args, "json", False):
-        import json
-
-        print(json.dumps({"endpoints": [e.as_dict() for e in endpoints]}, indent=1))
-        return 0
-    if not endpoints:
-        print("no endpoints running: try `trainbook serve MODEL &` (`trainbook models` lists the registered ones)")
-        return 0
-    print(f"{'endpoint':<16} {'url':<28} {'pid':>7} {'runtime':<8} {'model':<40} key file")
-    for e in endpoints:
-        print(f"{e.name:<16} {e.url:<28} {e.pid:>7} {e.runtime:<8} {str(e.model_dir):<40} {e.key_file}")
+    if not kill_training(args.run_dir):
+        print(f"error: no training processes running for {args.run_dir}", file=sys.stderr)
+        return 1
+    print(f"sent SIGKILL to the training processes of {args.run_dir}")
     return 0
