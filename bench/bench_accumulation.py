@@ -26,7 +26,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
 import cli_train  # noqa: E402
-from toolkit.runs.events import StatusEvent, TrainEvent, read_events  # noqa: E402
+from toolkit.events import StatusEvent, TrainEvent, read_events  # noqa: E402
 
 SIDES = {"1 x 32": ["train.batch_size=32", "train.grad_accum_steps=1"],
          "4 x 8": ["train.batch_size=8", "train.grad_accum_steps=4"]}

@@ -48,7 +48,7 @@ from toolkit.train.models import loss_function  # noqa: E402
 from toolkit.train.models.gpt import GPT  # noqa: E402
 from toolkit.train.trainer import train_step  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 from toolkit.train.trainer import Trainer  # noqa: E402
 
 PLAIN_STEPS = 4   # measured just before each checkpoint: its median is the step time the excess is counted over

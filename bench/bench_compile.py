@@ -25,7 +25,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
 import cli_train  # noqa: E402
-from toolkit.runs.events import CompileEvent, StatusEvent, TrainEvent, read_events  # noqa: E402
+from toolkit.events import CompileEvent, StatusEvent, TrainEvent, read_events  # noqa: E402
 
 SIDES = {"eager": ["train.compile=false"], "compiled": ["train.compile=true"]}
 MODEL = ["model.n_layer=6", "model.n_embd=256", "model.n_head=8"]

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from toolkit import config as config_mod  # noqa: E402
 from toolkit.data import corpus as data_mod  # noqa: E402
 from toolkit.catalogue import data_assets  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 from toolkit.train.trainer import Trainer  # noqa: E402
 from toolkit.catalogue.workspace import Workspace  # noqa: E402
 

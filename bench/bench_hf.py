@@ -149,8 +149,8 @@ def trainer_side(steps: int, started: float, out: str, settings: list[str], devi
 
 def trainbook_side(steps: int, run_dir: Path, settings: list[str], device: str) -> dict:
     """`python -m toolkit train llama`, the way a user runs it; figures from the run's events."""
-    from toolkit.runs.events import StatusEvent, TrainEvent, read_events
-    from toolkit.runs.rundir import RunDir
+    from toolkit.events import StatusEvent, TrainEvent, read_events
+    from toolkit.rundir import RunDir
 
     settings = [f"train.max_steps={steps}", f"train.eval_every={steps}", "train.eval_batches=1",
                 "checkpoint.at_end=false", f"train.log_every={WINDOW}", *settings,

@@ -57,8 +57,8 @@ def save_base(folder: Path) -> Path:
 
 def run_side(settings: list[str], base: Path, run_dir: Path, steps: int) -> dict:
     from toolkit.report.tables import fine_tune_rows
-    from toolkit.runs.events import CheckpointEvent, read_events
-    from toolkit.runs.rundir import RunDir
+    from toolkit.events import CheckpointEvent, read_events
+    from toolkit.rundir import RunDir
 
     flags = [*_model_settings(), f"model.init_from={base}", f"train.max_steps={steps}", f"train.eval_every={steps}",
              "train.eval_batches=1", "train.log_every=5", f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=2",

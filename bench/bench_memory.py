@@ -6,11 +6,11 @@ A ~19M-parameter built-in GPT (6 blocks x 512 wide, 128 tokens, batch 8) trained
 (`python -m toolkit train tiny --run-dir DIR --set ...`) on 2 processes: torch DDP, DeepSpeed ZeRO-0 to 3, ZeRO-2
 with train.grad_accum_steps=4 and ZeRO-2 with model.activation_checkpointing=true. Each rank's measured peak is the
 last train event's peak_memory_mb (CPU: the process's peak resident set); the prediction is
-toolkit.resources.memory_estimate.predict_run for the run's own config. First the baseline each prediction starts
+toolkit.resources.memory_model.predict_run for the run's own config. First the baseline each prediction starts
 from is measured on this machine (the tiny config's peak per rank, ~30 s per engine; --no-baseline keeps the
 cached or reference figure).
 
-Target: within 15% per rank (memory_estimate.TOLERANCE). The "guide" column is the guide's model state alone (fp32
+Target: within 15% per rank (memory_model.TOLERANCE). The "guide" column is the guide's model state alone (fp32
 Adam, 16 bytes a parameter partitioned by stage): what the formula said before it was corrected for a CPU.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from toolkit.resources import memory_estimate as me  # noqa: E402
+from toolkit.resources import memory_baseline, memory_model, zero_stages  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 MODEL = ["model.n_layer=6", "model.n_embd=512", "model.n_head=8", "model.block_size=128", "train.batch_size=8"]
@@ -62,7 +62,7 @@ def train(run_dir: Path, overrides: list[str]) -> float:
 def guide_mib(prediction) -> float:
     """The guide's model state per rank for this run (fp32 Adam: 16 bytes a parameter, partitioned by stage)."""
     stage = prediction.zero_stage if prediction.engine == "deepspeed" else 0
-    return me.estimate(prediction.params, "fp32", stage, prediction.nproc).total_bytes / me.MIB
+    return zero_stages.estimate(prediction.params, "fp32", stage, prediction.nproc).total_bytes / memory_model.MIB
 
 
 def main() -> int:
@@ -80,19 +80,19 @@ def main() -> int:
     print("== baseline: the tiny config's peak per rank (Python, torch, deepspeed, gloo, data, TensorBoard)")
     for engine in sorted({"torch" if r == "ddp" else "deepspeed" for r in rows}):
         if not args.no_baseline:
-            me.measure_baseline(engine)
-        ranks, source = me.baseline_mib(engine, 2)
+            memory_baseline.measure_baseline(engine)
+        ranks, source = memory_baseline.baseline_mib(engine, 2)
         print(f"  {engine:<10} rank 0 {ranks[0]:,.0f} MiB, rank 1 {ranks[1]:,.0f} MiB  ({source})", flush=True)
 
     print(f"\n== 2 processes, {args.steps} steps each, {' '.join(MODEL)}")
     print(f"  {'run':<14} {'rank':>4} {'guide':>7} {'predicted':>10} {'measured':>9} {'ratio':>6}  "
-          f"{'within ' + format(me.TOLERANCE, '.0%'):<11} time")
-    results: dict[str, me.RunComparison] = {}
+          f"{'within ' + format(memory_model.TOLERANCE, '.0%'):<11} time")
+    results: dict[str, memory_model.RunComparison] = {}
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="trainbook-bench-memory-") as tmp:
         for label in rows:
             seconds = train(Path(tmp) / label, [*settings(args.steps), *ROWS[label]])
-            results[label] = c = me.compare_run(Path(tmp) / label, device="cpu")
+            results[label] = c = memory_model.compare_run(Path(tmp) / label, device="cpu")
             for rank, (p, m, q, ok) in enumerate(zip(c.prediction.per_rank_mib, c.measured_mib, c.ratios,
                                                      c.within_tolerance)):
                 worst = max(worst, abs(q - 1))
@@ -111,12 +111,12 @@ def main() -> int:
     if "zero0" in results:
         psi = results["zero0"].prediction.params
         per_param = [(sum(c.measured_mib) / len(c.measured_mib) - sum(c.prediction.baseline_mib) / 2 -
-                      next(t.bytes for t in c.prediction.terms if t.name == "activations") / me.MIB) * me.MIB / psi
+                      next(t.bytes for t in c.prediction.terms if t.name == "activations") / memory_model.MIB) * memory_model.MIB / psi
                      for label, c in results.items() if label.startswith("zero") and "+" not in label]
         print(f"  model state on CPU, measured bytes per parameter by stage (baseline and activations taken out): "
               f"{' -> '.join(f'{b:.1f}' for b in per_param)}; the guide's fp32 figure: 16 -> 12 -> 10 -> 8")
-    ok = worst <= me.TOLERANCE
-    print(f"\n  worst |measured / predicted - 1| = {worst:.1%}; target <= {me.TOLERANCE:.0%} per rank -> "
+    ok = worst <= memory_model.TOLERANCE
+    print(f"\n  worst |measured / predicted - 1| = {worst:.1%}; target <= {memory_model.TOLERANCE:.0%} per rank -> "
           f"{'PASS' if ok else 'FAIL'}  ({time.perf_counter() - start:.0f} s in all)")
     return 0 if ok else 1
 

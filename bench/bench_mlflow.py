@@ -25,8 +25,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
-from toolkit.runs.events import StatusEvent, TrackingEvent, TrainEvent, read_events  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.events import StatusEvent, TrackingEvent, TrainEvent, read_events  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 from toolkit.train.metrics import steady_state  # noqa: E402
 
 SIDES = {"off": ["tracking.mlflow=never"], "on": ["tracking.mlflow=always"]}

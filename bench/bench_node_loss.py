@@ -26,7 +26,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
 from toolkit.runs.local_nodes import LocalNodesJob  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 
 EVERY = 8
 CONFIG = f"""

@@ -37,8 +37,8 @@ from toolkit.data import corpus as data_mod  # noqa: E402
 from toolkit.train import flops  # noqa: E402
 from toolkit.runs import launch  # noqa: E402
 from toolkit.train.models.gpt import GPT, training_flops_per_token  # noqa: E402
-from toolkit.runs.events import StatusEvent, read_events  # noqa: E402
-from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.events import StatusEvent, read_events  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 from toolkit.train.trainer import Trainer  # noqa: E402
 
 

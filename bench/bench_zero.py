@@ -21,7 +21,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
 import cli_train  # noqa: E402
-from toolkit.runs.events import TrainEvent, read_events  # noqa: E402
+from toolkit.events import TrainEvent, read_events  # noqa: E402
 
 STAGES = (0, 3)
 QUIET = ["train.max_seconds=0", "profile.enabled=false", "train.eval_batches=1", "checkpoint.at_end=false",

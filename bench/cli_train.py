@@ -9,7 +9,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
-from toolkit.runs.rundir import RunDir  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 
 
 def train(config: str, run_dir: Path, settings: list[str], env: dict | None = None) -> RunDir:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +70,7 @@ def pytest_configure(config):
     """Under pytest-xdist (``make test`` runs ``-n auto``), pin each worker, and so every process its tests start, to
     its own share of the cores. Unpinned, two workers' training runs each start a thread per core and the threads
     fight: torch's pools spin-wait for the core the other run holds, and a step of the tiny model slows tenfold.
-    Pinned, each run sees its cores (``toolkit.resources.machine.usable_cores``) and sizes its threads to them."""
+    Pinned, each run sees its cores (``toolkit.machine.usable_cores``) and sizes its threads to them."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
     if not worker or not hasattr(os, "sched_setaffinity"):
         return
@@ -105,7 +105,7 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.fixture(autouse=True)
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace, and signs its runs with
-    a key of its own (toolkit.runs.trust): a test's runs are its user's, another test's are from elsewhere."""
+    a key of its own (toolkit.trust): a test's runs are its user's, another test's are from elsewhere."""
     monkeypatch.setenv("TRAINBOOK_WORKSPACE", str(tmp_path / "workspace"))
     monkeypatch.setenv("TRAINBOOK_CONFIG_HOME", str(tmp_path / "user-config"))
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from toolkit.deploy.export import export_run
-from toolkit.deploy.model_format import MANIFEST
+from toolkit.catalogue.model_format import MANIFEST
 
 PROJECT = Path(__file__).resolve().parent.parent
 

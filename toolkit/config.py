@@ -480,6 +480,22 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 MAX_RUN_NAME = 200
 
+# What each model.name trains on, here with the fields it checks (validating a config loads no torch); the model
+# registry, toolkit.train.models, builds and runs them.
+TEXT_DATASETS = ("pydoc", "stdlib")
+TEXT_ASSETS = ("uri_file", "uri_folder")
+# data asset types: mltable for hf is labelled text for a sequence classifier (toolkit.data refuses a table for a
+# causal LM); the user's own module trains on whatever data it is given, the batch's keys say what it is
+ASSET_TYPES = {"gpt": TEXT_ASSETS, "digits_mlp": ("mltable",), "hf": TEXT_ASSETS + ("mltable",),
+               "custom": TEXT_ASSETS + ("mltable",)}
+
+
+def builtin_datasets(model: ModelConfig) -> tuple[str, ...]:
+    """The built-in data.dataset values ``model`` can train on (a transformers model only as a causal LM)."""
+    if model.name == "hf":
+        return TEXT_DATASETS if model.hf.task == "causal_lm" else ()
+    return {"gpt": TEXT_DATASETS, "digits_mlp": ("digits",), "custom": TEXT_DATASETS + ("digits",)}[model.name]
+
 
 def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
@@ -506,9 +522,7 @@ def _check_relations(cfg: Config) -> None:
     if cfg.optim.min_lr > cfg.optim.lr:
         raise ConfigError(not_allowed("optim.min_lr", cfg.optim.min_lr, "<= lr",
                                       problem=f"is above optim.lr={cfg.optim.lr}"))
-    from toolkit.train.models import MODELS  # local: the registry imports torch
-
-    wanted = MODELS[cfg.model.name].datasets(cfg.model)
+    wanted = builtin_datasets(cfg.model)
     if not wanted and not (cfg.data.asset or cfg.data.path):
         raise ConfigError(refused("data.asset", f"is empty, and no built-in dataset fits model.name="
                                                 f"{cfg.model.name!r} (task {cfg.model.hf.task!r})",
@@ -639,7 +653,7 @@ def from_dict(data: dict | None) -> Config:
 def _with_deepspeed_config(cfg: Config, data: dict) -> Config:
     """``cfg`` with its DeepSpeed file's (or kept copy's) values taken into the fields they mean, at the user's edge
     (:func:`load`) only: a saved run config is never merged again, and never makes Trainbook read a file."""
-    from toolkit.train.engines.deepspeed_config import DeepSpeedConfigError, adopt  # local: engine territory
+    from toolkit.deepspeed_config import DeepSpeedConfigError, adopt  # local: engine territory
 
     try:
         cfg = adopt(cfg, given_fields(data))
@@ -686,7 +700,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (a path, or the name of a built-in config), apply overrides, validate; a DeepSpeed file
-    it names is read and merged here (toolkit.train.engines.deepspeed_config)."""
+    it names is read and merged here (toolkit.deepspeed_config)."""
     from toolkit.plain_data import PlainDataError, read_document, read_text
 
     data: dict = {}

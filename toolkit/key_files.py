@@ -1,4 +1,4 @@
-"""Secrets at rest: an endpoint's key and the key that signs this user's runs (toolkit.runs.trust).
+"""Secrets at rest: an endpoint's key and the key that signs this user's runs (toolkit.trust).
 
 A key file is made once and reused. It is written whole or not at all (a temporary file, fsynced, then linked or
 renamed into place), so a full disk cannot leave an empty key that a server would compare tokens against; and it is

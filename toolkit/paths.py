@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CATALOGUE_NAME = "catalogue.sqlite"  # a folder is a workspace once it holds this
 
 
 def in_checkout() -> bool:
@@ -28,7 +29,7 @@ def cache_dir() -> Path:
 
 
 def user_config_dir() -> Path:
-    """Per-user settings and the key that signs this user's runs (toolkit.runs.trust): $TRAINBOOK_CONFIG_HOME, else
+    """Per-user settings and the key that signs this user's runs (toolkit.trust): $TRAINBOOK_CONFIG_HOME, else
     $XDG_CONFIG_HOME/trainbook, else ~/.config/trainbook. Never inside a project or a workspace, which travel."""
     if os.environ.get("TRAINBOOK_CONFIG_HOME"):
         return Path(os.environ["TRAINBOOK_CONFIG_HOME"])

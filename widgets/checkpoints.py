@@ -23,8 +23,8 @@ import ipywidgets as w
 from toolkit.errors import not_allowed, refused
 from toolkit.runs import launch
 from toolkit.checkpoint.store import SUPERSEDED_PREFIX, CheckpointStore
-from toolkit.runs.events import CheckpointEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import CheckpointEvent, read_events
+from toolkit.rundir import RunDir
 from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html, table_html
 from widgets.run_progress import follow_run
 

@@ -154,7 +154,7 @@ class DataPanel(Panel):
         """Time real training steps of the config's model on the chosen asset for a few loader settings."""
         from toolkit import config as config_mod
         from toolkit.report import plots
-        from toolkit.data.loading_advisor import tune
+        from toolkit.train.loading_advisor import tune
         from toolkit.runs.data_pin import pin_data_asset
 
         if not self.advisor_asset.value:

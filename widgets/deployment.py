@@ -34,7 +34,7 @@ from toolkit.deploy.serving.endpoint import LocalEndpoint, mask_key, serve
 from toolkit.deploy.serving.runtimes import RUNTIMES
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import refused
-from toolkit.runs.events import EvalEvent, read_events
+from toolkit.events import EvalEvent, read_events
 from widgets.panel import Panel, error_html, field_row, ok_html, table_html, warn_html
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from toolkit.runs.events import ProfileEvent, StatusEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import ProfileEvent, StatusEvent, read_events
+from toolkit.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
 from widgets.panel import Panel, badge_html
 

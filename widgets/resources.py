@@ -70,15 +70,15 @@ GPU_MEMORY_GIB = (16, 24, 40, 48, 80, 94, 141, 192)
 class MemoryPanel(Panel):
     """Sliders for model size, precision, ZeRO stage, GPUs and GPU memory; the estimate follows every move.
 
-    All arithmetic is :mod:`toolkit.resources.memory_estimate`'s; the panel shows the chosen stage's formula, whether it
-    fits, the stage the toolkit recommends, and the bars for every stage. "Write this setting" writes the recommendation
-    as a config that trains (write_recommended_config); given a run directory, the panel puts the run's measured peak
-    per rank next to the prediction for its config (compare_run)."""
+    All arithmetic is :mod:`toolkit.resources.zero_stages`'s and :mod:`toolkit.resources.memory_model`'s; the panel
+    shows the chosen stage's formula, whether it fits, the stage the toolkit recommends, and the bars for every stage.
+    "Write this setting" writes the recommendation as a config that trains (write_recommended_config); given a run
+    directory, the panel puts the run's measured peak per rank next to the prediction for its config (compare_run)."""
 
     def __init__(self, model_size: str = "7B", precision: str = "bf16", zero_stage: int | None = None,
                  gpus: int = 8, gpu_memory_gib: float = 80, run_dir: str | Path | None = None,
                  write_to: str | Path = "recommended.yaml"):
-        from toolkit.resources.memory_estimate import BYTES_PER_PARAM, STAGES, parse_count
+        from toolkit.resources.zero_stages import BYTES_PER_PARAM, STAGES, parse_count
 
         super().__init__()
         parse_count(model_size)  # a bad size is refused here, naming the field
@@ -115,7 +115,7 @@ class MemoryPanel(Panel):
 
     def refresh(self):
         from toolkit.report import plots
-        from toolkit.resources.memory_estimate import STATE_SHARE, parse_count, recommend_stage
+        from toolkit.resources.zero_stages import STATE_SHARE, parse_count, recommend_stage
 
         size = self.model_size.value
         self.advice = advice = recommend_stage(parse_count(size), self.gpu_memory.value, self.gpus.value,
@@ -140,7 +140,8 @@ class MemoryPanel(Panel):
 
     def write_setting(self):
         """Write the recommended setting for the sliders' model, GPUs and precision; returns the WrittenConfig."""
-        from toolkit.resources.memory_estimate import parse_count, write_recommended_config
+        from toolkit.azure.recommended_config import write_recommended_config
+        from toolkit.resources.zero_stages import parse_count
 
         written = write_recommended_config(self.write_path.value, params=parse_count(self.model_size.value),
                                            gpus=self.gpus.value, gpu_memory_gib=self.gpu_memory.value,
@@ -151,7 +152,7 @@ class MemoryPanel(Panel):
     def compare(self):
         """The run in the run-dir field: measured peak per rank against the prediction; returns the RunComparison."""
         from toolkit.errors import refused
-        from toolkit.resources.memory_estimate import TOLERANCE, compare_run
+        from toolkit.resources.memory_model import TOLERANCE, compare_run
 
         if not self.run_dir.value.strip():
             raise ValueError(refused("run dir", "is empty", "a run directory (runs/NAME-TIME)"))

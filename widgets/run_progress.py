@@ -7,7 +7,7 @@ import time
 
 from IPython.display import HTML, display
 
-from toolkit.runs.events import EvalEvent, TrainEvent
+from toolkit.events import EvalEvent, TrainEvent
 from toolkit.runs.progress import RunProgress
 from widgets.panel import badge_html
 

@@ -24,10 +24,10 @@ from toolkit import config as config_mod
 from toolkit.errors import refused
 from toolkit.runs import launch
 from toolkit.report import plots
-from toolkit.runs.events import read_events
+from toolkit.events import read_events
 from toolkit.runs.progress import RunProgress
-from toolkit.runs.rundir import RunDir
-from toolkit.runs.status import FINAL_STATES, RESUMABLE_STATES
+from toolkit.rundir import RunDir
+from toolkit.status import FINAL_STATES, RESUMABLE_STATES
 from widgets.panel import Panel, plot_png, png_html, warn_html
 from widgets.run_progress import render_card
 
@@ -185,7 +185,7 @@ class TrainingPanel(Panel):
         self.trust_run.value = False
         self.trust_run.layout.display = "flex" if untrusted else "none"
         if untrusted:  # shown before anything acts on it: Resume refuses it unless the box is ticked
-            from toolkit.runs.trust import describe
+            from toolkit.trust import describe
 
             self.message.value = warn_html(f"not your run's settings: {describe(untrusted)}. Read its config.yaml; "
                                            "Resume honours them only with the trust box ticked.")

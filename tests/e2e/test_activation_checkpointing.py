@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import BIGRAM_MODEL, cli
 from test_checkpoint import CKPT, EVERY, STEPS, TORCH_1, assert_log_matches, losses_by_step

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import PROJECT, cli
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 # A step's pattern, in miniature: 200 blocks of 1 MiB allocated, written, freed, three times. The third round's
 # page faults say whether the second round's memory was kept (no faults) or handed back to the OS (one per page).

@@ -13,8 +13,8 @@ import yaml
 from toolkit.runs import launch
 from toolkit.checkpoint.interval_advisor import advise_for_run
 from toolkit.checkpoint.store import CheckpointStore, step_name
-from toolkit.runs.events import CheckpointEvent, TrainEvent
-from toolkit.runs.rundir import RunDir
+from toolkit.events import CheckpointEvent, TrainEvent
+from toolkit.rundir import RunDir
 
 from conftest import cli
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import cli
 

@@ -256,7 +256,7 @@ def test_training_on_registered_assets_pins_the_version(tmp_path):
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "text"), "--set", "data.asset=pydoc",
                "--set", f"data.workspace={ws}", "--set", "train.max_steps=10")
     assert proc.returncode == 0, proc.stderr
-    from toolkit.runs.rundir import RunDir
+    from toolkit.rundir import RunDir
 
     run = RunDir(tmp_path / "text")
     assert run.read_config().data.asset == "pydoc:1", "the latest version is pinned in the resolved config"
@@ -342,7 +342,7 @@ def test_loading_advisor_measures_and_warns(tmp_path):
 
 
 def test_shm_warning_when_workers_need_more_than_there_is(tmp_path):
-    from toolkit.data.loading_advisor import layout_warnings
+    from toolkit.train.loading_advisor import layout_warnings
 
     (tmp_path / "f.txt").write_text("x")
     warnings = layout_warnings(tmp_path, num_workers=8, batch_bytes=1 << 40, prefetch=4)

@@ -72,7 +72,7 @@ def _cached(tmp_path) -> list[Path]:
 
 
 def test_training_on_an_old_workspace_reads_the_registered_bytes_and_upgrades_the_snapshot(tmp_path):
-    from toolkit.runs.rundir import RunDir
+    from toolkit.rundir import RunDir
 
     old = _old_workspace(tmp_path / "ws", "texts", TEXTS)
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "run"), "--set", "data.asset=texts",

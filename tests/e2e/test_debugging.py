@@ -18,8 +18,8 @@ import pytest
 
 from toolkit.runs import launch
 from toolkit.runs.processes import TOKEN_ENV
-from toolkit.runs.rundir import RunDir
-from toolkit.runs.status import FINAL_STATES
+from toolkit.rundir import RunDir
+from toolkit.status import FINAL_STATES
 
 from conftest import PROJECT, no_runaway_training
 

@@ -12,7 +12,7 @@ from toolkit.resources import drift
 from toolkit.resources.collectives import allreduce_sweep
 from toolkit.config import ConfigError
 from toolkit.resources.doctor import CHECKS, STATUSES
-from toolkit.resources.memory_estimate import estimate, model_params, parse_count, recommend_stage
+from toolkit.resources.zero_stages import estimate, model_params, parse_count, recommend_stage
 
 from conftest import cli
 from widgets.journey import JourneyPanel

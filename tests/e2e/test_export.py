@@ -14,7 +14,7 @@ from toolkit.train.models import loss_function
 from toolkit.catalogue.data_assets import DataAssetError
 from toolkit.deploy.export import MANIFEST, ExportError, export_run, read_manifest
 from toolkit.catalogue.model_registry import get_model, list_models, register_model, resolve_model_dir
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
 
 from conftest import cli

@@ -21,8 +21,8 @@ import pytest
 from conftest import PROJECT, cli
 from toolkit.deploy.export import export_run
 from toolkit.fsio import staging_folder
-from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, publish_folder, read_manifest, verify_model_folder
-from toolkit.runs.rundir import RunDir
+from toolkit.catalogue.model_format import FORMAT, MANIFEST, ExportError, publish_folder, read_manifest, verify_model_folder
+from toolkit.rundir import RunDir
 from toolkit.deploy.serving.runtimes import load_runtime
 
 
@@ -153,7 +153,7 @@ def test_a_reader_spinning_beside_re_exports_never_finds_the_model_folder_missin
 
 
 # A re-export child for the crash test: the export's own staging and publishing (toolkit.fsio through
-# toolkit.deploy.model_format, which export_run calls) over the files of a real export, with parity.json and the manifest
+# toolkit.catalogue.model_format, which export_run calls) over the files of a real export, with parity.json and the manifest
 # made its own so that no two re-exports are alike and a mix of two would fail the check. Building the files again
 # (ONNX, ~8 s) would change nothing in what a kill can leave behind; one real `trainbook export` is killed
 # mid-build too.
@@ -162,7 +162,7 @@ import json, shutil, sys
 from pathlib import Path
 from toolkit.fsio import sha256_file
 from toolkit.fsio import staging_folder
-from toolkit.deploy.model_format import MANIFEST, publish_folder
+from toolkit.catalogue.model_format import MANIFEST, publish_folder
 source, out, tag = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 print("ready", flush=True)
 sys.stdin.readline()  # "go": the test starts its clock

@@ -16,7 +16,7 @@ from toolkit.catalogue import data_assets
 from toolkit.data import corpus as data_mod
 from toolkit.data.builtin import BUILTINS
 from toolkit.ports import free_port_pair
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import PROJECT, cli
 

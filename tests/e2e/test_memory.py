@@ -11,8 +11,8 @@ import pytest
 from conftest import cli
 
 from toolkit import config as config_mod
-from toolkit.resources import memory_estimate as me
-from toolkit.runs.rundir import RunDir
+from toolkit.resources import memory_model, zero_stages
+from toolkit.rundir import RunDir
 from widgets.resources import MemoryPanel
 
 pytestmark = pytest.mark.slow
@@ -53,11 +53,11 @@ def test_the_written_zero2_setting_trains_within_the_stated_tolerance_on_every_r
     run_dir = tmp_path / "run"
     proc = cli("train", str(out), "--run-dir", str(run_dir), *flags(*SHORT))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    comparison = me.compare_run(run_dir, device="cpu")
+    comparison = memory_model.compare_run(run_dir, device="cpu")
     assert len(comparison.measured_mib) == 2 and comparison.step == 10
     assert comparison.prediction.zero_stage == 2 and all(comparison.within_tolerance), comparison.table()
     # the guide's model state alone (10 bytes a parameter at ZeRO-2 x 2 in fp32) misses most of what a rank holds
-    guide = me.estimate(comparison.prediction.params, "fp32", 2, 2).total_bytes / me.MIB
+    guide = zero_stages.estimate(comparison.prediction.params, "fp32", 2, 2).total_bytes / memory_model.MIB
     assert all(guide < 0.2 * m for m in comparison.measured_mib)
 
     proc = cli("estimate", "--run", str(run_dir))  # the same comparison from the command line

@@ -23,8 +23,8 @@ import yaml
 from conftest import cli
 from toolkit.checkpoint.store import flatten_config
 from toolkit.ports import free_port
-from toolkit.runs.events import TrackingEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import TrackingEvent, read_events
+from toolkit.rundir import RunDir
 from toolkit.runs.supervisor import LOG_NAME
 from toolkit.train import tracking
 

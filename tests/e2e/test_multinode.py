@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.runs.local_nodes import LocalNodesJob
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 

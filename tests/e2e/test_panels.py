@@ -18,7 +18,7 @@ from toolkit.config import ConfigError
 from toolkit.deploy.export import export_run
 from toolkit.deploy.serving.endpoint import serve
 from toolkit.catalogue.model_registry import register_model
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from widgets.checkpoints import CheckpointsPanel
 from widgets.data import DataPanel, path_suggestions
 from widgets.journey import STEPS, JourneyPanel

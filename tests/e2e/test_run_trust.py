@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import BIGRAM_MODEL, cli
 
@@ -153,7 +153,7 @@ def test_the_users_own_run_resumes_as_it_is_and_someone_elses_copy_only_with_tru
 
 
 def test_the_training_panel_shows_a_copied_runs_settings_and_resumes_only_when_trusted(finished_run_copy):
-    from toolkit.runs.trust import UntrustedRunError
+    from toolkit.trust import UntrustedRunError
     from widgets.training import TrainingPanel
 
     run = finished_run_copy(*ONE_CHECKPOINT)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.runs.events import EventLog, TrainEvent
-from toolkit.runs.rundir import RunDir
+from toolkit.events import EventLog, TrainEvent
+from toolkit.rundir import RunDir
 
 
 def test_create_writes_config_and_queued_status(tmp_path):

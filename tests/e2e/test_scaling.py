@@ -14,8 +14,8 @@ import nbformat
 import pytest
 
 from toolkit.report.demo import NOTEBOOKS, execute, guided_notebooks
-from toolkit.runs.events import TrainEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import TrainEvent, read_events
+from toolkit.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")]
 

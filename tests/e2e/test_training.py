@@ -15,8 +15,8 @@ from test_checkpoint import (ACCUM, DEEPSPEED_1, DEEPSPEED_ZERO2_2, STEPS, TORCH
 from toolkit import config as config_mod
 from toolkit.runs import launch
 from toolkit.report.tables import top_operators_html
-from toolkit.runs.events import TrainEvent
-from toolkit.runs.rundir import RunDir
+from toolkit.events import TrainEvent
+from toolkit.rundir import RunDir
 
 TRAIN_FIELDS = {"step", "loss", "lr", "tokens_per_s", "data_wait_pct", "mfu"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import cli
 
 from toolkit import config as config_mod
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 
 def _linked_run(tmp_path) -> tuple[RunDir, str]:

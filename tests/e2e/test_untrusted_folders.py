@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import PROJECT, cli, no_runaway_training
 

@@ -15,7 +15,7 @@ import pytest
 
 from toolkit import safe_load
 from toolkit.checkpoint.store import MANIFEST, describe_files
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import PROJECT, cli
 from unit.test_untrusted_checkpoints import RunsCode
@@ -31,7 +31,7 @@ from pathlib import Path
 from toolkit.train import distributed
 from toolkit.train.engines import build_engine
 from toolkit.train.models import build_model
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from toolkit.safe_load import UnsafeCheckpointError
 os.environ.update(distributed.single_process_env())
 cfg = RunDir(sys.argv[1]).read_config()

@@ -17,7 +17,7 @@ import torch
 from toolkit import config as config_mod
 from toolkit.data import corpus as data_mod
 from toolkit.ports import free_port_pair
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from toolkit.safe_load import load as safe_load
 
 from conftest import PROJECT, cli

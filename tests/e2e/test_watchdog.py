@@ -9,8 +9,8 @@ import math
 import pytest
 
 from toolkit.checkpoint.store import CheckpointStore
-from toolkit.runs.events import EvalEvent, HangEvent, NonFiniteEvent, RestartEvent, TrainEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import EvalEvent, HangEvent, NonFiniteEvent, RestartEvent, TrainEvent, read_events
+from toolkit.rundir import RunDir
 
 from conftest import cli
 

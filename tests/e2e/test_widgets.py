@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from conftest import BIGRAM_MODEL
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from widgets.training import TrainingPanel
 
 

@@ -16,7 +16,7 @@ from toolkit.data import corpus as data_mod
 from toolkit.data.batch import IGNORE_INDEX
 from toolkit.data.tokenizer_training import EOS_TOKEN, train_bpe
 from toolkit.data.tokenizers import ByteTokenizer, TokenizerError, check_tokenizer_fits, load_tokenizer
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 from conftest import cli
 from test_checkpoint import CKPT, EVERY, STEPS

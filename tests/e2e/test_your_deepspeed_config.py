@@ -15,7 +15,7 @@ from conftest import cli
 from ds_examples import ZERO2_AUTO, ZERO2_OFFLOAD
 from test_checkpoint import CKPT, DEEPSPEED_ZERO2_2, reference_runs  # noqa: F401 (a fixture)
 from toolkit import config as config_mod
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 
 @pytest.mark.slow

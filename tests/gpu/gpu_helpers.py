@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 PROJECT = Path(__file__).resolve().parents[2]
 

@@ -79,9 +79,9 @@ def test_zero_trains_in_bf16_on_one_rank_over_nccl(gpu_runs, cuda_name, stage, f
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_the_predicted_peak_memory_of_each_zero_stage_holds_on_the_gpu(gpu_runs, stage, figure):
-    """toolkit.resources.memory_estimate's prediction for the run's own config against its measured peak
+    """toolkit.resources.memory_model's prediction for the run's own config against its measured peak
     (max_memory_allocated on the one rank): the stated accuracy, ±15%, is the goal."""
-    from toolkit.resources.memory_estimate import TOLERANCE, compare_run
+    from toolkit.resources.memory_model import TOLERANCE, compare_run
 
     run = gpu_runs(*zero_args(stage))
     comparison = compare_run(run.path)
@@ -115,7 +115,7 @@ def test_zero_offload_moves_the_optimizer_state_to_the_host(gpu_runs, offload_ru
         figure(name, value)
     figure("zero2_offload_peak_mib", offloaded)
     figure("zero2_peak_mib", resident)
-    from toolkit.resources.memory_estimate import compare_run
+    from toolkit.resources.memory_model import compare_run
 
     figure("zero2_offload_peak_measured_over_predicted", round(compare_run(offload_run.path).ratios[0], 3))
     assert offloaded <= resident - moved_mib / 2, (

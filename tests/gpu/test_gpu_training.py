@@ -14,7 +14,7 @@ import pytest
 from gpu_helpers import (BF16, FP16, GPT2_SMALL, GPT_4x128, LLAMA, QUIET, assert_learned, cli, completed,
                          lineage_device, log_tail, n_params, peak_memory_mib, sets, train)
 from toolkit import safe_load
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 def assert_on_the_gpu(run: RunDir, cuda_name: str, precision: str) -> None:
     device = lineage_device(run)
@@ -47,7 +47,7 @@ def test_the_builtin_gpt_trains_in_bf16_and_reports_mfu_against_the_devices_peak
     """GPT-2 small's shape, 30 steps of 8 x 1,024 bytes in bf16 autocast: the loss falls, the run says it ran on this
     GPU in bf16, each rank's peak memory is recorded (at least weights, gradients and Adam's moments: 16 bytes a
     parameter), and MFU is against the datasheet's bf16 dense peak. The MFU and tokens/s are kept as figures."""
-    from toolkit.runs.events import TrainEvent, read_events
+    from toolkit.events import TrainEvent, read_events
     from toolkit.train.metrics import steady_state
 
     run = gpu_runs("tiny", *GPT2_SMALL, *BF16, *QUIET, *sets("train.max_steps=30", "train.log_every=5"))
@@ -67,7 +67,7 @@ def test_the_builtin_gpt_compiles_and_trains_in_bf16(gpu_runs, cuda_name, figure
     """train.compile on the GPU: the same run as above compiled in place (Inductor, Triton kernels). The loss falls,
     the compile is a compile event of its own, and the steady tokens/s against the eager run's is kept as a figure
     (issue 30's goal: at least 1.2x; bench_gpu.py measures it in turns)."""
-    from toolkit.runs.events import TrainEvent, read_events
+    from toolkit.events import TrainEvent, read_events
     from toolkit.train.metrics import steady_state
 
     eager_args = ("tiny", *GPT2_SMALL, *BF16, *QUIET, *sets("train.max_steps=30", "train.log_every=5"))

@@ -6,8 +6,8 @@ import pytest
 
 from toolkit.report import plots
 from toolkit.checkpoint.interval_advisor import advise, advise_for_run, mtbf_for_gpus
-from toolkit.runs.events import CheckpointEvent, TrainEvent
-from toolkit.runs.rundir import RunDir
+from toolkit.events import CheckpointEvent, TrainEvent
+from toolkit.rundir import RunDir
 
 
 def test_young_daly_arithmetic():

@@ -12,7 +12,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 
 OWNERS = {
     "TRAINBOOK_KEY_FILE": "toolkit/deploy/serving/options.py",  # endpoint.py sets it, score.py reads it
-    "TRAINBOOK_ATTEMPT": "toolkit/runs/launchers.py",  # the supervisor sets it, the trainer reads it
+    "TRAINBOOK_ATTEMPT": "toolkit/status.py",  # the supervisor sets it, the trainer reads it
     "toolkit.runs.supervisor": "toolkit/runs/processes.py",  # launch.py runs it, processes.py recognises it
 }
 

@@ -11,9 +11,9 @@ import pytest
 from toolkit import config as config_mod
 from toolkit.config import ConfigError
 from toolkit.runs import debugging
-from toolkit.runs.events import DebuggerEvent
+from toolkit.events import DebuggerEvent
 from toolkit.runs.progress import RunProgress
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 
 @pytest.mark.parametrize("port", [70000, -1])

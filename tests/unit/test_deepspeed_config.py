@@ -1,4 +1,4 @@
-"""A user's DeepSpeed config merged with a Trainbook config (toolkit.train.engines.deepspeed_config): "auto" filled,
+"""A user's DeepSpeed config merged with a Trainbook config (toolkit.deepspeed_config): "auto" filled,
 values taken into the Trainbook fields they mean, contradictions and bad files refused naming the key, and DeepSpeed's
 own parser run over the result before launch. Pure logic: files in tmp_path, no process group, no training."""
 
@@ -12,7 +12,7 @@ from ds_examples import ZERO2_AUTO, ZERO2_OFFLOAD
 from toolkit import config as config_mod
 from toolkit.config import ConfigError
 from toolkit.train.engines import check_engine
-from toolkit.train.engines.deepspeed_config import DeepSpeedConfigError, check, merged
+from toolkit.deepspeed_config import DeepSpeedConfigError, check, merged
 
 def load(tmp_path, ds: dict | str, *sets: str, name: str = "ds_config.json"):
     file = tmp_path / name
@@ -153,7 +153,7 @@ def test_on_a_gpu_without_fused_adam_deepspeed_steps_with_torch_adamw_unless_the
     from toolkit.third_party import import_deepspeed
 
     import_deepspeed()
-    from toolkit.train.engines.deepspeed_config import fall_back_to_torch_adam, fused_adam_unavailable
+    from toolkit.deepspeed_config import fall_back_to_torch_adam, fused_adam_unavailable
 
     ds = merged(load(tmp_path, {}), world=1, cuda=True)
     assert "torch_adam" not in ds["optimizer"]["params"], "FusedAdam is DeepSpeed's choice on a GPU"

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from toolkit.runs import events
-from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, CheckpointInvalidEvent, DebuggerEvent,
+from toolkit import events
+from toolkit.events import (CheckpointErrorEvent, CheckpointEvent, CheckpointInvalidEvent, DebuggerEvent,
                                  ErrorEvent, EvalEvent, EventLog, ProfileEvent, RestartEvent, StatusEvent, TrainEvent,
                                  read_events, read_new)
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 # One line of each kind as the writers before the schema put them on disk (same keys, same order).
 LINES_BEFORE_THE_SCHEMA = [
@@ -169,7 +169,7 @@ def test_a_writer_passing_a_field_the_schema_lacks_fails_at_once():
 
 
 def test_steady_state_averages_the_second_half_of_the_intervals():
-    from toolkit.runs.events import TrainEvent
+    from toolkit.events import TrainEvent
     from toolkit.train.metrics import steady_state
 
     def interval(step, tokens_per_s, mfu, wait):

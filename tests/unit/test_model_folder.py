@@ -1,4 +1,4 @@
-"""The model folder's owner (toolkit.deploy.model_format) on real files: what a server may load, which folder an export
+"""The model folder's owner (toolkit.catalogue.model_format) on real files: what a server may load, which folder an export
 may replace, and publishing one in a single step. No training, no subprocess: a folder of placeholder bytes with
 a manifest of their real sizes and hashes stands for an export."""
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from toolkit.fsio import remove_stale_staging, replace_in_two_steps, staging_folder
-from toolkit.deploy.model_format import (FORMAT, MANIFEST, ExportError, check_replaceable, check_runtime, publish_folder,
-                                         served_tasks, verify_model_folder)
+from toolkit.catalogue.model_format import (FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder,
+                                            verify_model_folder)
+from toolkit.deploy.serving.options import check_runtime, served_tasks
 
 FILES = ("model.onnx", "model.safetensors", "config.yaml", "tokenizer.json", "parity.json")
 

@@ -125,7 +125,7 @@ def test_the_job_command_leaves_azure_expressions_for_azure_and_quotes_the_rest(
 
 
 def test_only_the_attempt_that_forbade_a_restart_is_not_restarted():
-    from toolkit.runs.status import restart_forbidden
+    from toolkit.status import restart_forbidden
 
     status = {"no_restart": {"attempt": 2, "reason": "a non-finite step"}}
     assert restart_forbidden(status, 2) == "a non-finite step"

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 
 def _run(tmp_path) -> RunDir:

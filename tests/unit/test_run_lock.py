@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from toolkit.runs import run_lock
+from toolkit import run_lock
 
 
 def test_a_second_holder_is_refused_naming_the_run_dir_and_the_holders_pid(tmp_path):

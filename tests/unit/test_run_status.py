@@ -1,4 +1,4 @@
-"""The run's state machine (toolkit.runs.status): the transition table, and that status.json is changed only
+"""The run's state machine (toolkit.status): the transition table, and that status.json is changed only
 through it."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.runs import status
-from toolkit.runs.rundir import RunDir
-from toolkit.runs.status import IllegalTransition, next_state
+from toolkit import status
+from toolkit.rundir import RunDir
+from toolkit.status import IllegalTransition, next_state
 
 PROJECT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Which config fields act beyond a run (toolkit.runs.trust), and the signature that makes them the user's."""
+"""Which config fields act beyond a run (toolkit.trust), and the signature that makes them the user's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.runs import trust
+from toolkit import trust
 
 
 def cfg_with(*overrides: str):

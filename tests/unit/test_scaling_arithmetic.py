@@ -7,7 +7,7 @@ import pytest
 
 from toolkit.config import ConfigError
 from toolkit.runs import scaling
-from toolkit.runs.events import TrainEvent
+from toolkit.events import TrainEvent
 
 TWO_CORES = scaling.capacity(0, 2)
 

@@ -10,7 +10,7 @@ import pytest
 
 from toolkit.data.tokenizers import ByteTokenizer
 from toolkit.deploy.hf_folder import BytesTokenizer, HFTokenizer, load_tokenizer
-from toolkit.deploy.model_format import ExportError
+from toolkit.catalogue.model_format import ExportError
 
 
 def test_the_byte_tokenizer_by_its_key_and_the_older_description_is_bytes(tmp_path):

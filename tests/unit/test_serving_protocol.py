@@ -155,7 +155,7 @@ def test_an_oversized_body_is_one_413_whoever_notices_it(size, message):
     assert error.status == 413 and str(error).startswith(message), str(error)
 
 
-CLASSIFY = ("classify",)  # what a sequence classifier's endpoint answers (toolkit.deploy.model_format.served_tasks)
+CLASSIFY = ("classify",)  # what a sequence classifier's endpoint answers (toolkit.deploy.serving.options.served_tasks)
 
 
 def test_a_classifier_takes_classify_requests_and_refuses_the_language_model_tasks():

@@ -4,7 +4,7 @@ It once looked one level too deep and warned "not compiled yet" on every machine
 
 from __future__ import annotations
 
-from toolkit.resources.machine import shm_comm_built
+from toolkit.machine import shm_comm_built
 
 
 def _built(root):

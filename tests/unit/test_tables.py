@@ -19,7 +19,7 @@ def test_the_operator_table_reads_where_the_profiler_writes_without_importing_to
     import json
     import sys
 
-    from toolkit.runs.rundir import OPERATORS_FILE, RunDir
+    from toolkit.rundir import OPERATORS_FILE, RunDir
 
     run = RunDir(tmp_path)
     run.profile_dir.mkdir()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.runs.events import CheckpointEvent, EvalEvent, ProfileEvent, TrainEvent
+from toolkit.events import CheckpointEvent, EvalEvent, ProfileEvent, TrainEvent
 from toolkit.train import tracking
 from toolkit.train.scalars import scalars
 

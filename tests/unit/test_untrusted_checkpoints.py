@@ -12,7 +12,7 @@ import torch
 
 from toolkit import safe_load
 from toolkit.checkpoint.store import MANIFEST, CheckpointStore, describe_files, step_name
-from toolkit.train.rng import capture_rng
+from toolkit.checkpoint.rng import capture_rng
 
 
 class RunsCode:

@@ -9,7 +9,7 @@ import yaml
 from toolkit import config as config_mod
 from toolkit.deploy.export import ExportError, load_trained_model
 from toolkit.deploy.serving.runtimes import TorchRuntime
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 PLANTED = '''
 from pathlib import Path

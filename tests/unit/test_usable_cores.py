@@ -9,7 +9,7 @@ import os
 import pytest
 
 from toolkit import config as config_mod
-from toolkit.resources.machine import usable_cores
+from toolkit.machine import usable_cores
 from toolkit.train.trainer import default_threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from toolkit import config as config_mod
-from toolkit.runs import status as run_status
-from toolkit.runs.events import EventLog, HangEvent, NonFiniteEvent, TrainEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit import status as run_status
+from toolkit.events import EventLog, HangEvent, NonFiniteEvent, TrainEvent, read_events
+from toolkit.rundir import RunDir
 from toolkit.train.distributed import Topology
 from toolkit.train.engines import build_engine
 from toolkit.train.models import build_model

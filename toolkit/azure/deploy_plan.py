@@ -28,7 +28,7 @@ from toolkit.azure.errors import AzureError
 from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
                                       publish, read_conda_file, trainbook_command, yaml_text)
 from toolkit.azure.skus import Sku, get_online_sku
-from toolkit.deploy.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
+from toolkit.catalogue.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
 from toolkit.deploy.serving.options import WEIGHTS, ServingOptions, ServingOptionsError
 from toolkit.errors import bounded_repr, not_allowed, refused
 
@@ -164,9 +164,9 @@ def _default_name(path: Path, manifest: dict) -> str | None:
 
 def _verified_manifest(path: Path, runtime: str | None) -> tuple[dict, str]:
     """The manifest of the folder the plan uploads as the model, once every file matches it, and the runtime that
-    serves it (``runtime``, or the folder's default). The owner of both checks is toolkit.deploy.model_format; the
+    serves it (``runtime``, or the folder's default). The owner of both checks is toolkit.catalogue.model_format; the
     weights the runtime loads are named first, with the other runtime as the way out."""
-    from toolkit.deploy.model_format import check_runtime, served_tasks
+    from toolkit.deploy.serving.options import check_runtime, served_tasks
 
     try:
         manifest = read_manifest(path)

@@ -31,7 +31,7 @@ from toolkit.azure.skus import Sku, get_sku
 from toolkit.errors import not_allowed, refused
 from toolkit.names import name_problem
 from toolkit.train.engines import check_engine
-from toolkit.train.engines.deepspeed_config import get_path as _get
+from toolkit.deepspeed_config import get_path as _get
 
 DEFAULT_IDLE_SECONDS = 1800
 DEFAULT_MAX_RESTARTS = 3  # restarts of the ranks inside one job, from the last checkpoint

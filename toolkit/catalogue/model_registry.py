@@ -21,7 +21,7 @@ from pathlib import Path
 from toolkit import names
 from toolkit.catalogue import data_assets
 from toolkit.catalogue.data_store import DataAssetError, files_of, store_snapshot
-from toolkit.deploy.model_format import ExportError, read_manifest, verify_model_folder
+from toolkit.catalogue.model_format import ExportError, read_manifest, verify_model_folder
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import not_allowed, refused
 
@@ -112,7 +112,7 @@ def get_model(ws: Workspace, ref: str) -> RegisteredModel:
     finally:
         conn.close()
     # Cheap (one small file): the snapshot's manifest must still be the registered version's. Its files are then
-    # checked against the manifest by whoever loads them (toolkit.deploy.model_format.verify_model_folder).
+    # checked against the manifest by whoever loads them (toolkit.catalogue.model_format.verify_model_folder).
     try:
         registered = payload_hash(read_manifest(model.path)) == model.sha256
     except (ExportError, KeyError, TypeError):

@@ -24,7 +24,7 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
 INDEX_MAX_BYTES = 64 << 20  # a tensor-name -> shard map: kilobytes, megabytes for the largest models
-EXPORT_MANIFEST = "trainbook-model.json"  # toolkit.deploy.model_format.MANIFEST, named here without importing it
+EXPORT_MANIFEST = "trainbook-model.json"  # toolkit.catalogue.model_format.MANIFEST, named here without importing it
 INIT_FROM_ALLOWED = ("a folder in save_pretrained layout (model.safetensors, or shards with "
                      "model.safetensors.index.json), a folder written by `trainbook export`, or a registered model "
                      "NAME[:VERSION] (`trainbook models`)")
@@ -138,7 +138,7 @@ def open_weights(value: str, field: str = "model.init_from") -> PretrainedWeight
         raise PretrainedError(not_allowed(field, value, INIT_FROM_ALLOWED, problem="is not a folder"))
     folder = folder.resolve()
     if (folder / EXPORT_MANIFEST).exists():
-        from toolkit.deploy.model_format import verify_model_folder
+        from toolkit.catalogue.model_format import verify_model_folder
 
         manifest = verify_model_folder(folder)  # every byte against the manifest: the weights are the exported ones
         if SINGLE not in manifest["files"]:

@@ -21,6 +21,7 @@ import sqlite3
 from pathlib import Path
 
 from toolkit.errors import not_allowed, refused
+from toolkit.paths import CATALOGUE_NAME
 
 DEFAULT_DIR = ".trainbook"
 BUSY_TIMEOUT_S = 60.0
@@ -78,7 +79,6 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-CATALOGUE_NAME = "catalogue.sqlite"  # a folder is a workspace once it holds this
 DAMAGED = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}  # SQLite's names for a file that is not (or no longer) a database
 
 

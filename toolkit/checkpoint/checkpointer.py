@@ -46,7 +46,7 @@ from toolkit.checkpoint.peers import PeerReports
 from toolkit.checkpoint.store import CheckpointStore, describe_files
 from toolkit.checkpoint.checksum import ChecksummedWriter, bounce_buffer
 from toolkit.fsio import fsync_path
-from toolkit.train.rng import capture_rng
+from toolkit.checkpoint.rng import capture_rng
 
 WRITER_NICE = 10  # the writer thread's nice value (training runs at 0): it yields the cores to the step
 PEER_TIMEOUT_S = 600.0  # how long rank 0 waits for the other ranks' files before giving the checkpoint up

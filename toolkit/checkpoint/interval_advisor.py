@@ -23,7 +23,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from toolkit.errors import not_allowed
-from toolkit.runs.events import CheckpointEvent, TrainEvent, read_events
+from toolkit.events import CheckpointEvent, TrainEvent, read_events
 
 # Llama 3 (Dubey et al. 2024, section 3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs,
 # i.e. one per ~50,700 GPU-hours. Used when the user gives no MTBF of their own.

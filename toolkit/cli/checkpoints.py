@@ -35,7 +35,7 @@ def cmd_checkpoints(args) -> int:
              "reason": i.reason or None} for i in infos], "untrusted_fields": untrusted})
         return 0
     if untrusted:
-        from toolkit.runs.trust import FLAG, describe
+        from toolkit.trust import FLAG, describe
 
         print(f"note: not your run's settings (resume needs {FLAG}): {describe(untrusted)}", file=sys.stderr)
     if not infos:
@@ -54,7 +54,7 @@ def cmd_checkpoints(args) -> int:
 def _untrusted_notice(run_dir: str) -> dict:
     """The run's fields that resume or export would not honour without --trust-run ({} when none, or when the run
     has no readable config: the checkpoints are listed all the same)."""
-    from toolkit.runs.rundir import RunDir
+    from toolkit.rundir import RunDir
 
     try:
         return {k: v if isinstance(v, (str, int, float, bool)) else str(v)

@@ -156,7 +156,7 @@ def _verify(args, ws) -> int:
 
 def _tune(args, ws) -> int:
     from toolkit import config as config_mod
-    from toolkit.data.loading_advisor import tune
+    from toolkit.train.loading_advisor import tune
     from toolkit.runs.data_pin import pin_data_asset
 
     cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])

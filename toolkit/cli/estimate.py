@@ -43,7 +43,8 @@ def register(verbs) -> None:
 
 def cmd_estimate(args) -> int:
     from toolkit import config as config_mod
-    from toolkit.resources import memory_estimate as me
+    from toolkit.azure import recommended_config
+    from toolkit.resources import memory_baseline, memory_model, zero_stages
 
     overrides = config_overrides(args.set, nproc=args.nproc, engine=args.engine)
     if overrides and not args.config:
@@ -55,41 +56,41 @@ def cmd_estimate(args) -> int:
     if cfg is not None and args.zero_stage is not None and cfg.engine.name == "deepspeed":
         cfg = config_mod.load(args.config, [*overrides, f"engine.zero_stage={args.zero_stage}"])
     if args.measure_baseline:
-        from toolkit.runs.rundir import RunDir
+        from toolkit.rundir import RunDir
 
         engines = [cfg.engine.name] if cfg else [RunDir(args.run).read_config().engine.name] if args.run else \
-            list(me.REFERENCE_BASELINE_MIB)
+            list(memory_baseline.REFERENCE_BASELINE_MIB)
         for engine in engines:
-            print(f"measuring the {engine} baseline: the tiny config for {me.BASELINE_STEPS} steps on 2 processes...",
-                  flush=True)
-            peaks = me.measure_baseline(engine)
+            print(f"measuring the {engine} baseline: the tiny config for {memory_baseline.BASELINE_STEPS} steps on 2 "
+                  "processes...", flush=True)
+            peaks = memory_baseline.measure_baseline(engine)
             print(f"  {engine}: {', '.join(f'rank {r} {p:,.0f} MiB' for r, p in enumerate(peaks))} (kept in "
-                  f"{me.baseline_cache_path()})")
+                  f"{memory_baseline.baseline_cache_path()})")
     if args.run:
-        comparison = me.compare_run(args.run, device=args.device)
+        comparison = memory_model.compare_run(args.run, device=args.device)
         print(comparison.prediction.table())
         print(comparison.table())
         return 0
     params: float
     if cfg is not None:
-        prediction = me.predict_run(cfg, device=args.device)
+        prediction = memory_model.predict_run(cfg, device=args.device)
         params, precision = prediction.params, args.precision or cfg.engine.precision
         print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
         print(prediction.table())
         print(f"\non GPUs: model state per GPU by ZeRO stage ({precision}, {args.gpus} GPUs):")
     elif args.params:
-        params, precision = me.parse_count(args.params), args.precision or "bf16"
+        params, precision = zero_stages.parse_count(args.params), args.precision or "bf16"
         print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
     else:
         raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, --config NAME "
                                   "or --run RUN_DIR"))
     if args.zero_stage is not None:
-        print(me.estimate(params, precision, args.zero_stage, args.gpus).formula())
+        print(zero_stages.estimate(params, precision, args.zero_stage, args.gpus).formula())
     else:
-        print(me.recommend_stage(params, args.gpu_memory, args.gpus, precision).summary())
+        print(zero_stages.recommend_stage(params, args.gpu_memory, args.gpus, precision).summary())
     if args.write_config:
-        written = me.write_recommended_config(args.write_config, params=None if cfg else params, base=args.config,
-                                              overrides=overrides, gpus=args.gpus, gpu_memory_gib=args.gpu_memory,
-                                              precision=precision)
+        written = recommended_config.write_recommended_config(
+            args.write_config, params=None if cfg else params, base=args.config, overrides=overrides, gpus=args.gpus,
+            gpu_memory_gib=args.gpu_memory, precision=precision)
         print(f"\n{written.summary()}")
     return 0

@@ -7,7 +7,7 @@ import gc
 import signal
 import sys
 
-from toolkit.runs import status as run_status
+from toolkit import status as run_status
 
 
 class Terminated(Exception):

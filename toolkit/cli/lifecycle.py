@@ -56,8 +56,8 @@ def cmd_watch(args) -> int:
     from toolkit.cli.following import report_end
     from toolkit.runs.handle import attach
     from toolkit.runs.progress import RunProgress, follow_in_terminal
-    from toolkit.runs.rundir import RunDir
-    from toolkit.runs.status import FINAL_STATES
+    from toolkit.rundir import RunDir
+    from toolkit.status import FINAL_STATES
 
     run = RunDir(args.run_dir)
     status = run.read_status() if run.path.is_dir() else {}

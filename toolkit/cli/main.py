@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = add_verbs(parser, "verb")
     for module in VERBS:
         module.register(verbs)
-    from toolkit.azure.cli import add_azure_verbs  # the cloud's verbs live with the cloud's code
+    from toolkit.cli.azure import add_azure_verbs  # a verb group: its sub-verbs parse like every verb
 
     add_azure_verbs(verbs)
     parser.set_defaults(root_parser=parser)  # what `trainbook completion` describes
@@ -49,7 +49,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolkit.checkpoint.store import CheckpointError
     from toolkit.deploy.serving.endpoint import EndpointError
     from toolkit.runs.handle import NotThisRunError
-    from toolkit.runs.run_lock import RunBusyError
+    from toolkit.run_lock import RunBusyError
     from toolkit.runs.tensorboard import TensorBoardError
 
     # ValueError stays: the library raises plain ValueErrors for bad input the CLI passes on (--port out of range,

@@ -37,10 +37,10 @@ from toolkit.checkpoint.store import CheckpointStore
 from toolkit.train.models.preflight import BUILT_IN
 from toolkit.errors import not_allowed
 from toolkit.fsio import sha256_file, staging_folder
-from toolkit.deploy.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
-from toolkit.deploy.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
-from toolkit.runs import trust
-from toolkit.runs.rundir import RunDir
+from toolkit.catalogue.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
+from toolkit.catalogue.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
+from toolkit import trust
+from toolkit.rundir import RunDir
 
 PARITY_TARGET = 1e-4  # float32: ONNX Runtime and eager PyTorch differ only by operator order
 PARITY_SHAPES = ((4, None), (3, 17), (1, 1))  # (batch, sequence); None: the model's full context
@@ -86,7 +86,7 @@ def load_trained_model(run_dir: str | Path, trust_run: bool = False):
     the base with the adapters merged in (peft's merge_and_unload: a plain model of the base's class, e.g. a
     transformers LlamaForCausalLM) when model.lora.merge_on_export is true, else the peft PeftModel itself.
     Float32 on the CPU, whatever the training precision. A model.hf.source that is a hub id is fetched only for the
-    user's own run, or with ``trust_run`` (toolkit.runs.trust)."""
+    user's own run, or with ``trust_run`` (toolkit.trust)."""
     from toolkit.train.engines.param_groups import load_trainable_state, trainable_only
     from toolkit.train.models import prepare_model
 

@@ -9,7 +9,7 @@ architecture exports, and a parity report.
                                                              and |trained model - ONNX Runtime|, per shape
 
 An architecture ONNX cannot export still exports: the manifest's onnx_not_exported and parity.json say why, and
-``--runtime onnx`` is refused naming it (toolkit.deploy.model_format.check_runtime).
+``--runtime onnx`` is refused naming it (toolkit.deploy.serving.options.check_runtime).
 """
 
 from __future__ import annotations

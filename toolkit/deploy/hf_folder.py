@@ -19,7 +19,7 @@ from pathlib import Path
 from toolkit import fsio
 from toolkit.data.tokenizers import BYTES_KEY, ByteTokenizer
 from toolkit.safe_load import HF_LOCAL_ONLY
-from toolkit.deploy.model_format import ExportError
+from toolkit.catalogue.model_format import ExportError
 from toolkit.errors import not_allowed
 
 TOKENIZER_DESCRIPTION_MAX_BYTES = 64 * 1024

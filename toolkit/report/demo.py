@@ -17,8 +17,8 @@ from pathlib import Path
 
 from toolkit.report import figures
 from toolkit.paths import PROJECT_ROOT
-from toolkit.runs.events import StatusEvent, TrainEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import StatusEvent, TrainEvent, read_events
+from toolkit.rundir import RunDir
 from toolkit.train.metrics import steady_state
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit.errors import not_allowed
-from toolkit.runs.events import CheckpointEvent, EvalEvent, StatusEvent, TrainEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import CheckpointEvent, EvalEvent, StatusEvent, TrainEvent, read_events
+from toolkit.rundir import RunDir
 
 
 def _pyplot():
@@ -141,7 +141,7 @@ def memory_by_stage(advices: dict, out: str | Path) -> Path:
     """Model-state GiB per GPU for each model size (groups) and ZeRO stage (bars), against the GPU's budget."""
     import numpy as np
 
-    from toolkit.resources.memory_estimate import STAGES, STATE_SHARE
+    from toolkit.resources.zero_stages import STAGES, STATE_SHARE
 
     plt = _pyplot()
     labels = list(advices)

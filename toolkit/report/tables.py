@@ -6,7 +6,7 @@ import html
 import json
 from pathlib import Path
 
-from toolkit.runs.rundir import OPERATORS_FILE, RunDir
+from toolkit.rundir import OPERATORS_FILE, RunDir
 
 
 def html_table(rows: list[dict], columns: dict[str, str], caption: str = "") -> str:
@@ -41,7 +41,7 @@ def fine_tune_rows(runs: dict[str, str | Path]) -> list[dict]:
     time, tokens/s, rank 0's peak memory, the newest checkpoint's size, and validation bits per byte before the
     first step (train.eval_at_start) and at the end."""
     from toolkit.checkpoint.store import CheckpointStore
-    from toolkit.runs.events import EvalEvent, StatusEvent, TrainEvent, read_events
+    from toolkit.events import EvalEvent, StatusEvent, TrainEvent, read_events
     from toolkit.train.metrics import steady_state
 
     rows = []

@@ -135,7 +135,7 @@ def run_workshop(participants: int, params_file: str | Path, notebook: str = "03
 
     nb = _notebook(notebook)
     sets = read_parameter_sets(params_file, participants, nb)
-    from toolkit.resources.machine import usable_cores
+    from toolkit.machine import usable_cores
 
     cores = usable_cores()
     parallel = parallel or min(cores, participants)
@@ -166,7 +166,7 @@ def report_table(results: list[ParticipantResult]) -> str:
 def write_report(results: list[ParticipantResult], out: Path) -> Path:
     """report.md (the table), report.json, and report.png (every participant's validation curve)."""
     from toolkit.report import plots
-    from toolkit.runs.events import EvalEvent, read_events
+    from toolkit.events import EvalEvent, read_events
 
     (out / "report.json").write_text(json.dumps([{**r.__dict__, "folder": str(r.folder)} for r in results],
                                                 indent=1, default=str))

@@ -27,12 +27,12 @@ from pathlib import Path
 from collections.abc import Callable
 
 from toolkit.errors import not_allowed
+from toolkit.machine import DISK_WARN_FREE_GIB
 
 STATUSES = ("pass", "warn", "fail")
 REPORT_NAME = "doctor.json"  # in the workspace: the latest report, what notebook 00's journey reads
 DISK_PROBE_BYTES = 128 * 2**20
 DISK_WARN_MBPS = 100.0  # below this, checkpoints of a 1B-parameter model (~16 GB with Adam) take minutes
-DISK_WARN_FREE_GIB = 5.0
 RAM_WARN_AVAILABLE_GIB = 4.0
 MATMUL_FAIL_GFLOPS = 5.0  # a working BLAS on any laptop core does more; less means a broken or throttled install
 # A busbw below this at the largest message means a misconfigured transport (e.g. NCCL falling back to sockets).
@@ -186,16 +186,10 @@ def check_disk(ctx: DoctorContext) -> tuple[str, str, dict]:
 
 
 def check_shm(ctx: DoctorContext) -> tuple[str, str, dict]:
-    from toolkit.resources.machine import shm_shortfall, usable_cores
+    from toolkit.machine import shm_verdict
 
     info = ctx.facts["shm"]
-    if not info["present"]:
-        return "warn", "no /dev/shm: DataLoader workers cannot share batches; use data.num_workers=0", {}
-    # One worker per core, prefetching 2 batches of 32 x 2048 int64 tokens (a GPU-sized language-model batch).
-    workers, batch_bytes = usable_cores(), 2 * 32 * 2048 * 8
-    shortfall = shm_shortfall(workers, 2, batch_bytes)
-    summary = f"/dev/shm {info['size_mib']:,} MiB ({info['free_mib']:,} free) for {workers} DataLoader workers"
-    return ("warn", shortfall, info) if shortfall else ("pass", summary, info)
+    return *shm_verdict(info), (info if info["present"] else {})
 
 
 def check_nccl_env(ctx: DoctorContext) -> tuple[str, str, dict]:
@@ -223,9 +217,9 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
     def check(ctx: DoctorContext) -> tuple[str, str, dict]:
         """A real run of the tiny config for a few steps, in its own process, as training would start."""
         from toolkit import config as config_mod
-        from toolkit.runs.events import TrainEvent, read_events
+        from toolkit.events import TrainEvent, read_events
         from toolkit.runs.launchers import worker_command
-        from toolkit.runs.rundir import RunDir
+        from toolkit.rundir import RunDir
 
         cfg = config_mod.load("tiny", [f"engine.name={engine}", f"train.max_steps={ENGINE_STEPS}",
                                        "train.log_every=1", f"train.eval_every={ENGINE_STEPS}", "train.eval_batches=1",
@@ -273,7 +267,7 @@ CHECKS: dict[str, CheckSpec] = {
 def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, only: list[str] | None = None,
                skip: list[str] | None = None, on_check: Callable[[Check], None] | None = None) -> DoctorReport:
     """Discover the machine and run the checks in order; ``on_check`` sees each result as it lands."""
-    from toolkit.resources import machine
+    from toolkit import machine
     from toolkit.catalogue.workspace import default_path
 
     unknown = [n for n in (only or []) + (skip or []) if n not in CHECKS]

@@ -27,7 +27,6 @@ def _pin_asset(config: config_mod.Config) -> config_mod.Config:
         return config
     from toolkit.catalogue import data_assets
     from toolkit.data.tokenizers import KIND_TAG
-    from toolkit.train.models import MODELS
     from toolkit.catalogue.workspace import Workspace
 
     if config.data.path:
@@ -41,7 +40,7 @@ def _pin_asset(config: config_mod.Config) -> config_mod.Config:
                                                                        "data.tokenizer)"))
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, asset=asset.ref,
                                                                       workspace=str(ws.root)))
-    allowed = MODELS[config.model.name].asset_types
+    allowed = config_mod.ASSET_TYPES[config.model.name]
     if asset.type not in allowed:
         shown = config.data.path if config.data.path else asset.ref
         raise data_assets.DataAssetError(

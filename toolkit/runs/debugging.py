@@ -37,10 +37,10 @@ import time
 
 from toolkit.errors import not_allowed, refused
 from toolkit.ports import port_in_use
-from toolkit.runs import status as run_status
-from toolkit.runs.events import DebuggerEvent, StatusEvent
-from toolkit.runs.launchers import ATTEMPT_ENV
-from toolkit.runs.rundir import RunDir
+from toolkit import status as run_status
+from toolkit.events import DebuggerEvent, StatusEvent
+from toolkit.status import ATTEMPT_ENV
+from toolkit.rundir import RunDir
 
 # How often a waiting rank 0 looks for a stop request: a file another process writes, no event to wait on.
 STOP_CHECK_S = 0.25

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 from toolkit.errors import not_allowed
 from toolkit.runs import processes as run_processes
-from toolkit.runs import status as run_status
-from toolkit.runs.events import Event, StatusEvent, read_new
-from toolkit.runs.rundir import RunDir
-from toolkit.runs.status import FINAL_STATES
+from toolkit import status as run_status
+from toolkit.events import Event, StatusEvent, read_new
+from toolkit.rundir import RunDir
+from toolkit.status import FINAL_STATES
 from toolkit.runs.supervisor import STOP_GRACE_S, describe_exit
 
 # How long stop() waits for the run to save its checkpoint and end before it kills what is left: the supervisor's

@@ -86,7 +86,7 @@ def _storage_check(run_dir: Path, node: int, nnodes: int) -> tuple[str, str]:
         return "fail", f"run storage {parent} is not writable from node {node}: {exc.strerror or exc}"
     finally:
         probe.unlink(missing_ok=True)
-    from toolkit.resources.doctor import DISK_WARN_FREE_GIB
+    from toolkit.machine import DISK_WARN_FREE_GIB
 
     free_gib = shutil.disk_usage(parent).free / 2**30
     summary = f"{parent}: writable ({PROBE_BYTES / seconds / 1e6:,.0f} MB/s write+fsync), {free_gib:,.1f} GiB free"
@@ -105,13 +105,9 @@ def _gpu_check(gpus: int, node: int) -> tuple[str, str]:
 
 
 def _shm_check() -> tuple[str, str]:
-    from types import SimpleNamespace
+    from toolkit.machine import shm, shm_verdict
 
-    from toolkit.resources.doctor import check_shm
-    from toolkit.resources.machine import shm
-
-    status, summary, _ = check_shm(SimpleNamespace(facts={"shm": shm()}))
-    return status, summary
+    return shm_verdict(shm())
 
 
 def node_checks(spec: NodeSpec, run_dir: Path, gpus: int) -> list[tuple[str, str, str]]:
@@ -195,9 +191,9 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], nnodes: i
     its inputs are mounted may move, toolkit.checkpoint.store.LOCATION_FIELDS). Returns the RunDir."""
     from toolkit import config as config_mod
     from toolkit.checkpoint.store import LOCATION_FIELDS, config_differences
-    from toolkit.runs import status as run_status
+    from toolkit import status as run_status
     from toolkit.runs.data_pin import pin_data_asset
-    from toolkit.runs.rundir import RunDir
+    from toolkit.rundir import RunDir
     from toolkit.train.engines import check_engine
     from toolkit.train.models.preflight import check_model, pin_model
 
@@ -287,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             if error:
                 print(f"[job] node {spec.rank}: {error}", file=sys.stderr, flush=True)
                 return 2
-            from toolkit.runs.rundir import RunDir
+            from toolkit.rundir import RunDir
             from toolkit.runs.supervisor import Supervisor
 
             return Supervisor(RunDir(run_dir), args.max_restarts, nodes=group).run_to_end()

@@ -20,17 +20,17 @@ from toolkit import paths
 from toolkit.errors import not_allowed
 from toolkit.fsio import open_log
 from toolkit.runs import processes as run_processes
-from toolkit.runs import run_lock
-from toolkit.runs import trust
-from toolkit.runs import status as run_status
+from toolkit import run_lock
+from toolkit import trust
+from toolkit import status as run_status
 from toolkit.checkpoint.store import CheckpointStore
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from toolkit.runs.data_pin import pin_data_asset
 from toolkit.train.engines import check_engine
 from toolkit.train.models.preflight import check_model, pin_model
 from toolkit.runs.handle import RunHandle
 from toolkit.runs.run_index import index_run
-from toolkit.runs.run_lock import RunBusyError
+from toolkit.run_lock import RunBusyError
 from toolkit.runs.supervisor import LOG_NAME
 
 
@@ -110,7 +110,7 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     it back to ``from_checkpoint`` (a name such as ``step_00000040``; newer checkpoints are set aside, kept).
     The handle's ``plan`` says which checkpoint it starts from. A completed run raises NothingToResume (nothing
     is started, nothing changes) unless rolled back. A config that runs code, reaches the network or opens a port
-    is honoured only for the user's own run, or with ``trust_run`` (toolkit.runs.trust)."""
+    is honoured only for the user's own run, or with ``trust_run`` (toolkit.trust)."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
         raise FileNotFoundError(not_allowed("run_dir", run_dir, "a run directory",

@@ -10,9 +10,6 @@ from pathlib import Path
 
 from toolkit.ports import free_port
 
-# set by the supervisor in the training processes it starts: their attempt, 0 first, +1 per restart or resume
-ATTEMPT_ENV = "TRAINBOOK_ATTEMPT"
-
 
 def resolve_launcher(engine_cfg) -> str | None:
     if engine_cfg.nproc == 1:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from toolkit.runs import debugging
-from toolkit.runs.events import (CheckpointEvent, CompileEvent, DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent,
+from toolkit.events import (CheckpointEvent, CompileEvent, DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent,
                                  NonFiniteEvent, StatusEvent, TrainEvent)
 
 WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come

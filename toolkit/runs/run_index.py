@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from toolkit import config as config_mod
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 
 
 def index_run(run: RunDir, config: config_mod.Config) -> None:

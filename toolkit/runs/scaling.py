@@ -38,8 +38,8 @@ from collections.abc import Callable
 from toolkit import config as config_mod
 from toolkit.config import ConfigError
 from toolkit.errors import not_allowed, refused
-from toolkit.runs.events import StatusEvent, TrainEvent, read_events
-from toolkit.runs.rundir import RunDir
+from toolkit.events import StatusEvent, TrainEvent, read_events
+from toolkit.rundir import RunDir
 
 MODES = ("weak", "strong")
 INTERVALS = 4  # logged intervals in the measured window: enough for a range, few enough that logging stays rare
@@ -92,7 +92,7 @@ def capacity(cuda_devices: int, cores: int) -> Capacity:
 def machine_capacity() -> Capacity:
     import torch
 
-    from toolkit.resources.machine import usable_cores
+    from toolkit.machine import usable_cores
 
     return capacity(torch.cuda.device_count() if torch.cuda.is_available() else 0, usable_cores())
 

@@ -19,11 +19,11 @@ import time
 
 from toolkit.checkpoint.store import CheckpointStore
 from toolkit.fsio import open_log
-from toolkit.runs import status as run_status
-from toolkit.runs.events import ErrorEvent, RestartEvent, StatusEvent
-from toolkit.runs.launchers import ATTEMPT_ENV, worker_command  # imports no torch
-from toolkit.runs.rundir import RunDir
-from toolkit.runs.status import FINAL_STATES
+from toolkit import status as run_status
+from toolkit.events import ErrorEvent, RestartEvent, StatusEvent
+from toolkit.runs.launchers import worker_command  # imports no torch
+from toolkit.rundir import RunDir
+from toolkit.status import ATTEMPT_ENV, FINAL_STATES
 
 LOG_NAME = "train.log"  # stdout and stderr of every rank: the first place to look when a run dies early
 # How long the ranks have, after a stop was asked for, to finish their step and save it before they get the signal
@@ -54,7 +54,7 @@ class Supervisor:
 
     def __init__(self, run: RunDir, max_restarts: int, lock_fd: int | None = None, nodes=None):
         self.run, self.max_restarts = run, max_restarts
-        self.lock_fd = lock_fd  # the run lock (toolkit.runs.run_lock), passed on to every attempt's processes
+        self.lock_fd = lock_fd  # the run lock (toolkit.run_lock), passed on to every attempt's processes
         self.nodes = nodes
         self.writes_run = nodes is None or nodes.spec.rank == 0
         self.log_name = LOG_NAME if self.writes_run else f"train.node{nodes.spec.rank}.log"

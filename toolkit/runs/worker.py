@@ -13,9 +13,9 @@ import sys
 import traceback
 
 from toolkit.runs import debugging
-from toolkit.runs import status as run_status
-from toolkit.runs.events import ErrorEvent
-from toolkit.runs.rundir import RunDir
+from toolkit import status as run_status
+from toolkit.events import ErrorEvent
+from toolkit.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:

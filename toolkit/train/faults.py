@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 
-from toolkit.runs.launchers import ATTEMPT_ENV
+from toolkit.status import ATTEMPT_ENV
 
 
 def attempt_number() -> int:

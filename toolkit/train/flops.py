@@ -26,7 +26,7 @@ import torch
 
 from toolkit import paths
 from toolkit.fsio import atomic_write_text
-from toolkit.resources.machine import usable_cores
+from toolkit.machine import usable_cores
 
 CACHE = paths.cache_dir() / "matmul_peak.json"
 

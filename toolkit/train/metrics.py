@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 
 from toolkit.fsio import atomic_write_text
-from toolkit.runs import status as run_status
-from toolkit.runs.events import (CheckpointErrorEvent, CheckpointEvent, CompileEvent, ErrorEvent, EvalEvent,
+from toolkit import status as run_status
+from toolkit.events import (CheckpointErrorEvent, CheckpointEvent, CompileEvent, ErrorEvent, EvalEvent,
                                  EventLog, ProfileEvent, StatusEvent, TrainEvent)
-from toolkit.runs.rundir import RunDir
+from toolkit.rundir import RunDir
 from toolkit.train import tracking
 from toolkit.train.scalars import scalars
 

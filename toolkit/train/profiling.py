@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from toolkit.fsio import atomic_write_text
-from toolkit.runs.rundir import OPERATORS_FILE
+from toolkit.rundir import OPERATORS_FILE
 
 SUMMARY_ROWS = 25
 

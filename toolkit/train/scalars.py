@@ -5,7 +5,7 @@ what each is called. Their one owner: rank 0's MetricsSink writes TensorBoard fr
 
 from __future__ import annotations
 
-from toolkit.runs.events import CheckpointEvent, EvalEvent, TrainEvent
+from toolkit.events import CheckpointEvent, EvalEvent, TrainEvent
 
 # event field -> TensorBoard tag
 TRAIN_SCALARS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "perf/tokens_per_s",

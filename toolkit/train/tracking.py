@@ -44,8 +44,8 @@ from toolkit.checkpoint.store import flatten_config
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.paths import SAFE_PATH_ENV
 from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
-from toolkit.runs.events import ErrorEvent, EventLog, StatusEvent, TrackingEvent, read_new
-from toolkit.runs.rundir import RunDir
+from toolkit.events import ErrorEvent, EventLog, StatusEvent, TrackingEvent, read_new
+from toolkit.rundir import RunDir
 from toolkit.train.scalars import scalars
 
 RECORD_FILE = "mlflow.json"  # in the run directory: the MLflow run its attempts log into, and how far they got

@@ -30,16 +30,16 @@ from toolkit.train.flops import mfu_peak
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import flops_per_item, prepare_model
-from toolkit.train.rng import restore_rng
+from toolkit.checkpoint.rng import restore_rng
 from toolkit.train.faults import FaultPlan, attempt_number
 from toolkit.train.log_window import LogWindow
 from toolkit.train.watchdog import HangWatchdog, NonFiniteGuard, NonFiniteLossError
 from toolkit import safe_load
-from toolkit.runs import status as run_status
-from toolkit.runs.events import CheckpointInvalidEvent
-from toolkit.runs.rundir import RunDir
+from toolkit import status as run_status
+from toolkit.events import CheckpointInvalidEvent
+from toolkit.rundir import RunDir
 from toolkit.fsio import atomic_write_text
-from toolkit.resources.machine import usable_cores
+from toolkit.machine import usable_cores
 
 def _print_checkpoint_error(step: int, message: str) -> None:
     print(f"checkpoint at step {step} failed: {message}", file=sys.stderr)
@@ -81,7 +81,7 @@ def time_budget_horizon(step: int, seconds: float, train) -> int:
 
 def peak_memory_mb(device) -> float:
     """This process's peak memory so far: the allocator's high-water mark on a GPU, the resident set's on a CPU
-    (Linux reports ru_maxrss in KiB): what toolkit.resources.memory_estimate predicts."""
+    (Linux reports ru_maxrss in KiB): what toolkit.resources.memory_model predicts."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     import resource

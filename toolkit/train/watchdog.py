@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-from toolkit.runs import status as run_status
-from toolkit.runs.events import HangEvent, NonFiniteEvent
+from toolkit import status as run_status
+from toolkit.events import HangEvent, NonFiniteEvent
 
 WINDOW = 20  # the recent steps whose median is "the step time"
 WARMUP_STEPS = 5  # the first steps of a start (compilation, allocator warm-up) get hang_allowance_seconds

@@ -30,7 +30,7 @@ from toolkit.names import check_name
 from toolkit.ports import busy_port_message, free_port, port_in_use
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 from toolkit.deploy.serving import running
-from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions
+from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions, check_runtime, served_tasks
 from toolkit.deploy.serving.protocol import TEXT_TASKS
 
 SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
@@ -97,7 +97,7 @@ class LocalEndpoint:
     model_dir: Path
     folder: Path
     service: ServiceProcess = field(repr=False)
-    tasks: tuple[str, ...] = TEXT_TASKS  # what it answers (toolkit.deploy.model_format.served_tasks)
+    tasks: tuple[str, ...] = TEXT_TASKS  # what it answers (toolkit.deploy.serving.options.served_tasks)
     key_file: KeyFile | None = field(default=None, repr=False)  # where the key is, its mode, what serve did to it
 
     @property
@@ -155,7 +155,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     not arrived ``header_timeout``
     seconds after it connected, or its body ``body_timeout`` seconds after the head; 503 if its answer is not
     ready ``request_timeout`` seconds after the request came (the model is busy with others)."""
-    from toolkit.deploy.model_format import check_runtime, served_tasks, verify_model_folder
+    from toolkit.catalogue.model_format import verify_model_folder
     from toolkit.catalogue.model_registry import resolve_model_dir
     from toolkit.catalogue.workspace import Workspace
 

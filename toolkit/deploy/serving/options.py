@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from collections.abc import Mapping
 
-from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S
+from toolkit.catalogue.model_format import ExportError
+from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S, TEXT_TASKS
 from toolkit.errors import not_allowed
 
 WEIGHTS = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
@@ -97,3 +99,44 @@ def _problem(name: str, value) -> str | None:
     }.get(name, (*TIMEOUT_S, " seconds", False))
     ok = _number(value) and (isinstance(value, int) or not integer) and low <= value <= high
     return None if ok else f"{low:g} to {high:g}{unit}"
+
+
+# --- what a folder serves -----------------------------------------------------------------------------------------
+
+# (model, task) -> the requests an endpoint over it answers (toolkit.deploy.serving.protocol's task names)
+SERVED_TASKS = {("gpt", None): TEXT_TASKS, ("hf", "causal_lm"): TEXT_TASKS,
+                ("hf", "sequence_classification"): ("classify",)}
+
+
+def served_tasks(manifest: dict) -> tuple[str, ...]:
+    """What an endpoint over this export answers, the first being a request's default; refused, naming the model
+    and its task, for a model no endpoint serves (the digits MLP: its inputs are not text)."""
+    model, task = manifest.get("model"), manifest.get("task")
+    tasks = SERVED_TASKS.get((model, task if model == "hf" else None))
+    if tasks is None:
+        what = f"{model} ({task})" if model == "hf" else model
+        kinds = ", ".join(m if t is None else f"{m} ({t})" for m, t in SERVED_TASKS)
+        raise ExportError(not_allowed("model", what, kinds, problem="cannot be served"))
+    return tasks
+
+
+def default_runtime(manifest: dict) -> str:
+    """The runtime a folder is served with when none is asked for: torch for a transformers model (it generates
+    with a KV cache, ONNX Runtime recomputes the whole context for every token), ONNX Runtime for the built-ins."""
+    return "torch" if manifest.get("model") == "hf" else "onnx"
+
+
+def check_runtime(folder: str | Path, manifest: dict, runtime: str | None) -> str:
+    """``runtime`` (or the folder's default), once the folder has the weights it loads; without them refused,
+    naming the file, the other runtime, and why the export left it out (an architecture ONNX cannot export)."""
+    runtime = runtime or default_runtime(manifest)
+    if runtime not in WEIGHTS:
+        raise ExportError(not_allowed("runtime", runtime, ", ".join(WEIGHTS)))
+    weights = WEIGHTS[runtime]
+    if not (Path(folder) / weights).is_file():  # whether the manifest lists it is verify_model_folder's to say
+        other = next(r for r in WEIGHTS if r != runtime)
+        why = manifest.get("onnx_not_exported") if runtime == "onnx" else None
+        raise ExportError(not_allowed("model", folder, f"a folder with {weights}, or --runtime {other}",
+                                      problem=f"has no {weights}, which --runtime {runtime} loads"
+                                              + (f" (the export could not write it: {str(why)[:300]})" if why else "")))
+    return runtime

@@ -4,7 +4,7 @@
     {"task": "score", "text": "The quick brown fox"}                                       -> log-likelihood
     {"task": "classify", "text": "What a lovely day"}                   -> label and probabilities (classifiers)
 
-Which tasks an endpoint answers depends on its model (toolkit.deploy.model_format.served_tasks): a language model
+Which tasks an endpoint answers depends on its model (toolkit.deploy.serving.options.served_tasks): a language model
 generates and scores, a sequence classifier classifies; a request without "task" asks for the model's first.
 
 Every refusal is a :class:`RequestError` whose message names the field, the value and what is allowed; the

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from toolkit.deploy.serving.options import WEIGHTS
+from toolkit.deploy.serving.options import WEIGHTS, check_runtime, served_tasks
 from toolkit.errors import not_allowed
 from toolkit.train.models.preflight import BUILT_IN  # what TorchRuntime builds: no user code, no hub
 
@@ -126,7 +126,7 @@ def load_runtime(model_dir: str | Path, name: str | None = None):
     """The runtime ``name`` (None: the folder's default) over ``model_dir`` (an exported folder, every file checked
     against its manifest: a changed byte is refused, naming the file); the error names the field and the choices."""
     from toolkit.deploy import hf_folder
-    from toolkit.deploy.model_format import check_runtime, served_tasks, verify_model_folder
+    from toolkit.catalogue.model_format import verify_model_folder
 
     if name is not None and name not in RUNTIMES:
         raise ValueError(not_allowed("runtime", name, ", ".join(RUNTIMES)))
@@ -149,7 +149,7 @@ def load_runtime(model_dir: str | Path, name: str | None = None):
 def find_model_dir(root: str | Path) -> Path:
     """Azure ML mounts a registered model under AZUREML_MODEL_DIR inside a folder named as it was uploaded; a
     local endpoint points straight at the folder. Accept both."""
-    from toolkit.deploy.model_format import MANIFEST
+    from toolkit.catalogue.model_format import MANIFEST
 
     root = Path(root)
     if (root / MANIFEST).is_file():

@@ -82,7 +82,7 @@ def build_engine(model, cfg, topo, loss_fn=None) -> Engine:
 def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
     """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``; None: this machine's,
     asked only when it matters): fp16 only on GPUs, and for DeepSpeed the merged config through DeepSpeed's own
-    parser (toolkit.train.engines.deepspeed_config). Returns what DeepSpeed will be handed (None for the torch
+    parser (toolkit.deepspeed_config). Returns what DeepSpeed will be handed (None for the torch
     engine). Raises ValueError naming the field."""
     from toolkit.errors import not_allowed
 
@@ -98,7 +98,7 @@ def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
 
     merged = None
     if cfg.engine.name == "deepspeed":  # first: where fp16 came from a user's file, its key is the one to name
-        from toolkit.train.engines import deepspeed_config
+        from toolkit import deepspeed_config
 
         merged = deepspeed_config.check(cfg, world, cuda)
     if cfg.engine.precision == "fp16" and not cuda:

@@ -1,5 +1,5 @@
 """DeepSpeed: ZeRO stages 0 to 3, fp32, bf16 or fp16 (GPU), on gloo (CPU) or NCCL (GPU); the config it gets is
-toolkit.train.engines.deepspeed_config's merge of the user's file and the run's fields."""
+toolkit.deepspeed_config's merge of the user's file and the run's fields."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from toolkit import safe_load
-from toolkit.train.engines.deepspeed_config import fall_back_to_torch_adam, merged
+from toolkit.deepspeed_config import fall_back_to_torch_adam, merged
 from toolkit.train.engines.param_groups import HALF, adamw_param_groups, trainable_only
 from toolkit.train.watchdog import gradients_finite
 

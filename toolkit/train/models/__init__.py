@@ -1,5 +1,5 @@
-"""Model registry: ``model.name`` maps to how the model is built, which data it trains on, and how a batch
-becomes its loss.
+"""Model registry: ``model.name`` maps to how the model is built and how a batch becomes its loss (which data
+it trains on is toolkit.config's to check).
 
 The training loop knows nothing of any model. It asks the spec for three things:
 
@@ -21,8 +21,6 @@ from collections.abc import Callable
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable  # (ModelConfig) -> torch.nn.Module
-    datasets: Callable  # (ModelConfig) -> the built-in data.dataset values it can train on
-    asset_types: tuple  # data asset types it can train on (text: uri_file/uri_folder; tables: mltable)
     loss: Callable  # (ModelConfig) -> the adapter: (model, batch dict) -> scalar loss tensor
     flops_per_item: Callable | None  # (model, ModelConfig) -> training FLOPs per token/sample (None: estimate)
 
@@ -59,9 +57,6 @@ def _table_loss(model, batch):
     return model(batch["inputs"], batch["labels"])
 
 
-TEXT_DATASETS = ("pydoc", "stdlib")
-TEXT_ASSETS = ("uri_file", "uri_folder")
-
 def _build_custom(cfg):
     from toolkit.train.models import custom
 
@@ -92,21 +87,12 @@ def _hf_flops(model, cfg):
     return hf.training_flops_per_token(model, cfg)
 
 
-def _hf_datasets(cfg):
-    return TEXT_DATASETS if cfg.hf.task == "causal_lm" else ()
-
-
+# Which data each model trains on is toolkit.config's (builtin_datasets, ASSET_TYPES), which validates it.
 MODELS: dict[str, ModelSpec] = {
-    "gpt": ModelSpec(build=_build_gpt, datasets=lambda cfg: TEXT_DATASETS, asset_types=TEXT_ASSETS,
-                     loss=lambda cfg: _text_loss, flops_per_item=_gpt_flops),
-    "digits_mlp": ModelSpec(build=_build_digits, datasets=lambda cfg: ("digits",), asset_types=("mltable",),
-                            loss=lambda cfg: _table_loss, flops_per_item=matmul_flops),
-    # mltable: labelled text for a sequence classifier (toolkit.data refuses a table for a causal LM)
-    "hf": ModelSpec(build=_build_hf, datasets=_hf_datasets, asset_types=TEXT_ASSETS + ("mltable",), loss=_hf_loss,
-                    flops_per_item=_hf_flops),
-    # The user's own module trains on whatever data it is given: the batch's keys say what it is.
-    "custom": ModelSpec(build=_build_custom, datasets=lambda cfg: TEXT_DATASETS + ("digits",),
-                        asset_types=TEXT_ASSETS + ("mltable",), loss=_custom_loss, flops_per_item=None),
+    "gpt": ModelSpec(build=_build_gpt, loss=lambda cfg: _text_loss, flops_per_item=_gpt_flops),
+    "digits_mlp": ModelSpec(build=_build_digits, loss=lambda cfg: _table_loss, flops_per_item=matmul_flops),
+    "hf": ModelSpec(build=_build_hf, loss=_hf_loss, flops_per_item=_hf_flops),
+    "custom": ModelSpec(build=_build_custom, loss=_custom_loss, flops_per_item=None),
 }
 
 

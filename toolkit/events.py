@@ -43,7 +43,7 @@ class StatusEvent(Event):
     """The run's state changed: running (rank 0 started), completed (rank 0 finished), failed, stopped or
     killed (written by the supervisor or the launcher when the ranks died without saying so)."""
     kind: ClassVar[str] = "status"
-    state: str = _field("queued, running, completed, failed, stopped or killed (see toolkit.runs.status)")
+    state: str = _field("queued, running, completed, failed, stopped or killed (see toolkit.status)")
     n_params: int | None = _field("running: the model's parameter count", optional=True)
     n_trainable: int | None = _field("running: how many of them train (fewer with LoRA)", optional=True)
     flops_per_item: float | None = _field("running: training FLOPs per token (or sample)", optional=True)

@@ -1,24 +1,5 @@
-"""How much memory training needs: model state per GPU by ZeRO stage (the guide), and a run's peak per rank.
+"""How much memory a run needs: its peak per rank, term by term.
 
-The guide's rule: mixed-precision (fp16/bf16) Adam keeps about 20 bytes per parameter of *model state*:
-
-    2  half-precision weights        (what forward and backward read)
-    2  half-precision gradients      (what backward writes)
-    4  fp32 master weights           (what the optimizer updates)
-    4  fp32 Adam momentum
-    4  fp32 Adam variance
-    4  fp32 gradients                (accumulation / the optimizer's view of the gradient)
-
-(The ZeRO paper counts 16, without the fp32 gradient copy.) Plain fp32 Adam keeps 16: weights, gradients,
-momentum and variance, 4 bytes each. ZeRO partitions this state over the N data-parallel GPUs in stages:
-
-    stage 0   nothing partitioned                          20 Ψ
-    stage 1   optimizer state (master, m, v, fp32 grads)   4 Ψ + 16 Ψ / N
-    stage 2   + half-precision gradients                    2 Ψ + 18 Ψ / N
-    stage 3   + half-precision weights                      20 Ψ / N
-
-Activations, communication buckets and fragmentation come on top and depend on batch and sequence length,
-so a stage is recommended only when the model state fits in ``STATE_SHARE`` of the GPU's memory.
 
 A run's peak per rank (:func:`predict_run`, what ``trainbook estimate --config`` prints and a run's train events
 measure as ``peak_memory_mb``) adds what the guide leaves out: activations (the built-in GPT's are counted tensor by
@@ -52,135 +33,14 @@ parameters at every stage, 10% with torch DDP and accumulation. bf16 on a CPU is
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import platform
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.config import ConfigError
 from toolkit.errors import bounded_repr, not_allowed, refused
-
-# Bytes per parameter of each part of the model state: (weights, gradients, optimizer state).
-# The optimizer state includes the fp32 master weights and fp32 gradients where the precision keeps them.
-BYTES_PER_PARAM: dict[str, tuple[int, int, int]] = {
-    "fp16": (2, 2, 16),  # the guide's 20 bytes: 2 + 2 + (4 master + 4 momentum + 4 variance + 4 fp32 grads)
-    "bf16": (2, 2, 16),  # same layout as fp16 (bf16 has no loss scaler, same bytes)
-    "fp32": (4, 4, 8),  # weights, gradients, momentum + variance; no master copy
-}
-STAGES = (0, 1, 2, 3)
-STATE_SHARE = 0.7  # leave 30% of the GPU for activations, buffers and fragmentation
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    params: float
-    precision: str
-    zero_stage: int
-    gpus: int
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-
-    @property
-    def total_bytes(self) -> float:
-        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-
-    @property
-    def total_gib(self) -> float:
-        return self.total_bytes / 2**30
-
-    def formula(self) -> str:
-        """The arithmetic behind the figure, e.g. '2 Ψ + 18 Ψ / 8 = 4.25 bytes x 7e9 params = 27.7 GiB'."""
-        w, g, o = BYTES_PER_PARAM[self.precision]
-        n = self.gpus
-        parts = {0: f"{w + g + o} Ψ", 1: f"{w + g} Ψ + {o} Ψ / {n}", 2: f"{w} Ψ + {g + o} Ψ / {n}",
-                 3: f"{w + g + o} Ψ / {n}"}[self.zero_stage]
-        per_param = self.total_bytes / self.params
-        size = f"{self.total_gib:,.1f} GiB" if self.total_gib >= 1 else f"{self.total_bytes / 2**20:,.1f} MiB"
-        return f"{parts} = {per_param:.3g} bytes x {self.params:.3g} params = {size}"
-
-
-def _check(name: str, value, ok: bool, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(not_allowed(name, value, allowed))
-
-
-def estimate(params: float, precision: str = "bf16", zero_stage: int = 0, gpus: int = 1) -> MemoryEstimate:
-    """Model-state memory per GPU for ``params`` parameters trained with Adam."""
-    _check("params", params, isinstance(params, (int, float)) and params > 0, "a positive number of parameters")
-    _check("precision", precision, precision in BYTES_PER_PARAM, ", ".join(BYTES_PER_PARAM))
-    _check("zero_stage", zero_stage, zero_stage in STAGES, "0, 1, 2 or 3")
-    _check("gpus", gpus, isinstance(gpus, int) and gpus >= 1, "1 or more")
-    w, g, o = BYTES_PER_PARAM[precision]
-    shard = {  # the divisor of each part at each stage: 1 = every GPU holds all of it
-        0: (1, 1, 1), 1: (1, 1, gpus), 2: (1, gpus, gpus), 3: (gpus, gpus, gpus)}[zero_stage]
-    return MemoryEstimate(params, precision, zero_stage, gpus, weights_bytes=w * params / shard[0],
-                          gradients_bytes=g * params / shard[1], optimizer_bytes=o * params / shard[2])
-
-
-@dataclass(frozen=True)
-class StageAdvice:
-    stage: int | None  # None: no stage fits on these GPUs
-    estimates: list[MemoryEstimate]
-    gpu_memory_gib: float
-
-    def summary(self) -> str:
-        budget = STATE_SHARE * self.gpu_memory_gib
-        lines = [f"model state must fit in {STATE_SHARE:.0%} of {self.gpu_memory_gib:g} GiB = {budget:.1f} GiB per GPU"]
-        for e in self.estimates:
-            mark = " <- recommended" if e.zero_stage == self.stage else ""
-            lines.append(f"  ZeRO-{e.zero_stage}: {e.formula()}{mark}")
-        if self.stage is None:
-            stage3 = self.estimates[-1]
-            need = math.ceil(stage3.total_bytes * stage3.gpus / 2**30 / budget)
-            lines.append(f"  no stage fits: ZeRO-3 needs at least {need} GPUs of this size, or offload optimizer "
-                         "state to CPU/NVMe (ZeRO-Offload / ZeRO-Infinity)")
-        return "\n".join(lines)
-
-
-def recommend_stage(params: float, gpu_memory_gib: float, gpus: int, precision: str = "bf16") -> StageAdvice:
-    """The lowest ZeRO stage whose model state fits: lower stages communicate less (stage 3 gathers the
-    weights in every forward and backward), so partition only as much as memory requires."""
-    _check("gpu_memory_gib", gpu_memory_gib, isinstance(gpu_memory_gib, (int, float)) and gpu_memory_gib > 0,
-           "a positive number of GiB")
-    estimates = [estimate(params, precision, stage, gpus) for stage in STAGES]
-    fitting = [e.zero_stage for e in estimates if e.total_gib <= STATE_SHARE * gpu_memory_gib]
-    return StageAdvice(stage=fitting[0] if fitting else None, estimates=estimates, gpu_memory_gib=gpu_memory_gib)
-
-
-SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-
-def parse_count(text: str) -> float:
-    """'350M', '7B', '1.3e9', '70b' -> a number of parameters."""
-    raw = str(text).strip().replace("_", "").replace(",", "")
-    scale = SUFFIXES.get(raw[-1:].lower(), 1.0) if raw else 1.0
-    try:
-        value = float(raw[:-1] if scale != 1.0 else raw) * scale
-    except ValueError:
-        value = float("nan")
-    if not value > 0:  # also catches nan
-        raise ConfigError(not_allowed("params", text, "a positive count such as 350M, 7B or 1.3e9"))
-    if scale == 1.0 and value < 1000 and "e" not in raw.lower():  # `estimate 7`: surely 7B, not 7 parameters
-        raise ConfigError(not_allowed("params", text, f"a count with its unit: {raw}B for {raw} billion, {raw}M "
-                                      f"for {raw} million (or {raw}e0 for {raw} parameters)",
-                                      problem="has no unit"))
-    return value
-
-
-def model_params(cfg) -> int:
-    """Parameters of a config's model, counted on the meta device (no memory, any size)."""
-    import torch
-
-    from toolkit.train.models import build_model
-
-    with torch.device("meta"):
-        model = build_model(cfg.model)
-    return sum(p.numel() for p in model.parameters())
-
+from toolkit.resources.memory_baseline import baseline_mib
+from toolkit.resources.zero_stages import BYTES_PER_PARAM, check_value, estimate, model_params
 
 # --- a run's peak memory per rank ---------------------------------------------------------------------------------
 #
@@ -225,14 +85,9 @@ def model_params(cfg) -> int:
 TOLERANCE = 0.15  # the predictor's stated accuracy per rank (bench/bench_memory.py measures it)
 DEVICES = ("cpu", "cuda")
 MIB = 2**20
-# The tiny config's peak RSS per rank through `trainbook train` (rank 0, other ranks), MiB, on the reference machine:
-# a 2-core x86_64 VM, Linux, Python 3.11, torch 2.13 (CPU), DeepSpeed 0.19.8. Rank 0 also writes events and TensorBoard.
-REFERENCE_BASELINE_MIB = {"torch": (322.0, 318.0), "deepspeed": (351.0, 346.0)}
-REFERENCE_MACHINE = "the reference machine (2-core x86_64 VM, torch 2.13 CPU, DeepSpeed 0.19.8)"
 # DeepSpeed's defaults, in elements (deepspeed.runtime.zero.config, deepspeed.runtime.engine)
 DS_REDUCE_BUCKET = 500_000_000
 DS_ALLREDUCE_BUCKET = 500_000_000  # ZeRO-0's buffered all-reduce (MEMORY_OPT_ALLREDUCE_SIZE)
-BASELINE_STEPS = 4
 # RSS that ZeRO-1 to 3 add on top of ZeRO-0's baseline by importing torch._inductor (deepspeed.runtime.zero.utils.
 # is_zero_supported_optimizer imports deepspeed's Muon optimizer, which calls torch.compile), measured on the
 # reference machine by tracing deepspeed.initialize
@@ -310,7 +165,7 @@ def _activation_formula(model_cfg, a: float) -> str:
 
 def _ds_settings(cfg) -> tuple[int, str | None, str | None]:
     """(reduce bucket in elements, optimizer offload device, parameter offload device) from engine.deepspeed."""
-    from toolkit.train.engines.deepspeed_config import WIDTH_AUTOS, get_path, hidden_size
+    from toolkit.deepspeed_config import WIDTH_AUTOS, get_path, hidden_size
 
     ds = cfg.engine.deepspeed or {}
     key = "zero_optimization.reduce_bucket_size"
@@ -452,7 +307,7 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
     """Each rank's peak memory for the run ``cfg`` (a Config) describes, on ``device`` (default: this machine's):
     the formula above, term by term. ``params``: the parameter count when known (else counted on the meta device)."""
     device = device or _this_device()
-    _check("device", device, device in DEVICES, ", ".join(DEVICES))
+    check_value("device", device, device in DEVICES, ", ".join(DEVICES))
     e = cfg.engine
     if device == "cpu" and e.precision == "fp16":
         raise ConfigError(not_allowed("engine.precision", "fp16", "fp32 or bf16 (fp16 needs a GPU)",
@@ -486,90 +341,6 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
     return RunPrediction(params=psi, device=device, engine=e.name, zero_stage=e.zero_stage if e.name == "deepspeed"
                          else 0, nproc=e.nproc, precision=e.precision, baseline_mib=baseline, baseline_source=source,
                          terms=tuple(terms), notes=tuple(notes))
-
-
-# --- the baseline: a process that trains nothing ------------------------------------------------------------------
-
-def baseline_cache_path() -> Path:
-    from toolkit import paths
-
-    return paths.cache_dir() / "memory_baseline.json"
-
-
-def _machine_key() -> str:
-    from importlib import metadata
-
-    versions = []
-    for package in ("torch", "deepspeed"):
-        try:
-            versions.append(f"{package} {metadata.version(package)}")
-        except metadata.PackageNotFoundError:
-            versions.append(f"{package} absent")
-    return f"{platform.node()}|{platform.machine()}|{os.cpu_count()}|{'|'.join(versions)}"
-
-
-def _read_baselines() -> dict:
-    try:
-        record = json.loads(baseline_cache_path().read_text())
-        if record.get("machine") == _machine_key() and isinstance(record.get("engines"), dict):
-            return record["engines"]
-    except (OSError, ValueError, AttributeError):
-        pass
-    return {}
-
-
-def store_baseline(engine: str, ranks: list[float]) -> None:
-    """Record this machine's measured baseline for ``engine`` (peak MiB per rank of the tiny config)."""
-    from toolkit.fsio import atomic_write_text
-
-    engines = _read_baselines()
-    engines[engine] = {"ranks": [float(r) for r in ranks], "measured": time.time()}
-    path = baseline_cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"machine": _machine_key(), "engines": engines}, indent=1) + "\n")
-
-
-def baseline_mib(engine: str, nproc: int) -> tuple[tuple[float, ...], str]:
-    """Each rank's baseline, MiB, and where the figures come from: this machine's measurement, else the reference."""
-    record = _read_baselines().get(engine)
-    try:
-        ranks = [float(r) for r in record["ranks"]]
-        rank0, other = ranks[0], (ranks[1] if len(ranks) > 1 else ranks[0])
-        when = time.strftime("%Y-%m-%d", time.localtime(record["measured"]))
-        source = f"measured on this machine {when} (the tiny config's peak; `trainbook estimate --measure-baseline`)"
-    except (TypeError, KeyError, IndexError, ValueError, OverflowError):
-        rank0, other = REFERENCE_BASELINE_MIB[engine]
-        source = f"the tiny config's peak on {REFERENCE_MACHINE}; --measure-baseline measures this machine's"
-    return (rank0,) + (other,) * (nproc - 1), source
-
-
-def measure_baseline(engine: str, nproc: int = 2) -> list[float]:
-    """Run the tiny config for a few steps as training starts (the launcher, then the worker: what a run's peak
-    includes), record each rank's peak as this machine's baseline for ``engine``, and return it (~30 s)."""
-    import subprocess
-    import tempfile
-
-    from toolkit import config as config_mod
-    from toolkit.runs.events import TrainEvent, read_events
-    from toolkit.runs.launchers import worker_command
-    from toolkit.runs.rundir import RunDir
-
-    _check("engine", engine, engine in REFERENCE_BASELINE_MIB, ", ".join(REFERENCE_BASELINE_MIB))
-    cfg = config_mod.load("tiny", [f"engine.name={engine}", f"engine.nproc={nproc}",
-                                   f"train.max_steps={BASELINE_STEPS}", "train.log_every=1",
-                                   f"train.eval_every={BASELINE_STEPS}", f"train.eval_batches={nproc}",
-                                   "checkpoint.at_end=false", "profile.enabled=false"])
-    with tempfile.TemporaryDirectory(prefix=f"trainbook-baseline-{engine}-") as tmp:
-        run = RunDir.create(Path(tmp) / "run", cfg)  # not indexed in any workspace: a probe, not a run
-        cmd, env = worker_command(cfg, run.path)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env},
-                              start_new_session=True, timeout=600)
-        peaks = [e.peak_memory_mb for e in read_events(run, TrainEvent) if e.peak_memory_mb]
-    if proc.returncode != 0 or not peaks:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"the {engine} baseline run failed (exit {proc.returncode}): {tail}")
-    store_baseline(engine, peaks[-1])
-    return peaks[-1]
 
 
 # --- a finished run, measured against its prediction ----------------------------------------------------------------
@@ -606,7 +377,7 @@ class RunComparison:
 
 
 def _measured_peaks(run, run_dir) -> tuple[list[float], int]:
-    from toolkit.runs.events import TrainEvent, read_events
+    from toolkit.events import TrainEvent, read_events
 
     for event in reversed(read_events(run, TrainEvent)):
         peaks = event.peak_memory_mb
@@ -620,8 +391,8 @@ def _measured_peaks(run, run_dir) -> tuple[list[float], int]:
 def compare_run(run_dir, *, device: str | None = None) -> RunComparison:
     """A run's measured peak per rank (its last train event) next to the prediction for its own config. The run's
     model is never built: its parameter count comes from its events (a copied run directory is data, not code)."""
-    from toolkit.runs.events import StatusEvent, read_events
-    from toolkit.runs.rundir import RunDir
+    from toolkit.events import StatusEvent, read_events
+    from toolkit.rundir import RunDir
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -636,151 +407,3 @@ def compare_run(run_dir, *, device: str | None = None) -> RunComparison:
     prediction = predict_run(cfg, device=device, params=counts[-1])
     return RunComparison(run_dir=path, prediction=prediction, measured_mib=measured[:prediction.nproc], step=step)
 
-
-# --- the recommended setting, as a config that runs -------------------------------------------------------------
-
-# Built-in GPT shapes (n_layer, n_embd), GPT-3's where the config's bounds allow: what a bare count is written as
-GPT_SHAPES = ((4, 128), (6, 512), (12, 768), (24, 1024), (24, 1536), (24, 2048), (32, 2560), (32, 4096), (40, 5120),
-              (48, 6144), (64, 7168), (64, 8192))
-
-
-def gpt_shape(params: float) -> tuple[int, int, int]:
-    """(n_layer, n_embd, n_head) of the built-in GPT shape nearest ``params`` (12 L C^2 parameters in its blocks)."""
-    _check("params", params, isinstance(params, (int, float)) and params > 0, "a positive number of parameters")
-    largest = 12 * GPT_SHAPES[-1][0] * GPT_SHAPES[-1][1] ** 2
-    if params > 1.5 * largest:
-        raise ConfigError(not_allowed("params", params, f"up to {1.5 * largest / 1e9:.0f}B, or --config NAME with "
-                                      "your model (model.name=hf or custom)",
-                                      problem="is too large for the built-in gpt (model.n_layer <= 64, n_embd <= "
-                                              "8192)"))
-    L, C = min(GPT_SHAPES, key=lambda s: abs(math.log(12 * s[0] * s[1] ** 2 / params)))
-    return L, C, max(1, C // (64 if C <= 1024 else 128))
-
-
-@dataclass(frozen=True)
-class WrittenConfig:
-    path: Path
-    deepspeed_config: Path | None
-    advice: StageAdvice
-    params: int
-    stage: int
-    offload: tuple[str, ...]
-    notes: tuple[str, ...] = field(default=())
-
-    def summary(self) -> str:
-        lines = [f"wrote {self.path}: engine.name=deepspeed, engine.zero_stage={self.stage}, engine.nproc="
-                 f"{self.advice.estimates[0].gpus}, engine.precision={self.advice.estimates[0].precision} "
-                 f"({self.params:,} parameters)"]
-        if self.advice.stage is not None:
-            lines.append(f"  ZeRO-{self.advice.stage}: the lowest stage whose model state fits in {STATE_SHARE:.0%} of "
-                         f"{self.advice.gpu_memory_gib:g} GiB per GPU")
-        if self.deepspeed_config is not None:
-            lines.append(f"  engine.deepspeed_config: {self.deepspeed_config}")
-        if self.offload:
-            lines.append(f"  no stage fits: ZeRO-3 with {' and '.join(self.offload)} offloaded to CPU memory. This "
-                         "config is for a GPU machine (an Azure ML GPU SKU, see below): a launch on a CPU-only "
-                         "machine refuses offload")
-        lines += [f"  {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-def _azure_hint(path: Path, gpus: int, gpu_memory_gib: float) -> str:
-    """How to run the written config on Azure ML GPUs of that size: a VM size and how many nodes."""
-    from toolkit.azure.skus import SKUS
-
-    sizes = [s for s in SKUS.values() if s.gpus and s.gpu_mem_gib == gpu_memory_gib]
-    if not sizes:
-        return (f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku <a size with {gpu_memory_gib:g}"
-                f" GiB GPUs> --instance-count <nodes>")
-    # the biggest node that the GPU count fills exactly, else the smallest node
-    whole = [s for s in sizes if s.gpus <= gpus and gpus % s.gpus == 0]
-    sku = max(whole, key=lambda s: (s.gpus, s.infiniband)) if whole else min(sizes, key=lambda s: s.gpus)
-    nodes = math.ceil(gpus / sku.gpus)
-    return (f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku {sku.name} --instance-count "
-            f"{nodes}  ({sku.describe()})")
-
-
-def _offload(advice: StageAdvice) -> tuple[str, ...]:
-    """What ZeRO-3 must move to host memory when no stage fits: the optimizer state (ZeRO-Offload), and the
-    parameters too when the half weights and gradients alone overflow the budget (ZeRO-Infinity)."""
-    stage3 = advice.estimates[-1]
-    on_gpu = (stage3.weights_bytes + stage3.gradients_bytes) / 2**30
-    return ("optimizer",) if on_gpu <= STATE_SHARE * advice.gpu_memory_gib else ("optimizer", "parameters")
-
-
-def write_recommended_config(path, *, params: float | None = None, base=None, overrides=(), gpus: int = 8,
-                             gpu_memory_gib: float = 80.0, precision: str | None = None) -> WrittenConfig:
-    """Write the recommended ZeRO setting for ``gpus`` GPUs of ``gpu_memory_gib`` as a Trainbook config that loads
-    and runs: ``base`` (a config name or file, with ``overrides``) with its engine section set, or for a bare
-    ``params`` count the built-in GPT shaped to about that size. When no stage fits, a ds_config.json with
-    ZeRO-Offload is written next to it (for a GPU machine)."""
-    import yaml
-
-    from toolkit import config as config_mod
-    from toolkit.fsio import atomic_write_text
-
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(not_allowed("--write-config", path, "a .yaml or .yml file", problem="is a folder"))
-    _check("--write-config", path, path.suffix in (".yaml", ".yml"), "a .yaml or .yml file")
-    _check("gpus", gpus, isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1, "1 or more")
-    if base is not None and params is not None:
-        raise ConfigError(not_allowed("params", params, "no count with a base config: its model is counted",
-                                      problem="is not allowed with a base config"))
-    notes = []
-    if base is not None:
-        cfg = config_mod.load(base, list(overrides))
-        precision = precision or cfg.engine.precision
-    elif params is not None:
-        L, C, H = gpt_shape(params)
-        cfg = config_mod.load(None, [f"model.n_layer={L}", f"model.n_embd={C}", f"model.n_head={H}"])
-        cfg = config_mod.from_dict({**cfg.to_dict(), "name": f"gpt-{L}x{C}"})
-        precision = precision or "bf16"
-    else:
-        raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, or a base "
-                                  "config (--config NAME)"))
-    count = model_params(cfg)
-    if base is None:
-        notes.append(f"model: the built-in gpt shaped to {count / 1e9:.3g}B parameters (n_layer={cfg.model.n_layer}, "
-                     f"n_embd={cfg.model.n_embd}) for the {params:.3g} asked: replace the model section with yours")
-    advice = recommend_stage(count, gpu_memory_gib, gpus, precision)
-    stage = advice.stage if advice.stage is not None else 3
-    offload = () if advice.stage is not None else _offload(advice)
-
-    ds = json.loads(json.dumps(cfg.engine.deepspeed or {}))  # the base's own DeepSpeed settings, kept
-    zero = ds.setdefault("zero_optimization", {})
-    zero["stage"] = stage
-    for part in offload:
-        zero["offload_optimizer" if part == "optimizer" else "offload_param"] = {"device": "cpu", "pin_memory": True}
-    if ds.get("train_batch_size", "auto") != "auto":
-        ds["train_batch_size"] = "auto"  # micro batch x accumulation x the new process count
-        notes.append("train_batch_size in the DeepSpeed config set to \"auto\": it follows the new process count")
-    data = cfg.to_dict()
-    data["engine"].update(name="deepspeed", zero_stage=stage, nproc=gpus, precision=precision, launcher="auto",
-                          deepspeed_config="", deepspeed={})
-    keep_ds = offload or cfg.engine.deepspeed
-    if keep_ds:
-        data["engine"]["deepspeed"] = ds
-    config_mod.from_dict(data)  # a field out of range (engine.nproc > 1024...) refused before anything is written
-    ds_path = None
-    if keep_ds:
-        ds_path = path.with_name(f"{path.stem}.ds_config.json").absolute()
-        atomic_write_text(ds_path, json.dumps(ds, indent=1) + "\n")
-        data["engine"].update(deepspeed_config=str(ds_path), deepspeed={})
-    for_what = (f"ZeRO-{stage}" + (f" + {' and '.join(offload)} offload" if offload else "") +
-                f" for {gpus} GPU{'s' if gpus > 1 else ''} of {gpu_memory_gib:g} GiB, {precision}")
-    header = (f"# Written by `trainbook estimate`: {for_what}, {count:,} parameters.\n"
-              "# Model state per GPU by stage (the guide's rule, 70% of the GPU for model state):\n" +
-              "".join(f"#   {line}\n" for line in advice.summary().splitlines()[1:]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, header + yaml.safe_dump(data, sort_keys=False))
-    try:  # what a user's `trainbook train FILE` does first: the DeepSpeed file merged, every field checked
-        config_mod.load(path)
-    except ConfigError:
-        for written in (path, ds_path):
-            if written is not None:
-                written.unlink(missing_ok=True)
-        raise
-    notes.append(_azure_hint(path, gpus, gpu_memory_gib))
-    return WrittenConfig(path=path, deepspeed_config=ds_path, advice=advice, params=count, stage=stage,
-                         offload=offload, notes=tuple(notes))

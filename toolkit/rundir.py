@@ -3,7 +3,7 @@
     runs/<name>/
       config.yaml    the fully resolved config, written before the first step
       status.json    state, pid, last step, restarts (replaced atomically, never half-written)
-      events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/runs/events.py)
+      events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/events.py)
       lineage.json   data name and hash, git commit, package versions, host
       deepspeed_config.json   DeepSpeed runs: what deepspeed.initialize was handed
       tb/            TensorBoard scalars
@@ -23,9 +23,9 @@ from toolkit import config as config_mod
 from toolkit.errors import not_allowed, refused
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
-from toolkit.runs import events as events_mod
-from toolkit.runs import status as run_status
-from toolkit.runs.status import STATES
+from toolkit import events as events_mod
+from toolkit import status as run_status
+from toolkit.status import STATES
 
 # named here, the module that imports no torch, for the profiler that writes them and the reports that read them
 PROFILE_DIR = "profile"
@@ -70,9 +70,9 @@ class RunDir:
 
     def write_config(self, cfg: config_mod.Config) -> None:
         """Write config.yaml, the user's config (a new run, or a job's resubmission), and sign its fields that act
-        beyond the run (code, addresses, ports) as this user's: toolkit.runs.trust."""
+        beyond the run (code, addresses, ports) as this user's: toolkit.trust."""
         from toolkit.key_files import KeyFileError
-        from toolkit.runs import trust
+        from toolkit import trust
 
         atomic_write_text(self.config_path, cfg.to_yaml())
         try:
@@ -84,7 +84,7 @@ class RunDir:
     def untrusted_fields(self, verb: str | None = None) -> dict:
         """The fields of this run's config that run code, reach the network or open a port, and that this user has
         not vouched for ({} for the user's own run): what `resume` and `export` refuse without --trust-run."""
-        from toolkit.runs import trust
+        from toolkit import trust
 
         return trust.untrusted(self.path, self.read_config(), verb)
 
@@ -114,7 +114,7 @@ class RunDir:
 
     def write_status(self, **fields) -> dict:
         """Merge ``fields`` into status.json, replacing the file atomically: the file primitive. The run's own
-        writers go through toolkit.runs.status, which checks each change of state and serialises the writers;
+        writers go through toolkit.status, which checks each change of state and serialises the writers;
         calling this directly sets a state unchecked (what a test does to fake a run that died)."""
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(not_allowed("status.state", fields["state"], ", ".join(STATES)))
@@ -124,7 +124,7 @@ class RunDir:
 
     def read_events(self, offset: int = 0) -> tuple[list[dict], int]:
         """The raw JSON objects appended since byte ``offset``, and the offset to continue from (for tests and
-        notebooks that read the file's keys; code reads typed events through toolkit.runs.events)."""
+        notebooks that read the file's keys; code reads typed events through toolkit.events)."""
         return events_mod.read_records(self.events_path, offset)
 
     def append_event(self, event: events_mod.Event) -> events_mod.Event:

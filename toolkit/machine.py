@@ -1,5 +1,6 @@
 """What this machine has: software versions, accelerators, CPU, memory, disk and /dev/shm (Azure ML's Compute,
-seen from inside). Facts only; :mod:`toolkit.resources.doctor` judges them."""
+seen from inside). Facts, which :mod:`toolkit.resources.doctor` judges; the judgements a multi-node job's pre-flight
+(:mod:`toolkit.runs.job`) makes too are here, so both judge a node alike."""
 
 from __future__ import annotations
 
@@ -125,6 +126,20 @@ def shm_shortfall(num_workers: int, prefetch: int, batch_bytes: int) -> str | No
         return None
     return (f"/dev/shm has {info['free_mib']:,} MiB free; {num_workers} workers x prefetch {prefetch} need about "
             f"{need / 2**20:,.0f} MiB: raise it (docker --shm-size, Azure ML shm_size)")
+
+
+DISK_WARN_FREE_GIB = 5.0
+
+
+def shm_verdict(info: dict) -> tuple[str, str]:
+    """/dev/shm (:func:`shm`) against one DataLoader worker per core: "pass" or "warn", and what was found."""
+    if not info["present"]:
+        return "warn", "no /dev/shm: DataLoader workers cannot share batches; use data.num_workers=0"
+    # One worker per core, prefetching 2 batches of 32 x 2048 int64 tokens (a GPU-sized language-model batch).
+    workers, batch_bytes = usable_cores(), 2 * 32 * 2048 * 8
+    shortfall = shm_shortfall(workers, 2, batch_bytes)
+    summary = f"/dev/shm {info['size_mib']:,} MiB ({info['free_mib']:,} free) for {workers} DataLoader workers"
+    return ("warn", shortfall) if shortfall else ("pass", summary)
 
 
 def discover(workspace: Path) -> dict:

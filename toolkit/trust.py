@@ -98,11 +98,9 @@ def _deepspeed_actions(cfg) -> dict | None:
 def _new_workspace(cfg) -> str | None:
     """data.workspace when no workspace is there yet: opening it would make one (a catalogue, a datastore, with
     tracking.mlflow=always an MLflow store) wherever the config says."""
-    from toolkit.catalogue.workspace import CATALOGUE_NAME
-
     where = cfg.data.workspace
     try:
-        return where if where and not (Path(where).expanduser() / CATALOGUE_NAME).is_file() else None
+        return where if where and not (Path(where).expanduser() / paths.CATALOGUE_NAME).is_file() else None
     except RuntimeError:
         return where
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolkit.resources.machine import shm_shortfall
+from toolkit.machine import shm_shortfall
 
 SMALL_FILE_BYTES = 4 << 20  # the guide's threshold: below ~4 MB per file, per-file overhead dominates reads
 SMALL_FILES_WARN = 100

@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 from toolkit import fsio
-from toolkit.deploy.serving.protocol import TEXT_TASKS
 from toolkit.errors import bounded_repr, not_allowed, refused
 from toolkit.fsio import sha256_file
 
@@ -114,49 +113,6 @@ def verify_model_folder(model_dir: str | Path) -> dict:
                                           problem=f"has {name} whose sha256 differs from {MANIFEST}: it was changed "
                                                   "after the export"))
     return manifest
-
-
-# --- what a folder serves -----------------------------------------------------------------------------------------
-
-# (model, task) -> the requests an endpoint over it answers (toolkit.deploy.serving.protocol's task names)
-SERVED_TASKS = {("gpt", None): TEXT_TASKS, ("hf", "causal_lm"): TEXT_TASKS,
-                ("hf", "sequence_classification"): ("classify",)}
-
-
-def served_tasks(manifest: dict) -> tuple[str, ...]:
-    """What an endpoint over this export answers, the first being a request's default; refused, naming the model
-    and its task, for a model no endpoint serves (the digits MLP: its inputs are not text)."""
-    model, task = manifest.get("model"), manifest.get("task")
-    tasks = SERVED_TASKS.get((model, task if model == "hf" else None))
-    if tasks is None:
-        what = f"{model} ({task})" if model == "hf" else model
-        kinds = ", ".join(m if t is None else f"{m} ({t})" for m, t in SERVED_TASKS)
-        raise ExportError(not_allowed("model", what, kinds, problem="cannot be served"))
-    return tasks
-
-
-def default_runtime(manifest: dict) -> str:
-    """The runtime a folder is served with when none is asked for: torch for a transformers model (it generates
-    with a KV cache, ONNX Runtime recomputes the whole context for every token), ONNX Runtime for the built-ins."""
-    return "torch" if manifest.get("model") == "hf" else "onnx"
-
-
-def check_runtime(folder: str | Path, manifest: dict, runtime: str | None) -> str:
-    """``runtime`` (or the folder's default), once the folder has the weights it loads; without them refused,
-    naming the file, the other runtime, and why the export left it out (an architecture ONNX cannot export)."""
-    from toolkit.deploy.serving.options import WEIGHTS
-
-    runtime = runtime or default_runtime(manifest)
-    if runtime not in WEIGHTS:
-        raise ExportError(not_allowed("runtime", runtime, ", ".join(WEIGHTS)))
-    weights = WEIGHTS[runtime]
-    if not (Path(folder) / weights).is_file():  # whether the manifest lists it is verify_model_folder's to say
-        other = next(r for r in WEIGHTS if r != runtime)
-        why = manifest.get("onnx_not_exported") if runtime == "onnx" else None
-        raise ExportError(not_allowed("model", folder, f"a folder with {weights}, or --runtime {other}",
-                                      problem=f"has no {weights}, which --runtime {runtime} loads"
-                                              + (f" (the export could not write it: {str(why)[:300]})" if why else "")))
-    return runtime
 
 
 # --- publishing: the model folder's rule for toolkit.fsio -------------------------------------------------------

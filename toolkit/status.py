@@ -39,6 +39,9 @@ RESUMABLE_STATES = ("failed", "stopped", "killed")
 
 LOCK_NAME = "status.lock"
 
+# set by the supervisor in the training processes it starts: their attempt, 0 first, +1 per restart or resume
+ATTEMPT_ENV = "TRAINBOOK_ATTEMPT"
+
 # transition -> (the states it may leave, the state it enters); None is a run directory without a status yet
 TRANSITIONS: dict[str, tuple[tuple[str | None, ...], str]] = {
     "create": ((None,), "queued"),
@@ -112,7 +115,7 @@ def restart_forbidden(status: dict, attempt: int) -> str | None:
 @contextlib.contextmanager
 def _locked(run):
     """Hold ``status.lock`` for one read-check-write (milliseconds)."""
-    from toolkit.runs.run_lock import open_lock_file
+    from toolkit.run_lock import open_lock_file
 
     fd = open_lock_file(run.path / LOCK_NAME)
     try:
