@@ -25,7 +25,8 @@ from toolkit.runs import launch
 from toolkit.checkpoint.store import SUPERSEDED_PREFIX, CheckpointStore
 from toolkit.events import CheckpointEvent, read_events
 from toolkit.rundir import RunDir
-from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html, table_html
+from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html
+from toolkit.tables import html_table
 from widgets.run_progress import follow_run
 
 # Job sizes for the advisor's slider: a laptop to a frontier run (MTBF scales as 1 / GPUs).
@@ -86,7 +87,7 @@ class CheckpointsPanel(Panel):
                  "of which blocked": _ms(cost[i.step].blocking_ms if i.step in cost else None),
                  "written": time.strftime("%H:%M:%S", time.localtime(i.created)) if i.created else "",
                  "why": i.reason} for i in self.infos]
-        self.table.value = table_html(rows, empty="no checkpoints yet (set checkpoint.every_steps)",
+        self.table.value = html_table(rows, empty="no checkpoints yet (set checkpoint.every_steps)",
                                       highlight=lambda r: {"NO": "#fde0dd", "set aside": "#f3f3f3"}.get(r["valid"])) \
             + ("<small>A checkpoint's cost is the <b>training time lost</b>: the time training stood still (blocked) "
                "plus the slowdown of the steps its background write overlapped.</small>" if rows else "")

@@ -20,7 +20,8 @@ import ipywidgets as w
 from toolkit.catalogue import data_assets
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import refused
-from widgets.panel import Panel, error_html, ok_html, plot_png, png_html, pre_html, table_html
+from toolkit.tables import html_table
+from widgets.panel import Panel, error_html, ok_html, plot_png, png_html, pre_html
 
 PICKER_ENTRIES = 200  # suggestions shown by the path box: enough to browse, few enough to stay responsive
 
@@ -125,7 +126,7 @@ class DataPanel(Panel):
         rows = [{"asset": a.ref, "type": a.type, "MB": f"{a.size_bytes / 2**20:,.2f}", "files": a.file_count,
                  "sha256": a.sha256[:12], "registered": time.strftime("%Y-%m-%d %H:%M", time.localtime(a.created)),
                  "archived": "yes" if a.archived else "", "about": a.description} for a in assets]
-        self.versions.value = table_html(rows, empty="no data registered in this workspace yet",
+        self.versions.value = html_table(rows, empty="no data registered in this workspace yet",
                                          highlight=lambda r: "#f3f3f3" if r["archived"] else "")
         live = [a.ref for a in assets if not a.archived]
         self.archive_choice.options = live

@@ -35,7 +35,8 @@ from toolkit.deploy.serving.runtimes import RUNTIMES
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import refused
 from toolkit.events import EvalEvent, read_events
-from widgets.panel import Panel, error_html, field_row, ok_html, table_html, warn_html
+from widgets.panel import Panel, error_html, field_row, ok_html, warn_html
+from toolkit.tables import html_table
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all
 # Above this validation loss a byte-level model writes mostly gibberish; the demo config reaches 1.75 (notebook 03).
@@ -224,7 +225,7 @@ class DeploymentPanel(Panel):
 
     def _export_html(self) -> str:
         if self.result is None:
-            return table_html([], empty="not exported yet")
+            return html_table([], empty="not exported yet")
         parity = self.result.parity
         target = parity["target"]
         verdict_column = f"≤ {target:g}"
@@ -237,7 +238,7 @@ class DeploymentPanel(Panel):
         registered = (f"registered as <b>{html.escape(self.model.ref)}</b>" if self.model
                       else "not registered (served from the export folder)")
         return (f"<div><code>{html.escape(str(self.result.path))}</code></div>"
-                f"{table_html(rows, highlight=lambda r: '#fdd' if r[verdict_column] == 'FAIL' else '')}"
+                f"{html_table(rows, highlight=lambda r: '#fdd' if r[verdict_column] == 'FAIL' else '')}"
                 f"<div>{verdict} · {registered}</div>{self._quality_html()}")
 
     def _quality_html(self) -> str:
@@ -254,9 +255,9 @@ class DeploymentPanel(Panel):
     def _endpoint_html(self) -> str:
         e = self.endpoint
         if e is None:
-            return table_html([], empty="not started")
+            return html_table([], empty="not started")
         code = e.process.poll()
-        return table_html([{"endpoint": e.name, "scoring URL": e.scoring_url, "key": mask_key(e.key),
+        return html_table([{"endpoint": e.name, "scoring URL": e.scoring_url, "key": mask_key(e.key),
                             "runtime": e.runtime, "state": "running" if code is None else f"stopped (exit {code})"}])
 
     def _answer_html(self) -> str:
@@ -292,12 +293,12 @@ class DeploymentPanel(Panel):
         answered = [a["client_ms"] for a in self.answers if a["status"] == 200]
         p50 = f"p50 {statistics.median(answered):.1f} ms over {len(answered)} answered" if answered else "none answered"
         return (f"<div style='color:#666;font-size:0.9em'>requests: {len(self.answers)}, {p50}</div>"
-                + table_html(rows, highlight=lambda r: "#fdd" if r["status"] != 200 else ""))
+                + html_table(rows, highlight=lambda r: "#fdd" if r["status"] != 200 else ""))
 
     def _plan_html(self) -> str:
         if self.plan_folder is None:
-            return table_html([], empty="not written yet")
-        return (f"<div><code>{html.escape(str(self.plan_folder))}</code></div>{table_html(self._plan_files)}"
+            return html_table([], empty="not written yet")
+        return (f"<div><code>{html.escape(str(self.plan_folder))}</code></div>{html_table(self._plan_files)}"
                 f"<div>endpoint.yaml</div>{_pre(html.escape(self._endpoint_yaml))}")
 
     def _sections_html(self) -> dict[str, str]:

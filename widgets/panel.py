@@ -12,7 +12,7 @@ import html
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import ipywidgets as w
@@ -62,21 +62,6 @@ def png_html(png: bytes, max_width: int = 900) -> str:
         return ""
     return (f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' "
             f"style='max-width:{max_width}px'/>")
-
-
-def table_html(rows: Sequence[dict], columns: Sequence[str] | None = None, empty: str = "nothing yet",
-               highlight: Callable[[dict], str] | None = None) -> str:
-    """A small HTML table; ``highlight(row)`` may return a CSS background for a row (e.g. invalid ones)."""
-    if not rows:
-        return f"<i style='color:#888'>{html.escape(empty)}</i>"
-    columns = list(columns or rows[0])
-    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(c)}</th>" for c in columns)
-    body = []
-    for row in rows:
-        style = f" style='background:{highlight(row)}'" if highlight and highlight(row) else ""
-        cells = "".join(f"<td style='padding:2px 8px'>{html.escape(str(row.get(c, '')))}</td>" for c in columns)
-        body.append(f"<tr{style}>{cells}</tr>")
-    return f"<table style='border-collapse:collapse'><tr>{head}</tr>{''.join(body)}</table>"
 
 
 class Panel:

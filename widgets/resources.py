@@ -13,7 +13,8 @@ import ipywidgets as w
 from IPython.display import HTML, display
 
 from toolkit.resources.doctor import CHECKS, Check, run_doctor, status_counts
-from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html, table_html
+from toolkit.tables import Column, Markup, html_table
+from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html
 
 STATUS_COLOURS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", "running": "#1f77b4", "waiting": "#aaa"}
 
@@ -24,16 +25,11 @@ def _badge(status: str) -> str:
 
 def doctor_table_html(checks: list[Check], pending: list[str] = (), title: str = "Machine health") -> str:
     """Done checks with their colours, then the pending ones (the first of them running)."""
-    rows = []
-    for c in checks:
-        rows.append(f"<tr><td><code>{html.escape(c.name)}</code></td><td>{_badge(c.status)}</td>"
-                    f"<td>{'required' if c.required else ''}</td><td style='text-align:right'>{c.seconds:.1f} s</td>"
-                    f"<td style='text-align:left'>{html.escape(c.summary)}</td></tr>")
-    for i, name in enumerate(pending):
-        state = "running" if i == 0 else "waiting"
-        rows.append(f"<tr><td><code>{html.escape(name)}</code></td><td>{_badge(state)}</td>"
-                    f"<td>{'required' if CHECKS[name].required else ''}</td><td></td>"
-                    f"<td style='text-align:left;color:#888'>{html.escape(CHECKS[name].about)}</td></tr>")
+    rows = [{"check": c.name, "status": c.status, "required": c.required, "seconds": c.seconds,
+             "reason": html.escape(c.summary)} for c in checks]
+    rows += [{"check": name, "status": "running" if i == 0 else "waiting", "required": CHECKS[name].required,
+              "reason": f"<span style='color:#888'>{html.escape(CHECKS[name].about)}</span>"}
+             for i, name in enumerate(pending)]
     counts = status_counts(checks)
     failed_required = any(c.status == "fail" and c.required for c in checks)
     verdict = ("running..." if pending else
@@ -41,8 +37,12 @@ def doctor_table_html(checks: list[Check], pending: list[str] = (), title: str =
                "<b style='color:#2ca02c'>all required checks pass</b>")
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     return (f"<div style='max-width:980px'><b>{html.escape(title)}</b> &middot; {verdict} ({tally})"
-            "<table style='border-collapse:collapse;margin-top:4px'><tr><th>check</th><th>status</th><th></th>"
-            f"<th>time</th><th style='text-align:left'>reason</th></tr>{''.join(rows)}</table></div>")
+            + html_table(rows, [Column("check", lambda r: Markup(f"<code>{html.escape(r['check'])}</code>")),
+                                Column("status", lambda r: Markup(_badge(r["status"]))),
+                                Column("", lambda r: "required" if r["required"] else ""),
+                                Column("time", lambda r: f"{r['seconds']:.1f} s" if "seconds" in r else "", right=True),
+                                Column("reason", lambda r: Markup(r["reason"]))],
+                         empty=None, attrs="style='border-collapse:collapse;margin-top:4px'") + "</div>")
 
 
 def show_doctor(**kwargs):
@@ -159,7 +159,7 @@ class MemoryPanel(Panel):
         self.comparison = comparison = compare_run(self.run_dir.value.strip())
         self.measured.value = (f"<b>{html.escape(comparison.prediction.describe())}</b>: measured peak per rank "
                                f"(step {comparison.step}) against predicted, stated accuracy ±{TOLERANCE:.0%}"
-                               + table_html(comparison.rows()) + pre_html(comparison.prediction.table()))
+                               + html_table(comparison.rows()) + pre_html(comparison.prediction.table()))
         return comparison
 
     def static_html(self) -> str:

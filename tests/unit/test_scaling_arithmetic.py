@@ -191,6 +191,7 @@ def test_the_table_shows_percentages_and_side_by_side_only_when_measured():
              "side_by_side_efficiency": side and side / 2000} for n, eff, side in ((1, 1.0, None), (2, 0.8, 1900.0))]
     doc = {"config": "tiny", "engine": "torch", "mode": "weak", "measured_steps": 20, "runs": rows}
     html = scaling_html(doc)
-    assert "<td>2 x 8 = 16</td><td>1,600</td>" in html and "<td>80%</td>" in html and "<td>25%</td>" in html
+    left, right = "<td style='text-align:left'>", "<td style='text-align:right'>"
+    assert f"{left}2 x 8 = 16</td>{right}1,600</td>" in html and f"{right}80%</td>" in html and f"{right}25%</td>" in html
     assert "1,900 (95%)" in html and "side by side" in html
     assert "side by side" not in scaling_html({**doc, "runs": [{**r, "side_by_side_tokens_per_s": None} for r in rows]})

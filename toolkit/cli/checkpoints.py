@@ -9,6 +9,7 @@ from pathlib import Path
 from toolkit.cli.common import add_json, print_json
 from toolkit.cli.conventions import add_verb
 from toolkit.errors import not_allowed
+from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
@@ -41,13 +42,13 @@ def cmd_checkpoints(args) -> int:
     if not infos:
         print(f"no checkpoints in {store.root}")
         return 0
-    print(f"{'checkpoint':<24} {'step':>8} {'size':>10} {'age':>8}  state")
-    for info in infos:
-        age = f"{time.time() - info.created:,.0f} s" if info.created else "-"
-        mark = " <- LATEST" if info.name == latest else ""
-        step = f"{info.step:,}" if info.step is not None else "-"
-        state = "valid" if info.valid else f"INVALID: {info.reason}"
-        print(f"{info.name:<24} {step:>8} {info.size_bytes / 2**20:>8.1f} MB {age:>8}  {state}{mark}")
+    now = time.time()
+    print(text_table(infos, [
+        Column("checkpoint", "name"), Column("step", "step", ",", right=True),
+        Column("size MB", lambda i: i.size_bytes / 2**20, ".1f", right=True),
+        Column("age", lambda i: f"{now - i.created:,.0f} s" if i.created else None, right=True),
+        Column("state", lambda i: ("valid" if i.valid else f"INVALID: {i.reason}")
+               + (" <- LATEST" if i.name == latest else ""))]))
     return 0
 
 

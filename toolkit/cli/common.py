@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from toolkit.config import ConfigError
@@ -74,3 +75,8 @@ def workspace_path(ws, path) -> Path:
 
 def workspace_line(ws, path) -> str:
     return f"workspace: {workspace_path(ws, path)}" + ("" if ws else " (none yet)")
+
+
+def local_time(seconds: float) -> str:
+    """A listing's timestamp: the local date and time to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))

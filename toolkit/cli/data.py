@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from toolkit.cli.common import (
     add_json,
     add_set,
     add_workspace,
     listing_json,
+    local_time,
     print_json,
     workspace_line,
     workspace_path,
@@ -19,6 +19,7 @@ from toolkit.cli.common import (
 from toolkit.cli.conventions import add_verb, add_verbs
 from toolkit.config import ConfigError
 from toolkit.errors import not_allowed
+from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
@@ -119,12 +120,11 @@ def _list(args, ws) -> int:
         print("no data assets" + (" match" if ws and (args.name or args.tag) else "")
               + ": try `trainbook data register-builtin`, or `trainbook data register NAME PATH`")
         return 0
-    print(f"{'asset':<28} {'type':<11} {'size':>12} {'files':>6}  {'created':<19} tags")
-    for a in assets:
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created))
-        tags = ",".join(f"{k}={v}" for k, v in sorted(a.tags.items()))
-        print(f"{a.ref + (' (archived)' if a.archived else ''):<28} {a.type:<11} {a.size_bytes:>12,} "
-              f"{a.file_count:>6}  {created:<19} {tags}")
+    print(text_table(assets, [
+        Column("asset", lambda a: a.ref + (" (archived)" if a.archived else "")), Column("type", "type"),
+        Column("size", "size_bytes", ",", right=True), Column("files", "file_count", right=True),
+        Column("created", lambda a: local_time(a.created)),
+        Column("tags", lambda a: ",".join(f"{k}={v}" for k, v in sorted(a.tags.items())))]))
     return 0
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
-from toolkit.cli.common import add_json, add_workspace, listing_json, print_json, workspace_line
+from toolkit.cli.common import add_json, add_workspace, listing_json, local_time, print_json, workspace_line
 from toolkit.cli.conventions import add_verb
+from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
@@ -31,8 +30,8 @@ def cmd_models(args) -> int:
     if not models:
         print("no models: try `trainbook export RUN_DIR --register NAME`")
         return 0
-    print(f"{'model':<20} {'size':>10}  {'created':<19} {'data':<16} run")
-    for m in models:
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created))
-        print(f"{m.ref:<20} {m.size_bytes / 2**20:>7.1f} MB  {created:<19} {m.data:<16} {m.run_dir}")
+    print(text_table(models, [Column("model", "ref"),
+                              Column("size MB", lambda m: m.size_bytes / 2**20, ".1f", right=True),
+                              Column("created", lambda m: local_time(m.created)), Column("data", "data"),
+                              Column("run", "run_dir")]))
     return 0

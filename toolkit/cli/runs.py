@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from toolkit.cli.common import add_json, add_workspace, listing_json, print_json, workspace_line
 from toolkit.cli.conventions import add_verb
+from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
@@ -28,8 +29,7 @@ def cmd_runs(args) -> int:
     if not rows:
         print("no runs" + (f" on {args.data}" if args.data and ws else "") + ": try `trainbook train demo`")
         return 0
-    print(f"{'run directory':<60} {'state':<10} {'step':>7}  {'data':<16} engine")
-    for r in rows:
-        step = f"{r['step']:,}" if r["step"] is not None else "-"
-        print(f"{r['run_dir']:<60} {r['state']:<10} {step:>7}  {r['data']:<16} {r['engine']} x{r['nproc']}")
+    print(text_table(rows, [Column("run directory", "run_dir"), Column("state", "state"),
+                            Column("step", "step", ",", right=True), Column("data", "data"),
+                            Column("engine", lambda r: f"{r['engine']} x{r['nproc']}")]))
     return 0

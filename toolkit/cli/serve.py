@@ -9,6 +9,7 @@ import sys
 from toolkit.cli.common import add_json, add_workspace
 from toolkit.cli.conventions import add_verb, add_verbs
 from toolkit.cli.following import Terminated, raise_terminated
+from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
@@ -100,7 +101,7 @@ def cmd_endpoints(args) -> int:
     if not endpoints:
         print("no endpoints running: try `trainbook serve MODEL &` (`trainbook models` lists the registered ones)")
         return 0
-    print(f"{'endpoint':<16} {'url':<28} {'pid':>7} {'runtime':<8} {'model':<40} key file")
-    for e in endpoints:
-        print(f"{e.name:<16} {e.url:<28} {e.pid:>7} {e.runtime:<8} {str(e.model_dir):<40} {e.key_file}")
+    print(text_table(endpoints, [Column("endpoint", "name"), Column("url", "url"), Column("pid", "pid", right=True),
+                                 Column("runtime", "runtime"), Column("model", "model_dir"),
+                                 Column("key file", "key_file")]))
     return 0

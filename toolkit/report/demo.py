@@ -20,6 +20,7 @@ from toolkit.paths import PROJECT_ROOT
 from toolkit.events import StatusEvent, TrainEvent, read_events
 from toolkit.rundir import RunDir
 from toolkit.train.metrics import steady_state
+from toolkit.tables import Column, text_table
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 OUTPUTS = PROJECT_ROOT / "outputs"
@@ -60,10 +61,6 @@ def run_summary(runs: Path) -> list[dict]:
             "tokens_per_s": speed and speed.tokens_per_s, "mfu": speed and speed.mfu,
         })
     return rows
-
-
-def _fmt(value, spec):
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
 def export_html(executed: Path) -> Path:
@@ -121,18 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((nb.name, time.perf_counter() - t0, status))
         print(f"[demo] {nb.name} {status} in {rows[-1][1]:.0f} s -> {executed}", flush=True)
 
-    print(f"\n{'notebook':<32} {'seconds':>7}  status")
-    for name, seconds, status in rows:
-        print(f"{name:<32} {seconds:7.0f}  {status}")
-    print(f"{'total':<32} {sum(r[1] for r in rows):7.0f}")
+    print("\n" + text_table([*rows, ("total", sum(r[1] for r in rows), "")], [
+        Column("notebook", lambda r: r[0]), Column("seconds", lambda r: r[1], ".0f", right=True),
+        Column("status", lambda r: r[2])]))
     run_rows = [r for r in run_summary(runs) if r["run"] not in started_runs]  # this demo's runs only
     if run_rows:
-        print(f"\n{'run':<34} {'state':<10} {'steps':>6} {'val loss':>8} {'val bpb':>8} {'train s':>8} "
-              f"{'tokens/s':>9} {'MFU':>6}")
-        for r in run_rows:
-            print(f"{r['run']:<34} {r['state'] or '-':<10} {_fmt(r['steps'], 'd'):>6} {_fmt(r['val_loss'], '.3f'):>8} "
-                  f"{_fmt(r['val_bpb'], '.3f'):>8} {_fmt(r['train_s'], '.0f'):>8} {_fmt(r['tokens_per_s'], ',.0f'):>9} "
-                  f"{_fmt(r['mfu'] and 100 * r['mfu'], '.1f'):>5}%")
+        print("\n" + text_table(run_rows, [
+            Column("run", "run"), Column("state", lambda r: r["state"] or None),
+            Column("steps", "steps", "d", right=True),
+            Column("val loss", "val_loss", ".3f", right=True), Column("val bpb", "val_bpb", ".3f", right=True),
+            Column("train s", "train_s", ".0f", right=True), Column("tokens/s", "tokens_per_s", ",.0f", right=True),
+            Column("MFU", lambda r: r["mfu"], ".1%", right=True)]))
     recorded = figures.read(figures_file)
     if recorded:
         print()

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
 from toolkit.rundir import OPERATORS_FILE, RunDir
-
-
-def html_table(rows: list[dict], columns: dict[str, str], caption: str = "") -> str:
-    """``rows`` as an HTML table; ``columns`` maps a row key to its header, in order. Cells are escaped."""
-    head = "".join(f"<th>{html.escape(label)}</th>" for label in columns.values())
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(row.get(key)))}</td>" for key in columns) + "</tr>"
-                   for row in rows)
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3f}".rstrip("0").rstrip(".")
-    return "" if value is None else str(value)
+from toolkit.tables import Column, html_table
 
 
 def top_operators_html(run_dir: str | Path, rows: int = 15) -> str | None:
@@ -31,8 +16,10 @@ def top_operators_html(run_dir: str | Path, rows: int = 15) -> str | None:
     if not path.is_file():
         return None
     ops = json.loads(path.read_text())[:rows]
-    return html_table(ops, {"name": "operator", "self_cpu_ms": "self CPU ms", "self_cpu_pct": "self CPU %",
-                            "cpu_total_ms": "CPU total ms", "calls": "calls"},
+    return html_table(ops, [Column("operator", "name"), Column("self CPU ms", "self_cpu_ms", ",.3f", right=True),
+                            Column("self CPU %", "self_cpu_pct", ".1f", right=True),
+                            Column("CPU total ms", "cpu_total_ms", ",.3f", right=True),
+                            Column("calls", "calls", ",", right=True)],
                       caption=f"top {len(ops)} operators by self time over the profiled steps")
 
 
@@ -64,10 +51,18 @@ def fine_tune_rows(runs: dict[str, str | Path]) -> list[dict]:
     return rows
 
 
-FINE_TUNE_COLUMNS = {"label": "run", "trainable": "trainable parameters", "params": "parameters",
-                     "seconds": "training s", "tokens_per_s": "tokens/s", "peak_memory_mb": "peak memory MiB",
-                     "checkpoint_mb": "checkpoint MiB", "bpb_before": "bits/byte before",
-                     "bpb_after": "bits/byte after"}
+def fine_tune_html(rows: list[dict], caption: str = "") -> str:
+    """``fine_tune_rows`` as a table."""
+    def number(key: str, header: str, fmt: str) -> Column:
+        return Column(header, key, fmt, right=True, missing="")
+
+    return html_table(rows, [Column("run", "label"), number("trainable", "trainable parameters", ","),
+                             number("params", "parameters", ","), number("seconds", "training s", ",.1f"),
+                             number("tokens_per_s", "tokens/s", ",.0f"),
+                             number("peak_memory_mb", "peak memory MiB", ",.1f"),
+                             number("checkpoint_mb", "checkpoint MiB", ",.1f"),
+                             number("bpb_before", "bits/byte before", ".3f"),
+                             number("bpb_after", "bits/byte after", ".3f")], caption=caption)
 
 
 def scaling_html(result: dict) -> str:
@@ -82,10 +77,12 @@ def scaling_html(result: dict) -> str:
              "communication": pct(r["communication"]), "data_wait": pct(r["data_wait"]),
              "side_by_side": f"{r['side_by_side_tokens_per_s']:,.0f} ({pct(r['side_by_side_efficiency'])})"
              if r.get("side_by_side_tokens_per_s") else ""} for r in result["runs"]]
-    columns = {"nproc": "processes", "batch": "global batch", "tokens_per_s": "tokens/s", "range": "range",
+    headers = {"nproc": "processes", "batch": "global batch", "tokens_per_s": "tokens/s", "range": "range",
                "efficiency": "efficiency vs linear", "step_ms": "step ms", "compute": "compute",
                "communication": "communication", "data_wait": "data wait"}
     if any(r["side_by_side"] for r in rows):
-        columns["side_by_side"] = "side by side: tokens/s (efficiency)"
+        headers["side_by_side"] = "side by side: tokens/s (efficiency)"
+    texts = ("batch", "range", "side_by_side")
+    columns = [Column(header, key, right=key not in texts) for key, header in headers.items()]
     return html_table(rows, columns, caption=f"{result['config']}, {result['engine']}, {result['mode']} scaling, "
                                               f"{result['measured_steps']} measured steps per run")

@@ -29,6 +29,7 @@ import yaml
 from toolkit.config import ConfigError
 from toolkit.errors import not_allowed
 from toolkit.report.demo import NOTEBOOKS, run_summary
+from toolkit.tables import Column, text_table
 
 
 @dataclass
@@ -151,16 +152,15 @@ def run_workshop(participants: int, params_file: str | Path, notebook: str = "03
 
 
 def report_table(results: list[ParticipantResult]) -> str:
-    lines = [f"{'participant':<12} {'status':<7} {'seconds':>7} {'steps':>6} {'val bpb':>8} {'tokens/s':>9}  "
-             "parameters"]
-    for r in results:
-        run = r.runs[-1] if r.runs else {}
-        shown = {k: v for k, v in r.parameters.items() if k != "runs_root"}
-        bpb = f"{run['val_bpb']:.3f}" if run.get("val_bpb") is not None else "-"
-        tps = f"{run['tokens_per_s']:,.0f}" if run.get("tokens_per_s") is not None else "-"
-        lines.append(f"{r.index:<12} {r.status:<7} {r.seconds:>7.0f} {run.get('steps') or '-':>6} {bpb:>8} {tps:>9}  "
-                     f"{json.dumps(shown)}")
-    return "\n".join(lines)
+    def last_run(key: str):
+        return lambda r: r.runs[-1].get(key) if r.runs else None
+
+    return text_table(results, [
+        Column("participant", "index"), Column("status", "status"), Column("seconds", "seconds", ".0f", right=True),
+        Column("steps", lambda r: last_run("steps")(r) or None, right=True),
+        Column("val bpb", last_run("val_bpb"), ".3f", right=True),
+        Column("tokens/s", last_run("tokens_per_s"), ",.0f", right=True),
+        Column("parameters", lambda r: json.dumps({k: v for k, v in r.parameters.items() if k != "runs_root"}))])
 
 
 def write_report(results: list[ParticipantResult], out: Path) -> Path:

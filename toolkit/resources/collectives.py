@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.errors import not_allowed
+from toolkit.tables import Column, text_table
 
 DEFAULT_SIZES = tuple(4**k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB, x4 each step
 MIN_ITERS, MAX_ITERS, SECONDS_PER_SIZE = 3, 50, 0.25
@@ -58,12 +59,11 @@ class SweepResult:
         return max((r.busbw_gbps for r in self.rows), default=0.0)
 
     def table(self) -> str:
-        lines = [f"all_reduce (sum, float32), {self.nproc} processes, {self.backend}",
-                 f"{'size':>10} {'iters':>6} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}  check"]
-        for r in self.rows:
-            lines.append(f"{_size(r.size_bytes):>10} {r.iters:>6} {r.time_us:>10,.1f} {r.algbw_gbps:>11.3f} "
-                         f"{r.busbw_gbps:>11.3f}  {'ok' if r.correct else 'WRONG'}")
-        return "\n".join(lines)
+        return f"all_reduce (sum, float32), {self.nproc} processes, {self.backend}\n" + text_table(self.rows, [
+            Column("size", lambda r: _size(r.size_bytes), right=True), Column("iters", "iters", right=True),
+            Column("time us", "time_us", ",.1f", right=True), Column("algbw GB/s", "algbw_gbps", ".3f", right=True),
+            Column("busbw GB/s", "busbw_gbps", ".3f", right=True),
+            Column("check", lambda r: "ok" if r.correct else "WRONG")])
 
 
 def _size(n: int) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from toolkit.errors import not_allowed
 from toolkit.machine import DISK_WARN_FREE_GIB
+from toolkit.tables import Column, text_table
 
 STATUSES = ("pass", "warn", "fail")
 REPORT_NAME = "doctor.json"  # in the workspace: the latest report, what notebook 00's journey reads
@@ -80,14 +81,12 @@ class DoctorReport:
         return {"ok": self.ok, "seconds": self.seconds, "facts": self.facts, "checks": [asdict(c) for c in self.checks]}
 
     def table(self) -> str:
-        width = max((len(c.name) for c in self.checks), default=5)
-        lines = [f"{'check':<{width}}  {'status':<6} {'req':<3} {'time':>6}  reason"]
-        for c in self.checks:
-            lines.append(f"{c.name:<{width}}  {c.status.upper():<6} {'yes' if c.required else 'no':<3} "
-                         f"{c.seconds:>5.1f}s  {c.summary}")
         verdict = "all required checks pass" if self.ok else "a required check FAILED"
-        lines.append(f"{verdict} ({self.seconds:.0f} s)")
-        return "\n".join(lines)
+        return text_table(self.checks, [
+            Column("check", "name"), Column("status", lambda c: c.status.upper()),
+            Column("req", lambda c: "yes" if c.required else "no"),
+            Column("time", lambda c: f"{c.seconds:.1f}s", right=True), Column("reason", "summary"),
+        ]) + f"\n{verdict} ({self.seconds:.0f} s)"
 
 
 # --- checks -------------------------------------------------------------------------------------------------

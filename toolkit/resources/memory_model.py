@@ -39,6 +39,7 @@ from pathlib import Path
 
 from toolkit.config import ConfigError
 from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.tables import Column, text_table
 from toolkit.resources.memory_baseline import baseline_mib
 from toolkit.resources.zero_stages import BYTES_PER_PARAM, check_value, estimate, model_params
 
@@ -133,11 +134,12 @@ class RunPrediction:
     def table(self) -> str:
         """Each term with its formula and size, then the peak per rank."""
         base = " / ".join(f"{b:,.0f}" for b in dict.fromkeys(self.baseline_mib))
+        terms = [("baseline", base, self.baseline_source)]
+        terms += [(t.name + (" (rank 0)" if t.rank0_only else ""), f"{t.bytes / MIB:,.1f}", t.formula)
+                  for t in self.terms]
         lines = [f"predicted peak per rank: {self.describe()}, Ψ = {self.params:,} parameters",
-                 f"  {'baseline':<34} {base:>10} MiB  {self.baseline_source}"]
-        for t in self.terms:
-            where = " (rank 0)" if t.rank0_only else ""
-            lines.append(f"  {t.name + where:<34} {t.bytes / MIB:>10,.1f} MiB  {t.formula}")
+                 text_table(terms, [Column("term", lambda t: t[0]), Column("MiB", lambda t: t[1], right=True),
+                                    Column("formula", lambda t: t[2])], indent="  ")]
         ranks = ", ".join(f"rank {r} {m:,.0f}" for r, m in enumerate(self.per_rank_mib))
         lines.append(f"  peak: {ranks} MiB (stated accuracy ±{TOLERANCE:.0%} per rank)")
         lines += [f"  note: {n}" for n in self.notes]
@@ -368,12 +370,13 @@ class RunComparison:
                                                       self.within_tolerance))]
 
     def table(self) -> str:
-        lines = [f"measured (last train event, step {self.step}) against predicted, per rank:",
-                 f"  {'rank':>4} {'predicted':>10} {'measured':>10} {'ratio':>6}  within ±{TOLERANCE:.0%}"]
-        for row in self.rows():
-            lines.append(f"  {row['rank']:>4} {row['predicted MiB']:>10,} {row['measured MiB']:>10,} "
-                         f"{row['measured / predicted']:>6}  {row[f'within ±{TOLERANCE:.0%}']}")
-        return "\n".join(lines)
+        within = f"within ±{TOLERANCE:.0%}"
+        return (f"measured (last train event, step {self.step}) against predicted, per rank:\n"
+                + text_table(self.rows(), [Column("rank", "rank", right=True),
+                                           Column("predicted MiB", "predicted MiB", ",", right=True),
+                                           Column("measured MiB", "measured MiB", ",", right=True),
+                                           Column("ratio", "measured / predicted", right=True),
+                                           Column(within, within)], indent="  "))
 
 
 def _measured_peaks(run, run_dir) -> tuple[list[float], int]:

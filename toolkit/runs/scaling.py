@@ -40,6 +40,7 @@ from toolkit.config import ConfigError
 from toolkit.errors import not_allowed, refused
 from toolkit.events import StatusEvent, TrainEvent, read_events
 from toolkit.rundir import RunDir
+from toolkit.tables import Column, text_table
 
 MODES = ("weak", "strong")
 INTERVALS = 4  # logged intervals in the measured window: enough for a range, few enough that logging stays rare
@@ -418,18 +419,19 @@ class ScalingResult:
         """The series as aligned text lines."""
         unit = "per process" if self.mode == "weak" else "global"
         threads = f", {self.threads_per_process} thread(s) per process" if self.threads_per_process else ""
-        lines = [f"{self.config}, {self.engine}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
-                 f"{self.measured_steps} measured steps{threads}",
-                 f"{'procs':>5} {'batch':>7} {'tokens/s':>10} {'range':>17} {'efficiency':>10} {'step ms':>8} "
-                 f"{'compute':>8} {'comm':>6} {'data':>6}" + ("  side by side" if any(
-                     r.side_by_side_tokens_per_s for r in self.rows) else "")]
-        for r in self.rows:
-            side = (f"  {r.side_by_side_tokens_per_s:,.0f} tokens/s ({r.side_by_side_efficiency:.0%})"
-                    if r.side_by_side_tokens_per_s else "")
-            lines.append(f"{r.nproc:>5} {f'{r.nproc}x{r.batch_per_process}':>7} {r.tokens_per_s:>10,.0f} "
-                         f"{f'{r.tokens_per_s_min:,.0f}-{r.tokens_per_s_max:,.0f}':>17} {r.efficiency:>10.0%} "
-                         f"{r.step_ms:>8.1f} {r.compute:>8.0%} {r.communication:>6.0%} {r.data_wait:>6.0%}{side}")
-        return "\n".join(lines)
+        columns = [
+            Column("procs", "nproc", right=True),
+            Column("batch", lambda r: f"{r.nproc}x{r.batch_per_process}", right=True),
+            Column("tokens/s", "tokens_per_s", ",.0f", right=True),
+            Column("range", lambda r: f"{r.tokens_per_s_min:,.0f}-{r.tokens_per_s_max:,.0f}", right=True),
+            Column("efficiency", "efficiency", ".0%", right=True), Column("step ms", "step_ms", ".1f", right=True),
+            Column("compute", "compute", ".0%", right=True), Column("comm", "communication", ".0%", right=True),
+            Column("data", "data_wait", ".0%", right=True)]
+        if any(r.side_by_side_tokens_per_s for r in self.rows):
+            columns.append(Column("side by side", lambda r: f"{r.side_by_side_tokens_per_s:,.0f} tokens/s "
+                                  f"({r.side_by_side_efficiency:.0%})" if r.side_by_side_tokens_per_s else ""))
+        return (f"{self.config}, {self.engine}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
+                f"{self.measured_steps} measured steps{threads}\n" + text_table(self.rows, columns))
 
 
 def measure_run(run_dir: str | Path, lay: Layout) -> tuple[Window, Communication]:

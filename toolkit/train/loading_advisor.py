@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.machine import shm_shortfall
+from toolkit.tables import Column, text_table
 
 SMALL_FILE_BYTES = 4 << 20  # the guide's threshold: below ~4 MB per file, per-file overhead dominates reads
 SMALL_FILES_WARN = 100
@@ -47,12 +48,12 @@ class TuneReport:
 
     def summary(self) -> str:
         lines = [f"data loading for {self.asset} (target: wait < {self.target_pct:g}% of step time)",
-                 f"  {'workers':>7} {'prefetch':>8} {'wait %':>8} {'step ms':>8} {'loader batch/s':>15} "
-                 f"{'headroom':>9}"]
-        for t in self.trials:
-            mark = "  <- recommended" if t is self.recommended else ""
-            lines.append(f"  {t.num_workers:>7} {t.prefetch_factor:>8} {t.wait_pct:>8.2f} {t.step_ms:>8.1f} "
-                         f"{t.loader_batches_per_s:>15,.0f} {t.headroom:>8,.0f}x{mark}")
+                 text_table(self.trials, [
+                     Column("workers", "num_workers", right=True), Column("prefetch", "prefetch_factor", right=True),
+                     Column("wait %", "wait_pct", ".2f", right=True), Column("step ms", "step_ms", ".1f", right=True),
+                     Column("loader batch/s", "loader_batches_per_s", ",.0f", right=True),
+                     Column("headroom", lambda t: f"{t.headroom:,.0f}x", right=True),
+                     Column("", lambda t: "<- recommended" if t is self.recommended else "")], indent="  ")]
         if self.recommended is None:
             lines.append("  no setting met the target: the data path, not the loader, is the bottleneck")
         else:
