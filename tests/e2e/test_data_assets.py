@@ -350,10 +350,10 @@ def test_shm_warning_when_workers_need_more_than_there_is(tmp_path):
 
 
 def test_runs_are_indexed_with_the_data_they_used(tmp_path):
-    ws = str(tmp_path / "ws")
+    ws = str(tmp_path / "my ws #2")  # --workspace keeps a path whole that a bare --set value would cut at " #"
     cli("data", "--workspace", ws, "register-builtin", "pydoc")
-    for name, extra in (("on-asset", ["--set", "data.asset=pydoc", "--set", f"data.workspace={ws}"]),
-                        ("builtin", ["--set", f"data.workspace={ws}"])):
+    for name, extra in (("on-asset", ["--set", "data.asset=pydoc", "--workspace", ws]),
+                        ("builtin", ["--workspace", ws])):
         proc = cli("train", "tiny", "--run-dir", str(tmp_path / name), "--set", "train.max_steps=5", *extra)
         assert proc.returncode == 0, proc.stderr
     listing = cli("runs", "--workspace", ws).stdout

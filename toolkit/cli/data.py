@@ -159,7 +159,8 @@ def _tune(args, ws) -> int:
     from toolkit.train.loading_advisor import tune
     from toolkit.runs.data_pin import pin_data_asset
 
-    cfg = config_mod.load(args.config, [f"data.asset={args.ref}", f"data.workspace={ws.root}", *(args.set or [])])
+    cfg = config_mod.load(args.config, [config_mod.string_override("data.asset", args.ref),
+                                        config_mod.string_override("data.workspace", str(ws.root)), *(args.set or [])])
     print(tune(pin_data_asset(cfg), steps=args.steps).summary())
     return 0
 

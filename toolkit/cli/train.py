@@ -45,7 +45,7 @@ def cmd_train(args) -> int:
         overrides += [f"engine.name={args.engine or 'deepspeed'}",
                       config_mod.string_override("engine.deepspeed_config", args.deepspeed)]
     if args.workspace is not None:
-        overrides.append(f"data.workspace={args.workspace}")
+        overrides.append(config_mod.string_override("data.workspace", args.workspace))
     if args.debug:
         overrides.append("debug.enabled=true")
     cfg = config_mod.load(args.config, overrides)  # every validation error surfaces here, before any start
