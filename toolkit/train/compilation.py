@@ -50,7 +50,10 @@ class CompileWatch:
         self._seen = {_record_id(m) for m in _records()}  # compiles before training (none, unless a test ran some)
 
     def step_done(self, step: int) -> dict | None:
-        new = [m for m in _records() if _record_id(m) not in self._seen]
+        records = _records()
+        if not records or _record_id(records[-1]) in self._seen:  # the common step: nothing compiled since
+            return None
+        new = [m for m in records if _record_id(m) not in self._seen]
         if not new:
             return None
         self._seen.update(_record_id(m) for m in new)
