@@ -6,6 +6,8 @@ In-process through ``toolkit.cli.main`` (argparse exits through SystemExit); not
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -101,6 +103,30 @@ def test_the_examples_parse(capsys):
             if argv and argv[-1] == "--help":
                 continue
             parser.parse_args(argv)  # exits (SystemExit) on any mistake
+
+
+# A verb with a bug (a ValueError no user input explains) and one that refuses bad input, run by the real dispatcher
+VERBS_SCRIPT = """
+import argparse, sys
+from toolkit.cli.main import dispatch
+from toolkit.errors import RefusedValue
+
+def verb(args):
+    if args.verb == "refuses":
+        raise RefusedValue("--x: 'y' is not allowed; allowed: z")
+    return int("not a number")
+
+sys.exit(dispatch(argparse.Namespace(func=verb, verb=sys.argv[1])))
+"""
+
+
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line():
+    bug = subprocess.run([sys.executable, "-c", VERBS_SCRIPT, "bug"], capture_output=True, text=True, timeout=60)
+    assert bug.returncode == 1 and not bug.stderr.startswith("error:"), bug.stderr
+    assert "Traceback" in bug.stderr and "ValueError: invalid literal for int()" in bug.stderr, bug.stderr
+    refused = subprocess.run([sys.executable, "-c", VERBS_SCRIPT, "refuses"], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and refused.stderr == "error: --x: 'y' is not allowed; allowed: z\n"
 
 
 def test_did_you_mean_offers_only_close_words():
