@@ -13,6 +13,7 @@ import pytest
 
 from toolkit.cli import build_parser, main
 from toolkit.cli.conventions import did_you_mean
+from toolkit.errors import not_allowed
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -103,6 +104,12 @@ def test_the_examples_parse(capsys):
             if argv and argv[-1] == "--help":
                 continue
             parser.parse_args(argv)  # exits (SystemExit) on any mistake
+
+
+@pytest.mark.parametrize("value", ["it's \"quoted\"", "back\\slash", "a, b"])
+def test_a_refused_choice_names_the_value_as_given_whatever_its_characters(value, capsys):
+    code, _, err = run_cli(["train", "tiny", "--engine", value], capsys)
+    assert code == 2 and f"error: {not_allowed('--engine', value, 'torch, deepspeed')}\n" in err, err
 
 
 # A verb with a bug (a ValueError no user input explains) and one that refuses bad input, run by the real dispatcher
