@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 from toolkit.names import check_name, parse_ref
 
 
@@ -28,7 +28,7 @@ def field_choices(cls, name: str) -> list:
     return list(typing.get_args(typing.get_type_hints(cls)[name]))
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value that is unknown, of the wrong type or out of range; the message names the field."""
 
 

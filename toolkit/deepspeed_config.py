@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 
 AUTO = "auto"
 FIELD = "engine.deepspeed_config"
@@ -38,7 +38,7 @@ MAX_FILE_BYTES = 1 << 20  # a DeepSpeed config is a few KiB; a bigger file is no
 ADAM_EPS = 1e-8  # torch.optim.AdamW's eps, which the torch engine uses: what an "auto" eps means here
 
 
-class DeepSpeedConfigError(ValueError):
+class DeepSpeedConfigError(UserError, ValueError):
     """A DeepSpeed config that cannot run with this Trainbook config; the message names the key and the value."""
 
 

@@ -2,7 +2,7 @@
 
 Every layer builds its messages here (this module imports nothing from toolkit, so any module may use it) and
 raises its own exception class with the text; a shown value is bounded so a huge bad input never makes a huge
-message.
+message. Every exception class a person can act on derives from :class:`UserError`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,26 @@ from __future__ import annotations
 import os
 
 SHOWN_CHARS = 200  # how much of a value's repr a message repeats
+
+
+class UserError(Exception):
+    """Bad input, or a refused state, that the user can fix: the CLI prints its message as one line and exits 2.
+
+    A class derives from it and from the builtin it always was (``class ConfigError(UserError, ValueError)``), so
+    ``except ValueError`` keeps working. Any other exception that reaches the CLI is a bug: it keeps its traceback.
+    """
+
+
+class RefusedValue(UserError, ValueError):
+    """A refused value (a flag, a config field, a name) where the module has no error class of its own."""
+
+
+class MissingPath(UserError, FileNotFoundError):
+    """A path the user named that is missing or is not what the verb needs (a run directory that holds no run)."""
+
+
+class PathTaken(UserError, FileExistsError):
+    """A path the user named that already holds something the verb will not overwrite."""
 
 
 def bounded_repr(value) -> str:

@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 from collections.abc import Callable
 
-from toolkit.errors import bounded_repr, not_allowed
+from toolkit.errors import PathTaken, bounded_repr, not_allowed
 
 # --- files ---------------------------------------------------------------------------------------------------------
 
@@ -393,7 +393,7 @@ def swap_in(new: Path, dest: Path) -> Path | None:
             os.rename(new, dest)  # atomic; fails if a folder with content appeared there meanwhile
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                raise FileExistsError(exc.errno, f"{dest} appeared while {new} was published") from None
+                raise PathTaken(exc.errno, f"{dest} appeared while {new} was published") from None
             raise
         return None
     if exchange(new, dest):

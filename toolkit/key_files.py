@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.errors import refused
+from toolkit.errors import UserError, refused
 
 KEY_BYTES = 32
 KEY_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32): 32 random bytes, base64url, no padding
@@ -26,7 +26,7 @@ READ_LIMIT = 4096  # a key is 43 bytes; a huge file is not read whole to find th
 PRIVATE = 0o600
 
 
-class KeyFileError(ValueError):
+class KeyFileError(UserError, ValueError):
     """A key file that is not a regular file of this user, or cannot be read or written; the message names it."""
 
 

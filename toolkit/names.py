@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 NAME_ALLOWED = "letters, digits, '_', '-', '.', starting with a letter or digit, at most 255 characters"
@@ -22,7 +22,7 @@ def name_problem(field: str, value) -> str | None:
     return None if is_name(value) else not_allowed(field, value, NAME_ALLOWED)
 
 
-def check_name(value, field: str = "name", error: type[Exception] = ValueError) -> str:
+def check_name(value, field: str = "name", error: type[Exception] = RefusedValue) -> str:
     if problem := name_problem(field, value):
         raise error(problem)
     return value
@@ -37,7 +37,7 @@ def split_ref(ref) -> tuple[str, int | None] | None:
     return name, int(version) if sep else None
 
 
-def parse_ref(ref, field: str, error: type[Exception] = ValueError) -> tuple[str, int | None]:
+def parse_ref(ref, field: str, error: type[Exception] = RefusedValue) -> tuple[str, int | None]:
     if (parsed := split_ref(ref)) is None:
         raise error(not_allowed(field, ref, REF_ALLOWED, problem="is not a reference"))
     return parsed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from toolkit.errors import refused
+from toolkit.errors import UserError, refused
 
 MAX_DEPTH = 32  # a DeepSpeed config nests 3 levels, a Trainbook config 4
 MAX_DOCUMENT_BYTES = 1 << 20  # a config is a few KB (the largest shipped, demo.yaml, 1.4 KB); DeepSpeed's a few KiB
@@ -27,7 +27,7 @@ MAX_DOCUMENT_BYTES = 1 << 20  # a config is a few KB (the largest shipped, demo.
 RESOLVED_CONFIG_MAX_BYTES = 4 * MAX_DOCUMENT_BYTES
 
 
-class PlainDataError(ValueError):
+class PlainDataError(UserError, ValueError):
     """A document that is not plain data; the message says what and where (a key path or a line)."""
 
 

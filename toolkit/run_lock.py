@@ -15,13 +15,13 @@ import os
 import stat
 from pathlib import Path
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, UserError, not_allowed
 
 LOCK_NAME = "run.lock"
 HOLDER_WIDTH = 12  # bytes of the holder record: a right-aligned pid (Linux pids have at most 7 digits) and "\n"
 
 
-class RunBusyError(RuntimeError):
+class RunBusyError(UserError, RuntimeError):
     """The run directory already has a live run."""
 
 
@@ -54,13 +54,13 @@ def open_lock_file(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(not_allowed(path.name, path, "a regular file of the run directory (or none)",
-                                         problem="is a link")) from None
+            raise RefusedValue(not_allowed(path.name, path, "a regular file of the run directory (or none)",
+                                           problem="is a link")) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise ValueError(not_allowed(path.name, path, "a regular file of the run directory (or none)",
-                                     problem="is not a regular file"))
+        raise RefusedValue(not_allowed(path.name, path, "a regular file of the run directory (or none)",
+                                       problem="is not a regular file"))
     return fd
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from toolkit import config as config_mod
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import PathTaken, RefusedValue, not_allowed, refused
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
 from toolkit import events as events_mod
@@ -62,7 +62,7 @@ class RunDir:
     def create(cls, path: str | Path, cfg: config_mod.Config) -> RunDir:
         run = cls(path)
         if run.config_path.exists():
-            raise FileExistsError(refused("--run-dir", f"{run.path} already holds a run", "a new or empty folder"))
+            raise PathTaken(refused("--run-dir", f"{run.path} already holds a run", "a new or empty folder"))
         run.path.mkdir(parents=True, exist_ok=True)
         run.write_config(cfg)
         run_status.transition(run, "create")
@@ -109,7 +109,7 @@ class RunDir:
         except FileNotFoundError:
             return {}
         if not isinstance(data, dict):
-            raise ValueError(not_allowed(field, path, "a JSON object", problem=f"holds a JSON {type(data).__name__}"))
+            raise RefusedValue(not_allowed(field, path, "a JSON object", problem=f"holds a JSON {type(data).__name__}"))
         return data
 
     def write_status(self, **fields) -> dict:
@@ -117,7 +117,7 @@ class RunDir:
         writers go through toolkit.status, which checks each change of state and serialises the writers;
         calling this directly sets a state unchecked (what a test does to fake a run that died)."""
         if "state" in fields and fields["state"] not in STATES:
-            raise ValueError(not_allowed("status.state", fields["state"], ", ".join(STATES)))
+            raise RefusedValue(not_allowed("status.state", fields["state"], ", ".join(STATES)))
         status = {**self.read_status(), **fields, "updated": time.time()}
         atomic_write_text(self.status_path, json.dumps(status, indent=1))
         return status

@@ -22,7 +22,7 @@ import pickle
 import struct
 from pathlib import Path
 
-from toolkit.errors import SHOWN_CHARS, refused
+from toolkit.errors import SHOWN_CHARS, UserError, refused
 
 # transformers' loaders: never run code a model folder ships (its config's auto_map), never ask on a terminal;
 # and for a folder from elsewhere (an export being served) nothing fetched from a hub either.
@@ -33,7 +33,7 @@ FORCE_ENV = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
-class UnsafeCheckpointError(ValueError):
+class UnsafeCheckpointError(UserError, ValueError):
     """A file that would run code (or build an object we do not allow) if it were unpickled, or that torch cannot
     read at all."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from toolkit import key_files, paths
-from toolkit.errors import bounded_repr, refused
+from toolkit.errors import UserError, bounded_repr, refused
 
 TRUST_FILE = "trust.json"  # in the run directory: the signature of its acting fields' values
 KEY_NAME = "run-signing.key"
@@ -39,7 +39,7 @@ WRITES_OUTSIDE = "writes outside the run"
 DEEPSPEED_ACTS = "DeepSpeed imports, writes or connects by it"
 
 
-class UntrustedRunError(ValueError):
+class UntrustedRunError(UserError, ValueError):
     """A run's config names code, an address or a port that this user did not vouch for; the message names each
     field, its value, what it would do and the flag that vouches for it."""
 

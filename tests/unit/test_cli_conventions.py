@@ -6,11 +6,14 @@ In-process through ``toolkit.cli.main`` (argparse exits through SystemExit); not
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
 from toolkit.cli import build_parser, main
 from toolkit.cli.conventions import did_you_mean
+from toolkit.errors import not_allowed
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -101,6 +104,36 @@ def test_the_examples_parse(capsys):
             if argv and argv[-1] == "--help":
                 continue
             parser.parse_args(argv)  # exits (SystemExit) on any mistake
+
+
+@pytest.mark.parametrize("value", ["it's \"quoted\"", "back\\slash", "a, b"])
+def test_a_refused_choice_names_the_value_as_given_whatever_its_characters(value, capsys):
+    code, _, err = run_cli(["train", "tiny", "--engine", value], capsys)
+    assert code == 2 and f"error: {not_allowed('--engine', value, 'torch, deepspeed')}\n" in err, err
+
+
+# A verb with a bug (a ValueError no user input explains) and one that refuses bad input, run by the real dispatcher
+VERBS_SCRIPT = """
+import argparse, sys
+from toolkit.cli.main import dispatch
+from toolkit.errors import RefusedValue
+
+def verb(args):
+    if args.verb == "refuses":
+        raise RefusedValue("--x: 'y' is not allowed; allowed: z")
+    return int("not a number")
+
+sys.exit(dispatch(argparse.Namespace(func=verb, verb=sys.argv[1])))
+"""
+
+
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line():
+    bug = subprocess.run([sys.executable, "-c", VERBS_SCRIPT, "bug"], capture_output=True, text=True, timeout=60)
+    assert bug.returncode == 1 and not bug.stderr.startswith("error:"), bug.stderr
+    assert "Traceback" in bug.stderr and "ValueError: invalid literal for int()" in bug.stderr, bug.stderr
+    refused = subprocess.run([sys.executable, "-c", VERBS_SCRIPT, "refuses"], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and refused.stderr == "error: --x: 'y' is not allowed; allowed: z\n"
 
 
 def test_did_you_mean_offers_only_close_words():

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
-from toolkit.errors import SHOWN_CHARS, bounded_repr, not_allowed, refused
+from toolkit.errors import SHOWN_CHARS, UserError, bounded_repr, not_allowed, refused
 
 PROJECT = Path(__file__).resolve().parents[2]
 HAND_WRITTEN = re.compile(r"allowed(?: [^;:]*)?:")  # "allowed:", "allowed for type X:", "allowed from:" ...
@@ -67,3 +68,36 @@ def test_only_toolkit_errors_writes_the_refusal_wording():
                  if path != PROJECT / "toolkit" / "errors.py"
                  for hit in hand_written_refusals(path.read_text(), str(path.relative_to(PROJECT)))]
     assert not offenders, f"{len(offenders)} hand-written refusals; use toolkit.errors:\n" + "\n".join(offenders)
+
+
+# Raised and handled inside a run, a worker or the verb that raises them: one that reaches the CLI is a bug, and its
+# traceback is what a report needs.
+INTERNAL_ERRORS = {"NonFiniteLossError", "CollectiveError", "ServiceError", "ScalingError", "PreflightError",
+                   "DebuggerError"}
+# The RuntimeErrors the CLI named as user errors before UserError (it printed every ValueError as one too).
+PRINTED_RUNTIME_ERRORS = {"CheckpointError", "RunBusyError", "NotThisRunError", "TensorBoardError", "WorkspaceError",
+                          "EndpointError"}
+
+
+def error_classes() -> dict[str, type]:
+    """Every module-level class named ``...Error`` in toolkit and widgets, imported: name -> class."""
+    found = {}
+    for folder in ("toolkit", "widgets"):
+        for path in sorted((PROJECT / folder).rglob("*.py")):
+            names = [node.name for node in ast.parse(path.read_text()).body
+                     if isinstance(node, ast.ClassDef) and node.name.endswith("Error")]
+            if names:
+                module = importlib.import_module(".".join(path.relative_to(PROJECT).with_suffix("").parts))
+                found.update((name, getattr(module, name)) for name in names)
+    return found
+
+
+def test_every_error_the_cli_printed_is_a_user_error_and_every_other_one_is_named_internal():
+    classes = error_classes()
+    assert INTERNAL_ERRORS | PRINTED_RUNTIME_ERRORS <= classes.keys(), "a class named here no longer exists"
+    printed = sorted(name for name, cls in classes.items()
+                     if issubclass(cls, ValueError) or name in PRINTED_RUNTIME_ERRORS)
+    assert len(printed) > 20 and not [name for name in printed if not issubclass(classes[name], UserError)]
+    undecided = sorted(name for name, cls in classes.items()
+                       if not issubclass(cls, UserError) and name not in INTERNAL_ERRORS)
+    assert not undecided, f"decide: UserError (the user can fix it) or INTERNAL_ERRORS (a bug at the CLI): {undecided}"

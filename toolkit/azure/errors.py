@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from toolkit.errors import UserError
 
-class AzureError(ValueError):
+
+class AzureError(UserError, ValueError):
     """A plan or submit request that cannot be honoured; the message names the field, the value and what is
     allowed (the CLI prints it as ``error: ...`` and exits 2)."""

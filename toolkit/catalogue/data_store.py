@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from toolkit import fsio
-from toolkit.errors import not_allowed
+from toolkit.errors import UserError, not_allowed
 from toolkit.fsio import HASH_CHUNK, read_hashed, sha256_file
 from toolkit.catalogue.workspace import Workspace
 
@@ -42,7 +42,7 @@ TMP_SUFFIX = ".tmp"  # the only names a killed registration leaves behind; harml
 OLD_LISTING = ".listing.json"  # where Trainbook before the listings/ folder kept a listing: inside the snapshot
 
 
-class DataAssetError(ValueError):
+class DataAssetError(UserError, ValueError):
     """A registration or reference that cannot be honoured; the message names the field and what is allowed.
     Defined here, below the catalogue, because storing a source can already refuse it (a file that cannot be
     read, or changes while it is stored); outside the catalogue it is taken from

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 
 SCHEMA_URL = "https://azuremlschemas.azureedge.net/latest/MLTable.schema.json"
 PANDAS_TYPES = {"int": "int64", "float": "float64", "string": "string", "boolean": "bool"}
@@ -22,7 +22,7 @@ ALLOWED_PATHS = ("a file inside the folder, relative to it (no absolute path, no
                  "leaving the folder)")
 
 
-class MLTableError(ValueError):
+class MLTableError(UserError, ValueError):
     pass
 
 

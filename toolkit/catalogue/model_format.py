@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from toolkit import fsio
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 from toolkit.fsio import sha256_file
 
 MANIFEST = "trainbook-model.json"
@@ -26,7 +26,7 @@ MANIFEST_MAX_BYTES = 1 << 20  # a few files and the run's lineage: kilobytes
 WHAT = "a folder written by `trainbook export RUN_DIR`"
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """A run cannot be exported, or a folder is not an export; the message names what is missing."""
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import fsio, names
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -30,7 +30,7 @@ INIT_FROM_ALLOWED = ("a folder in save_pretrained layout (model.safetensors, or 
                      "NAME[:VERSION] (`trainbook models`)")
 
 
-class PretrainedError(ValueError):
+class PretrainedError(UserError, ValueError):
     """Weights that cannot be used: missing, pickled, outside their folder, or not the model's; the message names the
     field, the value and what is allowed."""
 

@@ -20,7 +20,7 @@ import shlex
 import sqlite3
 from pathlib import Path
 
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import UserError, not_allowed, refused
 from toolkit.paths import CATALOGUE_NAME
 
 DEFAULT_DIR = ".trainbook"
@@ -82,7 +82,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 DAMAGED = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}  # SQLite's names for a file that is not (or no longer) a database
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(UserError, RuntimeError):
     pass
 
 

@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.events import CheckpointEvent, TrainEvent, read_events
 
 # Llama 3 (Dubey et al. 2024, section 3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs,
@@ -63,7 +63,7 @@ class Advice:
 def mtbf_for_gpus(gpus: int) -> float:
     """Seconds between failures for a job on this many GPUs, at Llama 3's observed failure rate."""
     if gpus < 1:
-        raise ValueError(not_allowed("gpus", gpus, "1 or more"))
+        raise RefusedValue(not_allowed("gpus", gpus, "1 or more"))
     return GPU_HOURS_PER_FAILURE * 3600 / gpus
 
 
@@ -77,10 +77,10 @@ def advise(cost_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: floa
            step_time_s: float | None = None, cost_basis: str = "lost", blocking_s: float | None = None) -> Advice:
     for name, value in (("cost_s", cost_s), ("mtbf_s", mtbf_s)):
         if not value > 0:
-            raise ValueError(not_allowed(name, value, "a positive number of seconds"))
+            raise RefusedValue(not_allowed(name, value, "a positive number of seconds"))
     for name, value in (("persist_s", persist_s), ("restart_s", restart_s)):
         if not value >= 0:  # NaN too: it would make every figure of the advice NaN
-            raise ValueError(not_allowed(name, value, "0 or more seconds"))
+            raise RefusedValue(not_allowed(name, value, "0 or more seconds"))
     young_daly = math.sqrt(2 * cost_s * mtbf_s) - cost_s if cost_s < mtbf_s / 2 else mtbf_s
     interval = max(young_daly, persist_s, cost_s)
     lost = interval / 2 + restart_s
@@ -103,8 +103,8 @@ def advise_for_run(run_dir, mtbf_s: float, restart_s: float = 60.0) -> Advice:
     run recorded before lost_ms existed), median persist time, and its step time."""
     checkpoints = read_events(run_dir, CheckpointEvent)
     if not checkpoints:
-        raise ValueError(not_allowed("run_dir", run_dir, "a run that checkpointed (set checkpoint.every_steps)",
-                                     problem="has no checkpoint events"))
+        raise RefusedValue(not_allowed("run_dir", run_dir, "a run that checkpointed (set checkpoint.every_steps)",
+                                       problem="has no checkpoint events"))
     train = read_events(run_dir, TrainEvent)
     step_time = None
     if len(train) >= 2:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 from toolkit.fsio import (PLAIN_FOLDER, NotPlainEntry, atomic_write_text, fsync_path, name_inside, plain_files,
                           read_regular_file, swap_in)
 
@@ -52,7 +52,7 @@ RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval
 LOCATION_FIELDS = ("data.path", "model.code_path", "model.hf.source", "model.init_from")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message says which and why."""
 
 

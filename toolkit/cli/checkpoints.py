@@ -8,7 +8,7 @@ from pathlib import Path
 
 from toolkit.cli.common import add_json, print_json
 from toolkit.cli.conventions import add_verb
-from toolkit.errors import not_allowed
+from toolkit.errors import MissingPath, not_allowed
 from toolkit.tables import Column, text_table
 
 
@@ -25,7 +25,7 @@ def cmd_checkpoints(args) -> int:
     from toolkit.checkpoint.store import CheckpointStore
 
     if not Path(args.run_dir).is_dir():
-        raise FileNotFoundError(not_allowed("run_dir", args.run_dir, "a run directory", problem="is not a folder"))
+        raise MissingPath(not_allowed("run_dir", args.run_dir, "a run directory", problem="is not a folder"))
     store = CheckpointStore(args.run_dir)
     infos = store.list(verify=not args.quick)
     untrusted = _untrusted_notice(args.run_dir)

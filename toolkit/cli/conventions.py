@@ -12,16 +12,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 import sys
 
 from toolkit.errors import not_allowed
-
-# argparse's own wording (Python 3.11), the only place it is read back
-_UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.*)$")
-# the value is quoted as repr() does ('x', "it's"), or not at all (an integer choice)
-_INVALID_CHOICE = re.compile(r"^argument (?P<field>[^:]+): invalid choice: (?P<value>'[^']*'|\"[^\"]*\"|\S+) "
-                             r"\(choose from (?P<choices>.*)\)$")
 
 
 def did_you_mean(word: str, candidates) -> str | None:
@@ -42,50 +35,55 @@ class VerbParser(argparse.ArgumentParser):
             kwargs["epilog"] = "examples:\n" + "\n".join(f"  {e}" for e in examples)
         super().__init__(*args, **kwargs)
         self.examples = tuple(examples)
+        self.verbs_dest: str | None = None  # a group whose sub-verb is required: its help, when none is given
 
     def parse_known_args(self, args=None, namespace=None):
         # A verb reports the arguments it does not know itself, so the usage and suggestions are its own: by
         # default argparse hands them up and the top-level parser reports them with the top-level usage.
         namespace, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
-
-    def error(self, message: str):
-        if message == f"the following arguments are required: {VERB}":  # `trainbook`, `trainbook data`
+        if self.verbs_dest and getattr(namespace, self.verbs_dest, None) is None:  # `trainbook`, `trainbook data`
             self.print_help()
             self.exit(0)
-        self.print_usage(sys.stderr)
-        message, hint = self._explained(message)
-        self.exit(2, f"{self.prog}: error: {message}{f'; {hint}' if hint else ''}\n")
+        if extras:
+            hint = self._unknown_hint(extras)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{f'; {hint}' if hint else ''}")
+        return namespace, extras
 
-    def _explained(self, message: str) -> tuple[str, str | None]:
-        """argparse's message (an invalid choice rewritten in the house format: field, value, what is allowed)
-        and the hint that goes with it."""
-        if m := _INVALID_CHOICE.match(message):
-            choices = [c.strip().strip("'") for c in m["choices"].split(",")]
-            field = m["field"].split("/")[-1]
-            value = m["value"][1:-1] if m["value"][:1] in "'\"" else m["value"]
-            close = did_you_mean(value, choices)
-            return (not_allowed("verb" if field == VERB else field, value, ", ".join(choices)),
-                    f"did you mean {close}?" if close else None)
-        if m := _UNRECOGNIZED.match(message):
-            flags = [a.split("=", 1)[0] for a in m["args"].split() if a.startswith("-")]
-            for flag in flags:
-                if close := did_you_mean(flag, self._option_string_actions):
-                    return message, f"did you mean {close}?"
-            if flags:
-                return message, f"see: {self.prog} --help"
-        return message, None
+    def _check_value(self, action, value):
+        # argparse's one check of a value against its choices, for an option's and for a verb group's; replaced so
+        # the message is the house one (field, value, what is allowed) and a hint, never argparse's English re-read.
+        # (A type= callable or an Action per argument would need every verb's add_argument changed.)
+        if action.choices is None or value in action.choices:
+            return
+        choices = [str(c) for c in action.choices]
+        name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+        message = not_allowed("verb" if name == VERB else name, str(value), ", ".join(choices))
+        close = did_you_mean(str(value), choices)
+        # no argument: argparse would put "argument NAME: " before the message, which names the field itself
+        raise argparse.ArgumentError(None, f"{message}; did you mean {close}?" if close else message)
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _unknown_hint(self, extras: list[str]) -> str | None:
+        """The flag meant by the first unknown flag close to one of this parser's, else where to look."""
+        flags = [a.split("=", 1)[0] for a in extras if a.startswith("-")]
+        for flag in flags:
+            if close := did_you_mean(flag, self._option_string_actions):
+                return f"did you mean {close}?"
+        return f"see: {self.prog} --help" if flags else None
 
 
 VERB = "VERB"  # the metavar of every verb group's sub-verbs
 
 
-def add_verbs(parser: argparse.ArgumentParser, dest: str, required: bool = True):
+def add_verbs(parser: VerbParser, dest: str, required: bool = True):
     """The sub-verbs of ``parser`` (a group such as ``data``); without one the group prints its help, unless
     ``required`` is False (``trainbook endpoints`` lists them)."""
-    return parser.add_subparsers(dest=dest, title="verbs", metavar=VERB, required=required)
+    if required:  # checked by VerbParser (it prints the help), not by argparse (it would print an error)
+        parser.verbs_dest = dest
+    return parser.add_subparsers(dest=dest, title="verbs", metavar=VERB)
 
 
 def add_verb(verbs, name: str, help: str, examples: list[str], **kwargs) -> VerbParser:

@@ -11,7 +11,7 @@ import sys
 from toolkit.cli import (advise, checkpoints, completion, config, data, doctor, estimate, export, lifecycle, models,
                          resume, runs, scale, serve, tensorboard, train, workshop)
 from toolkit.cli.conventions import VerbParser, add_verbs
-from toolkit.config import ConfigError
+from toolkit.errors import UserError
 
 # Each module adds its verbs (parser and command): in this order in `trainbook --help`; azure's come last.
 VERBS = (train, resume, lifecycle, checkpoints, advise, data, runs, tensorboard, doctor, estimate, scale, export,
@@ -42,26 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Errors that mean "bad input", printed as one line; anything else is a bug and keeps its traceback."""
-    from toolkit.catalogue.data_assets import DataAssetError
-    from toolkit.catalogue.workspace import WorkspaceError
-    from toolkit.checkpoint.store import CheckpointError
-    from toolkit.deploy.serving.endpoint import EndpointError
-    from toolkit.runs.handle import NotThisRunError
-    from toolkit.run_lock import RunBusyError
-    from toolkit.runs.tensorboard import TensorBoardError
-
-    # ValueError stays: the library raises plain ValueErrors for bad input the CLI passes on (--port out of range,
-    # `endpoints stop` of no running endpoint, a bad --register name, doctor --nproc 1, advise on a run that never
-    # checkpointed); its own user errors (ConfigError, DataAssetError, ExportError, ...) subclass it.
-    return (ConfigError, FileExistsError, FileNotFoundError, CheckpointError, RunBusyError, NotThisRunError,
-            TensorBoardError, DataAssetError, WorkspaceError, EndpointError, ValueError)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    user_errors = _user_errors()
+    return dispatch(build_parser().parse_args(argv))
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the verb ``args.func``: a UserError is printed as one line (exit 2); any other exception is a bug and
+    propagates with its traceback."""
     try:
         return args.func(args)
     except ModuleNotFoundError as exc:  # a verb that needs an extra this install lacks (pip install . is core only)
@@ -73,6 +60,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
-    except user_errors as exc:
+    except UserError as exc:  # bad input or a refused state: one line; anything else is a bug, with its traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from toolkit.data.documents import SEPARATOR, DataFormat, DataFormatError, data_
 from toolkit.data.shipped import pydoc_documents, pydoc_text, stdlib_documents, stdlib_files, stdlib_text  # noqa: F401
 from toolkit.data.token_files import TokenFiles, build_token_files, token_file  # noqa: F401 (token_file: public)
 from toolkit.data.tokenizers import ByteTokenizer, load_tokenizer
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import RefusedValue, not_allowed, refused
 
 VAL_STREAM = 2**31 - 1  # the rank slot of the validation stream, so it never collides with a training rank
 EXAMPLE_ORDER_SEED = 0  # examples are shuffled once, the same way everywhere, before the tail is held out
@@ -96,7 +96,7 @@ class PackedCorpus(Corpus):
         unit = "bytes" if byte_lengths is None else "tokens"
         for split, data in self.splits.items():
             if len(data) <= block_size + 1:
-                raise ValueError(
+                raise RefusedValue(
                     not_allowed("model.block_size", block_size, f"< {len(data) - 1}",
                                 problem=f"is too long for the {split} split of {name} ({len(data)} {unit})"))
         self.bytes_per_item = 1.0 if byte_lengths is None else \
@@ -146,9 +146,10 @@ class ExampleCorpus(Corpus):
         order = np.random.default_rng(EXAMPLE_ORDER_SEED).permutation(count)
         cut = int(count * (1 - val_fraction))
         if cut < 1 or cut == count:
-            raise ValueError(not_allowed("data.val_fraction", val_fraction, "a share that leaves examples in both "
-                                         "splits (or more examples)",
-                                         problem=f"splits the {count} examples of {name} into {cut} and {count - cut}"))
+            raise RefusedValue(not_allowed("data.val_fraction", val_fraction, "a share that leaves examples in both "
+                                           "splits (or more examples)",
+                                           problem=f"splits the {count} examples of {name} into {cut} and "
+                                                   f"{count - cut}"))
         self.splits = {"train": order[:cut], "val": order[cut:]}
         if not labelled:
             in_val = np.zeros(count, dtype=bool)
@@ -285,7 +286,7 @@ def _table_asset(asset, cfg) -> Corpus:
 
     frame = load_mltable(asset.path)
     if "label" not in frame.columns:
-        raise ValueError(refused("data.asset", f"{asset.ref} has no 'label' column", "a table with a label column"))
+        raise RefusedValue(refused("data.asset", f"{asset.ref} has no 'label' column", "a table with a label column"))
     features = frame.drop(columns=["label"]).to_numpy(dtype=np.float32)
     scale = float(np.abs(features).max()) or 1.0  # e.g. digits' 0-16 pixel values -> 0-1
     return TableCorpus(asset.ref, features / scale, frame["label"].to_numpy(), cfg.data.val_fraction)

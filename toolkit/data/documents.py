@@ -20,14 +20,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from toolkit.errors import bounded_repr, refused
+from toolkit.errors import UserError, bounded_repr, refused
 
 SEPARATOR = b"\n\n"  # between two documents, for a tokenizer without an end-of-text token (bytes)
 FORMAT_VERSION = 1  # part of every cache tag: a change to what a token file holds gets new files
 MODES = ("text", "instruction", "labelled")
 
 
-class DataFormatError(ValueError):
+class DataFormatError(UserError, ValueError):
     """Data that cannot be read as the config says (a bad JSON line, a missing field or column, a mixed label);
     the message names the file and line (or row) and what is allowed."""
 

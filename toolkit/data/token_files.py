@@ -25,7 +25,7 @@ import numpy as np
 from toolkit import paths
 from toolkit.data.documents import SEPARATOR, DataFormat, DataFormatError
 from toolkit.data.tokenizers import BYTES_KEY, ByteTokenizer
-from toolkit.errors import refused
+from toolkit.errors import RefusedValue, refused
 from toolkit.fsio import atomic_files, read_hashed
 
 DTYPES = ((2**8, np.uint8, "u8"), (2**16, np.uint16, "u16"), (2**32, np.uint32, "u32"))
@@ -39,7 +39,7 @@ def token_dtype(vocab_size: int) -> tuple[type, str]:
     for limit, dtype, suffix in DTYPES:
         if vocab_size <= limit:
             return dtype, suffix
-    raise ValueError(f"a vocabulary of {vocab_size:,} ids does not fit 32-bit token files")
+    raise RefusedValue(f"a vocabulary of {vocab_size:,} ids does not fit 32-bit token files")
 
 
 def token_dir() -> Path:

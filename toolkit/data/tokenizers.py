@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import UserError, not_allowed, refused
 from toolkit.fsio import check_plain_folder
 from toolkit.safe_load import HF_LOCAL_ONLY
 
@@ -50,7 +50,7 @@ ALLOWED = ("'bytes', 'auto', 'model' (the tokenizer in model.hf.source), a folde
            "registered tokenizer 'name[:version]' (`trainbook data tokenizer train`)")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A data.tokenizer that cannot be used; the message names it and what is allowed."""
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.events import CheckpointEvent, EvalEvent, StatusEvent, TrainEvent, read_events
 from toolkit.rundir import RunDir
 
@@ -37,7 +37,7 @@ def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run = RunDir(run_dir)
     train, evals = read_events(run, TrainEvent), read_events(run, EvalEvent)
     if not train:
-        raise ValueError(not_allowed("run_dir", run_dir, "a run that has logged", problem="has no train events yet"))
+        raise RefusedValue(not_allowed("run_dir", run_dir, "a run that has logged", problem="has no train events yet"))
     in_bits = bool(evals) and evals[0].val_bpb is not None
     scale, unit = (1 / math.log(2), "bits per byte") if in_bits else (1.0, "loss (nats)")
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.tables import Column, text_table
 
 DEFAULT_SIZES = tuple(4**k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB, x4 each step
@@ -130,7 +130,7 @@ def allreduce_sweep(nproc: int = 2, sizes=DEFAULT_SIZES, timeout: float = 120.0)
     from toolkit.ports import free_port
 
     if nproc < 2:
-        raise ValueError(not_allowed("nproc", nproc, "2 or more (a collective needs peers)"))
+        raise RefusedValue(not_allowed("nproc", nproc, "2 or more (a collective needs peers)"))
     with tempfile.TemporaryDirectory(prefix="trainbook-allreduce-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",

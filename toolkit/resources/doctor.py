@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.machine import DISK_WARN_FREE_GIB
 from toolkit.tables import Column, text_table
 
@@ -271,9 +271,9 @@ def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, on
 
     unknown = [n for n in (only or []) + (skip or []) if n not in CHECKS]
     if unknown:
-        raise ValueError(not_allowed("check", unknown[0], ", ".join(CHECKS), problem="is not a check"))
+        raise RefusedValue(not_allowed("check", unknown[0], ", ".join(CHECKS), problem="is not a check"))
     if nproc is not None and nproc < 2:
-        raise ValueError(not_allowed("--nproc", nproc, "2 or more (the all-reduce needs peers)"))
+        raise RefusedValue(not_allowed("--nproc", nproc, "2 or more (the all-reduce needs peers)"))
     start = time.perf_counter()
     root = Path(workspace) if workspace else default_path()
     facts = machine.discover(root)

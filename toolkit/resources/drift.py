@@ -11,14 +11,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.errors import not_allowed
+from toolkit.errors import UserError, not_allowed
 from toolkit.paths import PROJECT_ROOT
 
 ENVIRONMENT_FILE = PROJECT_ROOT / "environment.yml"
 LOCK_FILE = PROJECT_ROOT / "constraints.txt"
 
 
-class EnvironmentFileError(ValueError):
+class EnvironmentFileError(UserError, ValueError):
     """environment.yml cannot be read; the message names the file and the problem."""
 
 

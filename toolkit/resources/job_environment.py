@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 from toolkit import fsio
-from toolkit.errors import refused
+from toolkit.errors import UserError, refused
 from toolkit.paths import PROJECT_ROOT
 from toolkit.resources.drift import ENVIRONMENT_FILE, LOCK_FILE, PackageState, locked_versions
 
@@ -35,7 +35,7 @@ HEADER = """\
 # Job image extras: {extras}
 """
 
-class LockError(ValueError):
+class LockError(UserError, ValueError):
     """The lock and the installed packages do not give a complete, consistent environment; the message says which
     package and what to run."""
 

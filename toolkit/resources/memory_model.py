@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.config import ConfigError
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import MissingPath, bounded_repr, not_allowed, refused
 from toolkit.tables import Column, text_table
 from toolkit.resources.memory_baseline import baseline_mib
 from toolkit.resources.zero_stages import BYTES_PER_PARAM, check_value, estimate, model_params
@@ -399,7 +399,7 @@ def compare_run(run_dir, *, device: str | None = None) -> RunComparison:
 
     path = Path(run_dir)
     if not path.is_dir():
-        raise FileNotFoundError(not_allowed("run_dir", path, "a run directory", problem="is not a folder"))
+        raise MissingPath(not_allowed("run_dir", path, "a run directory", problem="is not a folder"))
     run = RunDir(path)
     cfg = run.read_config()
     measured, step = _measured_peaks(run, path)

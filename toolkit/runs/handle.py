@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from collections.abc import Iterator
 
-from toolkit.errors import not_allowed
+from toolkit.errors import MissingPath, UserError, not_allowed
 from toolkit.runs import processes as run_processes
 from toolkit import status as run_status
 from toolkit.events import Event, StatusEvent, read_new
@@ -24,7 +24,7 @@ from toolkit.runs.supervisor import STOP_GRACE_S, describe_exit
 STOP_WAIT_S = STOP_GRACE_S + 10.0
 
 
-class NotThisRunError(RuntimeError):
+class NotThisRunError(UserError, RuntimeError):
     """A signal refused: the run has finished, or the process status.json names is no longer the run's."""
 
 
@@ -152,7 +152,7 @@ def attach(run: str | Path | RunDir) -> RunHandle:
     wait for it, stop it. Refuses a run that has ended, or whose supervisor is gone or is not the run's."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     if not run.path.is_dir():
-        raise FileNotFoundError(not_allowed("run_dir", run.path, "a run directory", problem="is not a folder"))
+        raise MissingPath(not_allowed("run_dir", run.path, "a run directory", problem="is not a folder"))
     status = run.read_status()
     if status.get("state") in FINAL_STATES:
         raise NotThisRunError(not_allowed("run_dir", run.path, "a run that is running",

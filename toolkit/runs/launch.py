@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from toolkit import config as config_mod
 from toolkit import paths
-from toolkit.errors import not_allowed
+from toolkit.errors import MissingPath, RefusedValue, not_allowed
 from toolkit.fsio import open_log
 from toolkit.runs import processes as run_processes
 from toolkit import run_lock
@@ -87,7 +87,7 @@ def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_roo
           max_restarts: int = 0) -> RunHandle:
     """Create the run directory, write the resolved config, and start training under a supervisor."""
     if max_restarts < 0:
-        raise ValueError(not_allowed("max_restarts", max_restarts, "0 or more", problem="is negative"))
+        raise RefusedValue(not_allowed("max_restarts", max_restarts, "0 or more", problem="is negative"))
     config = pin_data_asset(config)
     config = pin_model(config)
     check_model(config)  # the user's model, pretrained weights, LoRA: refused here, before any folder is made
@@ -113,8 +113,8 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     is honoured only for the user's own run, or with ``trust_run`` (toolkit.trust)."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
-        raise FileNotFoundError(not_allowed("run_dir", run_dir, "a run directory",
-                                             problem="holds no run (no config.yaml)"))
+        raise MissingPath(not_allowed("run_dir", run_dir, "a run directory",
+                                       problem="holds no run (no config.yaml)"))
     cfg = run.read_config()  # a config the run could not start with is refused here, before anything changes
     trust.require(run.path, cfg, "resume", trust_run)  # so is one from elsewhere that would act beyond the run
     with _holding_run_lock(run.path) as lock_fd:

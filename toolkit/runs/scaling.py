@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from toolkit import config as config_mod
 from toolkit.config import ConfigError
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import PathTaken, not_allowed, refused
 from toolkit.events import StatusEvent, TrainEvent, read_events
 from toolkit.rundir import RunDir
 from toolkit.tables import Column, text_table
@@ -219,8 +219,8 @@ def plan(config: str, overrides: list[str], counts: list[int] | None = None, mod
         taken = [s.label for s in [*runs, *(t for trials in pairs.values() for t in trials)]
                  if (Path(out) / s.label).exists()]
         if taken:
-            raise FileExistsError(refused("--out", f"{out} already holds {taken[0]}", "a new folder, or one without "
-                                          "this series' run directories"))
+            raise PathTaken(refused("--out", f"{out} already holds {taken[0]}", "a new folder, or one without "
+                                    "this series' run directories"))
     return Plan(name, mode, base.train.batch_size, counts, lay, threads, Path(out) if out else None,
                 Path(runs_root) if runs_root else None, runs, pairs)
 

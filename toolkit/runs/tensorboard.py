@@ -6,14 +6,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.errors import not_allowed
+from toolkit.errors import UserError, not_allowed
 from toolkit.ports import busy_port_message, free_port, port_in_use
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 
 READY_TIMEOUT_S = 90.0
 
 
-class TensorBoardError(RuntimeError):
+class TensorBoardError(UserError, RuntimeError):
     pass
 
 

@@ -16,7 +16,7 @@ import shutil
 
 import torch
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 
 
 def check(cfg, cuda: bool) -> None:
@@ -26,15 +26,15 @@ def check(cfg, cuda: bool) -> None:
         return
     if cuda:
         if importlib.util.find_spec("triton") is None:
-            raise ValueError(not_allowed("train.compile", True, "false where Triton is not installed (torch's CUDA "
-                                         "wheels bring it)", problem="needs Triton to generate GPU kernels"))
+            raise RefusedValue(not_allowed("train.compile", True, "false where Triton is not installed (torch's CUDA "
+                                           "wheels bring it)", problem="needs Triton to generate GPU kernels"))
         return
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
-        raise ValueError(not_allowed("train.compile", True, "false on a machine without a C++ compiler (install "
-                                     "g++, or name yours in CXX)",
-                                     problem=f"needs a C++ compiler for the CPU code it generates; {compiler} is not "
-                                             f"on PATH"))
+        raise RefusedValue(not_allowed("train.compile", True, "false on a machine without a C++ compiler (install "
+                                       "g++, or name yours in CXX)",
+                                       problem=f"needs a C++ compiler for the CPU code it generates; {compiler} is not "
+                                               f"on PATH"))
 
 
 def compile_in_place(module: torch.nn.Module) -> None:

@@ -28,7 +28,7 @@ from concurrent.futures import Future, InvalidStateError
 import numpy as np
 
 from toolkit.deploy.serving.protocol import ClassifyRequest, GenerateRequest, RequestError, ScoreRequest
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import RefusedValue, not_allowed, refused
 
 MAX_ROWS_PER_FORWARD = 64  # rows of at most block_size ids in one forward: what bounds the server's memory
 
@@ -233,7 +233,7 @@ class Batcher:
                  max_rows: int = MAX_ROWS_PER_FORWARD, kv_cache: bool = True):
         # max_batch and max_wait_ms come checked (toolkit.deploy.serving.options owns their bounds)
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(not_allowed("max_rows", max_rows, "an integer from 1"))
+            raise RefusedValue(not_allowed("max_rows", max_rows, "an integer from 1"))
         self.runtime, self.max_batch, self.max_wait_s = runtime, max_batch, max_wait_ms / 1000
         self.max_rows = max_rows
         # the rows generating with the KV cache; only the scheduler thread touches it

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit import key_files
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, UserError, not_allowed
 from toolkit.key_files import KeyFile
 from toolkit.names import check_name
 from toolkit.ports import busy_port_message, free_port, port_in_use
@@ -37,7 +37,7 @@ SCORE_SCRIPT = Path(__file__).resolve().parent / "score.py"
 READY_TIMEOUT_S = 120.0
 
 
-class EndpointError(RuntimeError):
+class EndpointError(UserError, RuntimeError):
     """The endpoint did not start; the message carries the end of its log."""
 
 
@@ -160,7 +160,7 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     from toolkit.catalogue.workspace import Workspace
 
     if port is not None and not 1024 <= port <= 65535:
-        raise ValueError(not_allowed("--port", port, "1024 to 65535"))
+        raise RefusedValue(not_allowed("--port", port, "1024 to 65535"))
     if port is not None and port_in_use(host, port):
         raise EndpointError(busy_port_message("--port", port))
     # every bound checked here, before anything starts (the runtime's name too; which one the folder has, below)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from toolkit.catalogue.model_format import ExportError
 from toolkit.deploy.serving.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S, TEXT_TASKS
-from toolkit.errors import not_allowed
+from toolkit.errors import UserError, not_allowed
 
 WEIGHTS = {"onnx": "model.onnx", "torch": "model.safetensors"}  # runtime -> the weights file it loads
 MAX_BATCH = 256
@@ -25,7 +25,7 @@ MAX_THREADS = 256
 TIMEOUT_S = (0.5, 3600.0)  # any timeout's bounds: above a network round trip, below an hour
 
 
-class ServingOptionsError(ValueError):
+class ServingOptionsError(UserError, ValueError):
     """An option out of bounds; the message names the flag, the value and what is allowed."""
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import UserError, not_allowed, refused
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; a scoring request needs a few hundred bytes
@@ -33,7 +33,7 @@ _MAX_INT_DIGITS = 40  # longer integer literals are never valid here; converting
 _SHOWN_CHARS = 40  # how much of a refused value a message repeats
 
 
-class RequestError(ValueError):
+class RequestError(UserError, ValueError):
     """A request the endpoint refuses; ``status`` is the HTTP code to answer with."""
 
     def __init__(self, message: str, status: int = 400):

@@ -14,7 +14,7 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.fsio import atomic_write_text
 from toolkit.deploy.serving.options import KEY_FILE_ENV
 
@@ -91,8 +91,8 @@ def stop_endpoint(name: str, workspace=None, grace_s: float = STOP_GRACE_S) -> R
 
     running = {e.name: e for e in running_endpoints(workspace)}
     if name not in running:
-        raise ValueError(not_allowed("name", name, ", ".join(running) or "none are running",
-                                     problem="is not a running endpoint"))
+        raise RefusedValue(not_allowed("name", name, ", ".join(running) or "none are running",
+                                       problem="is not a running endpoint"))
     endpoint = running[name]
     try:
         os.killpg(endpoint.pid, signal.SIGTERM)  # checked just above to be this endpoint's own server

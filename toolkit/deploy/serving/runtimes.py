@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from toolkit.deploy.serving.options import WEIGHTS, check_runtime, served_tasks
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.train.models.preflight import BUILT_IN  # what TorchRuntime builds: no user code, no hub
 
 
@@ -68,9 +68,9 @@ class TorchRuntime:
         # An export from elsewhere is data: its config.yaml may only name the built-in it was exported as (a
         # custom model's factory would be imported and run; an hf source fetched), whatever its manifest says.
         if cfg.model.name not in BUILT_IN:
-            raise ValueError(not_allowed("model", cfg.model.name, ", ".join(BUILT_IN),
-                                         problem=f"in {model_dir / 'config.yaml'} is not a built-in model this runtime "
-                                                 "builds"))
+            raise RefusedValue(not_allowed("model", cfg.model.name, ", ".join(BUILT_IN),
+                                           problem=f"in {model_dir / 'config.yaml'} is not a built-in model this "
+                                                   "runtime builds"))
         self.model = build_model(cfg.model)
         load_model(self.model, str(model_dir / WEIGHTS[self.name]), strict=False)  # the tied lm_head is shared
         self.device = serving_device()
@@ -129,7 +129,7 @@ def load_runtime(model_dir: str | Path, name: str | None = None):
     from toolkit.catalogue.model_format import verify_model_folder
 
     if name is not None and name not in RUNTIMES:
-        raise ValueError(not_allowed("runtime", name, ", ".join(RUNTIMES)))
+        raise RefusedValue(not_allowed("runtime", name, ", ".join(RUNTIMES)))
     model_dir = Path(model_dir)
     manifest = verify_model_folder(model_dir)
     tasks = served_tasks(manifest)

@@ -84,7 +84,7 @@ def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
     asked only when it matters): fp16 only on GPUs, and for DeepSpeed the merged config through DeepSpeed's own
     parser (toolkit.deepspeed_config). Returns what DeepSpeed will be handed (None for the torch
     engine). Raises ValueError naming the field."""
-    from toolkit.errors import not_allowed
+    from toolkit.errors import RefusedValue, not_allowed
 
     if cfg.engine.name != "deepspeed" and cfg.engine.precision != "fp16" and not cfg.train.compile:
         return None  # nothing device-dependent to check: no torch import (a second of CPU) in the launching process
@@ -102,6 +102,6 @@ def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
 
         merged = deepspeed_config.check(cfg, world, cuda)
     if cfg.engine.precision == "fp16" and not cuda:
-        raise ValueError(not_allowed("engine.precision", "fp16", "'bf16' or 'fp32' on a machine without a GPU",
-                                     problem="needs a GPU (fp16 compute and its dynamic loss scaling)"))
+        raise RefusedValue(not_allowed("engine.precision", "fp16", "'bf16' or 'fp32' on a machine without a GPU",
+                                       problem="needs a GPU (fp16 compute and its dynamic loss scaling)"))
     return merged

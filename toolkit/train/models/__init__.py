@@ -168,7 +168,7 @@ def model_overrides(text: str) -> list[str]:
     take "your model" as one string."""
     from pathlib import Path
 
-    from toolkit.errors import not_allowed
+    from toolkit.errors import RefusedValue, not_allowed
 
     text = text.strip()
     if not text:
@@ -180,6 +180,6 @@ def model_overrides(text: str) -> list[str]:
     if sep and where and attr.isidentifier():
         return ["model.name=custom", f"model.factory={text}", "model.hf.architecture=", "model.hf.config={}",
                 "model.hf.source="]
-    raise ValueError(not_allowed("model", text, "'package.module:function', 'path/to/file.py:function' or a "
-                                                "folder in save_pretrained layout",
-                                 problem="is neither an import path nor a folder"))
+    raise RefusedValue(not_allowed("model", text, "'package.module:function', 'path/to/file.py:function' or a "
+                                                  "folder in save_pretrained layout",
+                                   problem="is neither an import path nor a folder"))

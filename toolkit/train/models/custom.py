@@ -27,12 +27,12 @@ import sysconfig
 from pathlib import Path
 from collections.abc import Callable
 
-from toolkit.errors import bounded_repr, not_allowed, refused
+from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 
 FACTORY_ALLOWED = "'package.module:function' or 'path/to/file.py:function'"
 
 
-class ModelImportError(ValueError):
+class ModelImportError(UserError, ValueError):
     """An import path that does not import, lacks the attribute, or gives something unusable."""
 
 

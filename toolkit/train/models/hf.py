@@ -23,7 +23,7 @@ from pathlib import Path
 
 from toolkit import fsio
 from toolkit.data.batch import IGNORE_INDEX
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 from toolkit.safe_load import HF_NO_REMOTE_CODE
 
 TASKS = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification"}
@@ -104,13 +104,13 @@ def check_architecture(cfg) -> None:
     examples = ", ".join(e for e in EXAMPLES if e in fits)
     if arch not in CONFIG_MAPPING:
         close = difflib.get_close_matches(arch, list(CONFIG_MAPPING.keys()), n=3)
-        raise ValueError(not_allowed("model.hf.architecture", arch,
-                                     f"a transformers model type such as {examples} ({len(fits)} fit {task})",
-                                     problem="is not a transformers architecture" +
-                                             (f" (close: {', '.join(close)})" if close else "")))
+        raise RefusedValue(not_allowed("model.hf.architecture", arch,
+                                       f"a transformers model type such as {examples} ({len(fits)} fit {task})",
+                                       problem="is not a transformers architecture" +
+                                               (f" (close: {', '.join(close)})" if close else "")))
     if arch not in fits:
-        raise ValueError(not_allowed("model.hf.architecture", arch, f"one with a {task} model, such as {examples}",
-                                     problem=f"has no {task} model in transformers"))
+        raise RefusedValue(not_allowed("model.hf.architecture", arch, f"one with a {task} model, such as {examples}",
+                                       problem=f"has no {task} model in transformers"))
 
 
 def _looks_like_path(source: str) -> bool:
@@ -150,8 +150,8 @@ def check_context(cfg, model) -> None:
     """model.block_size (the training sequence length) fits the model's position table."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and cfg.block_size > limit:
-        raise ValueError(not_allowed("model.block_size", cfg.block_size, f"<= {limit}",
-                                     problem=f"is longer than the model's max_position_embeddings={limit}"))
+        raise RefusedValue(not_allowed("model.block_size", cfg.block_size, f"<= {limit}",
+                                       problem=f"is longer than the model's max_position_embeddings={limit}"))
 
 
 def pin(cfg):
@@ -198,9 +198,9 @@ def enable_activation_checkpointing(model) -> None:
 def check_activation_checkpointing(cfg, model) -> None:
     """model.activation_checkpointing needs an architecture transformers can checkpoint (``model`` may be on meta)."""
     if cfg.activation_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
-        raise ValueError(not_allowed("model.activation_checkpointing", True,
-                                     "false for this model, or an architecture that supports it (llama, gpt2, ...)",
-                                     problem=f"is not supported by transformers' {type(model).__name__}"))
+        raise RefusedValue(not_allowed("model.activation_checkpointing", True,
+                                       "false for this model, or an architecture that supports it (llama, gpt2, ...)",
+                                       problem=f"is not supported by transformers' {type(model).__name__}"))
 
 
 def causal_lm_loss(model, batch):

@@ -6,7 +6,7 @@ frozen base the same way (train.seed, hf.source, init_from) and loads the adapte
 
 from __future__ import annotations
 
-from toolkit.errors import not_allowed, refused
+from toolkit.errors import RefusedValue, not_allowed, refused
 
 # What peft can put an adapter on (by class name, so that transformers' Conv1D needs no import here).
 ADAPTABLE = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "Conv1D", "MultiheadAttention")
@@ -48,8 +48,8 @@ def targets(model, cfg) -> list[str]:
     found = default_targets(model)
     if found is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise ValueError(refused("model.lora.target_modules", f"is empty and peft has no default for {model_type!r}",
-                                 f"names of modules to adapt, e.g. {', '.join(adaptable_names(model)[:8])}"))
+        raise RefusedValue(refused("model.lora.target_modules", f"is empty and peft has no default for {model_type!r}",
+                                   f"names of modules to adapt, e.g. {', '.join(adaptable_names(model)[:8])}"))
     return found
 
 
@@ -61,13 +61,14 @@ def check_targets(model, cfg) -> None:
     for target in targets(model, cfg):
         kinds = {kind for name, kind in names.items() if _matches(name, target)}
         if not kinds:
-            raise ValueError(not_allowed("model.lora.target_modules", target,
-                                         f"names (or name suffixes) of this model's modules: {listed}",
-                                         problem="matches no module of the model"))
+            raise RefusedValue(not_allowed("model.lora.target_modules", target,
+                                           f"names (or name suffixes) of this model's modules: {listed}",
+                                           problem="matches no module of the model"))
         if not kinds & set(ADAPTABLE):
-            raise ValueError(not_allowed("model.lora.target_modules", target,
-                                         f"Linear, Embedding or Conv modules: {listed}",
-                                         problem=f"names {', '.join(sorted(kinds))} modules, which LoRA cannot adapt"))
+            raise RefusedValue(not_allowed("model.lora.target_modules", target,
+                                           f"Linear, Embedding or Conv modules: {listed}",
+                                           problem=f"names {', '.join(sorted(kinds))} modules, which LoRA cannot "
+                                                   "adapt"))
 
 
 def wrap(model, cfg):

@@ -21,12 +21,12 @@ import copy
 import dataclasses
 from collections.abc import Callable
 
-from toolkit.errors import refused
+from toolkit.errors import UserError, refused
 
 BUILT_IN = ("gpt", "digits_mlp")
 
 
-class ModelCheckError(ValueError):
+class ModelCheckError(UserError, ValueError):
     """A model the run could not train; the message names the field, the value and what is allowed."""
 
 
