@@ -261,7 +261,8 @@ def render(records: list[dict[str, Any]], benches: list[str], results: Path = RE
             if loads:
                 load = (f"; load average {min(loads):.1f} to {max(loads):.1f} when its figures were recorded"
                         + (f" (more than its {cpus} cores: other work shared the machine, so its figures are "
-                           "noisier than an idle machine's)" if max(loads) > cpus else ""))
+                           "noisier than an idle machine's: their rows say so; quote an idle machine's `make bench`)"
+                           if max(loads) > cpus else ""))
             example = next(r for r in records if _key(r["machine"]) == key)["machine"]
             lines.append(f"- **{label}**: {_machine_text(example)}{load}")
         lines.append("")
@@ -309,7 +310,13 @@ def _row(r: dict[str, Any], machine_label: str) -> list[str]:
     figure = _cell(r["figure"]) + (f" ({_cell(r['note'])})" if r["note"] else "")
     return [figure, _cell(r["compared"]), target_text, measured, str(r["n"]), met,
             _generate()._code(args) if args else "defaults",
-            f"{r['date'][:10]} {r['date'][11:16]}, {machine_label}"]
+            f"{r['date'][:10]} {r['date'][11:16]}, {machine_label}" + _load(r["machine"])]
+
+
+def _load(m: dict[str, Any]) -> str:
+    """The load when the figure was recorded, where it was more than the cores: the figure shared the machine."""
+    load = m.get("load_1min")
+    return f", load {load:.1f} on {m['cpus']} cores" if load is not None and load > m["cpus"] else ""
 
 
 def _gpu_reports(results: Path) -> list[str]:

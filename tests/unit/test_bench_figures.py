@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,19 @@ def test_the_record_says_how_the_bench_was_run_and_on_what(tmp_path, monkeypatch
     assert "`--rounds 2`" in page and "for reference" in page
 
 
+def test_a_figure_recorded_while_the_machine_was_overloaded_says_so_in_its_row(tmp_path):
+    _write_three(tmp_path)
+    records = {r["name"]: r for r in figures.read_records(tmp_path)}
+    busy, idle = records["training.cli_vs_bare"], records["serving.overhead"]
+    cpus = busy["machine"]["cpus"]
+    busy["machine"]["load_1min"], idle["machine"]["load_1min"] = cpus + 7.25, cpus - 0.5
+    page = figures.render([busy, idle], figures.makefile_benches())
+    row = next(line for line in page.splitlines() if "through the CLI" in line)
+    assert row.endswith(f", load {cpus + 7.25:.1f} on {cpus} cores |")
+    assert " cores |" not in next(line for line in page.splitlines() if "server overhead" in line)
+    assert "other work shared the machine" in page
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("median", float("nan")), ("median", "0.98"), ("median", 1.5), ("area", "trianing"), ("unit", "tokens"),
     ("n", 0), ("range", [0.99, 0.95]), ("target", {"op": "=>", "value": 0.97}), ("met", False), ("judged_on", "best"),
@@ -125,9 +140,6 @@ def test_the_writer_refuses_the_whole_page_for_one_bad_record(tmp_path):
     _write_three(tmp_path)
     (tmp_path / "zzz.json").write_text("{not json")
     page = tmp_path / "figures.md"
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, str(PROJECT / "bench" / "figures.py"), "--page", str(page), "--records",
                            str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 1 and "zzz.json: not JSON" in done.stderr and not page.exists()
