@@ -96,7 +96,8 @@ def main() -> int:
         medians[label] = statistics.median(eff)
         print(f"  {label:<8} {f'{medians[label]:.3f} ({min(eff):.3f} to {max(eff):.3f})':>34} "
               f"{statistics.median(comm):>16.1%} {statistics.median(s.rows[0].tokens_per_s for s in series):>10,.0f}")
-        figures.record(__file__, f"efficiency_{label}", area="scaling", figure=f"weak scaling at 2 processes, {label}",
+        figures.record(__file__, f"efficiency_{label.lower()}", area="scaling",
+                       figure=f"weak scaling at 2 processes, {label}",
                        compared="tokens/s at 2 / (2 x tokens/s at 1), torch DDP over gloo, a core a process",
                        values=eff)
     print(f"  gpt-20M / demo efficiency: {medians['gpt-20M'] / medians['demo']:.3f}")
