@@ -53,6 +53,8 @@ lint: $(STAMP)
 	$(PY) -m ruff check toolkit widgets
 	$(PY) -m mypy
 
+# Each bench also writes its figures as records (bench/figures.py) into bench/records/, ignored by git; the last line
+# renders them all into the docs site's page of measured figures, docs/pages/figures.md, which is committed.
 bench: $(STAMP)
 	$(PY) bench/bench_training.py
 	$(PY) bench/bench_compile.py
@@ -69,6 +71,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_memory.py
 	$(PY) bench/bench_mlflow.py
 	$(PY) bench/bench_watchdog.py
+	$(PY) bench/figures.py --page docs/pages/figures.md
 
 # The GPU machine's prepared check (docs/pages/gpu.md, "The prepared GPU check"). gpu-wheels, here (PyPI reachable):
 # the wheels its image lacks, for Python 3.12, into .whl/ (ignored; copy it there with the tree). gpu-check, there: install them, run the

@@ -26,6 +26,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
 import cli_train  # noqa: E402
+import figures  # noqa: E402
 from toolkit.events import StatusEvent, TrainEvent, read_events  # noqa: E402
 
 SIDES = {"1 x 32": ["train.batch_size=32", "train.grad_accum_steps=1"],
@@ -129,6 +130,9 @@ def main() -> int:
         med = statistics.median(ratios)
         print(f"  4x8 / 1x32: median {med:.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); target >= 0.95 -> "
               f"{'PASS' if med >= 0.95 else 'FAIL'}")
+        figures.record(__file__, "one_process", area="training", figure="gradient accumulation, 1 process",
+                       compared=f"tokens/s, 4 micro-batches x 8 / 1 batch x 32, {shape}, through the CLI",
+                       values=ratios, target=(">=", 0.95))
         print(f"  losses, step by step: largest relative difference {worst[0]:.2e} (same rows, summed in another "
               f"order){f'; first above 1e-4 at step {worst[1]}' if worst[1] else ''}")
 
@@ -151,6 +155,9 @@ def main() -> int:
         print(f"  4x8 / 1x32 over 2 processes: median {statistics.median(ratios):.3f} (range {min(ratios):.3f} to "
               f"{max(ratios):.3f}); losses differ by at most {worst[0]:.2e}"
               f"{f' (first above 1e-4 at step {worst[1]}: rounding amplified by training at lr 8e-3)' if worst[1] else ''}")
+        figures.record(__file__, "ddp", area="scaling", figure="gradient accumulation, DDP over 2 processes",
+                       compared=f"tokens/s, 4 micro-batches x 8 / 1 batch x 32, {shape}, through the CLI",
+                       values=ratios)
     return 0
 
 

@@ -45,6 +45,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+import figures  # noqa: E402
+
 MODELS = {
     "gpt": ("tiny", ["model.n_layer=8", "model.n_embd=256", "model.n_head=8", "model.block_size=256",
                      "train.batch_size=4"]),
@@ -176,6 +178,10 @@ def main() -> int:
     print("\n  on / off, median of the per-round ratios (range):")
     for model, memory, step in summary:
         print(f"    {model:<6} memory added by a step {_median_range(memory)}; step time {_median_range(step)}")
+        for key, what, values in (("memory", "memory a training step adds", memory), ("step_time", "step time", step)):
+            figures.record(__file__, f"{model}_{key}", area="memory", figure=f"activation checkpointing, {what}",
+                           compared=f"on / off, {model} ({MODELS[model][0]} config), each side a fresh process",
+                           values=values)
     return 0
 
 

@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import figures  # noqa: E402
 from toolkit import config as config_mod  # noqa: E402
 from toolkit.data import corpus as data_mod  # noqa: E402
 from toolkit.runs import launch  # noqa: E402
@@ -186,6 +187,9 @@ def lost_time_comparison(rounds: int, layers: int, width: int, workdir: Path) ->
     dist.destroy_process_group()
     med = statistics.median(ratios)
     print(ratio_line("Trainbook lost / torch.save lost", ratios, f"target <= 0.5 -> {'PASS' if med <= 0.5 else 'FAIL'}"))
+    figures.record(__file__, "lost_vs_torch_save", area="checkpoints", figure="training time lost per checkpoint",
+                   compared=f"Trainbook / torch.save, {n_params / 1e6:.0f}M parameters + AdamW, whole-step accounting",
+                   values=ratios, target=("<=", 0.5))
     print(ratio_line("Trainbook (stage=overlap) lost / torch.save lost", overlap_ratios,
                      "why checkpoint.stage=auto copies with every core on CPU"))
     print(ratio_line("DCP async_save lost / torch.save lost", [b / a for a, b in zip(lost["A"], lost["B"])],
@@ -243,10 +247,11 @@ def throughput_at_advised_interval(rounds: int, layers: int, width: int, lost_s:
           f"fits in a benchmark) -> every {advice.interval_s:.0f} s = {every} steps; {steps} steps per side, "
           f"{rounds} interleaved rounds")
     with_vs_without(rounds, {"without": _trainer_config(cfg, steps, 0), "with": _trainer_config(cfg, steps, every)},
-                    workdir / "advised")
+                    workdir / "advised", "advised_interval",
+                    f"{layers} x {width} model, checkpoints at the advisor's interval ({every} steps)")
 
 
-def with_vs_without(rounds: int, configs: dict, workdir: Path) -> None:
+def with_vs_without(rounds: int, configs: dict, workdir: Path, key: str, figure: str) -> None:
     """Train each config of {"without": ..., "with": ...} in process, interleaved, and compare the times."""
     ratios = []
     for r in range(rounds):
@@ -269,6 +274,8 @@ def with_vs_without(rounds: int, configs: dict, workdir: Path) -> None:
               f"{ratios[-1]:.3f}", flush=True)
     med = statistics.median(ratios)
     print(ratio_line("tokens/s with / without checkpoints", ratios, f"target >= 0.98 -> {'PASS' if med >= 0.98 else 'FAIL'}"))
+    figures.record(__file__, key, area="checkpoints", figure=figure, compared="tokens/s with / without checkpoints",
+                   values=ratios, target=(">=", 0.98))
 
 
 def _trainer_config(cfg, steps: int, every: int):
@@ -289,7 +296,7 @@ def throughput_with_checkpoints(rounds: int, steps: int, every: int, workdir: Pa
                                                "train.eval_batches=1", "checkpoint.at_end=false",
                                                f"checkpoint.every_steps={n}"])
                for label, n in (("without", 0), ("with", every))}
-    with_vs_without(rounds, configs, workdir / "demo")
+    with_vs_without(rounds, configs, workdir / "demo", "demo_every", f"demo model, a checkpoint every {every} steps")
 
 
 def kill_to_resume(workdir: Path) -> None:

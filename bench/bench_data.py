@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import figures  # noqa: E402
 from toolkit import config as config_mod  # noqa: E402
 from toolkit.data import corpus as data_mod  # noqa: E402
 from toolkit.catalogue import data_assets  # noqa: E402
@@ -43,6 +44,9 @@ def loader_vs_model(workdir: Path, steps: int) -> None:
     print(f"== demo config, default loader (num_workers={cfg.data.num_workers}), {steps} steps")
     print(f"  data wait: median {wait:.3f}% of step time, max {max(e['data_wait_pct'] for e in train):.3f}% "
           f"(target < 2% -> {'PASS' if wait < 2 else 'FAIL'})")
+    figures.record(__file__, "data_wait", area="data", figure="time training waits for data",
+                   compared=f"data_wait_pct of the demo config's log windows, {steps} steps",
+                   values=[e["data_wait_pct"] for e in train], target=("<", 2.0), unit="%")
 
     corpus = data_mod.load_corpus(cfg)
     loader = iter(data_mod.train_loader(corpus, cfg, rank=0, first_step=0))
@@ -88,6 +92,8 @@ def registration(workdir: Path, rounds: int, count: int) -> None:
     print(f"  register speed / cp -r speed: median {statistics.median(ratios):.2f} "
           f"(range {min(ratios):.2f} to {max(ratios):.2f}); registration also hashes every file, writes a "
           "content-addressed store and links a snapshot tree")
+    figures.record(__file__, "registration", area="data", figure=f"registering {count:,} small files",
+                   compared="register speed / `cp -r` + sync speed", values=ratios)
 
 
 def main() -> int:

@@ -33,6 +33,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+import figures  # noqa: E402
+
 WARM = 10  # steps left out of throughput: start-up, first-step allocations, thread-pool warm-up
 WINDOW = 5  # steps per timing window (Trainbook's log interval in this bench)
 
@@ -241,6 +243,12 @@ def main() -> int:
         print(f"    Trainbook / Trainer: {_median_range(vs_trainer)}; target >= 1.00 -> "
               f"{'PASS' if statistics.median(vs_trainer) >= 1.0 else 'FAIL'}")
         print(f"    Trainer / bare:      {_median_range(trainer_vs_bare)} (for reference)")
+        how = "tokens/s after step WARM" if key == "tokens_per_s" else f"median {WINDOW}-step window"
+        for name, values, target in (("bare", vs_bare, 0.97), ("trainer", vs_trainer, 1.0)):
+            figures.record(__file__, f"{key}_vs_{name}", area="training",
+                           figure=f"a Hugging Face Llama on {args.device}, {how.replace('WARM', str(WARM))}",
+                           compared=f"Trainbook (the CLI) / {'a bare loop' if name == 'bare' else 'HF Trainer'}",
+                           values=values, target=(">=", target))
     print("  command to the training loop's start, seconds (median): "
           + ", ".join(f"{name} {statistics.median(row[i]['startup_s'] for row in rows):.2f}"
                       for i, name in enumerate(("bare", "Trainer", "Trainbook"))))

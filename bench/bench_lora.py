@@ -31,6 +31,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+import figures  # noqa: E402
+
 CONFIG = "llama"
 WIDER = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6,
          "num_key_value_heads": 6}
@@ -106,6 +108,9 @@ def main() -> int:
     for key, title, _ in COLUMNS:
         ratios = [b[key] / a[key] for a, b in zip(full, lora) if a[key] and b[key] is not None]
         print(f"    {title:<12} {statistics.median(ratios):.3f} ({min(ratios):.3f} to {max(ratios):.3f})")
+        figures.record(__file__, key, area="fine-tuning", figure=f"LoRA r=8 against a full fine-tune: {title}",
+                       compared=f"LoRA / full, a {WIDER['num_hidden_layers']} x {WIDER['hidden_size']} Llama",
+                       values=ratios)
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import figures  # noqa: E402
 from toolkit.resources import memory_baseline, memory_model, zero_stages  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -116,6 +117,10 @@ def main() -> int:
         print(f"  model state on CPU, measured bytes per parameter by stage (baseline and activations taken out): "
               f"{' -> '.join(f'{b:.1f}' for b in per_param)}; the guide's fp32 figure: 16 -> 12 -> 10 -> 8")
     ok = worst <= memory_model.TOLERANCE
+    errors = [100 * abs(q - 1) for c in results.values() for q in c.ratios]
+    figures.record(__file__, "prediction_error", area="memory", figure="peak memory per rank, predicted",
+                   compared=f"|measured / predicted - 1| per rank, 2 processes: {', '.join(rows)}", values=errors,
+                   target=("<=", 100 * memory_model.TOLERANCE), unit="%", judged_on="worst")
     print(f"\n  worst |measured / predicted - 1| = {worst:.1%}; target <= {memory_model.TOLERANCE:.0%} per rank -> "
           f"{'PASS' if ok else 'FAIL'}  ({time.perf_counter() - start:.0f} s in all)")
     return 0 if ok else 1

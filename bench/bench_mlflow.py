@@ -25,6 +25,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+import figures  # noqa: E402
 from toolkit.events import StatusEvent, TrackingEvent, TrainEvent, read_events  # noqa: E402
 from toolkit.rundir import RunDir  # noqa: E402
 from toolkit.train.metrics import steady_state  # noqa: E402
@@ -85,6 +86,9 @@ def main() -> int:
         med = statistics.median(ratios)
         print(f"  on / off: median {med:.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); target >= {TARGET} -> "
               f"{'PASS' if med >= TARGET else 'FAIL'}")
+        figures.record(__file__, "on_vs_off", area="operations", figure="MLflow tracking's cost to training",
+                       compared="tokens/s, tracking.mlflow=always / never, demo model through the CLI", values=ratios,
+                       target=(">=", TARGET))
         print(f"  steady state (second half of the intervals): median {statistics.median(steady):.3f} (range "
               f"{min(steady):.3f} to {max(steady):.3f})")
         print(f"  wall time per run, median: off {statistics.median(walls['off']):.1f} s, on "

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import figures  # noqa: E402
 from toolkit import config as config_mod  # noqa: E402
 from toolkit.runs import scaling  # noqa: E402
 
@@ -95,6 +96,10 @@ def main() -> int:
         medians[label] = statistics.median(eff)
         print(f"  {label:<8} {f'{medians[label]:.3f} ({min(eff):.3f} to {max(eff):.3f})':>34} "
               f"{statistics.median(comm):>16.1%} {statistics.median(s.rows[0].tokens_per_s for s in series):>10,.0f}")
+        figures.record(__file__, f"efficiency_{label.lower()}", area="scaling",
+                       figure=f"weak scaling at 2 processes, {label}",
+                       compared="tokens/s at 2 / (2 x tokens/s at 1), torch DDP over gloo, a core a process",
+                       values=eff)
     print(f"  gpt-20M / demo efficiency: {medians['gpt-20M'] / medians['demo']:.3f}")
     return 0
 

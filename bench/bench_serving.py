@@ -30,6 +30,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import figures  # noqa: E402
 from toolkit.deploy.export import export_run  # noqa: E402
 from toolkit.deploy.serving.endpoint import serve  # noqa: E402
 from toolkit.deploy.serving.load_test import Client, latencies_s, percentile_ms, request_body, throughput  # noqa: E402
@@ -127,6 +128,9 @@ def kv_cache_bench(tmp: Path, rounds: int) -> None:
         pairs = list(zip(speed["cache", n], speed["no cache", n]))
         print(f"{n:<17} " + " ".join(f"{statistics.median(speed[side, n]):>{w}.1f}"
                                      for side, w in zip(sides, (17, 16, 13))) + f"   {ratio_summary(pairs)}")
+        figures.record(__file__, f"kv_cache_{n}", area="serving", figure=f"generation with the KV cache, {n} at once",
+                       compared=f"tokens/s with / without the KV cache, {KV_LABEL}, {KV_NEW_TOKENS} new tokens",
+                       values=[a / b for a, b in pairs], target=(">=", 3.0))
     print(f"target: KV cache >= 3x at {KV_NEW_TOKENS} new tokens")
 
 
@@ -195,9 +199,16 @@ def main() -> int:
         print(f"{label:<22} " + " ".join(f"{statistics.median(rps[rt, c]):>11.1f}" for c in CLIENTS))
     onnx_vs_torch = [(o, t) for o, t in zip(rps["onnx", 16], rps["torch", 16])]
     print(f"ONNX Runtime / eager torch at 16 clients: {ratio_summary(onnx_vs_torch)}")
+    figures.record(__file__, "onnx_vs_torch", area="serving", figure="requests/s at 16 clients, by runtime",
+                   compared="ONNX Runtime / eager torch", values=[o / t for o, t in onnx_vs_torch])
     print(f"\nserver overhead at p50 (HTTP - in-process, same service): median {statistics.median(overhead):.2f} ms "
           f"(range {min(overhead):.2f} to {max(overhead):.2f}); target < 5 ms")
     print(f"batched / unbatched requests/s at 16 clients (ONNX): {ratio_summary(batched_pairs)}; target >= 2")
+    figures.record(__file__, "overhead", area="serving", figure="the HTTP server's overhead at p50",
+                   compared="HTTP p50 - in-process p50, same service", values=overhead, target=("<", 5.0), unit="ms")
+    figures.record(__file__, "batching", area="serving", figure="batching at 16 clients",
+                   compared="requests/s batched (max_batch 16) / unbatched, ONNX",
+                   values=[b / u for b, u in batched_pairs], target=(">=", 2.0))
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         kv_cache_bench(Path(tmp), args.rounds)
     return 0

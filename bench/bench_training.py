@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import figures  # noqa: E402
 from toolkit import config as config_mod  # noqa: E402
 from toolkit.data import corpus as data_mod  # noqa: E402
 from toolkit.train import flops  # noqa: E402
@@ -202,6 +203,9 @@ def main() -> int:
     cli_med = statistics.median(cli_ratios)
     print(f"  CLI / bare: median {cli_med:.3f} (range {min(cli_ratios):.3f} to {max(cli_ratios):.3f}); target >= 0.97 "
           f"-> {'PASS' if cli_med >= 0.97 else 'FAIL'}")
+    figures.record(__file__, "cli_vs_bare", area="training", figure="training tokens/s, the path a user runs",
+                   compared="`python -m toolkit train demo` / the bare loop in its own process", values=cli_ratios,
+                   target=(">=", 0.97))
     # What the processes that only wait cost: each one's CPU seconds over its whole life (start-up included, so an
     # upper bound) against the run's training time, as a share of one core. Medians over the rounds.
     print(f"  CPU per process (median of {args.rounds} rounds; whole life, as a share of one core over the training "
@@ -227,6 +231,8 @@ def main() -> int:
         med = statistics.median(ratios)
         print(f"  toolkit / bare: median {med:.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); target >= 0.97 "
               f"-> {'PASS' if med >= 0.97 else 'FAIL'}")
+        figures.record(__file__, "trainer_vs_bare", area="training", figure="training tokens/s, the loop alone",
+                       compared="the Trainer / the bare loop, in one process", values=ratios, target=(">=", 0.97))
         for label, rates in (("bare", bare_rates), ("toolkit", toolkit_rates)):
             rate = statistics.median(rates)
             print(f"  MFU {label:<8} {100 * rate * flops_per_token / peak:5.1f}% "
