@@ -130,7 +130,7 @@ def test_the_plan_button_checks_the_vm_size_then_writes_and_lists_the_files(pane
     assert sorted(p.name for p in folder.iterdir()) == ["deploy.md", "deployment.yaml", "endpoint.yaml",
                                                          "environment.yml"]
     listed = shown(panel.sections["plan"])
-    assert all(f"{name}</td><td style='padding:2px 8px'>{(folder / name).stat().st_size:,}" in listed
+    assert all(f"{name}</td><td style='text-align:left'>{(folder / name).stat().st_size:,}" in listed
                for name in ("deploy.md", "deployment.yaml", "endpoint.yaml", "environment.yml")), "names and sizes"
     assert (folder / "endpoint.yaml").read_text() in listed, "endpoint.yaml's text"
 

@@ -63,7 +63,7 @@ def test_training_notebook_runs_headless_and_keeps_its_results(tmp_path):
     assert views, "the live panel's widget view is stored too (rendered by JupyterLab)"
     assert pngs, "loss curve picture missing"
     assert "bits per byte" in text, text
-    assert any("<table>" in h and "aten::" in h for h in html), "the profiler's top operators, as an HTML table"
+    assert any("<table" in h and "aten::" in h for h in html), "the profiler's top operators, as an HTML table"
     (run_dir,) = runs.iterdir()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
     nbval(executed, tmp_path)
