@@ -8,10 +8,11 @@ engines know no model.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from collections.abc import Callable
 
-import torch
+if TYPE_CHECKING:  # the CLI reads the registry's names (check_engine) on every call: no torch for that
+    import torch
 
 
 class Engine(Protocol):
