@@ -66,9 +66,11 @@ docs: $(STAMP)
 	$(PY) docs/generate.py --check
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml -d $(CURDIR)/$(DOCS_SITE)
 
-# ruff (lint: pyproject.toml [tool.ruff]) and mypy (types: [tool.mypy]) over toolkit/ and widgets/.
+# ruff (lint and format: pyproject.toml [tool.ruff]) and mypy (types: [tool.mypy]) over toolkit/ and widgets/;
+# `.venv/bin/python -m ruff format toolkit widgets` rewrites what the format check refuses.
 lint: $(STAMP)
 	$(PY) -m ruff check toolkit widgets
+	$(PY) -m ruff format --check toolkit widgets
 	$(PY) -m mypy
 
 # Each bench also writes its figures as records (bench/figures.py) into bench/records/, ignored by git; the last line

@@ -363,10 +363,15 @@ def field_docs(cls: type) -> dict[str, str]:
     import textwrap
 
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {node.target.id: " ".join(nxt.value.value.split())
-            for node, nxt in zip(body, body[1:])
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)}
+    return {
+        node.target.id: " ".join(nxt.value.value.split())
+        for node, nxt in zip(body, body[1:])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(nxt.value, ast.Constant)
+        and isinstance(nxt.value.value, str)
+    }
 
 
 def commented_yaml(cfg: Config) -> str:
@@ -399,8 +404,13 @@ def _describe_type(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return "a list of strings"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            dict: "a mapping of names to plain values (numbers, strings, true/false, lists)"}.get(tp, str(tp))
+    return {
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        str: "a string",
+        dict: "a mapping of names to plain values (numbers, strings, true/false, lists)",
+    }.get(tp, str(tp))
 
 
 def _plain_data(value: Any) -> bool:
@@ -486,8 +496,12 @@ TEXT_DATASETS = ("pydoc", "stdlib")
 TEXT_ASSETS = ("uri_file", "uri_folder")
 # data asset types: mltable for hf is labelled text for a sequence classifier (toolkit.data refuses a table for a
 # causal LM); the user's own module trains on whatever data it is given, the batch's keys say what it is
-ASSET_TYPES = {"gpt": TEXT_ASSETS, "digits_mlp": ("mltable",), "hf": TEXT_ASSETS + ("mltable",),
-               "custom": TEXT_ASSETS + ("mltable",)}
+ASSET_TYPES = {
+    "gpt": TEXT_ASSETS,
+    "digits_mlp": ("mltable",),
+    "hf": TEXT_ASSETS + ("mltable",),
+    "custom": TEXT_ASSETS + ("mltable",),
+}
 
 
 def builtin_datasets(model: ModelConfig) -> tuple[str, ...]:
@@ -501,60 +515,130 @@ def _check_relations(cfg: Config) -> None:
     """Constraints between fields, which a single field's bounds cannot express."""
     check_name(cfg.name, "name", ConfigError)  # it becomes the run folder's name
     if len(cfg.name) > MAX_RUN_NAME:  # the folder adds "-YYYYmmdd-HHMMSS[-n]" and must stay under 255 bytes
-        raise ConfigError(refused("name", f"{cfg.name[:20]!r}... has {len(cfg.name)} characters",
-                                  f"at most {MAX_RUN_NAME} (the run folder's name adds a timestamp)"))
+        raise ConfigError(
+            refused(
+                "name",
+                f"{cfg.name[:20]!r}... has {len(cfg.name)} characters",
+                f"at most {MAX_RUN_NAME} (the run folder's name adds a timestamp)",
+            )
+        )
     _check_model_source(cfg)
     _check_tracking(cfg.tracking)
     if cfg.data.tokenizer_sha256 and not re.fullmatch(r"[0-9a-f]{64}", cfg.data.tokenizer_sha256):
-        raise ConfigError(not_allowed("data.tokenizer_sha256", cfg.data.tokenizer_sha256,
-                                      "empty, or the 64 hex digits of a sha256 (set at launch)"))
+        raise ConfigError(
+            not_allowed(
+                "data.tokenizer_sha256",
+                cfg.data.tokenizer_sha256,
+                "empty, or the 64 hex digits of a sha256 (set at launch)",
+            )
+        )
     if cfg.data.prompt_field and cfg.data.prompt_field == cfg.data.completion_field:
-        raise ConfigError(not_allowed("data.completion_field", cfg.data.completion_field,
-                                      "a field other than data.prompt_field", problem="is the prompt's field too"))
+        raise ConfigError(
+            not_allowed(
+                "data.completion_field",
+                cfg.data.completion_field,
+                "a field other than data.prompt_field",
+                problem="is the prompt's field too",
+            )
+        )
     if bool(cfg.data.prompt_field) != bool(cfg.data.completion_field):
-        given, missing = ("data.prompt_field", "data.completion_field") if cfg.data.prompt_field else \
-            ("data.completion_field", "data.prompt_field")
-        raise ConfigError(refused(missing, f"is empty while {given} is set",
-                                  "both fields set (instruction tuning) or neither"))
+        given, missing = (
+            ("data.prompt_field", "data.completion_field")
+            if cfg.data.prompt_field
+            else ("data.completion_field", "data.prompt_field")
+        )
+        raise ConfigError(
+            refused(missing, f"is empty while {given} is set", "both fields set (instruction tuning) or neither")
+        )
     if cfg.model.n_embd % cfg.model.n_head:
-        raise ConfigError(not_allowed("model.n_head", cfg.model.n_head, "a divisor of n_embd",
-                                      problem=f"does not divide model.n_embd={cfg.model.n_embd}"))
+        raise ConfigError(
+            not_allowed(
+                "model.n_head",
+                cfg.model.n_head,
+                "a divisor of n_embd",
+                problem=f"does not divide model.n_embd={cfg.model.n_embd}",
+            )
+        )
     if cfg.optim.min_lr > cfg.optim.lr:
-        raise ConfigError(not_allowed("optim.min_lr", cfg.optim.min_lr, "<= lr",
-                                      problem=f"is above optim.lr={cfg.optim.lr}"))
+        raise ConfigError(
+            not_allowed("optim.min_lr", cfg.optim.min_lr, "<= lr", problem=f"is above optim.lr={cfg.optim.lr}")
+        )
     wanted = builtin_datasets(cfg.model)
     if not wanted and not (cfg.data.asset or cfg.data.path):
-        raise ConfigError(refused("data.asset", f"is empty, and no built-in dataset fits model.name="
-                                                f"{cfg.model.name!r} (task {cfg.model.hf.task!r})",
-                                  "a registered asset or a data.path of labelled examples (JSON Lines with "
-                                  "data.text_field and data.label_field, or a table)"))
+        raise ConfigError(
+            refused(
+                "data.asset",
+                f"is empty, and no built-in dataset fits model.name={cfg.model.name!r} (task {cfg.model.hf.task!r})",
+                "a registered asset or a data.path of labelled examples (JSON Lines with "
+                "data.text_field and data.label_field, or a table)",
+            )
+        )
     if wanted and cfg.data.dataset not in wanted:
-        raise ConfigError(not_allowed("data.dataset", cfg.data.dataset, ", ".join(map(repr, wanted)),
-                                      problem=f"does not fit model.name={cfg.model.name!r}"))
+        raise ConfigError(
+            not_allowed(
+                "data.dataset",
+                cfg.data.dataset,
+                ", ".join(map(repr, wanted)),
+                problem=f"does not fit model.name={cfg.model.name!r}",
+            )
+        )
     if cfg.data.asset:
         parse_ref(cfg.data.asset, "data.asset", ConfigError)
     if cfg.data.asset and cfg.data.path:
-        raise ConfigError(not_allowed("data.path", cfg.data.path, "one of the two",
-                                      problem=f"given together with data.asset={bounded_repr(cfg.data.asset)}"))
+        raise ConfigError(
+            not_allowed(
+                "data.path",
+                cfg.data.path,
+                "one of the two",
+                problem=f"given together with data.asset={bounded_repr(cfg.data.asset)}",
+            )
+        )
     if cfg.engine.name == "torch" and cfg.engine.zero_stage:
-        raise ConfigError(not_allowed("engine.zero_stage", cfg.engine.zero_stage, "0 with engine.name='torch'",
-                                      problem="needs engine.name='deepspeed'"))
+        raise ConfigError(
+            not_allowed(
+                "engine.zero_stage",
+                cfg.engine.zero_stage,
+                "0 with engine.name='torch'",
+                problem="needs engine.name='deepspeed'",
+            )
+        )
     for path in ("engine.deepspeed_config", "engine.deepspeed"):
         value = getattr(cfg.engine, path.split(".")[1])
         if value and cfg.engine.name != "deepspeed":
-            raise ConfigError(not_allowed(path, value, "empty unless engine.name='deepspeed'",
-                                          problem=f"is set while engine.name={cfg.engine.name!r}"))
+            raise ConfigError(
+                not_allowed(
+                    path,
+                    value,
+                    "empty unless engine.name='deepspeed'",
+                    problem=f"is set while engine.name={cfg.engine.name!r}",
+                )
+            )
     if cfg.model.activation_checkpointing and cfg.model.name == "digits_mlp":
-        raise ConfigError(not_allowed("model.activation_checkpointing", True, "false with model.name='digits_mlp'",
-                                      problem="has no blocks to recompute in a 2-layer MLP"))
+        raise ConfigError(
+            not_allowed(
+                "model.activation_checkpointing",
+                True,
+                "false with model.name='digits_mlp'",
+                problem="has no blocks to recompute in a 2-layer MLP",
+            )
+        )
     if cfg.engine.launcher == "deepspeed" and cfg.engine.name != "deepspeed":
-        raise ConfigError(not_allowed("engine.launcher", cfg.engine.launcher, "'auto', 'torchrun'",
-                                      problem="needs engine.name='deepspeed'"))
+        raise ConfigError(
+            not_allowed(
+                "engine.launcher", cfg.engine.launcher, "'auto', 'torchrun'", problem="needs engine.name='deepspeed'"
+            )
+        )
     if not _ipv4_loopback(cfg.debug.host):
-        raise ConfigError(not_allowed("debug.host", cfg.debug.host, "an IPv4 loopback address such as '127.0.0.1' "
-                                      "(from elsewhere, tunnel to it: ssh -L PORT:127.0.0.1:PORT)",
-                                      problem="is not loopback: anyone who reaches the port could run any code as "
-                                              "you, debugpy asks for no key"))
+        raise ConfigError(
+            not_allowed(
+                "debug.host",
+                cfg.debug.host,
+                "an IPv4 loopback address such as '127.0.0.1' "
+                "(from elsewhere, tunnel to it: ssh -L PORT:127.0.0.1:PORT)",
+                problem="is not loopback: anyone who reaches the port could run any code as "
+                "you, debugpy asks for no key",
+            )
+        )
 
 
 def _ipv4_loopback(host: str) -> bool:
@@ -573,61 +657,112 @@ def _check_tracking(t: TrackingConfig) -> None:
     """A tracking URI MLflow 3 can use and that keeps no password (the config is saved with the run and logged)."""
     import urllib.parse
 
-    allowed = ("empty, or a tracking URI: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT, azureml://..., databricks, "
-               "or the scheme of an MLflow plugin")
+    allowed = (
+        "empty, or a tracking URI: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT, azureml://..., databricks, "
+        "or the scheme of an MLflow plugin"
+    )
     if t.mlflow_uri and t.mlflow == "never":
-        raise ConfigError(not_allowed("tracking.mlflow_uri", t.mlflow_uri, "empty with tracking.mlflow='never'",
-                                      problem="is set while tracking.mlflow='never'"))
+        raise ConfigError(
+            not_allowed(
+                "tracking.mlflow_uri",
+                t.mlflow_uri,
+                "empty with tracking.mlflow='never'",
+                problem="is set while tracking.mlflow='never'",
+            )
+        )
     if t.mlflow_uri and t.mlflow_uri != "databricks":
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]+:\S+", t.mlflow_uri):
-            raise ConfigError(not_allowed("tracking.mlflow_uri", t.mlflow_uri, allowed,
-                                          problem="is not a URI (a folder is MLflow's old file store, which MLflow 3 "
-                                                  "refuses: use sqlite:///FOLDER/mlflow.db)"))
+            raise ConfigError(
+                not_allowed(
+                    "tracking.mlflow_uri",
+                    t.mlflow_uri,
+                    allowed,
+                    problem="is not a URI (a folder is MLflow's old file store, which MLflow 3 "
+                    "refuses: use sqlite:///FOLDER/mlflow.db)",
+                )
+            )
         if t.mlflow_uri.lower().startswith("file:"):
-            raise ConfigError(not_allowed("tracking.mlflow_uri", t.mlflow_uri, allowed,
-                                          problem="is MLflow's old file store, which MLflow 3 refuses (use "
-                                                  "sqlite:///FOLDER/mlflow.db)"))
+            raise ConfigError(
+                not_allowed(
+                    "tracking.mlflow_uri",
+                    t.mlflow_uri,
+                    allowed,
+                    problem="is MLflow's old file store, which MLflow 3 refuses (use sqlite:///FOLDER/mlflow.db)",
+                )
+            )
         if urllib.parse.urlsplit(t.mlflow_uri).password is not None:
-            raise ConfigError(refused("tracking.mlflow_uri", "holds a password, and the config is saved with the "
-                                                             "run and logged as its params",
-                                      "a URI without one: a server's credentials go in MLFLOW_TRACKING_USERNAME and "
-                                      "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), a database's URI with "
-                                      "its password in $MLFLOW_TRACKING_URI and tracking.mlflow_uri empty"))
+            raise ConfigError(
+                refused(
+                    "tracking.mlflow_uri",
+                    "holds a password, and the config is saved with the run and logged as its params",
+                    "a URI without one: a server's credentials go in MLFLOW_TRACKING_USERNAME and "
+                    "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), a database's URI with "
+                    "its password in $MLFLOW_TRACKING_URI and tracking.mlflow_uri empty",
+                )
+            )
     if len(t.experiment) > MAX_EXPERIMENT_NAME or not t.experiment.isprintable():
-        raise ConfigError(not_allowed("tracking.experiment", t.experiment,
-                                      f"empty, or printable text of at most {MAX_EXPERIMENT_NAME} characters"))
+        raise ConfigError(
+            not_allowed(
+                "tracking.experiment",
+                t.experiment,
+                f"empty, or printable text of at most {MAX_EXPERIMENT_NAME} characters",
+            )
+        )
 
 
 def _check_model_source(cfg: Config) -> None:
     """Where the model comes from: each model.name has its own fields, and the others' stay empty."""
     m = cfg.model
     if m.name == "custom" and not m.factory:
-        raise ConfigError(refused("model.factory", "is empty while model.name='custom'",
-                                  "'package.module:function' or 'path/to/file.py:function' returning an nn.Module"))
+        raise ConfigError(
+            refused(
+                "model.factory",
+                "is empty while model.name='custom'",
+                "'package.module:function' or 'path/to/file.py:function' returning an nn.Module",
+            )
+        )
     if m.name != "custom":
         for path, value in (("model.factory", m.factory), ("model.loss", m.loss), ("model.code_path", m.code_path)):
             if value:
-                raise ConfigError(not_allowed(path, value, "empty unless model.name='custom'",
-                                              problem=f"is set while model.name={m.name!r}"))
+                raise ConfigError(
+                    not_allowed(
+                        path, value, "empty unless model.name='custom'", problem=f"is set while model.name={m.name!r}"
+                    )
+                )
     if m.name == "hf":
         if not m.hf.source and not m.hf.architecture:
-            raise ConfigError(refused("model.hf.source", "is empty and so is model.hf.architecture",
-                                      "a save_pretrained folder in model.hf.source, or an architecture such as "
-                                      "'llama' in model.hf.architecture (with sizes in model.hf.config)"))
+            raise ConfigError(
+                refused(
+                    "model.hf.source",
+                    "is empty and so is model.hf.architecture",
+                    "a save_pretrained folder in model.hf.source, or an architecture such as "
+                    "'llama' in model.hf.architecture (with sizes in model.hf.config)",
+                )
+            )
         if m.hf.source and (m.hf.architecture or m.hf.config):
             other = "model.hf.architecture" if m.hf.architecture else "model.hf.config"
-            raise ConfigError(not_allowed(other, m.hf.architecture or m.hf.config, "empty with model.hf.source",
-                                          problem=f"is set together with model.hf.source={bounded_repr(m.hf.source)} "
-                                                  "(the folder's config.json says what to build)"))
+            raise ConfigError(
+                not_allowed(
+                    other,
+                    m.hf.architecture or m.hf.config,
+                    "empty with model.hf.source",
+                    problem=f"is set together with model.hf.source={bounded_repr(m.hf.source)} "
+                    "(the folder's config.json says what to build)",
+                )
+            )
     elif m.hf.source or m.hf.architecture or m.hf.config:
         raise ConfigError(refused("model.hf", f"is set while model.name={m.name!r}", "model.name='hf' with it"))
     if m.lora.rank and not m.lora.target_modules and m.name != "hf":
         # peft knows default targets for transformers architectures only
-        raise ConfigError(refused("model.lora.target_modules", f"is empty while model.lora.rank={m.lora.rank} and "
-                                                               f"model.name={m.name!r}",
-                                  "the names (or name suffixes) of the Linear, Embedding or Conv modules to adapt, "
-                                  "e.g. [qkv, proj] for the built-in gpt; peft has defaults for transformers models "
-                                  "only"))
+        raise ConfigError(
+            refused(
+                "model.lora.target_modules",
+                f"is empty while model.lora.rank={m.lora.rank} and model.name={m.name!r}",
+                "the names (or name suffixes) of the Linear, Embedding or Conv modules to adapt, "
+                "e.g. [qkv, proj] for the built-in gpt; peft has defaults for transformers models "
+                "only",
+            )
+        )
 
 
 def given_fields(data: dict, prefix: str = "") -> set[str]:
@@ -692,7 +827,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         for i, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"{'.'.join(keys[:i + 1])}: is a value, not a section; cannot set {text!r}")
+                raise ConfigError(f"{'.'.join(keys[: i + 1])}: is a value, not a section; cannot set {text!r}")
             node = child
         node[keys[-1]] = value
     return data
@@ -739,6 +874,11 @@ def resolve_config_path(path: str | Path) -> Path:
         if candidate.is_file():
             return candidate
     shipped = ", ".join(builtin_config_names())
-    raise ConfigError(not_allowed("config", path, "one of these names or a path to a YAML file",
-                                  problem=f"is neither a file nor a shipped config; shipped: {shipped} (built into "
-                                          "the package)"))
+    raise ConfigError(
+        not_allowed(
+            "config",
+            path,
+            "one of these names or a path to a YAML file",
+            problem=f"is neither a file nor a shipped config; shipped: {shipped} (built into the package)",
+        )
+    )

@@ -75,6 +75,7 @@ def _config_value(cfg, field: str):
 
 # --- the values a linked key may hold: strict, as Trainbook's own fields are -------------------------------------
 
+
 def _whole(value) -> tuple:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError("a whole number")
@@ -94,6 +95,7 @@ def _betas(value) -> tuple:
 
 
 # --- the links between the two configs --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Link:
@@ -122,26 +124,47 @@ LINKS: tuple[Link, ...] = (
     Link("scheduler.params.total_num_steps", ("train.max_steps",), section="scheduler"),
 )
 # DeepSpeed's schedulers as Trainbook's optim.schedule and the LR they end at (WarmupDecayLR decays to 0)
-SCHEDULES = {"WarmupLR": {"optim.schedule": "constant"},
-             "WarmupDecayLR": {"optim.schedule": "linear", "optim.min_lr": 0.0},
-             "WarmupCosineLR": {"optim.schedule": "cosine"}}
+SCHEDULES = {
+    "WarmupLR": {"optim.schedule": "constant"},
+    "WarmupDecayLR": {"optim.schedule": "linear", "optim.min_lr": 0.0},
+    "WarmupCosineLR": {"optim.schedule": "cosine"},
+}
 # scheduler params whose only meaning here is Trainbook's own: warm up from 0, linearly (DeepSpeed's WarmupLR
 # defaults to a log-shaped warmup; Trainbook's is linear, as the README says)
 SCHEDULER_FIXED = {"warmup_min_lr": 0, "warmup_type": "linear", "warmup_min_ratio": 0}
 PRECISIONS = ("bf16", "fp16")  # DeepSpeed sections that switch a half precision on; fp32 is neither
 # The sections Trainbook reads or fills: each must be a mapping when the file has it
-SECTIONS = ("optimizer", "optimizer.params", "scheduler", "scheduler.params", "zero_optimization", "fp16", "bf16",
-            "bfloat16", "zero_optimization.offload_optimizer", "zero_optimization.offload_param")
+SECTIONS = (
+    "optimizer",
+    "optimizer.params",
+    "scheduler",
+    "scheduler.params",
+    "zero_optimization",
+    "fp16",
+    "bf16",
+    "bfloat16",
+    "zero_optimization.offload_optimizer",
+    "zero_optimization.offload_param",
+)
 # Settings that would change what an optimizer step is, which Trainbook's loop and its resume count on
-REFUSED = {"managed_gradient_accumulation": (False, "true (DeepSpeed updates once per gradient_accumulation_steps "
-                                                    "micro-steps; the loop counts optimizer steps by it)")}
+REFUSED = {
+    "managed_gradient_accumulation": (
+        False,
+        "true (DeepSpeed updates once per gradient_accumulation_steps "
+        "micro-steps; the loop counts optimizer steps by it)",
+    )
+}
 
 
 def _explicit_conflict(key: str, file_value, field: str, value, source: str) -> DeepSpeedConfigError:
-    return DeepSpeedConfigError(refused(
-        f"{FIELD}: {key}", f"is {bounded_repr(file_value)} in {source}, but {field} is {bounded_repr(value)} in the "
-        "Trainbook config", f"the same value in both, \"auto\" in the file (to take {field}), or {field} left unset "
-        "(to take the file's)"))
+    return DeepSpeedConfigError(
+        refused(
+            f"{FIELD}: {key}",
+            f"is {bounded_repr(file_value)} in {source}, but {field} is {bounded_repr(value)} in the Trainbook config",
+            f"the same value in both, \"auto\" in the file (to take {field}), or {field} left unset "
+            "(to take the file's)",
+        )
+    )
 
 
 def read_file(path: str | Path) -> dict:
@@ -154,12 +177,16 @@ def read_file(path: str | Path) -> dict:
     try:
         raw = read_regular_file(file, field=FIELD, error=DeepSpeedConfigError, limit=MAX_FILE_BYTES)
     except OSError as exc:
-        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), allowed,
-                                               problem=f"cannot be read ({exc.strerror or exc})")) from None
+        raise DeepSpeedConfigError(
+            not_allowed(FIELD, str(path), allowed, problem=f"cannot be read ({exc.strerror or exc})")
+        ) from None
     except DeepSpeedConfigError as exc:
         if "is over" in str(exc):
-            raise DeepSpeedConfigError(not_allowed(FIELD, str(path), f"a DeepSpeed config of at most "
-                                                   f"{MAX_FILE_BYTES:,} bytes", problem="is too big")) from None
+            raise DeepSpeedConfigError(
+                not_allowed(
+                    FIELD, str(path), f"a DeepSpeed config of at most {MAX_FILE_BYTES:,} bytes", problem="is too big"
+                )
+            ) from None
         raise
     try:
         text = raw.decode("utf-8")
@@ -169,11 +196,18 @@ def read_file(path: str | Path) -> dict:
     try:
         data = read_document(text, kind)
     except PlainDataError as exc:
-        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), "a JSON or YAML mapping of DeepSpeed settings",
-                                               problem=f"is refused: {exc}")) from None
+        raise DeepSpeedConfigError(
+            not_allowed(FIELD, str(path), "a JSON or YAML mapping of DeepSpeed settings", problem=f"is refused: {exc}")
+        ) from None
     if not isinstance(data, dict):
-        raise DeepSpeedConfigError(not_allowed(FIELD, str(path), "a JSON or YAML mapping of DeepSpeed settings",
-                                               problem=f"holds a {type(data).__name__}, not a mapping"))
+        raise DeepSpeedConfigError(
+            not_allowed(
+                FIELD,
+                str(path),
+                "a JSON or YAML mapping of DeepSpeed settings",
+                problem=f"holds a {type(data).__name__}, not a mapping",
+            )
+        )
     return data
 
 
@@ -200,16 +234,22 @@ def _file_precision(ds: dict) -> set[str]:
     """The precisions a DeepSpeed config allows: {'bf16'} when bf16 is enabled, {'fp32', 'bf16'} when only fp16
     is disabled, and so on ("auto" or absent says nothing)."""
     allowed = {"fp32", "bf16", "fp16"}
-    enabled = [p for p in PRECISIONS if get_path(ds, f"{p}.enabled", None) is True
-               or (p == "bf16" and get_path(ds, "bfloat16.enabled", None) is True)]
+    enabled = [
+        p
+        for p in PRECISIONS
+        if get_path(ds, f"{p}.enabled", None) is True
+        or (p == "bf16" and get_path(ds, "bfloat16.enabled", None) is True)
+    ]
     if len(enabled) > 1:
-        raise DeepSpeedConfigError(refused(f"{FIELD}: fp16.enabled", "is true together with bf16.enabled",
-                                           "one half precision at most"))
+        raise DeepSpeedConfigError(
+            refused(f"{FIELD}: fp16.enabled", "is true together with bf16.enabled", "one half precision at most")
+        )
     if enabled:
         return set(enabled)
     for p in PRECISIONS:
-        if get_path(ds, f"{p}.enabled", None) is False or (p == "bf16" and
-                                                            get_path(ds, "bfloat16.enabled", None) is False):
+        if get_path(ds, f"{p}.enabled", None) is False or (
+            p == "bf16" and get_path(ds, "bfloat16.enabled", None) is False
+        ):
             allowed.discard(p)
     return allowed
 
@@ -226,10 +266,14 @@ def adopt(cfg, given: set[str] | None):
     if e.deepspeed:
         if e.deepspeed_config and Path(e.deepspeed_config).expanduser().is_file():
             if read_file(e.deepspeed_config) != e.deepspeed:
-                raise DeepSpeedConfigError(refused(
-                    "engine.deepspeed", f"(a copy of {e.deepspeed_config}) differs from that file now",
-                    "one of the two: engine.deepspeed={} to read the file again, or engine.deepspeed_config='' "
-                    "to train on the copy"))
+                raise DeepSpeedConfigError(
+                    refused(
+                        "engine.deepspeed",
+                        f"(a copy of {e.deepspeed_config}) differs from that file now",
+                        "one of the two: engine.deepspeed={} to read the file again, or engine.deepspeed_config='' "
+                        "to train on the copy",
+                    )
+                )
         return _adopt_data(cfg, copy.deepcopy(e.deepspeed), given, None, "engine.deepspeed")
     path = Path(e.deepspeed_config).expanduser().absolute()
     cfg = _replace_fields(cfg, {"engine.deepspeed_config": str(path)})
@@ -261,14 +305,17 @@ def _adopt_data(cfg, ds: dict, given: set[str] | None, world: int | None, source
         try:
             values = link.from_ds(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise DeepSpeedConfigError(not_allowed(f"{FIELD}: {link.key}", value,
-                                                   f"{exc} for {', '.join(link.fields)}, or \"auto\"")) from None
+            raise DeepSpeedConfigError(
+                not_allowed(f"{FIELD}: {link.key}", value, f"{exc} for {', '.join(link.fields)}, or \"auto\"")
+            ) from None
         take(link.key, link.fields, values)
     allowed = _file_precision(ds)
     precision = changes.get("engine.precision", cfg.engine.precision)
     if precision not in allowed:
-        key = next((f"{p}.enabled" for p in (*PRECISIONS, "bfloat16") if get_path(ds, f"{p}.enabled", None)
-                    is not None), "bf16.enabled")
+        key = next(
+            (f"{p}.enabled" for p in (*PRECISIONS, "bfloat16") if get_path(ds, f"{p}.enabled", None) is not None),
+            "bf16.enabled",
+        )
         if explicitly("engine.precision"):
             raise _explicit_conflict(key, get_path(ds, key), "engine.precision", precision, source)
         changes["engine.precision"] = "fp32" if "fp32" in allowed else allowed.pop()
@@ -279,9 +326,14 @@ def _adopt_data(cfg, ds: dict, given: set[str] | None, world: int | None, source
 
 def _adopt_scheduler(scheduler: dict, take) -> None:
     if scheduler.get("type") not in SCHEDULES:
-        raise DeepSpeedConfigError(not_allowed(
-            f"{FIELD}: scheduler.type", scheduler.get("type"), ", ".join(SCHEDULES) + " (read into optim.schedule: "
-            "Trainbook sets the learning rate at every step itself), or no scheduler section (optim.* decides)"))
+        raise DeepSpeedConfigError(
+            not_allowed(
+                f"{FIELD}: scheduler.type",
+                scheduler.get("type"),
+                ", ".join(SCHEDULES) + " (read into optim.schedule: "
+                "Trainbook sets the learning rate at every step itself), or no scheduler section (optim.* decides)",
+            )
+        )
     implied = SCHEDULES[scheduler["type"]]
     take("scheduler.type", tuple(implied), tuple(implied.values()))
     linked = {link.key.rsplit(".", 1)[1] for link in LINKS if link.section == "scheduler"}
@@ -290,10 +342,14 @@ def _adopt_scheduler(scheduler: dict, take) -> None:
             continue
         if name in SCHEDULER_FIXED and value == SCHEDULER_FIXED[name]:
             continue
-        allowed = (f"{SCHEDULER_FIXED[name]!r} or \"auto\" (Trainbook warms up linearly from 0)"
-                   if name in SCHEDULER_FIXED else "\"auto\": set optim.min_lr / optim.schedule instead")
-        raise DeepSpeedConfigError(not_allowed(f"{FIELD}: scheduler.params.{name}", value, allowed,
-                                               problem="has no Trainbook equivalent"))
+        allowed = (
+            f"{SCHEDULER_FIXED[name]!r} or \"auto\" (Trainbook warms up linearly from 0)"
+            if name in SCHEDULER_FIXED
+            else "\"auto\": set optim.min_lr / optim.schedule instead"
+        )
+        raise DeepSpeedConfigError(
+            not_allowed(f"{FIELD}: scheduler.params.{name}", value, allowed, problem="has no Trainbook equivalent")
+        )
 
 
 def _adopt_train_batch_size(cfg, ds: dict, explicitly, world: int, source: str, changes: dict) -> None:
@@ -314,26 +370,39 @@ def _adopt_train_batch_size(cfg, ds: dict, explicitly, world: int, source: str, 
         if total % (micro * world) == 0:
             changes["train.grad_accum_steps"] = total // (micro * world)
             return
-        raise DeepSpeedConfigError(refused(
-            key, f"{total} in {source} is not a whole number of micro-batches of {micro} x {world} processes "
-                 f"({total} / ({micro} x {world}) = {total / (micro * world):.4g})", f"a multiple of {micro * world}"))
+        raise DeepSpeedConfigError(
+            refused(
+                key,
+                f"{total} in {source} is not a whole number of micro-batches of {micro} x {world} processes "
+                f"({total} / ({micro} x {world}) = {total / (micro * world):.4g})",
+                f"a multiple of {micro * world}",
+            )
+        )
     if accum_given and not micro_given:
         if total % (accum * world) == 0:
             changes["train.batch_size"] = total // (accum * world)
             return
-        raise DeepSpeedConfigError(refused(
-            key, f"{total} in {source} does not divide into train.grad_accum_steps={accum} micro-steps x {world} "
-                 f"processes ({total} / ({accum} x {world}) = {total / (accum * world):.4g})",
-            f"a train_batch_size that is a multiple of {accum * world}, or a train.grad_accum_steps that divides "
-            f"{total // world if total % world == 0 else total} (the sequences per process)"))
+        raise DeepSpeedConfigError(
+            refused(
+                key,
+                f"{total} in {source} does not divide into train.grad_accum_steps={accum} micro-steps x {world} "
+                f"processes ({total} / ({accum} x {world}) = {total / (accum * world):.4g})",
+                f"a train_batch_size that is a multiple of {accum * world}, or a train.grad_accum_steps that divides "
+                f"{total // world if total % world == 0 else total} (the sequences per process)",
+            )
+        )
     raise _batch_mismatch(total, source, micro, accum, world)
 
 
 def _batch_mismatch(total: int, source: str, micro: int, accum: int, world: int) -> DeepSpeedConfigError:
-    return DeepSpeedConfigError(refused(
-        f"{FIELD}: train_batch_size", f"{total} in {source} is not train_micro_batch_size_per_gpu x "
-        f"gradient_accumulation_steps x processes = {micro} x {accum} x {world} = {micro * accum * world}",
-        f"{micro * accum * world}, \"auto\", or a train_batch_size with one of the two factors left \"auto\""))
+    return DeepSpeedConfigError(
+        refused(
+            f"{FIELD}: train_batch_size",
+            f"{total} in {source} is not train_micro_batch_size_per_gpu x "
+            f"gradient_accumulation_steps x processes = {micro} x {accum} x {world} = {micro * accum * world}",
+            f"{micro * accum * world}, \"auto\", or a train_batch_size with one of the two factors left \"auto\"",
+        )
+    )
 
 
 def _replace_fields(cfg, changes: dict):
@@ -342,11 +411,13 @@ def _replace_fields(cfg, changes: dict):
     for field, value in changes.items():
         section, name = field.split(".")
         by_section.setdefault(section, {})[name] = value
-    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)
-                                       for section, values in by_section.items()})
+    return dataclasses.replace(
+        cfg, **{section: dataclasses.replace(getattr(cfg, section), **values) for section, values in by_section.items()}
+    )
 
 
 # --- what DeepSpeed is handed -------------------------------------------------------------------------------------
+
 
 def hidden_size(model_cfg) -> int | None:
     """The model's width, which DeepSpeed's "auto" bucket sizes follow (as in Hugging Face's integration)."""
@@ -404,16 +475,29 @@ def merged(cfg, world: int, cuda: bool) -> dict:
     for key, rule in WIDTH_AUTOS.items():
         if get_path(ds, key, None) == AUTO:
             if width is None:
-                raise DeepSpeedConfigError(refused(f"{FIELD}: {key}", "is \"auto\", which follows the model's "
-                                                   "hidden size, and this model does not say it", "a number"))
+                raise DeepSpeedConfigError(
+                    refused(
+                        f"{FIELD}: {key}",
+                        "is \"auto\", which follows the model's hidden size, and this model does not say it",
+                        "a number",
+                    )
+                )
             set_path(ds, key, rule(width))
     left = [key for key in _paths(ds) if get_path(ds, key) == AUTO]
     if left:
-        raise DeepSpeedConfigError(refused(f"{FIELD}: {left[0]}", "is \"auto\", and no Trainbook field sets it",
-                                           "a value (\"auto\" works for: " +
-                                           ", ".join([link.key for link in LINKS] + list(WIDTH_AUTOS) +
-                                                     ["train_batch_size", "optimizer.params.eps", "fp16.enabled",
-                                                      "bf16.enabled"]) + ")"))
+        raise DeepSpeedConfigError(
+            refused(
+                f"{FIELD}: {left[0]}",
+                "is \"auto\", and no Trainbook field sets it",
+                "a value (\"auto\" works for: "
+                + ", ".join(
+                    [link.key for link in LINKS]
+                    + list(WIDTH_AUTOS)
+                    + ["train_batch_size", "optimizer.params.eps", "fp16.enabled", "bf16.enabled"]
+                )
+                + ")",
+            )
+        )
     return ds
 
 
@@ -431,8 +515,10 @@ def fused_adam_unavailable() -> str | None:
         return None
     if CUDA_HOME and os.access(os.path.join(CUDA_HOME, "bin", "nvcc"), os.X_OK):
         return None
-    return (f"DeepSpeed was installed without its fused_adam op and there is no nvcc to build it "
-            f"(CUDA_HOME: {CUDA_HOME or 'not found'})")
+    return (
+        f"DeepSpeed was installed without its fused_adam op and there is no nvcc to build it "
+        f"(CUDA_HOME: {CUDA_HOME or 'not found'})"
+    )
 
 
 def fall_back_to_torch_adam(ds: dict) -> str | None:
@@ -482,25 +568,44 @@ def check(cfg, world: int, cuda: bool) -> dict:
     for key in OFFLOADS:
         device = get_path(ds, key, "none")
         if device not in (None, "none") and not cuda:
-            raise DeepSpeedConfigError(not_allowed(
-                f"{FIELD}: {key}", device, "'none' on a machine without a GPU (or plan the run for a GPU SKU: "
-                "trainbook azure plan)",
-                problem="moves state out of GPU memory, and this machine has no GPU: the state already lives in "
-                        "CPU memory"))
+            raise DeepSpeedConfigError(
+                not_allowed(
+                    f"{FIELD}: {key}",
+                    device,
+                    "'none' on a machine without a GPU (or plan the run for a GPU SKU: trainbook azure plan)",
+                    problem="moves state out of GPU memory, and this machine has no GPU: the state already lives in "
+                    "CPU memory",
+                )
+            )
         if device == "nvme" and not get_path(ds, key.rsplit(".", 1)[0] + ".nvme_path", None):
-            raise DeepSpeedConfigError(refused(f"{FIELD}: {key.rsplit('.', 1)[0]}.nvme_path",
-                                               "is missing while the device is 'nvme'", "a local NVMe folder"))
-    if get_path(ds, "zero_optimization.offload_param.device", "none") not in (None, "none") and \
-            get_path(ds, "zero_optimization.stage", 0) != 3:
-        raise DeepSpeedConfigError(not_allowed(f"{FIELD}: zero_optimization.offload_param",
-                                               get_path(ds, "zero_optimization.offload_param"),
-                                               "ZeRO stage 3 (only stage 3 partitions the parameters)"))
+            raise DeepSpeedConfigError(
+                refused(
+                    f"{FIELD}: {key.rsplit('.', 1)[0]}.nvme_path",
+                    "is missing while the device is 'nvme'",
+                    "a local NVMe folder",
+                )
+            )
+    if (
+        get_path(ds, "zero_optimization.offload_param.device", "none") not in (None, "none")
+        and get_path(ds, "zero_optimization.stage", 0) != 3
+    ):
+        raise DeepSpeedConfigError(
+            not_allowed(
+                f"{FIELD}: zero_optimization.offload_param",
+                get_path(ds, "zero_optimization.offload_param"),
+                "ZeRO stage 3 (only stage 3 partitions the parameters)",
+            )
+        )
     # named here only when the user's file asks for fp16; engine.precision=fp16 is refused by its own field's name
     if get_path(cfg.engine.deepspeed, "fp16.enabled", False) is True and not cuda:
-        raise DeepSpeedConfigError(not_allowed(f"{FIELD}: fp16.enabled", True, "false on a machine without a GPU "
-                                               "(bf16 or fp32 here)",
-                                               problem="needs a GPU: fp16 compute and its loss scaling are GPU "
-                                                       "features"))
+        raise DeepSpeedConfigError(
+            not_allowed(
+                f"{FIELD}: fp16.enabled",
+                True,
+                "false on a machine without a GPU (bf16 or fp32 here)",
+                problem="needs a GPU: fp16 compute and its loss scaling are GPU features",
+            )
+        )
     return ds
 
 
@@ -560,8 +665,9 @@ def parse(ds: dict) -> None:
         raise DeepSpeedConfigError(_pydantic_message(exc, ds)) from None
     except Exception as exc:  # noqa: BLE001 - DeepSpeed's own DeepSpeedConfigError is no ValueError; any is a refusal
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DeepSpeedConfigError(refused(FIELD, f"DeepSpeed's parser refuses the merged config: {detail}",
-                                           "a config DeepSpeed 0.19 accepts")) from None
+        raise DeepSpeedConfigError(
+            refused(FIELD, f"DeepSpeed's parser refuses the merged config: {detail}", "a config DeepSpeed 0.19 accepts")
+        ) from None
     unknown = sorted(set(ds) - probe.read)
     if unknown:
         raise DeepSpeedConfigError(_unknown_key(unknown[0], sorted(probe.read)))
@@ -570,8 +676,11 @@ def parse(ds: dict) -> None:
 def _unknown_key(key: str, valid: list[str]) -> str:
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     hint = f"did you mean {near[0]!r}?" if near else "see the DeepSpeed config reference"
-    return refused(f"{FIELD}: {key}", f"is not a key DeepSpeed reads ({hint})",
-                   "the keys of DeepSpeed's config: " + ", ".join(valid[:12]) + ", ...")
+    return refused(
+        f"{FIELD}: {key}",
+        f"is not a key DeepSpeed reads ({hint})",
+        "the keys of DeepSpeed's config: " + ", ".join(valid[:12]) + ", ...",
+    )
 
 
 def _pydantic_message(exc, ds: dict) -> str:
@@ -581,11 +690,17 @@ def _pydantic_message(exc, ds: dict) -> str:
     if error["type"] == "extra_forbidden":
         valid = _model_fields(exc.title, loc[:-1])
         near = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
-        hint = f"did you mean {where.rsplit('.', 1)[0] + '.' if '.' in where else ''}{near[0]}?" if near else \
-            "not a DeepSpeed setting"
+        hint = (
+            f"did you mean {where.rsplit('.', 1)[0] + '.' if '.' in where else ''}{near[0]}?"
+            if near
+            else "not a DeepSpeed setting"
+        )
         shown = ", ".join(valid[:12]) + (", ..." if len(valid) > 12 else "")
-        return refused(f"{FIELD}: {where}", f"is not a key DeepSpeed reads here ({hint})",
-                       shown or "see the DeepSpeed config reference")
+        return refused(
+            f"{FIELD}: {where}",
+            f"is not a key DeepSpeed reads here ({hint})",
+            shown or "see the DeepSpeed config reference",
+        )
     return not_allowed(f"{FIELD}: {where}", error.get("input"), error["msg"], problem="is refused by DeepSpeed")
 
 
@@ -621,4 +736,3 @@ def _model_fields(title: str, loc: list[str]) -> list[str]:
     for name, info in model.model_fields.items():
         names.append(info.alias or name)
     return sorted(names)
-

@@ -28,8 +28,9 @@ def _field(doc: str, *, optional: bool = False, null: bool = False):
     """A field and its one-line description. ``optional``: absent from older runs or from some writers, left
     out of the line when None. ``null``: always written, None (JSON null) included."""
     metadata = {"doc": doc, "omit_if_none": optional}
-    return dataclasses.field(default=None, metadata=metadata) if optional or null \
-        else dataclasses.field(metadata=metadata)
+    return (
+        dataclasses.field(default=None, metadata=metadata) if optional or null else dataclasses.field(metadata=metadata)
+    )
 
 
 @dataclass(kw_only=True)
@@ -42,16 +43,22 @@ class Event:
 class StatusEvent(Event):
     """The run's state changed: running (rank 0 started), completed (rank 0 finished), failed, stopped or
     killed (written by the supervisor or the launcher when the ranks died without saying so)."""
+
     kind: ClassVar[str] = "status"
     state: str = _field("queued, running, completed, failed, stopped or killed (see toolkit.status)")
     n_params: int | None = _field("running: the model's parameter count", optional=True)
     n_trainable: int | None = _field("running: how many of them train (fewer with LoRA)", optional=True)
     flops_per_item: float | None = _field("running: training FLOPs per token (or sample)", optional=True)
-    flops_source: str | None = _field("running: where flops_per_item comes from (a formula, the config, or an "
-                                      "estimate of 6 x parameters)", optional=True)
+    flops_source: str | None = _field(
+        "running: where flops_per_item comes from (a formula, the config, or an estimate of 6 x parameters)",
+        optional=True,
+    )
     peak_flops: float | None = _field("running: this device's peak FLOP/s, the denominator of MFU", optional=True)
-    peak_source: str | None = _field("running: where peak_flops comes from: 'datasheet' (a known GPU in bf16/fp16) or "
-                                     "'measured' (a matmul on this device)", optional=True)
+    peak_source: str | None = _field(
+        "running: where peak_flops comes from: 'datasheet' (a known GPU in bf16/fp16) or "
+        "'measured' (a matmul on this device)",
+        optional=True,
+    )
     attempt: int | None = _field("running: 0 for the first start, +1 per restart or resume", optional=True)
     resumed_from: str | None = _field("running: the checkpoint this attempt resumed from", optional=True)
     resumed_step: int | None = _field("running: the step that checkpoint was taken at", optional=True)
@@ -59,8 +66,9 @@ class StatusEvent(Event):
     train_seconds: float | None = _field("completed: training time, evaluation excluded", optional=True)
     val_loss: float | None = _field("completed: the final validation loss (nats)", optional=True)
     val_bpb: float | None = _field("completed: the final validation bits per byte (byte data only)", optional=True)
-    peak_memory_mb: float | None = _field("completed: rank 0's peak memory, MiB (GPU: max allocated; CPU: max "
-                                          "resident set of the process)", optional=True)
+    peak_memory_mb: float | None = _field(
+        "completed: rank 0's peak memory, MiB (GPU: max allocated; CPU: max resident set of the process)", optional=True
+    )
     exit_code: int | None = _field("written by the supervisor or launcher: the process's exit code", optional=True)
     reason: str | None = _field("written by the supervisor or launcher: the exit code in words", optional=True)
 
@@ -68,6 +76,7 @@ class StatusEvent(Event):
 @dataclass(kw_only=True)
 class TrainEvent(Event):
     """One log interval of training (every train.log_every steps, and the last step)."""
+
     kind: ClassVar[str] = "train"
     step: int = _field("optimizer steps completed")
     loss: float = _field("mean training loss over the interval, all ranks (nats)")
@@ -78,17 +87,20 @@ class TrainEvent(Event):
     elapsed_s: float = _field("training time so far, agreed between ranks (evaluation excluded)")
     horizon: int | None = _field("the step the LR schedule ends at (moves under a time budget)", optional=True)
     peak_memory_mb: list[float] | None = _field(
-        "each rank's peak memory so far, MiB, in rank order (GPU: max allocated; CPU: peak resident set)",
-        optional=True)
+        "each rank's peak memory so far, MiB, in rank order (GPU: max allocated; CPU: peak resident set)", optional=True
+    )
     loss_scale: float | None = _field("fp16: the dynamic loss scale at the interval's end", optional=True)
     skipped_steps: int | None = _field("fp16: optimizer steps skipped so far for inf/NaN gradients", optional=True)
-    nonfinite_skipped: int | None = _field("watchdog.nonfinite=skip: steps whose update was skipped so far for a "
-                                           "non-finite loss or gradients", optional=True)
+    nonfinite_skipped: int | None = _field(
+        "watchdog.nonfinite=skip: steps whose update was skipped so far for a non-finite loss or gradients",
+        optional=True,
+    )
 
 
 @dataclass(kw_only=True)
 class EvalEvent(Event):
     """A validation pass."""
+
     kind: ClassVar[str] = "eval"
     step: int = _field("the step it was evaluated at")
     val_loss: float = _field("mean validation loss (nats)")
@@ -107,16 +119,22 @@ WAITED_NOTICE_MS = 10.0
 @dataclass(kw_only=True)
 class CheckpointEvent(Event):
     """A checkpoint was published and the steps its write slowed are over: what it cost."""
+
     kind: ClassVar[str] = "checkpoint"
     step: int = _field("the step it holds")
-    lost_ms: float | None = _field("training time it lost, blocking plus slowed steps (runs since lost_ms)",
-                                   optional=True)
+    lost_ms: float | None = _field(
+        "training time it lost, blocking plus slowed steps (runs since lost_ms)", optional=True
+    )
     blocking_ms: float = _field("training time spent standing still for it, milliseconds")
-    waited_ms: float | None = _field("of blocking_ms, the wait for the previous checkpoint's write to finish (one is "
-                                     "written at a time; runs since waited_ms)", optional=True)
+    waited_ms: float | None = _field(
+        "of blocking_ms, the wait for the previous checkpoint's write to finish (one is "
+        "written at a time; runs since waited_ms)",
+        optional=True,
+    )
     window_steps: int | None = _field("steps its cost was measured over (runs since lost_ms)", optional=True)
-    baseline_step_ms: float | None = _field("the undisturbed step time it was compared with; null when unknown",
-                                            null=True)
+    baseline_step_ms: float | None = _field(
+        "the undisturbed step time it was compared with; null when unknown", null=True
+    )
     path: str = _field("the published checkpoint folder")
     persist_ms: float = _field("from its start to its publication, milliseconds")
     bytes: int = _field("its size on disk")
@@ -127,14 +145,17 @@ class CheckpointEvent(Event):
         """One line for people when it waited for the previous write long enough to matter, else None."""
         if (self.waited_ms or 0) < WAITED_NOTICE_MS:
             return None
-        return (f"checkpoint at step {self.step} waited {self.waited_ms:.0f} ms for the previous one's write "
-                f"({self.persist_ms:.0f} ms each): checkpoints come faster than they are written; space them out "
-                f"(checkpoint.every_steps, checkpoint.every_seconds), or ask `trainbook advise RUN_DIR`")
+        return (
+            f"checkpoint at step {self.step} waited {self.waited_ms:.0f} ms for the previous one's write "
+            f"({self.persist_ms:.0f} ms each): checkpoints come faster than they are written; space them out "
+            f"(checkpoint.every_steps, checkpoint.every_seconds), or ask `trainbook advise RUN_DIR`"
+        )
 
 
 @dataclass(kw_only=True)
 class CheckpointErrorEvent(Event):
     """A checkpoint could not be written; training goes on."""
+
     kind: ClassVar[str] = "checkpoint_error"
     step: int = _field("the step whose checkpoint failed")
     message: str = _field("what went wrong")
@@ -143,6 +164,7 @@ class CheckpointErrorEvent(Event):
 @dataclass(kw_only=True)
 class CheckpointInvalidEvent(Event):
     """At start-up, a checkpoint failed verification and an older one is tried."""
+
     kind: ClassVar[str] = "checkpoint_invalid"
     checkpoint: str = _field("the checkpoint's folder name")
     reason: str = _field("why it is not usable")
@@ -151,6 +173,7 @@ class CheckpointInvalidEvent(Event):
 @dataclass(kw_only=True)
 class ProfileEvent(Event):
     """The profiler's active steps are over and its traces are written."""
+
     kind: ClassVar[str] = "profile"
     summary: str = _field("path of the operator table (summary.txt)")
     traces: list = _field("trace file names in the profile folder")
@@ -160,6 +183,7 @@ class ProfileEvent(Event):
 @dataclass(kw_only=True)
 class ErrorEvent(Event):
     """Training failed with an exception (rank 0, or the worker when it failed before training started)."""
+
     kind: ClassVar[str] = "error"
     message: str = _field("the exception type and message")
 
@@ -167,6 +191,7 @@ class ErrorEvent(Event):
 @dataclass(kw_only=True)
 class RestartEvent(Event):
     """The supervisor restarts training after it died."""
+
     kind: ClassVar[str] = "restart"
     restart: int = _field("restarts by this supervisor so far, this one included")
     attempt: int = _field("the attempt number the restart starts")
@@ -179,6 +204,7 @@ class RestartEvent(Event):
 @dataclass(kw_only=True)
 class DebuggerEvent(Event):
     """Rank 0 listens for a debugger (debug.enabled; toolkit.runs.debugging), or one has attached."""
+
     kind: ClassVar[str] = "debugger"
     state: str = _field("waiting (training holds until a client attaches), listening (training goes on) or attached")
     host: str = _field("the loopback address debugpy listens on")
@@ -191,27 +217,37 @@ class DebuggerEvent(Event):
 class NonFiniteEvent(Event):
     """A step's loss or gradients were not finite on some rank, so its update was not applied (toolkit.train.watchdog):
     the step was skipped (watchdog.nonfinite=skip) or the run stopped after checkpointing the state before it."""
+
     kind: ClassVar[str] = "nonfinite"
     step: int = _field("the step whose update was not applied")
-    loss: str = _field("that step's loss over all ranks, as text (JSON has no NaN): 'nan', 'inf', or a number when "
-                       "only the gradients were not finite")
+    loss: str = _field(
+        "that step's loss over all ranks, as text (JSON has no NaN): 'nan', 'inf', or a number when "
+        "only the gradients were not finite"
+    )
     ranks: list = _field("the ranks whose own loss was not finite; empty when only the gradients were not")
     action: str = _field("skipped (training went on) or stopped (the run failed after the checkpoint)")
     skipped: int = _field("steps skipped so far in the run, this one included when it was skipped")
     in_a_row: int = _field("non-finite steps in a row, this one included")
-    checkpoint: str | None = _field("stopped: the checkpoint holding the state before this step; absent when none "
-                                    "could be written", optional=True)
+    checkpoint: str | None = _field(
+        "stopped: the checkpoint holding the state before this step; absent when none could be written", optional=True
+    )
 
     @property
     def summary(self) -> str:
         """One line for people: the job log, the CLI, the panel."""
-        where = f" (not finite on rank {', '.join(map(str, self.ranks))})" if self.ranks else \
-            " (finite; its gradients were not)"
+        where = (
+            f" (not finite on rank {', '.join(map(str, self.ranks))})"
+            if self.ranks
+            else " (finite; its gradients were not)"
+        )
         head = f"step {self.step}: loss {self.loss}{where}, update not applied"
         if self.action == "skipped":
             return f"{head}; skipped ({self.skipped} so far, {self.in_a_row} in a row)"
-        saved = f"checkpoint {self.checkpoint} holds the state before it" if self.checkpoint else \
-            "no checkpoint of the state before it could be written"
+        saved = (
+            f"checkpoint {self.checkpoint} holds the state before it"
+            if self.checkpoint
+            else "no checkpoint of the state before it could be written"
+        )
         in_a_row = f" ({self.in_a_row} in a row)" if self.in_a_row > 1 else ""
         return f"{head}; the run stops{in_a_row}: {saved}"
 
@@ -220,26 +256,32 @@ class NonFiniteEvent(Event):
 class HangEvent(Event):
     """No progress within the watchdog's limit (toolkit.train.watchdog): every rank dumps its threads' Python stacks,
     then the training processes are ended for the supervisor to restart (written by rank 0's watchdog)."""
+
     kind: ClassVar[str] = "hang"
     step: int = _field("the last step completed")
     phase: str = _field("what was under way: start, step, evaluation, checkpoint or final checkpoint")
     waited_s: float = _field("seconds without progress when the hang was declared")
-    limit_s: float = _field("the limit passed: watchdog.hang_factor x the recent step (or phase) time, at least "
-                            "hang_min_seconds, or hang_allowance_seconds where there was no such time yet")
+    limit_s: float = _field(
+        "the limit passed: watchdog.hang_factor x the recent step (or phase) time, at least "
+        "hang_min_seconds, or hang_allowance_seconds where there was no such time yet"
+    )
     stacks: str = _field("the folder of the stack dumps, rank_<r>.txt for each rank")
     attempt: int = _field("the attempt that hung (0 first, +1 per restart or resume)")
 
     @property
     def summary(self) -> str:
         """One line for people: the job log, the CLI, the panel."""
-        return (f"hang after step {self.step} (in {self.phase}): no progress for {self.waited_s:.0f} s (limit "
-                f"{self.limit_s:.0f} s); Python stacks of every rank in {self.stacks}")
+        return (
+            f"hang after step {self.step} (in {self.phase}): no progress for {self.waited_s:.0f} s (limit "
+            f"{self.limit_s:.0f} s); Python stacks of every rank in {self.stacks}"
+        )
 
 
 @dataclass(kw_only=True)
 class TrackingEvent(Event):
     """MLflow takes the run's metrics (toolkit.train.tracking), or stopped taking them: training goes on either way,
     with TensorBoard and this file."""
+
     kind: ClassVar[str] = "tracking"
     state: str = _field("logging (the MLflow run is open) or failed (MLflow is left alone for the rest of the attempt)")
     uri: str = _field("the MLflow tracking URI (a password in it left out)")
@@ -251,14 +293,18 @@ class TrackingEvent(Event):
 class CompileEvent(Event):
     """train.compile: torch.compile compiled (or recompiled) graphs of the model since the last such event
     (toolkit.train.compilation): how long it took and, for a recompilation, dynamo's reason."""
+
     kind: ClassVar[str] = "compile"
-    step: int = _field("the step during or before which it compiled (a compile in an evaluation counts for the step "
-                       "after it)")
+    step: int = _field(
+        "the step during or before which it compiled (a compile in an evaluation counts for the step after it)"
+    )
     seconds: float = _field("compile time: dynamo, AOTAutograd and the backend, forward and backward graphs")
     graphs: int = _field("forward graphs compiled (each with its backward when it trains)")
     recompiles: int = _field("of those, recompilations of code compiled before (a new batch shape, no_grad, ...)")
-    reasons: list = _field("each recompilation's reason, as dynamo gives it ('FUNCTION: GUARD FAILURE'), and any "
-                           "compile that failed and ran eagerly")
+    reasons: list = _field(
+        "each recompilation's reason, as dynamo gives it ('FUNCTION: GUARD FAILURE'), and any "
+        "compile that failed and ran eagerly"
+    )
     graph_breaks: int = _field("graph breaks in the graphs compiled: code dynamo left to Python")
 
     @property
@@ -266,18 +312,37 @@ class CompileEvent(Event):
         """One line for people: the CLI, the panel."""
         what = "recompiled" if self.recompiles else "compiled"
         breaks = f", {self.graph_breaks} graph breaks" if self.graph_breaks else ""
-        head = f"{what} {self.graphs} graph{'s' if self.graphs != 1 else ''} in {self.seconds:.1f} s at step " \
-               f"{self.step}{breaks}"
+        head = (
+            f"{what} {self.graphs} graph{'s' if self.graphs != 1 else ''} in {self.seconds:.1f} s at step "
+            f"{self.step}{breaks}"
+        )
         return head + (f": {'; '.join(self.reasons)}" if self.reasons else "")
 
 
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    StatusEvent, TrainEvent, EvalEvent, CheckpointEvent, CheckpointErrorEvent, CheckpointInvalidEvent, ProfileEvent,
-    ErrorEvent, RestartEvent, DebuggerEvent, NonFiniteEvent, HangEvent, TrackingEvent, CompileEvent)}
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        StatusEvent,
+        TrainEvent,
+        EvalEvent,
+        CheckpointEvent,
+        CheckpointErrorEvent,
+        CheckpointInvalidEvent,
+        ProfileEvent,
+        ErrorEvent,
+        RestartEvent,
+        DebuggerEvent,
+        NonFiniteEvent,
+        HangEvent,
+        TrackingEvent,
+        CompileEvent,
+    )
+}
 E = TypeVar("E", bound=Event)
 
 
 # --- the format ---------------------------------------------------------------------------------------------------
+
 
 def to_record(event: Event) -> dict:
     """The JSON object of one line: "event" and "time" first, then the fields (optional ones only when set)."""
@@ -337,6 +402,7 @@ def append_event(path: Path, event: E) -> E:
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
+
 
 def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
     """The JSON objects of the lines appended since byte ``offset``, and the offset to continue from.

@@ -36,6 +36,8 @@ def missing_extra_message(exc: ModuleNotFoundError, what: str) -> str | None:
     if not prefixes:
         return None
     distribution, extra = OPTIONAL_IMPORTS[max(prefixes, key=len)]
-    return refused(None, f"{what} needs {distribution} (module {name!r} is not installed), which comes with the "
-                         f"'{extra}' extra",
-                   f"pip install 'trainbook[{extra}]' (in a checkout, `make setup` installs every extra)")
+    return refused(
+        None,
+        f"{what} needs {distribution} (module {name!r} is not installed), which comes with the '{extra}' extra",
+        f"pip install 'trainbook[{extra}]' (in a checkout, `make setup` installs every extra)",
+    )

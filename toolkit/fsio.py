@@ -85,11 +85,13 @@ def open_log(path: Path, text: bool = False, fresh: bool = False):
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, not_allowed(path.name, path, "a regular file (or none)", problem="is a link")) \
-                from None
+            raise OSError(
+                errno.ELOOP, not_allowed(path.name, path, "a regular file (or none)", problem="is a link")
+            ) from None
         if exc.errno == errno.ENXIO:  # a FIFO nobody reads (opened without waiting for a reader)
-            raise OSError(errno.EINVAL, not_allowed(path.name, path, "a regular file",
-                                                    problem="is not a regular file")) from None
+            raise OSError(
+                errno.EINVAL, not_allowed(path.name, path, "a regular file", problem="is not a regular file")
+            ) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -98,8 +100,13 @@ def open_log(path: Path, text: bool = False, fresh: bool = False):
     return os.fdopen(fd, "a" if text else "ab", buffering=1 if text else -1)
 
 
-FILE_TYPES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
-              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+FILE_TYPES = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: int | None = None) -> bytes:
@@ -111,24 +118,39 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise error(not_allowed(field, path, "a regular file (a link is never followed: it could lead anywhere)",
-                                problem=f"is a symbolic link to {bounded_repr(os.readlink(path))}")) from None
+            raise error(
+                not_allowed(
+                    field,
+                    path,
+                    "a regular file (a link is never followed: it could lead anywhere)",
+                    problem=f"is a symbolic link to {bounded_repr(os.readlink(path))}",
+                )
+            ) from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise error(not_allowed(field, path, "a regular file",
-                                problem=f"is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular file"))
+        raise error(
+            not_allowed(
+                field,
+                path,
+                "a regular file",
+                problem=f"is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular file",
+            )
+        )
     with os.fdopen(fd, "rb") as f:
         data = f.read() if limit is None else f.read(limit + 1)
     if limit is not None and len(data) > limit:
-        raise error(not_allowed(field, path, "the small file Trainbook writes there",
-                                problem=f"is over {limit:,} bytes"))
+        raise error(
+            not_allowed(field, path, "the small file Trainbook writes there", problem=f"is over {limit:,} bytes")
+        )
     return data
 
 
-PLAIN_FOLDER = ("regular files and plain subfolders only (a link is never followed: it could lead anywhere; a FIFO, "
-                "socket or device would block its reader)")
+PLAIN_FOLDER = (
+    "regular files and plain subfolders only (a link is never followed: it could lead anywhere; a FIFO, "
+    "socket or device would block its reader)"
+)
 
 
 class NotPlainEntry(ValueError):
@@ -214,15 +236,28 @@ def name_inside(name) -> bool:
 def file_entry_ok(entry) -> bool:
     """``{"size": bytes, "sha256": hex}`` as a manifest or listing records a file."""
     size = entry.get("size") if isinstance(entry, dict) else None
-    return (isinstance(size, int) and not isinstance(size, bool) and size >= 0
-            and isinstance(entry.get("sha256"), str) and SHA256_RE.fullmatch(entry["sha256"]) is not None)
+    return (
+        isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(entry.get("sha256"), str)
+        and SHA256_RE.fullmatch(entry["sha256"]) is not None
+    )
 
 
 # --- which folder may be replaced ----------------------------------------------------------------------------------
 
 
-def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exception], may_hold: Callable[[Path], set],
-                      field: str = "--out", subfolders: frozenset[str] = frozenset()) -> None:
+def check_replaceable(
+    out: Path,
+    *,
+    marker: str,
+    kind: str,
+    error: type[Exception],
+    may_hold: Callable[[Path], set],
+    field: str = "--out",
+    subfolders: frozenset[str] = frozenset(),
+) -> None:
     """``out`` may be written: it is missing, an empty folder, or an earlier ``kind`` folder, never a link, a file
     or someone else's folder (replacing deletes what is there). An earlier folder holds ``marker`` and nothing but
     regular files named in ``may_hold(out)`` (which reads the marker, raising ``error`` if it is not one of ours)
@@ -234,10 +269,18 @@ def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exceptio
     except FileNotFoundError:
         return
     if stat.S_ISLNK(mode):
-        raise error(not_allowed(field, out, "a real folder path (a link is never written through or replaced)",
-                                problem="is a symbolic link"))
-    allowed = (f"a new or empty folder, or an earlier {kind} folder (it holds {marker} and only the files "
-               "that lists; it is replaced)")
+        raise error(
+            not_allowed(
+                field,
+                out,
+                "a real folder path (a link is never written through or replaced)",
+                problem="is a symbolic link",
+            )
+        )
+    allowed = (
+        f"a new or empty folder, or an earlier {kind} folder (it holds {marker} and only the files "
+        "that lists; it is replaced)"
+    )
     if not stat.S_ISDIR(mode):
         raise error(not_allowed(field, out, allowed, problem=f"exists and is not a {kind} folder"))
     with os.scandir(out) as scan:
@@ -253,8 +296,9 @@ def check_replaceable(out: Path, *, marker: str, kind: str, error: type[Exceptio
     for name, entry in sorted(entries.items()):
         ours = entry.is_file(follow_symlinks=False) or (name in subfolders and entry.is_dir(follow_symlinks=False))
         if name not in known | subfolders or not ours:
-            raise error(not_allowed(field, out, allowed,
-                                    problem=f"holds {bounded_repr(name)}, which a {kind} folder does not"))
+            raise error(
+                not_allowed(field, out, allowed, problem=f"holds {bounded_repr(name)}, which a {kind} folder does not")
+            )
 
 
 # --- staging: where a folder is assembled ---------------------------------------------------------------------------
@@ -401,16 +445,30 @@ def swap_in(new: Path, dest: Path) -> Path | None:
     return replace_in_two_steps(new, dest)
 
 
-def publish_folder(tmp: Path, out: Path, *, marker: str, kind: str, error: type[Exception],
-                   may_hold: Callable[[Path], set], field: str = "--out",
-                   subfolders: frozenset[str] = frozenset()) -> None:
+def publish_folder(
+    tmp: Path,
+    out: Path,
+    *,
+    marker: str,
+    kind: str,
+    error: type[Exception],
+    may_hold: Callable[[Path], set],
+    field: str = "--out",
+    subfolders: frozenset[str] = frozenset(),
+) -> None:
     """Make the assembled folder ``tmp`` (from :func:`staging_folder`) the folder ``out``: fsync every file and
     the folder, check once more that ``out`` may be replaced (:func:`check_replaceable`: it may have changed
     during the work), swap in one step, fsync the parent (the swap itself is durable), then remove the previous
     folder."""
     fsync_tree(tmp)
-    rule = {"marker": marker, "kind": kind, "error": error, "may_hold": may_hold, "field": field,
-            "subfolders": subfolders}
+    rule = {
+        "marker": marker,
+        "kind": kind,
+        "error": error,
+        "may_hold": may_hold,
+        "field": field,
+        "subfolders": subfolders,
+    }
     check_replaceable(out, **rule)
     try:
         previous = swap_in(tmp, out)

@@ -65,8 +65,13 @@ def read(path: Path, what: str) -> str:
     what is wrong and how to get a good key (never a key that is empty or readable by others)."""
     key, problem = _inspect(path, what)
     if problem is not None:
-        raise KeyFileError(refused(f"{what} {path}", problem, f"a key file made by Trainbook: {KEY_SHAPE_TEXT}, "
-                                                               "mode 0600 (remove it: a new one is made)"))
+        raise KeyFileError(
+            refused(
+                f"{what} {path}",
+                problem,
+                f"a key file made by Trainbook: {KEY_SHAPE_TEXT}, mode 0600 (remove it: a new one is made)",
+            )
+        )
     return key
 
 
@@ -100,8 +105,13 @@ def _inspect(path: Path, what: str) -> tuple[str, str | None]:
 
 def _refuse_unless_regular(info: os.stat_result, path: Path, what: str, allowed: str) -> None:
     if not stat.S_ISREG(info.st_mode):
-        kind = "a link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else \
-            "not a regular file (a FIFO, socket or device)"
+        kind = (
+            "a link"
+            if stat.S_ISLNK(info.st_mode)
+            else "a folder"
+            if stat.S_ISDIR(info.st_mode)
+            else "not a regular file (a FIFO, socket or device)"
+        )
         raise KeyFileError(refused(f"{what} {path}", f"is {kind}", allowed))
     if info.st_uid != os.geteuid():
         raise KeyFileError(refused(f"{what} {path}", f"belongs to user id {info.st_uid}, not to you", allowed))
@@ -128,8 +138,9 @@ def _write_new(path: Path, replace: bool) -> str | None:
                 return None
         _fsync_folder(path.parent)
     except OSError as exc:
-        raise KeyFileError(refused(f"{path}", f"a new key cannot be written ({exc.strerror})",
-                                   "a writable folder with free space")) from None
+        raise KeyFileError(
+            refused(f"{path}", f"a new key cannot be written ({exc.strerror})", "a writable folder with free space")
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
     return key

@@ -28,8 +28,14 @@ def gpus() -> list[dict]:
     found = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        found.append({"index": i, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                      "capability": f"{props.major}.{props.minor}"})
+        found.append(
+            {
+                "index": i,
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "capability": f"{props.major}.{props.minor}",
+            }
+        )
     return found
 
 
@@ -124,8 +130,10 @@ def shm_shortfall(num_workers: int, prefetch: int, batch_bytes: int) -> str | No
     need = 2 * num_workers * prefetch * batch_bytes  # each worker's batches in flight, with headroom
     if info["free_mib"] * 2**20 >= need:
         return None
-    return (f"/dev/shm has {info['free_mib']:,} MiB free; {num_workers} workers x prefetch {prefetch} need about "
-            f"{need / 2**20:,.0f} MiB: raise it (docker --shm-size, Azure ML shm_size)")
+    return (
+        f"/dev/shm has {info['free_mib']:,} MiB free; {num_workers} workers x prefetch {prefetch} need about "
+        f"{need / 2**20:,.0f} MiB: raise it (docker --shm-size, Azure ML shm_size)"
+    )
 
 
 DISK_WARN_FREE_GIB = 5.0

@@ -37,8 +37,9 @@ class _PlainLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise PlainDataError(f"line {event.start_mark.line + 1}: an anchor or alias (&name, *name); a config "
-                                 "spells each value out")
+            raise PlainDataError(
+                f"line {event.start_mark.line + 1}: an anchor or alias (&name, *name); a config spells each value out"
+            )
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -62,8 +63,13 @@ def _no_duplicates(pairs: list) -> dict:
 
 
 def _over_the_cap(size: int, unit: str) -> PlainDataError:
-    return PlainDataError(refused(None, f"{size:,} {unit} is over the cap and was not read",
-                                  f"a document of at most {MAX_DOCUMENT_BYTES:,} bytes (a config is a few KB)"))
+    return PlainDataError(
+        refused(
+            None,
+            f"{size:,} {unit} is over the cap and was not read",
+            f"a document of at most {MAX_DOCUMENT_BYTES:,} bytes (a config is a few KB)",
+        )
+    )
 
 
 def read_text(path: Path) -> str:

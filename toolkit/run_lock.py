@@ -36,10 +36,14 @@ def acquire(run_dir: str | Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, HOLDER_WIDTH, 0).decode(errors="replace").strip() or "not recorded yet"
-            raise RunBusyError(not_allowed(
-                "run_dir", run_dir, "a run directory no live run holds (stop that run first, or choose another "
-                                    "--run-dir)",
-                problem=f"is in use by another run (pid {holder})")) from None
+            raise RunBusyError(
+                not_allowed(
+                    "run_dir",
+                    run_dir,
+                    "a run directory no live run holds (stop that run first, or choose another --run-dir)",
+                    problem=f"is in use by another run (pid {holder})",
+                )
+            ) from None
         record_holder(fd, os.getpid())
     except BaseException:  # refused, or the record could not be written: never keep a lock nobody can release
         os.close(fd)
@@ -54,13 +58,17 @@ def open_lock_file(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise RefusedValue(not_allowed(path.name, path, "a regular file of the run directory (or none)",
-                                           problem="is a link")) from None
+            raise RefusedValue(
+                not_allowed(path.name, path, "a regular file of the run directory (or none)", problem="is a link")
+            ) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise RefusedValue(not_allowed(path.name, path, "a regular file of the run directory (or none)",
-                                       problem="is not a regular file"))
+        raise RefusedValue(
+            not_allowed(
+                path.name, path, "a regular file of the run directory (or none)", problem="is not a regular file"
+            )
+        )
     return fd
 
 

@@ -1,13 +1,13 @@
 """The run directory: the contract between the trainer, the CLI, notebooks, Azure ML jobs and tests.
 
-    runs/<name>/
-      config.yaml    the fully resolved config, written before the first step
-      status.json    state, pid, last step, restarts (replaced atomically, never half-written)
-      events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/events.py)
-      lineage.json   data name and hash, git commit, package versions, host
-      deepspeed_config.json   DeepSpeed runs: what deepspeed.initialize was handed
-      tb/            TensorBoard scalars
-      profile/       torch.profiler traces + summary.txt + top_operators.json
+runs/<name>/
+  config.yaml    the fully resolved config, written before the first step
+  status.json    state, pid, last step, restarts (replaced atomically, never half-written)
+  events.jsonl   one JSON object a line, appended and flushed by rank 0 (schema: toolkit/events.py)
+  lineage.json   data name and hash, git commit, package versions, host
+  deepspeed_config.json   DeepSpeed runs: what deepspeed.initialize was handed
+  tb/            TensorBoard scalars
+  profile/       torch.profiler traces + summary.txt + top_operators.json
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ class RunDir:
         try:
             trust.sign(self.path, cfg)
         except KeyFileError as exc:  # no key to sign with: the run trains; its resume will ask for --trust-run
-            print(f"note: {exc}; {self.path} is not signed as yours, so resume asks for {trust.FLAG}",
-                  file=sys.stderr)
+            print(f"note: {exc}; {self.path} is not signed as yours, so resume asks for {trust.FLAG}", file=sys.stderr)
 
     def untrusted_fields(self, verb: str | None = None) -> dict:
         """The fields of this run's config that run code, reach the network or open a port, and that this user has
@@ -91,8 +90,9 @@ class RunDir:
     def read_config(self) -> config_mod.Config:
         """The run's config, validated. A run directory may be a copy from elsewhere: config.yaml must be the
         run's own regular file, never a link that reads a config from anywhere."""
-        text = read_regular_file(self.config_path, field="config.yaml", error=config_mod.ConfigError,
-                                 limit=RESOLVED_CONFIG_MAX_BYTES)  # a copied run's file of gigabytes is not read
+        text = read_regular_file(
+            self.config_path, field="config.yaml", error=config_mod.ConfigError, limit=RESOLVED_CONFIG_MAX_BYTES
+        )  # a copied run's file of gigabytes is not read
         return config_mod.from_dict(yaml.safe_load(text))
 
     def read_status(self) -> dict:

@@ -44,13 +44,30 @@ class UnsafeCheckpointError(UserError, ValueError):
 # for one cut short or a stack it never built; Unicode errors, which are ValueErrors; TypeError and AttributeError
 # for an allowed function given other arguments), and lengths or nesting written to exhaust the reader (MemoryError,
 # OverflowError, RecursionError). Anything else is a bug of ours, and keeps its traceback.
-UNREADABLE = (pickle.UnpicklingError, EOFError, struct.error, ValueError, KeyError, IndexError, TypeError,
-              AttributeError, RuntimeError, OSError, MemoryError, OverflowError, RecursionError)
+UNREADABLE = (
+    pickle.UnpicklingError,
+    EOFError,
+    struct.error,
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+    RuntimeError,
+    OSError,
+    MemoryError,
+    OverflowError,
+    RecursionError,
+)
 
 
 # What a Trainbook checkpoint may name beyond torch's defaults, as the pickle spells it ("module.name").
-NUMPY_NAMES = ("numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",  # the RNG state in rank_*.pt
-               "numpy.dtypes.UInt32DType")  # the dtype's class is built while loading: not visible in a static scan
+NUMPY_NAMES = (
+    "numpy._core.multiarray._reconstruct",
+    "numpy.ndarray",
+    "numpy.dtype",  # the RNG state in rank_*.pt
+    "numpy.dtypes.UInt32DType",
+)  # the dtype's class is built while loading: not visible in a static scan
 ALLOWED_NAMES = NUMPY_NAMES + (
     "deepspeed.runtime.zero.config.ZeroStageEnum",  # DeepSpeed's ZeRO optimizer files
     "deepspeed.utils.tensor_fragment.fragment_address",
@@ -109,13 +126,19 @@ def file_problem(path: str | Path) -> str | None:
 
 
 def unsafe_reason(path: str | Path, names: list[str]) -> str:
-    return refused(Path(path).name, f"loading it would import {', '.join(names) or 'something not allowed'}",
-                   f"tensors and plain data (a Trainbook checkpoint names only {', '.join(ALLOWED_NAMES)})")
+    return refused(
+        Path(path).name,
+        f"loading it would import {', '.join(names) or 'something not allowed'}",
+        f"tensors and plain data (a Trainbook checkpoint names only {', '.join(ALLOWED_NAMES)})",
+    )
 
 
 def unreadable_reason(path: str | Path, exc: BaseException) -> str:
-    return refused(Path(path).name, f"cannot be read as a torch checkpoint ({_described(exc)})",
-                   "a file torch.save wrote, of tensors and plain data")
+    return refused(
+        Path(path).name,
+        f"cannot be read as a torch checkpoint ({_described(exc)})",
+        "a file torch.save wrote, of tensors and plain data",
+    )
 
 
 def _torch_load(path: str | Path, names: list[str], **options):

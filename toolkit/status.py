@@ -91,8 +91,9 @@ def transition(run, name: str, **fields) -> dict:
 def update(run, **fields) -> dict:
     """Merge facts (step, pids, attempt...) into status.json without changing the state."""
     if "state" in fields:
-        raise IllegalTransition(refused("status field 'state'", "changed only through transition()",
-                                        "other fields here"))
+        raise IllegalTransition(
+            refused("status field 'state'", "changed only through transition()", "other fields here")
+        )
     with _locked(run):
         return run.write_status(**fields)
 

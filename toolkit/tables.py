@@ -61,9 +61,14 @@ def text_table(rows: Iterable, columns: list[Column], indent: str = "", gap: int
     return "\n".join([line([c.header for c in columns]), *(line(texts) for texts in cells)])
 
 
-def html_table(rows: Sequence, columns: list[Column] | None = None, caption: str = "",
-               empty: str | None = "nothing yet", highlight: Callable[[Any], str] | None = None,
-               attrs: str = "style='border-collapse:collapse'") -> str:
+def html_table(
+    rows: Sequence,
+    columns: list[Column] | None = None,
+    caption: str = "",
+    empty: str | None = "nothing yet",
+    highlight: Callable[[Any], str] | None = None,
+    attrs: str = "style='border-collapse:collapse'",
+) -> str:
     """``rows`` as an HTML table with a header row. Text cells are escaped, ``Markup`` cells are not; numbers
     (``right`` columns) align right.
 
@@ -81,8 +86,10 @@ def html_table(rows: Sequence, columns: list[Column] | None = None, caption: str
         cells = "".join(f"<td{_align(c)}>{_html(c.cell(row))}</td>" for c in columns)
         body.append(f"<tr style='background:{background}'>{cells}</tr>" if background else f"<tr>{cells}</tr>")
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return (f"<table{' ' + attrs if attrs else ''}>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
-            "</table>")
+    return (
+        f"<table{' ' + attrs if attrs else ''}>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+        "</table>"
+    )
 
 
 def _align(column: Column) -> str:
@@ -92,4 +99,3 @@ def _align(column: Column) -> str:
 
 def _html(text: str) -> str:
     return text if isinstance(text, Markup) else html.escape(text)
-

@@ -62,8 +62,12 @@ def import_deepspeed():
     given = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if (handed := deepspeed_arch_list(given)) is not None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = handed
-        print(f"TORCH_CUDA_ARCH_LIST {given!r} handed to DeepSpeed as {handed!r}: its op builder does not read "
-              f"architecture-specific entries", file=sys.stderr, flush=True)
+        print(
+            f"TORCH_CUDA_ARCH_LIST {given!r} handed to DeepSpeed as {handed!r}: its op builder does not read "
+            f"architecture-specific entries",
+            file=sys.stderr,
+            flush=True,
+        )
     # process-wide while it lasts: another thread importing mlflow meanwhile would be refused (ranks have none yet)
     hold_off = "mlflow" not in sys.modules and "deepspeed" not in sys.modules
     if hold_off:

@@ -75,11 +75,28 @@ def _hub_id(cfg) -> str | None:
 # DeepSpeed neither imports nor writes by them. Anything else in engine.deepspeed is DeepSpeed's to act on (its
 # monitors log to servers or write to paths, torch_autocast imports modules by name, the flops profiler writes its
 # output_file, NVMe offload writes swap files at nvme_path).
-PLAIN_DEEPSPEED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                   "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "optimizer",
-                   "scheduler", "zero_optimization", "fp16", "bf16", "bfloat16", "prescale_gradients",
-                   "gradient_predivide_factor", "communication_data_type", "zero_allow_untested_optimizer",
-                   "zero_force_ds_cpu_optimizer", "sparse_gradients", "managed_gradient_accumulation"}
+PLAIN_DEEPSPEED = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "memory_breakdown",
+    "optimizer",
+    "scheduler",
+    "zero_optimization",
+    "fp16",
+    "bf16",
+    "bfloat16",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "communication_data_type",
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "sparse_gradients",
+    "managed_gradient_accumulation",
+}
 NVME_PATHS = ("offload_param", "offload_optimizer")
 
 
@@ -110,8 +127,11 @@ ACTING_FIELDS = (
     ActingField("model.loss", RUNS_CODE, lambda cfg: _set(cfg.model.loss)),
     ActingField("model.code_path", RUNS_CODE, lambda cfg: _set(cfg.model.code_path)),  # first on sys.path
     ActingField("model.hf.source", REACHES_NETWORK, _hub_id, verbs=("resume", "export")),
-    ActingField("tracking.mlflow_uri", REACHES_NETWORK,
-                lambda cfg: _set(cfg.tracking.mlflow_uri) if cfg.tracking.mlflow != "never" else None),
+    ActingField(
+        "tracking.mlflow_uri",
+        REACHES_NETWORK,
+        lambda cfg: _set(cfg.tracking.mlflow_uri) if cfg.tracking.mlflow != "never" else None,
+    ),
     # the whole section: where it listens is part of what is vouched for
     ActingField("debug", OPENS_PORT, lambda cfg: dataclasses.asdict(cfg.debug) if cfg.debug.enabled else None),
     ActingField("engine.deepspeed", DEEPSPEED_ACTS, _deepspeed_actions),
@@ -133,8 +153,9 @@ def acting_values(cfg, verb: str | None = None) -> dict[str, object]:
 def _digest(run_path: Path, values: dict, key: str) -> str:
     """The signature of ``values`` for the run at ``run_path``: bound to its real path, so that a trust.json copied
     into another run (or the run moved elsewhere) vouches for nothing."""
-    message = json.dumps({"run": str(Path(run_path).resolve()), "values": values}, sort_keys=True, default=str,
-                         separators=(",", ":")).encode()
+    message = json.dumps(
+        {"run": str(Path(run_path).resolve()), "values": values}, sort_keys=True, default=str, separators=(",", ":")
+    ).encode()
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
@@ -204,8 +225,11 @@ def require(run_path: Path, cfg, verb: str, trust_run: bool = False) -> None:
         if fields == acting_values(cfg):
             sign(run_path, cfg)
         return
-    raise UntrustedRunError(refused(
-        f"{run_path / 'config.yaml'}", f"sets {describe(fields)}, and this run was not made here by you (or those "
-                                       "fields were changed since)",
-        f"such fields in your own runs only, or once you have read the config and trust it, `trainbook {verb} RUN_DIR "
-        f"{FLAG}` (or remove them)"))
+    raise UntrustedRunError(
+        refused(
+            f"{run_path / 'config.yaml'}",
+            f"sets {describe(fields)}, and this run was not made here by you (or those fields were changed since)",
+            f"such fields in your own runs only, or once you have read the config and trust it, "
+            f"`trainbook {verb} RUN_DIR {FLAG}` (or remove them)",
+        )
+    )

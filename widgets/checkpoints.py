@@ -42,20 +42,32 @@ class CheckpointsPanel(Panel):
         super().__init__()
         self.run = RunDir(run_dir)
         if not self.run.config_path.is_file():
-            raise FileNotFoundError(not_allowed("run_dir", run_dir, "a run directory",
-                                                problem="holds no run (no config.yaml)"))
+            raise FileNotFoundError(
+                not_allowed("run_dir", run_dir, "a run directory", problem="holds no run (no config.yaml)")
+            )
         self.store = CheckpointStore(self.run.path)
         self.verify = w.Checkbox(value=verify, description="verify checksums")
         self.table = w.HTML()
         self.refresh_button = self.button("Refresh", self.refresh_in_background, tooltip="list and verify again")
         self.resume_from = w.Dropdown(description="resume from")
-        self.resume_button = self.button("Resume", self.resume, "primary",
-                                         "continue the run from the chosen checkpoint")
+        self.resume_button = self.button(
+            "Resume", self.resume, "primary", "continue the run from the chosen checkpoint"
+        )
         self.card = w.HTML()
-        self.gpus = w.SelectionSlider(options=sorted({*GPU_COUNTS, gpus}), value=gpus, description="job GPUs",
-                                      continuous_update=False, layout=w.Layout(width="420px"))
-        self.restart_s = w.BoundedFloatText(value=restart_s, min=0, max=86400, description="restart s",
-                                            tooltip="seconds from a failure to training again (scheduling, loading)")
+        self.gpus = w.SelectionSlider(
+            options=sorted({*GPU_COUNTS, gpus}),
+            value=gpus,
+            description="job GPUs",
+            continuous_update=False,
+            layout=w.Layout(width="420px"),
+        )
+        self.restart_s = w.BoundedFloatText(
+            value=restart_s,
+            min=0,
+            max=86400,
+            description="restart s",
+            tooltip="seconds from a failure to training again (scheduling, loading)",
+        )
         for control in (self.gpus, self.restart_s):
             control.observe(lambda _: self.guarded(self.advise), names="value")
         self.advice_text = w.HTML()
@@ -64,12 +76,20 @@ class CheckpointsPanel(Panel):
         self.infos = []
         self.advice = None
         self.handle = None
-        self.view = w.VBox([
-            w.HTML(f"<b>Checkpoints of {html.escape(self.run.path.name)}</b>"), self.table,
-            w.HBox([self.verify, self.refresh_button, self.busy]),
-            w.HBox([self.resume_from, self.resume_button]), self.message, self.card,
-            w.HTML("<b>Interval advisor</b> (Young/Daly: T = sqrt(2 C M) - C)"), w.HBox([self.gpus, self.restart_s]),
-            self.advice_text, self.advice_plot])
+        self.view = w.VBox(
+            [
+                w.HTML(f"<b>Checkpoints of {html.escape(self.run.path.name)}</b>"),
+                self.table,
+                w.HBox([self.verify, self.refresh_button, self.busy]),
+                w.HBox([self.resume_from, self.resume_button]),
+                self.message,
+                self.card,
+                w.HTML("<b>Interval advisor</b> (Young/Daly: T = sqrt(2 C M) - C)"),
+                w.HBox([self.gpus, self.restart_s]),
+                self.advice_text,
+                self.advice_plot,
+            ]
+        )
         self.refresh()
         self.guarded(self.advise)
 
@@ -79,18 +99,29 @@ class CheckpointsPanel(Panel):
         self.infos = self.store.list(verify=self.verify.value)
         latest = self.store.latest_name()
         cost = {e.step: e for e in read_events(self.run, CheckpointEvent)}  # a resumed run's later write wins
-        rows = [{"checkpoint": i.name + ("  <- LATEST" if i.name == latest else ""),
-                 "step": "" if i.step is None else i.step,
-                 "valid": "yes" if i.valid else "set aside" if i.name.startswith(SUPERSEDED_PREFIX) else "NO",
-                 "MB": f"{i.size_bytes / 2**20:,.2f}",
-                 "training lost ms": _ms(cost[i.step].lost_ms if i.step in cost else None),
-                 "of which blocked": _ms(cost[i.step].blocking_ms if i.step in cost else None),
-                 "written": time.strftime("%H:%M:%S", time.localtime(i.created)) if i.created else "",
-                 "why": i.reason} for i in self.infos]
-        self.table.value = html_table(rows, empty="no checkpoints yet (set checkpoint.every_steps)",
-                                      highlight=lambda r: {"NO": "#fde0dd", "set aside": "#f3f3f3"}.get(r["valid"])) \
-            + ("<small>A checkpoint's cost is the <b>training time lost</b>: the time training stood still (blocked) "
-               "plus the slowdown of the steps its background write overlapped.</small>" if rows else "")
+        rows = [
+            {
+                "checkpoint": i.name + ("  <- LATEST" if i.name == latest else ""),
+                "step": "" if i.step is None else i.step,
+                "valid": "yes" if i.valid else "set aside" if i.name.startswith(SUPERSEDED_PREFIX) else "NO",
+                "MB": f"{i.size_bytes / 2**20:,.2f}",
+                "training lost ms": _ms(cost[i.step].lost_ms if i.step in cost else None),
+                "of which blocked": _ms(cost[i.step].blocking_ms if i.step in cost else None),
+                "written": time.strftime("%H:%M:%S", time.localtime(i.created)) if i.created else "",
+                "why": i.reason,
+            }
+            for i in self.infos
+        ]
+        self.table.value = html_table(
+            rows,
+            empty="no checkpoints yet (set checkpoint.every_steps)",
+            highlight=lambda r: {"NO": "#fde0dd", "set aside": "#f3f3f3"}.get(r["valid"]),
+        ) + (
+            "<small>A checkpoint's cost is the <b>training time lost</b>: the time training stood still (blocked) "
+            "plus the slowdown of the steps its background write overlapped.</small>"
+            if rows
+            else ""
+        )
         valid = [i.name for i in self.infos if i.valid]
         self.resume_from.options = [(f"{n} (LATEST)" if n == latest else n, n) for n in valid]
         self.resume_from.value = latest if latest in valid else (valid[-1] if valid else None)
@@ -109,12 +140,14 @@ class CheckpointsPanel(Panel):
         if chosen is None:
             raise ValueError(refused("resume from", "no valid checkpoint", "a run that saved at least one"))
         self.handle = handle = launch.resume(self.run.path, from_checkpoint=None if chosen == latest else chosen)
-        self.message.value = ok_html(f"resumed from {chosen}" + ("" if chosen == latest else
-                                                                  " (newer checkpoints set aside as superseded-*)"))
+        self.message.value = ok_html(
+            f"resumed from {chosen}" + ("" if chosen == latest else " (newer checkpoints set aside as superseded-*)")
+        )
 
         def follow():
-            status = follow_run(handle, self.run.read_config().train.max_steps,
-                                show=lambda text: setattr(self.card, "value", text))
+            status = follow_run(
+                handle, self.run.read_config().train.max_steps, show=lambda text: setattr(self.card, "value", text)
+            )
             self.refresh()
             self.advise()
             return status
@@ -128,8 +161,9 @@ class CheckpointsPanel(Panel):
         from toolkit.report import plots
         from toolkit.checkpoint.interval_advisor import advise_for_run, mtbf_for_gpus
 
-        self.advice = advice = advise_for_run(self.run.path, mtbf_s=mtbf_for_gpus(self.gpus.value),
-                                              restart_s=self.restart_s.value)
+        self.advice = advice = advise_for_run(
+            self.run.path, mtbf_s=mtbf_for_gpus(self.gpus.value), restart_s=self.restart_s.value
+        )
         every = self.run.read_config().checkpoint.every_steps
         current_s = every * advice.step_time_s if every and advice.step_time_s else None
         self.advice_text.value = pre_html(advice.summary())
@@ -139,5 +173,7 @@ class CheckpointsPanel(Panel):
         return advice
 
     def static_html(self) -> str:
-        return (f"<div><b>Checkpoints of {html.escape(self.run.path.name)}</b>{self.table.value}{self.message.value}"
-                f"{self.card.value}{self.advice_text.value}{png_html(self._advice_png, 760)}</div>")
+        return (
+            f"<div><b>Checkpoints of {html.escape(self.run.path.name)}</b>{self.table.value}{self.message.value}"
+            f"{self.card.value}{self.advice_text.value}{png_html(self._advice_png, 760)}</div>"
+        )

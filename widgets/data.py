@@ -38,24 +38,38 @@ def path_suggestions(text: str, limit: int = PICKER_ENTRIES) -> list[str]:
 
 
 class DataPanel(Panel):
-    def __init__(self, workspace: str | Path | None = None, config: str = "demo", tune_steps: int = 15,
-                 name: str = "", path: str = "", type: str = "uri_folder", description: str = ""):
+    def __init__(
+        self,
+        workspace: str | Path | None = None,
+        config: str = "demo",
+        tune_steps: int = 15,
+        name: str = "",
+        path: str = "",
+        type: str = "uri_folder",
+        description: str = "",
+    ):
         super().__init__()
         self.ws = Workspace.open(workspace)
         self.config_name, self.tune_steps = config, tune_steps
         self._form_start = {"name": name, "path": path, "type": type, "description": description}  # clear_form
         self.name = w.Text(value=name, description="name", placeholder="e.g. pydoc")
-        self.path = w.Combobox(value=path, options=path_suggestions(path), description="path",
-                               placeholder="a file or folder", ensure_option=False, layout=w.Layout(width="520px"))
+        self.path = w.Combobox(
+            value=path,
+            options=path_suggestions(path),
+            description="path",
+            placeholder="a file or folder",
+            ensure_option=False,
+            layout=w.Layout(width="520px"),
+        )
         self.type = w.Dropdown(options=list(data_assets.TYPES), value=type, description="type")
         self.description = w.Text(value=description, description="about", layout=w.Layout(width="520px"))
         self.problems = w.HTML()
-        self.register_button = self.button("Register", self.register_in_background, "primary",
-                                           "snapshot the path and record it as the next version")
+        self.register_button = self.button(
+            "Register", self.register_in_background, "primary", "snapshot the path and record it as the next version"
+        )
         for control in (self.name, self.path, self.type):
             control.observe(lambda _: self.check_form(), names="value")
-        self.path.observe(lambda change: setattr(self.path, "options", path_suggestions(change["new"])),
-                          names="value")
+        self.path.observe(lambda change: setattr(self.path, "options", path_suggestions(change["new"])), names="value")
 
         self.versions = w.HTML()
         self.show_archived = w.Checkbox(value=False, description="show archived")
@@ -64,20 +78,35 @@ class DataPanel(Panel):
         self.archive_button = self.button("Archive", self.archive, tooltip="hide from listings; name:N still resolves")
 
         self.advisor_asset = w.Dropdown(description="asset")
-        self.measure_button = self.button("Measure loading", self.measure_loading_in_background, "info",
-                                          "time real training steps for a few DataLoader settings")
+        self.measure_button = self.button(
+            "Measure loading",
+            self.measure_loading_in_background,
+            "info",
+            "time real training steps for a few DataLoader settings",
+        )
         self.advice_text, self.advice_plot = w.HTML(), w.Image(format="png", layout=w.Layout(max_width="760px"))
         self._advice_png = b""
         self.registered: data_assets.DataAsset | None = None
         self.report = None
 
-        self.view = w.VBox([
-            w.HTML("<b>Register data</b>"), self.name, self.path, w.HBox([self.type, self.description]),
-            self.problems, w.HBox([self.register_button, self.busy]), self.message,
-            w.HTML("<b>Catalogue</b>"), self.versions, w.HBox([self.show_archived, self.archive_choice,
-                                                                self.archive_button]),
-            w.HTML("<b>Loading advisor</b>"), w.HBox([self.advisor_asset, self.measure_button]),
-            self.advice_text, self.advice_plot])
+        self.view = w.VBox(
+            [
+                w.HTML("<b>Register data</b>"),
+                self.name,
+                self.path,
+                w.HBox([self.type, self.description]),
+                self.problems,
+                w.HBox([self.register_button, self.busy]),
+                self.message,
+                w.HTML("<b>Catalogue</b>"),
+                self.versions,
+                w.HBox([self.show_archived, self.archive_choice, self.archive_button]),
+                w.HTML("<b>Loading advisor</b>"),
+                w.HBox([self.advisor_asset, self.measure_button]),
+                self.advice_text,
+                self.advice_plot,
+            ]
+        )
         self.check_form()
         self.refresh_versions()
 
@@ -98,11 +127,14 @@ class DataPanel(Panel):
     def register(self) -> data_assets.DataAsset:
         """Register the form's path; the asset's version is new only if its content is."""
         before = {a.ref for a in data_assets.list_assets(self.ws, self.name.value, include_archived=True)}
-        asset = data_assets.register(self.ws, self.name.value, self.path.value, type=self.type.value,
-                                     description=self.description.value)
+        asset = data_assets.register(
+            self.ws, self.name.value, self.path.value, type=self.type.value, description=self.description.value
+        )
         news = "registered" if asset.ref not in before else "unchanged content, already"
-        self.message.value = ok_html(f"{news} {asset.ref}: {asset.file_count:,} file(s), "
-                                     f"{asset.size_bytes / 2**20:,.2f} MB, sha256 {asset.sha256[:12]}")
+        self.message.value = ok_html(
+            f"{news} {asset.ref}: {asset.file_count:,} file(s), "
+            f"{asset.size_bytes / 2**20:,.2f} MB, sha256 {asset.sha256[:12]}"
+        )
         self.registered = asset
         self.refresh_versions()
         return asset
@@ -123,11 +155,24 @@ class DataPanel(Panel):
 
     def refresh_versions(self) -> list[data_assets.DataAsset]:
         assets = data_assets.list_assets(self.ws, include_archived=self.show_archived.value)
-        rows = [{"asset": a.ref, "type": a.type, "MB": f"{a.size_bytes / 2**20:,.2f}", "files": a.file_count,
-                 "sha256": a.sha256[:12], "registered": time.strftime("%Y-%m-%d %H:%M", time.localtime(a.created)),
-                 "archived": "yes" if a.archived else "", "about": a.description} for a in assets]
-        self.versions.value = html_table(rows, empty="no data registered in this workspace yet",
-                                         highlight=lambda r: "#f3f3f3" if r["archived"] else "")
+        rows = [
+            {
+                "asset": a.ref,
+                "type": a.type,
+                "MB": f"{a.size_bytes / 2**20:,.2f}",
+                "files": a.file_count,
+                "sha256": a.sha256[:12],
+                "registered": time.strftime("%Y-%m-%d %H:%M", time.localtime(a.created)),
+                "archived": "yes" if a.archived else "",
+                "about": a.description,
+            }
+            for a in assets
+        ]
+        self.versions.value = html_table(
+            rows,
+            empty="no data registered in this workspace yet",
+            highlight=lambda r: "#f3f3f3" if r["archived"] else "",
+        )
         live = [a.ref for a in assets if not a.archived]
         self.archive_choice.options = live
         self.archive_choice.value = live[-1] if live else None
@@ -144,8 +189,9 @@ class DataPanel(Panel):
         if not ref:
             raise ValueError(refused("version", "none chosen", "one of the catalogue's versions"))
         asset = data_assets.archive(self.ws, ref)
-        self.message.value = ok_html(f"archived {asset.ref}: hidden from listings and from '{asset.name}' (latest); "
-                                     f"'{asset.ref}' still resolves")
+        self.message.value = ok_html(
+            f"archived {asset.ref}: hidden from listings and from '{asset.name}' (latest); '{asset.ref}' still resolves"
+        )
         self.refresh_versions()
         return asset
 
@@ -160,8 +206,11 @@ class DataPanel(Panel):
 
         if not self.advisor_asset.value:
             raise ValueError(refused("asset", "none chosen", "a registered asset (register one above)"))
-        cfg = pin_data_asset(config_mod.load(self.config_name, [f"data.asset={self.advisor_asset.value}",
-                                                                f"data.workspace={self.ws.root}"]))
+        cfg = pin_data_asset(
+            config_mod.load(
+                self.config_name, [f"data.asset={self.advisor_asset.value}", f"data.workspace={self.ws.root}"]
+            )
+        )
         self.report = report = tune(cfg, steps=self.tune_steps)
         self.advice_text.value = pre_html(report.summary())
         self._advice_png = plot_png(plots.loader_trials, report)
@@ -170,10 +219,13 @@ class DataPanel(Panel):
         return report
 
     def measure_loading_in_background(self) -> None:
-        self.in_background(f"measuring loading of {self.advisor_asset.value}", self.measure_loading,
-                           [self.measure_button])
+        self.in_background(
+            f"measuring loading of {self.advisor_asset.value}", self.measure_loading, [self.measure_button]
+        )
 
     def static_html(self) -> str:
-        return (f"<div><b>Catalogue</b>{self.versions.value}{self.message.value}"
-                f"{'<b>Loading advisor</b>' + self.advice_text.value if self.report else ''}"
-                f"{png_html(self._advice_png, 760)}</div>")
+        return (
+            f"<div><b>Catalogue</b>{self.versions.value}{self.message.value}"
+            f"{'<b>Loading advisor</b>' + self.advice_text.value if self.report else ''}"
+            f"{png_html(self._advice_png, 760)}</div>"
+        )

@@ -42,8 +42,13 @@ HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all
 # Above this validation loss a byte-level model writes mostly gibberish; the demo config reaches 1.75 (notebook 03).
 GIBBERISH_BPB = 2.0
 # The view's sections, in order, with their headings (the history sits under the prompt's answer).
-HEADINGS = {"export": "Export", "endpoint": "Local endpoint", "answer": "Prompt", "history": "",
-            "plan": "Azure ML plan"}
+HEADINGS = {
+    "export": "Export",
+    "endpoint": "Local endpoint",
+    "answer": "Prompt",
+    "history": "",
+    "plan": "Azure ML plan",
+}
 
 
 def _heading(section: str) -> str:
@@ -66,38 +71,71 @@ def _short(text: str, limit: int = 32) -> str:
 class DeploymentPanel(Panel):
     title = "Deployment"
 
-    def __init__(self, run_dir: str | Path, runtime: str = "onnx", endpoint_name: str = "tb-demo",
-                 prompt: str = "The ", max_new_tokens: int = 48, temperature: float = 0.8,
-                 sku: str = "Standard_DS3_v2", plan_dir: str | Path | None = None, register: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        runtime: str = "onnx",
+        endpoint_name: str = "tb-demo",
+        prompt: str = "The ",
+        max_new_tokens: int = 48,
+        temperature: float = 0.8,
+        sku: str = "Standard_DS3_v2",
+        plan_dir: str | Path | None = None,
+        register: bool = True,
+    ):
         super().__init__()
         wide = w.Layout(width="70%")
         self.run_dir = w.Text(value=str(run_dir), description="run", layout=wide)
-        self.register = w.Checkbox(value=register, description="register",
-                                   tooltip="register the export in the workspace as the next version of the model")
+        self.register = w.Checkbox(
+            value=register,
+            description="register",
+            tooltip="register the export in the workspace as the next version of the model",
+        )
         self.runtime = w.Dropdown(options=list(RUNTIMES), value=runtime, description="runtime")
         self.endpoint_name = w.Text(value=endpoint_name, description="endpoint")
         self.prompt = w.Textarea(value=prompt, description="prompt", layout=wide)
         self.max_new_tokens = w.IntText(value=max_new_tokens, description="new tokens")
         self.temperature = w.FloatText(value=temperature, description="temperature")
         self.sku = w.Text(value=sku, description="VM size")
-        self.plan_dir = w.Text(value=str(plan_dir or paths.PROJECT_ROOT / "outputs" / "azure-deploy-plan"),
-                               description="plan folder", layout=wide)
+        self.plan_dir = w.Text(
+            value=str(plan_dir or paths.PROJECT_ROOT / "outputs" / "azure-deploy-plan"),
+            description="plan folder",
+            layout=wide,
+        )
         # The form leaves range checks to the toolkit and the server, so their own messages are what you see.
-        self.buttons = {label: self.button(label, self._in_background(method), style) for label, method, style in
-                        (("Export", self.export, "primary"), ("Start endpoint", self.start_endpoint, "success"),
-                         ("Stop endpoint", self.stop_endpoint, ""), ("Send", self.send, "info"),
-                         ("Write Azure ML plan", self.write_plan, ""))}
+        self.buttons = {
+            label: self.button(label, self._in_background(method), style)
+            for label, method, style in (
+                ("Export", self.export, "primary"),
+                ("Start endpoint", self.start_endpoint, "success"),
+                ("Stop endpoint", self.stop_endpoint, ""),
+                ("Send", self.send, "info"),
+                ("Write Azure ML plan", self.write_plan, ""),
+            )
+        }
         self.status = w.HTML()
         self.sections = {name: w.HTML() for name in HEADINGS}
         b, s = self.buttons, self.sections
-        self.view = w.VBox([
-            w.HTML(_heading("export")), field_row([self.run_dir, self.register, b["Export"]]), s["export"],
-            w.HTML(_heading("endpoint")),
-            field_row([self.runtime, self.endpoint_name, b["Start endpoint"], b["Stop endpoint"]]), s["endpoint"],
-            w.HTML(_heading("answer")), self.prompt, field_row([self.max_new_tokens, self.temperature, b["Send"]]),
-            s["answer"], s["history"],
-            w.HTML(_heading("plan")), field_row([self.sku, self.plan_dir, b["Write Azure ML plan"]]), s["plan"],
-            self.status, self.message])
+        self.view = w.VBox(
+            [
+                w.HTML(_heading("export")),
+                field_row([self.run_dir, self.register, b["Export"]]),
+                s["export"],
+                w.HTML(_heading("endpoint")),
+                field_row([self.runtime, self.endpoint_name, b["Start endpoint"], b["Stop endpoint"]]),
+                s["endpoint"],
+                w.HTML(_heading("answer")),
+                self.prompt,
+                field_row([self.max_new_tokens, self.temperature, b["Send"]]),
+                s["answer"],
+                s["history"],
+                w.HTML(_heading("plan")),
+                field_row([self.sku, self.plan_dir, b["Write Azure ML plan"]]),
+                s["plan"],
+                self.status,
+                self.message,
+            ]
+        )
         self.result: ExportResult | None = None
         self.trained: list[EvalEvent] = []  # the exported run's last evaluation
         self.model: RegisteredModel | None = None
@@ -118,8 +156,9 @@ class DeploymentPanel(Panel):
             self.result, self.model = export_run(self.run_dir.value), None
             # the quality of the checkpoint exported (the newest valid one, maybe older than the last evaluation)
             step = self.result.manifest.get("step")
-            self.trained = [e for e in read_events(self.run_dir.value, EvalEvent)
-                            if isinstance(step, int) and e.step <= step][-1:]
+            self.trained = [
+                e for e in read_events(self.run_dir.value, EvalEvent) if isinstance(step, int) and e.step <= step
+            ][-1:]
             if self.register.value:
                 self.status.value = "<i>registering…</i>"
                 self.model = register_model(Workspace.open(), self.result.path)
@@ -148,13 +187,20 @@ class DeploymentPanel(Panel):
         ``prompt`` and ``client_ms`` added. A refusal (400 naming the field) is an answer, shown in red."""
         if not self.running:
             raise RuntimeError(refused("endpoint", "not running", "Start endpoint first"))
-        body = {"prompt": self.prompt.value, "max_new_tokens": self.max_new_tokens.value,
-                "temperature": self.temperature.value}
+        body = {
+            "prompt": self.prompt.value,
+            "max_new_tokens": self.max_new_tokens.value,
+            "temperature": self.temperature.value,
+        }
         with self._working("sending…", "answered"):
             started = time.perf_counter()
             status, answer = self.endpoint.request(body)
-            answer = {**answer, "status": status, "prompt": body["prompt"],
-                      "client_ms": 1000 * (time.perf_counter() - started)}
+            answer = {
+                **answer,
+                "status": status,
+                "prompt": body["prompt"],
+                "client_ms": 1000 * (time.perf_counter() - started),
+            }
             self.answers.append(answer)
         return answer
 
@@ -163,11 +209,13 @@ class DeploymentPanel(Panel):
         runtime from the form); the toolkit checks them before anything is written."""
         model = self._model()
         with self._working("writing the Azure ML plan…", "plan written"):
-            self.plan = build_deployment_plan(model, endpoint=self.endpoint_name.value, sku=self.sku.value,
-                                              runtime=self.runtime.value)
+            self.plan = build_deployment_plan(
+                model, endpoint=self.endpoint_name.value, sku=self.sku.value, runtime=self.runtime.value
+            )
             self.plan_folder = write_deployment_plan(self.plan, self.plan_dir.value)
-            self._plan_files = [{"file": p.name, "bytes": f"{p.stat().st_size:,}"}
-                                for p in sorted(self.plan_folder.iterdir())]
+            self._plan_files = [
+                {"file": p.name, "bytes": f"{p.stat().st_size:,}"} for p in sorted(self.plan_folder.iterdir())
+            ]
             self._endpoint_yaml = (self.plan_folder / "endpoint.yaml").read_text()
         return self.plan_folder
 
@@ -205,8 +253,9 @@ class DeploymentPanel(Panel):
         self._set_buttons()
         try:
             yield
-            self.status.value = (f"<span style='color:#666'>{html.escape(done)} in "
-                                 f"{time.monotonic() - started:.1f} s</span>")
+            self.status.value = (
+                f"<span style='color:#666'>{html.escape(done)} in {time.monotonic() - started:.1f} s</span>"
+            )
         except BaseException:
             self.status.value = ""  # the error itself is shown by guarded() or raised to the caller
             raise
@@ -229,17 +278,29 @@ class DeploymentPanel(Panel):
         parity = self.result.parity
         target = parity["target"]
         verdict_column = f"≤ {target:g}"
-        rows = [{"batch x sequence": " x ".join(map(str, s["shape"])), "values compared": f"{s['values']:,}",
-                 "max |torch − onnxruntime|": f"{s['max_abs_diff']:.2e}",
-                 verdict_column: "pass" if s["max_abs_diff"] <= target else "FAIL"} for s in parity["shapes"]]
+        rows = [
+            {
+                "batch x sequence": " x ".join(map(str, s["shape"])),
+                "values compared": f"{s['values']:,}",
+                "max |torch − onnxruntime|": f"{s['max_abs_diff']:.2e}",
+                verdict_column: "pass" if s["max_abs_diff"] <= target else "FAIL",
+            }
+            for s in parity["shapes"]
+        ]
         verdict = (ok_html if self.result.parity_ok else error_html)(
             f"parity: max |torch − onnxruntime| = {parity['max_abs_diff']:.2e}, "
-            f"{'within' if self.result.parity_ok else 'OVER'} the {target:g} target")
-        registered = (f"registered as <b>{html.escape(self.model.ref)}</b>" if self.model
-                      else "not registered (served from the export folder)")
-        return (f"<div><code>{html.escape(str(self.result.path))}</code></div>"
-                f"{html_table(rows, highlight=lambda r: '#fdd' if r[verdict_column] == 'FAIL' else '')}"
-                f"<div>{verdict} · {registered}</div>{self._quality_html()}")
+            f"{'within' if self.result.parity_ok else 'OVER'} the {target:g} target"
+        )
+        registered = (
+            f"registered as <b>{html.escape(self.model.ref)}</b>"
+            if self.model
+            else "not registered (served from the export folder)"
+        )
+        return (
+            f"<div><code>{html.escape(str(self.result.path))}</code></div>"
+            f"{html_table(rows, highlight=lambda r: '#fdd' if r[verdict_column] == 'FAIL' else '')}"
+            f"<div>{verdict} · {registered}</div>{self._quality_html()}"
+        )
 
     def _quality_html(self) -> str:
         """How trained the exported model is, with a warning where its answers will not read as text."""
@@ -249,16 +310,27 @@ class DeploymentPanel(Panel):
         said = f"trained {e.step:,} steps: validation {e.val_bpb:.2f} bits per byte"
         if e.val_bpb <= GIBBERISH_BPB:
             return f"<div style='color:#666'>{said}</div>"
-        return warn_html(f"{said}, above {GIBBERISH_BPB:g}: expect mostly gibberish. Notebook 03 trains the demo "
-                         "config to 1.75 or less; export that run for answers that read as text.")
+        return warn_html(
+            f"{said}, above {GIBBERISH_BPB:g}: expect mostly gibberish. Notebook 03 trains the demo "
+            "config to 1.75 or less; export that run for answers that read as text."
+        )
 
     def _endpoint_html(self) -> str:
         e = self.endpoint
         if e is None:
             return html_table([], empty="not started")
         code = e.process.poll()
-        return html_table([{"endpoint": e.name, "scoring URL": e.scoring_url, "key": mask_key(e.key),
-                            "runtime": e.runtime, "state": "running" if code is None else f"stopped (exit {code})"}])
+        return html_table(
+            [
+                {
+                    "endpoint": e.name,
+                    "scoring URL": e.scoring_url,
+                    "key": mask_key(e.key),
+                    "runtime": e.runtime,
+                    "state": "running" if code is None else f"stopped (exit {code})",
+                }
+            ]
+        )
 
     def _answer_html(self) -> str:
         return self._send_hint() + self._last_answer_html()
@@ -267,9 +339,13 @@ class DeploymentPanel(Panel):
         """Why Send is greyed out, when it is for want of an endpoint."""
         if self.running or self._doing is not None:
             return ""
-        why = ("the endpoint is stopped: Start endpoint to send again" if self.endpoint is not None else
-               "no endpoint yet: Export, then Start endpoint" if self.result is None else
-               "no endpoint yet: Start endpoint")
+        why = (
+            "the endpoint is stopped: Start endpoint to send again"
+            if self.endpoint is not None
+            else "no endpoint yet: Export, then Start endpoint"
+            if self.result is None
+            else "no endpoint yet: Start endpoint"
+        )
         return f"<div style='color:#888'>Send needs a running endpoint; {why}.</div>"
 
     def _last_answer_html(self) -> str:
@@ -280,30 +356,48 @@ class DeploymentPanel(Panel):
             return error_html(f"HTTP {a['status']}: {a.get('error', '')}")
         timing = a.get("timing_ms", {})
         server = ", ".join(f"{k} {_ms(timing.get(k))}" for k in ("queue", "compute", "server") if k in timing)
-        return (_pre(f"{html.escape(a['prompt'])}<b>{html.escape(a.get('text', ''))}</b>") +
-                f"<div style='color:#666'>{a.get('new_tokens', 0)} new tokens · {a['client_ms']:.1f} ms measured "
-                f"here · server timing_ms: {html.escape(server)}</div>")
+        return (
+            _pre(f"{html.escape(a['prompt'])}<b>{html.escape(a.get('text', ''))}</b>")
+            + f"<div style='color:#666'>{a.get('new_tokens', 0)} new tokens · {a['client_ms']:.1f} ms measured "
+            f"here · server timing_ms: {html.escape(server)}</div>"
+        )
 
     def _history_html(self) -> str:
         if not self.answers:
             return ""
-        rows = [{"#": i, "status": a["status"], "prompt": _short(a["prompt"]), "new tokens": a.get("new_tokens", ""),
-                 "client ms": f"{a['client_ms']:.1f}", "server ms": _ms(a.get("timing_ms", {}).get("server"))}
-                for i, a in enumerate(self.answers, 1)][::-1][:HISTORY_ROWS]
+        rows = [
+            {
+                "#": i,
+                "status": a["status"],
+                "prompt": _short(a["prompt"]),
+                "new tokens": a.get("new_tokens", ""),
+                "client ms": f"{a['client_ms']:.1f}",
+                "server ms": _ms(a.get("timing_ms", {}).get("server")),
+            }
+            for i, a in enumerate(self.answers, 1)
+        ][::-1][:HISTORY_ROWS]
         answered = [a["client_ms"] for a in self.answers if a["status"] == 200]
         p50 = f"p50 {statistics.median(answered):.1f} ms over {len(answered)} answered" if answered else "none answered"
-        return (f"<div style='color:#666;font-size:0.9em'>requests: {len(self.answers)}, {p50}</div>"
-                + html_table(rows, highlight=lambda r: "#fdd" if r["status"] != 200 else ""))
+        return f"<div style='color:#666;font-size:0.9em'>requests: {len(self.answers)}, {p50}</div>" + html_table(
+            rows, highlight=lambda r: "#fdd" if r["status"] != 200 else ""
+        )
 
     def _plan_html(self) -> str:
         if self.plan_folder is None:
             return html_table([], empty="not written yet")
-        return (f"<div><code>{html.escape(str(self.plan_folder))}</code></div>{html_table(self._plan_files)}"
-                f"<div>endpoint.yaml</div>{_pre(html.escape(self._endpoint_yaml))}")
+        return (
+            f"<div><code>{html.escape(str(self.plan_folder))}</code></div>{html_table(self._plan_files)}"
+            f"<div>endpoint.yaml</div>{_pre(html.escape(self._endpoint_yaml))}"
+        )
 
     def _sections_html(self) -> dict[str, str]:
-        return {"export": self._export_html(), "endpoint": self._endpoint_html(), "answer": self._answer_html(),
-                "history": self._history_html(), "plan": self._plan_html()}
+        return {
+            "export": self._export_html(),
+            "endpoint": self._endpoint_html(),
+            "answer": self._answer_html(),
+            "history": self._history_html(),
+            "plan": self._plan_html(),
+        }
 
     def refresh(self) -> None:
         for name, text in self._sections_html().items():

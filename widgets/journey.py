@@ -65,8 +65,9 @@ def _data(ws: Workspace) -> tuple[bool, str]:
     assets = list_assets(ws)
     made_here = sorted({a.ref for a in assets if is_builtin(a) or is_tokenizer(a)})
     own = sorted({a.ref for a in assets} - set(made_here))
-    parts = ([f"{len(own)} version(s) of your own: {', '.join(own[:4])}"] if own else ["none of your own yet"]) + \
-        ([f"built-in or made here: {', '.join(made_here[:4])}"] if made_here else [])
+    parts = ([f"{len(own)} version(s) of your own: {', '.join(own[:4])}"] if own else ["none of your own yet"]) + (
+        [f"built-in or made here: {', '.join(made_here[:4])}"] if made_here else []
+    )
     return bool(own), "; ".join(parts)
 
 
@@ -84,8 +85,10 @@ def _training(ws: Workspace) -> tuple[bool, str]:
     completed = [r for r in runs if r["state"] == "completed"]
     profiled = [r for r in completed if read_events(r["run_dir"], ProfileEvent)]
     latest = runs[0]
-    return bool(profiled), (f"{len(runs)} run(s), {len(completed)} completed, {len(profiled)} of them profiled; "
-                            f"latest {Path(latest['run_dir']).name}: {latest['state']} at step {latest['step']}")
+    return bool(profiled), (
+        f"{len(runs)} run(s), {len(completed)} completed, {len(profiled)} of them profiled; "
+        f"latest {Path(latest['run_dir']).name}: {latest['state']} at step {latest['step']}"
+    )
 
 
 def _checkpoints(ws: Workspace) -> tuple[bool, str]:
@@ -93,8 +96,11 @@ def _checkpoints(ws: Workspace) -> tuple[bool, str]:
 
     with_checkpoints = [r for r in _runs(ws) if CheckpointStore(r["run_dir"]).latest_name()]
     resumed = [r for r in with_checkpoints if any(e.resumed_from for e in read_events(r["run_dir"], StatusEvent))]
-    return bool(resumed), (f"{len(with_checkpoints)} run(s) with checkpoints, {len(resumed)} resumed"
-                           if with_checkpoints else "no checkpoints yet")
+    return bool(resumed), (
+        f"{len(with_checkpoints)} run(s) with checkpoints, {len(resumed)} resumed"
+        if with_checkpoints
+        else "no checkpoints yet"
+    )
 
 
 def _deployment(ws: Workspace) -> tuple[bool, str]:
@@ -107,10 +113,15 @@ def _deployment(ws: Workspace) -> tuple[bool, str]:
         return False, "no model registered yet"
     # An endpoint's record is keyed by its name: serving another folder under the same name replaces it
     by_folder = {m.path.resolve(): m.ref for m in models}
-    served = [f"{e.name} ({by_folder[Path(e.model_dir).resolve()]})" for e, _ in recorded_endpoints(ws.root)
-              if Path(e.model_dir).resolve() in by_folder]
-    return bool(served), (f"{len(models)} model version(s): {', '.join(m.ref for m in models[:4])}; "
-                          + (f"served: {', '.join(served[:4])}" if served else "none served yet"))
+    served = [
+        f"{e.name} ({by_folder[Path(e.model_dir).resolve()]})"
+        for e, _ in recorded_endpoints(ws.root)
+        if Path(e.model_dir).resolve() in by_folder
+    ]
+    return bool(served), (
+        f"{len(models)} model version(s): {', '.join(m.ref for m in models[:4])}; "
+        + (f"served: {', '.join(served[:4])}" if served else "none served yet")
+    )
 
 
 def _your_model(ws: Workspace) -> tuple[bool, str]:
@@ -125,23 +136,50 @@ def _your_model(ws: Workspace) -> tuple[bool, str]:
         if model in ("hf", "custom"):
             names[model] = names.get(model, 0) + 1
     kinds = {"hf": "Hugging Face", "custom": "your own nn.Module"}
-    return bool(names), (", ".join(f"{n} completed run(s) of {kinds[m]}" for m, n in names.items()) if names
-                         else "no run of your own model yet")
+    return bool(names), (
+        ", ".join(f"{n} completed run(s) of {kinds[m]}" for m, n in names.items())
+        if names
+        else "no run of your own model yet"
+    )
 
 
 STEPS = [
-    Step("01_resources.ipynb", "Resources: check the machine, size the job, plan the cluster",
-         "compute cluster, curated environment (ACPT), validating before spending GPU hours", _machine),
-    Step("02_data.ipynb", "Data: register versioned assets, tune loading",
-         "workspace, data assets (uri_file, uri_folder, mltable), data-loading advice", _data),
-    Step("03_training.ipynb", "Training: launch, follow live, profile, TensorBoard",
-         "command job with PyTorch / DeepSpeed distribution, metrics, profiler", _training),
-    Step("04_checkpoint_recovery.ipynb", "Checkpoints: kill a run, resume it exactly, pick an interval",
-         "Nebula-style fast checkpoints, automatic restarts", _checkpoints),
-    Step("05_deployment.ipynb", "Deployment: export, serve with a key, plan the online endpoint",
-         "model registry, managed online endpoint and deployment, score.py", _deployment),
-    Step("06_your_model.ipynb", "Your model: a Hugging Face architecture, your tokenizer, LoRA, served",
-         "bring your own model and environment; fine-tuning a registered model", _your_model),
+    Step(
+        "01_resources.ipynb",
+        "Resources: check the machine, size the job, plan the cluster",
+        "compute cluster, curated environment (ACPT), validating before spending GPU hours",
+        _machine,
+    ),
+    Step(
+        "02_data.ipynb",
+        "Data: register versioned assets, tune loading",
+        "workspace, data assets (uri_file, uri_folder, mltable), data-loading advice",
+        _data,
+    ),
+    Step(
+        "03_training.ipynb",
+        "Training: launch, follow live, profile, TensorBoard",
+        "command job with PyTorch / DeepSpeed distribution, metrics, profiler",
+        _training,
+    ),
+    Step(
+        "04_checkpoint_recovery.ipynb",
+        "Checkpoints: kill a run, resume it exactly, pick an interval",
+        "Nebula-style fast checkpoints, automatic restarts",
+        _checkpoints,
+    ),
+    Step(
+        "05_deployment.ipynb",
+        "Deployment: export, serve with a key, plan the online endpoint",
+        "model registry, managed online endpoint and deployment, score.py",
+        _deployment,
+    ),
+    Step(
+        "06_your_model.ipynb",
+        "Your model: a Hugging Face architecture, your tokenizer, LoRA, served",
+        "bring your own model and environment; fine-tuning a registered model",
+        _your_model,
+    ),
 ]
 
 
@@ -173,10 +211,13 @@ class JourneyPanel(Panel):
                 f"</a></td><td style='padding:4px 8px'><b>{html.escape(step.title)}</b><br><span style='color:#666;"
                 f"font-size:0.85em'>Azure ML: {html.escape(step.azure_ml)}</span></td><td style='padding:4px 8px'>"
                 f"{badge_html('done', '#2ca02c') if done else badge_html('to do', '#aaa')}</td>"
-                f"<td style='padding:4px 8px;font-size:0.9em'>{html.escape(detail)}</td></tr>")
-        self.table.value = (f"<div><b>The journey</b> &middot; workspace <code>{html.escape(str(self.ws.root))}"
-                            "</code><table style='border-collapse:collapse'><tr><th>notebook</th><th>step</th>"
-                            f"<th>status</th><th style='text-align:left'>so far</th></tr>{''.join(rows)}</table></div>")
+                f"<td style='padding:4px 8px;font-size:0.9em'>{html.escape(detail)}</td></tr>"
+            )
+        self.table.value = (
+            f"<div><b>The journey</b> &middot; workspace <code>{html.escape(str(self.ws.root))}"
+            "</code><table style='border-collapse:collapse'><tr><th>notebook</th><th>step</th>"
+            f"<th>status</th><th style='text-align:left'>so far</th></tr>{''.join(rows)}</table></div>"
+        )
         self.update_static()
         return self.statuses
 

@@ -39,9 +39,11 @@ def ok_html(message: str) -> str:
 
 def badge_html(text: str, colour: str) -> str:
     """A small coloured label (a status: pass, completed, done...)."""
-    return (f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em;"
-            "white-space:nowrap'>"
-            f"{html.escape(text)}</span>")
+    return (
+        f"<span style='background:{colour};color:white;border-radius:4px;padding:1px 6px;font-size:0.8em;"
+        "white-space:nowrap'>"
+        f"{html.escape(text)}</span>"
+    )
 
 
 def pre_html(text: str) -> str:
@@ -60,8 +62,7 @@ def png_html(png: bytes, max_width: int = 900) -> str:
     """An inline <img> of PNG bytes (empty when there is no picture yet)."""
     if not png:
         return ""
-    return (f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' "
-            f"style='max-width:{max_width}px'/>")
+    return f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' style='max-width:{max_width}px'/>"
 
 
 class Panel:
@@ -80,8 +81,12 @@ class Panel:
     def button(self, description: str, action: Callable[[], object], style: str = "", tooltip: str = "") -> w.Button:
         """A button whose click runs ``action``; bad input or a wrong state is shown in ``self.message``."""
         # as wide as its label: the default fixed width cuts "Write Azure ML plan" to "Write Azure ML pl..."
-        button = w.Button(description=description, button_style=style, tooltip=tooltip,
-                          layout=w.Layout(width="auto", min_width="90px"))
+        button = w.Button(
+            description=description,
+            button_style=style,
+            tooltip=tooltip,
+            layout=w.Layout(width="auto", min_width="90px"),
+        )
         button.on_click(lambda _: self.guarded(action))
         return button
 
@@ -103,8 +108,7 @@ class Panel:
         disabled at once (a second click must not slip in before the thread runs) and ``what`` shows in
         ``self.busy`` meanwhile. One task at a time: ``wait()`` blocks until it ends and returns its result."""
         if self._task is not None and self._task.is_alive():
-            raise RuntimeError(refused("panel", f"busy with {self._task_what or 'another task'}",
-                                       "wait for it to end"))
+            raise RuntimeError(refused("panel", f"busy with {self._task_what or 'another task'}", "wait for it to end"))
         buttons = list(buttons)
 
         def work() -> None:

@@ -25,24 +25,51 @@ def _badge(status: str) -> str:
 
 def doctor_table_html(checks: list[Check], pending: list[str] = (), title: str = "Machine health") -> str:
     """Done checks with their colours, then the pending ones (the first of them running)."""
-    rows = [{"check": c.name, "status": c.status, "required": c.required, "seconds": c.seconds,
-             "reason": html.escape(c.summary)} for c in checks]
-    rows += [{"check": name, "status": "running" if i == 0 else "waiting", "required": CHECKS[name].required,
-              "reason": f"<span style='color:#888'>{html.escape(CHECKS[name].about)}</span>"}
-             for i, name in enumerate(pending)]
+    rows = [
+        {
+            "check": c.name,
+            "status": c.status,
+            "required": c.required,
+            "seconds": c.seconds,
+            "reason": html.escape(c.summary),
+        }
+        for c in checks
+    ]
+    rows += [
+        {
+            "check": name,
+            "status": "running" if i == 0 else "waiting",
+            "required": CHECKS[name].required,
+            "reason": f"<span style='color:#888'>{html.escape(CHECKS[name].about)}</span>",
+        }
+        for i, name in enumerate(pending)
+    ]
     counts = status_counts(checks)
     failed_required = any(c.status == "fail" and c.required for c in checks)
-    verdict = ("running..." if pending else
-               "<b style='color:#d62728'>a required check failed</b>" if failed_required else
-               "<b style='color:#2ca02c'>all required checks pass</b>")
+    verdict = (
+        "running..."
+        if pending
+        else "<b style='color:#d62728'>a required check failed</b>"
+        if failed_required
+        else "<b style='color:#2ca02c'>all required checks pass</b>"
+    )
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    return (f"<div style='max-width:980px'><b>{html.escape(title)}</b> &middot; {verdict} ({tally})"
-            + html_table(rows, [Column("check", lambda r: Markup(f"<code>{html.escape(r['check'])}</code>")),
-                                Column("status", lambda r: Markup(_badge(r["status"]))),
-                                Column("", lambda r: "required" if r["required"] else ""),
-                                Column("time", lambda r: f"{r['seconds']:.1f} s" if "seconds" in r else "", right=True),
-                                Column("reason", lambda r: Markup(r["reason"]))],
-                         empty=None, attrs="style='border-collapse:collapse;margin-top:4px'") + "</div>")
+    return (
+        f"<div style='max-width:980px'><b>{html.escape(title)}</b> &middot; {verdict} ({tally})"
+        + html_table(
+            rows,
+            [
+                Column("check", lambda r: Markup(f"<code>{html.escape(r['check'])}</code>")),
+                Column("status", lambda r: Markup(_badge(r["status"]))),
+                Column("", lambda r: "required" if r["required"] else ""),
+                Column("time", lambda r: f"{r['seconds']:.1f} s" if "seconds" in r else "", right=True),
+                Column("reason", lambda r: Markup(r["reason"])),
+            ],
+            empty=None,
+            attrs="style='border-collapse:collapse;margin-top:4px'",
+        )
+        + "</div>"
+    )
 
 
 def show_doctor(**kwargs):
@@ -75,9 +102,16 @@ class MemoryPanel(Panel):
     "Write this setting" writes the recommendation as a config that trains (write_recommended_config); given a run
     directory, the panel puts the run's measured peak per rank next to the prediction for its config (compare_run)."""
 
-    def __init__(self, model_size: str = "7B", precision: str = "bf16", zero_stage: int | None = None,
-                 gpus: int = 8, gpu_memory_gib: float = 80, run_dir: str | Path | None = None,
-                 write_to: str | Path = "recommended.yaml"):
+    def __init__(
+        self,
+        model_size: str = "7B",
+        precision: str = "bf16",
+        zero_stage: int | None = None,
+        gpus: int = 8,
+        gpu_memory_gib: float = 80,
+        run_dir: str | Path | None = None,
+        write_to: str | Path = "recommended.yaml",
+    ):
         from toolkit.resources.zero_stages import BYTES_PER_PARAM, STAGES, parse_count
 
         super().__init__()
@@ -86,28 +120,49 @@ class MemoryPanel(Panel):
         slider = {"continuous_update": False, "layout": w.Layout(width="480px")}
         self.model_size = w.SelectionSlider(options=sizes, value=model_size, description="parameters", **slider)
         self.gpus = w.SelectionSlider(options=sorted({*GPU_COUNTS, gpus}), value=gpus, description="GPUs", **slider)
-        self.gpu_memory = w.SelectionSlider(options=sorted({*GPU_MEMORY_GIB, gpu_memory_gib}), value=gpu_memory_gib,
-                                            description="GiB / GPU", **slider)
+        self.gpu_memory = w.SelectionSlider(
+            options=sorted({*GPU_MEMORY_GIB, gpu_memory_gib}), value=gpu_memory_gib, description="GiB / GPU", **slider
+        )
         self.precision = w.ToggleButtons(options=list(BYTES_PER_PARAM), value=precision, description="precision")
         # None: follow the recommendation; a number pins the stage shown in the headline
-        self.zero_stage = w.ToggleButtons(options=[("recommended", None)] + [(f"ZeRO-{s}", s) for s in STAGES],
-                                          value=zero_stage, description="stage")
+        self.zero_stage = w.ToggleButtons(
+            options=[("recommended", None)] + [(f"ZeRO-{s}", s) for s in STAGES], value=zero_stage, description="stage"
+        )
         self.headline, self.formula = w.HTML(), w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self._png = b""
         for control in (self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage):
             control.observe(lambda _: self.guarded(self.refresh), names="value")
         self.write_path = w.Text(value=str(write_to), description="config file", layout=w.Layout(width="480px"))
-        self.write_button = self.button("Write this setting", self.write_setting, style="primary",
-                                        tooltip="the recommended stage, GPUs and precision as a config that trains")
+        self.write_button = self.button(
+            "Write this setting",
+            self.write_setting,
+            style="primary",
+            tooltip="the recommended stage, GPUs and precision as a config that trains",
+        )
         self.written = w.HTML()
         self.run_dir = w.Text(value=str(run_dir or ""), description="run dir", layout=w.Layout(width="480px"))
-        self.compare_button = self.button("Compare with this run", self.compare,
-                                          tooltip="the run's measured peak per rank next to the prediction")
+        self.compare_button = self.button(
+            "Compare with this run", self.compare, tooltip="the run's measured peak per rank next to the prediction"
+        )
         self.measured = w.HTML()
-        self.view = w.VBox([self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage,
-                            self.headline, self.formula, self.plot, w.HBox([self.write_path, self.write_button]),
-                            self.written, w.HBox([self.run_dir, self.compare_button]), self.measured, self.message])
+        self.view = w.VBox(
+            [
+                self.model_size,
+                self.gpus,
+                self.gpu_memory,
+                self.precision,
+                self.zero_stage,
+                self.headline,
+                self.formula,
+                self.plot,
+                w.HBox([self.write_path, self.write_button]),
+                self.written,
+                w.HBox([self.run_dir, self.compare_button]),
+                self.measured,
+                self.message,
+            ]
+        )
         self.advice = self.comparison = None
         self.refresh()
         if run_dir is not None:
@@ -118,21 +173,27 @@ class MemoryPanel(Panel):
         from toolkit.resources.zero_stages import STATE_SHARE, parse_count, recommend_stage
 
         size = self.model_size.value
-        self.advice = advice = recommend_stage(parse_count(size), self.gpu_memory.value, self.gpus.value,
-                                               self.precision.value)
+        self.advice = advice = recommend_stage(
+            parse_count(size), self.gpu_memory.value, self.gpus.value, self.precision.value
+        )
         stage = self.zero_stage.value if self.zero_stage.value is not None else advice.stage
         chosen = advice.estimates[stage if stage is not None else -1]
         budget = STATE_SHARE * self.gpu_memory.value
         fits = chosen.total_gib <= budget
-        verdict = (f"<b style='color:#2ca02c'>fits</b> in {STATE_SHARE:.0%} of {self.gpu_memory.value:g} GiB"
-                   if fits else f"<b style='color:#d62728'>does not fit</b> in {STATE_SHARE:.0%} of "
-                                f"{self.gpu_memory.value:g} GiB ({budget:.1f} GiB)")
+        verdict = (
+            f"<b style='color:#2ca02c'>fits</b> in {STATE_SHARE:.0%} of {self.gpu_memory.value:g} GiB"
+            if fits
+            else f"<b style='color:#d62728'>does not fit</b> in {STATE_SHARE:.0%} of "
+            f"{self.gpu_memory.value:g} GiB ({budget:.1f} GiB)"
+        )
         use = f"ZeRO-{advice.stage}" if advice.stage is not None else "no stage fits: more GPUs or offload"
-        self.headline.value = (f"<div style='font-size:1.1em'>{size} parameters, {self.precision.value}, "
-                               f"ZeRO-{chosen.zero_stage} on {self.gpus.value} "
-                               f"GPU{'s' if self.gpus.value > 1 else ''}: "
-                               f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
-                               f"Recommended: <b>{html.escape(use)}</b></div>")
+        self.headline.value = (
+            f"<div style='font-size:1.1em'>{size} parameters, {self.precision.value}, "
+            f"ZeRO-{chosen.zero_stage} on {self.gpus.value} "
+            f"GPU{'s' if self.gpus.value > 1 else ''}: "
+            f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
+            f"Recommended: <b>{html.escape(use)}</b></div>"
+        )
         self.formula.value = pre_html(advice.summary())
         self._png = plot_png(plots.memory_by_stage, {size: advice})
         self.plot.value = self._png
@@ -143,9 +204,13 @@ class MemoryPanel(Panel):
         from toolkit.azure.recommended_config import write_recommended_config
         from toolkit.resources.zero_stages import parse_count
 
-        written = write_recommended_config(self.write_path.value, params=parse_count(self.model_size.value),
-                                           gpus=self.gpus.value, gpu_memory_gib=self.gpu_memory.value,
-                                           precision=self.precision.value)
+        written = write_recommended_config(
+            self.write_path.value,
+            params=parse_count(self.model_size.value),
+            gpus=self.gpus.value,
+            gpu_memory_gib=self.gpu_memory.value,
+            precision=self.precision.value,
+        )
         self.written.value = pre_html(written.summary())
         return written
 
@@ -157,14 +222,19 @@ class MemoryPanel(Panel):
         if not self.run_dir.value.strip():
             raise ValueError(refused("run dir", "is empty", "a run directory (runs/NAME-TIME)"))
         self.comparison = comparison = compare_run(self.run_dir.value.strip())
-        self.measured.value = (f"<b>{html.escape(comparison.prediction.describe())}</b>: measured peak per rank "
-                               f"(step {comparison.step}) against predicted, stated accuracy ±{TOLERANCE:.0%}"
-                               + html_table(comparison.rows()) + pre_html(comparison.prediction.table()))
+        self.measured.value = (
+            f"<b>{html.escape(comparison.prediction.describe())}</b>: measured peak per rank "
+            f"(step {comparison.step}) against predicted, stated accuracy ±{TOLERANCE:.0%}"
+            + html_table(comparison.rows())
+            + pre_html(comparison.prediction.table())
+        )
         return comparison
 
     def static_html(self) -> str:
-        return (f"<div>{self.headline.value}{self.formula.value}{png_html(self._png, 820)}{self.written.value}"
-                f"{self.measured.value}{self.message.value}</div>")
+        return (
+            f"<div>{self.headline.value}{self.formula.value}{png_html(self._png, 820)}{self.written.value}"
+            f"{self.measured.value}{self.message.value}</div>"
+        )
 
 
 # --- Azure ML ----------------------------------------------------------------------------------------------------
@@ -189,8 +259,9 @@ class AzureStatusPanel(Panel):
         self.status = status = connection_status(self.config, config_field=self.config_field)
         badge = badge_html("CONNECTED", "#2ca02c") if status.connected else badge_html("OFFLINE", "#ff7f0e")
         where = html.escape(status.workspace.describe()) if status.workspace else "no workspace config found"
-        self.status_html.value = (f"<div><b>Azure ML</b> {badge} {where}"
-                                  f"<div style='color:#555'>{html.escape(status.reason)}</div></div>")
+        self.status_html.value = (
+            f"<div><b>Azure ML</b> {badge} {where}<div style='color:#555'>{html.escape(status.reason)}</div></div>"
+        )
         self.update_static()
         return status
 

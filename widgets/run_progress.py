@@ -11,22 +11,41 @@ from toolkit.events import EvalEvent, TrainEvent
 from toolkit.runs.progress import RunProgress
 from widgets.panel import badge_html
 
-STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "completed": "#2ca02c", "failed": "#d62728",
-                 "stopped": "#9467bd", "killed": "#ff7f0e"}
+STATE_COLOURS = {
+    "queued": "#888",
+    "running": "#1f77b4",
+    "completed": "#2ca02c",
+    "failed": "#d62728",
+    "stopped": "#9467bd",
+    "killed": "#ff7f0e",
+}
 WATCHDOG_COLOUR = "#e6a100"  # amber: the run goes on (a skipped step) or is restarted (a hang)
 
 
-def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEvent | None, val: EvalEvent | None,
-                started: float, message: str = "", watchdog: str = "") -> str:
+def render_card(
+    name: str,
+    state: str,
+    step: int,
+    max_steps: int,
+    train: TrainEvent | None,
+    val: EvalEvent | None,
+    started: float,
+    message: str = "",
+    watchdog: str = "",
+) -> str:
     """The progress card as an HTML string (pure: also used for the final, static rendering). ``message``: an
     error, in red; on a completed run it is history (an earlier attempt's end, recovered from), in grey.
     ``watchdog``: the latest watchdog notice (a skipped non-finite step, a hang), behind an amber badge."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
     cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
-        cells += [("loss", f"{train.loss:.4f}"), ("tokens/s", f"{train.tokens_per_s:,.0f}"),
-                  ("MFU", f"{100 * train.mfu:.1f}%"), ("data wait", f"{train.data_wait_pct:.2f}%"),
-                  ("lr", f"{train.lr:.2e}")]
+        cells += [
+            ("loss", f"{train.loss:.4f}"),
+            ("tokens/s", f"{train.tokens_per_s:,.0f}"),
+            ("MFU", f"{100 * train.mfu:.1f}%"),
+            ("data wait", f"{train.data_wait_pct:.2f}%"),
+            ("lr", f"{train.lr:.2e}"),
+        ]
         if train.peak_memory_mb:  # one figure per rank: ZeRO's partitioning shows as ranks that each hold less
             cells.append(("peak memory / rank", " · ".join(f"{mb:,.0f}" for mb in train.peak_memory_mb) + " MiB"))
         if train.skipped_steps:
@@ -37,22 +56,28 @@ def render_card(name: str, state: str, step: int, max_steps: int, train: TrainEv
         cells.append(("val loss" if val.val_bpb is None else "val bits/byte", f"{val.headline:.4f}"))
     cells.append(("elapsed", f"{time.time() - started:,.0f} s"))
     colour = STATE_COLOURS.get(state, "#888")
-    row = "".join(f"<td style='padding:2px 10px'><div style='font-size:0.75em;color:#666'>{k}</div>"
-                  f"<div style='font-family:monospace'>{html.escape(v)}</div></td>" for k, v in cells)
+    row = "".join(
+        f"<td style='padding:2px 10px'><div style='font-size:0.75em;color:#666'>{k}</div>"
+        f"<div style='font-family:monospace'>{html.escape(v)}</div></td>"
+        for k, v in cells
+    )
     if message and state == "completed":
         message, note_colour = f"recovered from an earlier attempt's end ({message})", "#666"
     else:
         note_colour = "#d62728"
     note = f"<div style='color:{note_colour};margin-top:4px'>{html.escape(message)}</div>" if message else ""
     if watchdog:
-        note += (f"<div style='margin-top:4px'>{badge_html('watchdog', WATCHDOG_COLOUR)} "
-                 f"<span style='font-family:monospace;font-size:0.9em'>{html.escape(watchdog)}</span></div>")
+        note += (
+            f"<div style='margin-top:4px'>{badge_html('watchdog', WATCHDOG_COLOUR)} "
+            f"<span style='font-family:monospace;font-size:0.9em'>{html.escape(watchdog)}</span></div>"
+        )
     return (
         f"<div style='border:1px solid #ddd;border-radius:6px;padding:8px;max-width:820px'>"
         f"<b>{html.escape(name)}</b> {badge_html(state, colour)}"
         f"<div style='background:#eee;border-radius:3px;height:8px;margin:6px 0'>"
         f"<div style='background:{colour};width:{pct:.1f}%;height:8px;border-radius:3px'></div></div>"
-        f"<table><tr>{row}</tr></table>{note}</div>")
+        f"<table><tr>{row}</tr></table>{note}</div>"
+    )
 
 
 def follow_run(handle, max_steps: int, show=None) -> dict:
@@ -62,8 +87,17 @@ def follow_run(handle, max_steps: int, show=None) -> dict:
 
     def card_html(state=None, message=None) -> str:
         p = progress
-        return render_card(handle.path.name, state or p.state, p.step, p.max_steps, p.train, p.val, started,
-                           message if message is not None else p.message, p.watchdog)
+        return render_card(
+            handle.path.name,
+            state or p.state,
+            p.step,
+            p.max_steps,
+            p.train,
+            p.val,
+            started,
+            message if message is not None else p.message,
+            p.watchdog,
+        )
 
     if show is None:
         card = display(HTML(card_html()), display_id=True)

@@ -33,58 +33,116 @@ from widgets.run_progress import render_card
 
 
 class TrainingPanel(Panel):
-    def __init__(self, config: str = "demo", engine: str = "torch", nproc: int = 1, zero_stage: int = 0,
-                 steps: int | None = None, checkpoint_every: int = 0, profile: bool = True, model: str = "",
-                 tokenizer: str = "", deepspeed_config: str = "", grad_accum_steps: int = 1, precision: str = "",
-                 activation_checkpointing: bool = False,
-                 overrides: list[str] | tuple = (), runs_root: str | Path | None = None, plot_every_s: float = 2.0):
+    def __init__(
+        self,
+        config: str = "demo",
+        engine: str = "torch",
+        nproc: int = 1,
+        zero_stage: int = 0,
+        steps: int | None = None,
+        checkpoint_every: int = 0,
+        profile: bool = True,
+        model: str = "",
+        tokenizer: str = "",
+        deepspeed_config: str = "",
+        grad_accum_steps: int = 1,
+        precision: str = "",
+        activation_checkpointing: bool = False,
+        overrides: list[str] | tuple = (),
+        runs_root: str | Path | None = None,
+        plot_every_s: float = 2.0,
+    ):
         super().__init__()
         self.overrides, self.runs_root, self.plot_every_s = list(overrides), runs_root, plot_every_s
-        self.config = w.Dropdown(options=sorted({*config_mod.builtin_config_names(), config}), value=config,
-                                 description="config")
+        self.config = w.Dropdown(
+            options=sorted({*config_mod.builtin_config_names(), config}), value=config, description="config"
+        )
         self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
         self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
         self.steps = w.IntText(value=steps or 0, description="steps", tooltip="0 keeps the config's max_steps")
-        self.checkpoint_every = w.IntText(value=checkpoint_every, description="ckpt every",
-                                          tooltip="checkpoint every N steps; 0 only at the end")
+        self.checkpoint_every = w.IntText(
+            value=checkpoint_every, description="ckpt every", tooltip="checkpoint every N steps; 0 only at the end"
+        )
         self.profile = w.Checkbox(value=profile, description="profile")
         # Your own model in one string (toolkit.train.models.model_overrides): an import path or an HF folder.
-        self.model = w.Text(value=model, description="your model", placeholder="the config's model",
-                            tooltip="package.module:function, path/to/file.py:function, or a save_pretrained folder",
-                            layout=w.Layout(width="420px"))
-        self.tokenizer = w.Text(value=tokenizer, description="tokenizer", placeholder="the config's (auto)",
-                                tooltip="bytes, model (the HF folder's), a registered name[:version], or a folder "
-                                        "with tokenizer.json", layout=w.Layout(width="300px"))
+        self.model = w.Text(
+            value=model,
+            description="your model",
+            placeholder="the config's model",
+            tooltip="package.module:function, path/to/file.py:function, or a save_pretrained folder",
+            layout=w.Layout(width="420px"),
+        )
+        self.tokenizer = w.Text(
+            value=tokenizer,
+            description="tokenizer",
+            placeholder="the config's (auto)",
+            tooltip="bytes, model (the HF folder's), a registered name[:version], or a folder with tokenizer.json",
+            layout=w.Layout(width="300px"),
+        )
         # Scaling settings: each is sent only when it differs from the config's own, so that a DeepSpeed file's
         # values (its stage, accumulation, precision) are taken rather than contradicted
-        self.deepspeed_config = w.Text(value=deepspeed_config, description="ds_config", placeholder="none",
-                                       tooltip="your DeepSpeed config (JSON or YAML); its zero_optimization.stage "
-                                               "decides the stage", layout=w.Layout(width="420px"))
-        self.grad_accum = w.BoundedIntText(value=grad_accum_steps, min=1, max=4096, description="grad accum",
-                                           tooltip="micro-batches per optimizer step")
-        self.precision = w.Dropdown(options=[("config's", ""), ("fp32", "fp32"), ("bf16", "bf16"),
-                                             ("fp16 (GPU)", "fp16")],
-                                    value=precision, description="precision")
+        self.deepspeed_config = w.Text(
+            value=deepspeed_config,
+            description="ds_config",
+            placeholder="none",
+            tooltip="your DeepSpeed config (JSON or YAML); its zero_optimization.stage decides the stage",
+            layout=w.Layout(width="420px"),
+        )
+        self.grad_accum = w.BoundedIntText(
+            value=grad_accum_steps,
+            min=1,
+            max=4096,
+            description="grad accum",
+            tooltip="micro-batches per optimizer step",
+        )
+        self.precision = w.Dropdown(
+            options=[("config's", ""), ("fp32", "fp32"), ("bf16", "bf16"), ("fp16 (GPU)", "fp16")],
+            value=precision,
+            description="precision",
+        )
         self.activation_checkpointing = w.Checkbox(value=activation_checkpointing, description="act. checkpointing")
         self.deepspeed_view = w.HTML()
-        self.buttons = {name: self.button(name, getattr(self, name.lower()), style) for name, style in
-                        (("Start", "primary"), ("Stop", ""), ("Kill", "danger"), ("Resume", ""),
-                         ("TensorBoard", "info"))}
+        self.buttons = {
+            name: self.button(name, getattr(self, name.lower()), style)
+            for name, style in (
+                ("Start", "primary"),
+                ("Stop", ""),
+                ("Kill", "danger"),
+                ("Resume", ""),
+                ("TensorBoard", "info"),
+            )
+        }
         # shown only for an opened run from elsewhere whose config runs code, reaches an address or opens a port
-        self.trust_run = w.Checkbox(value=False, description="trust this run's config (code, addresses, port)",
-                                    layout=w.Layout(display="none", width="auto"))
+        self.trust_run = w.Checkbox(
+            value=False,
+            description="trust this run's config (code, addresses, port)",
+            layout=w.Layout(display="none", width="auto"),
+        )
         self.progress = w.FloatProgress(min=0.0, max=1.0, description="0%", layout=w.Layout(width="60%"))
         self.card = w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="900px"))
         self.links = w.HTML()
-        form = w.VBox([w.HBox([self.config, self.engine, self.nproc]),
-                       w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile]),
-                       w.HBox([self.model, self.tokenizer]),
-                       w.HBox([self.deepspeed_config, self.grad_accum, self.precision, self.activation_checkpointing])])
-        self.view = w.VBox([form, w.HBox([*self.buttons.values(), self.trust_run]), self.message, self.progress,
-                            self.card,
-                            self.plot, self.deepspeed_view, self.links])
+        form = w.VBox(
+            [
+                w.HBox([self.config, self.engine, self.nproc]),
+                w.HBox([self.zero_stage, self.steps, self.checkpoint_every, self.profile]),
+                w.HBox([self.model, self.tokenizer]),
+                w.HBox([self.deepspeed_config, self.grad_accum, self.precision, self.activation_checkpointing]),
+            ]
+        )
+        self.view = w.VBox(
+            [
+                form,
+                w.HBox([*self.buttons.values(), self.trust_run]),
+                self.message,
+                self.progress,
+                self.card,
+                self.plot,
+                self.deepspeed_view,
+                self.links,
+            ]
+        )
         self.handle = None
         self.run: RunDir | None = None
         self.tb_server = None
@@ -102,8 +160,12 @@ class TrainingPanel(Panel):
         """The form as config overrides (the same strings `--set` takes)."""
         from toolkit.train.models import model_overrides  # names only: the registry imports no torch
 
-        settings = [f"engine.name={self.engine.value}", f"engine.nproc={self.nproc.value}",
-                    f"profile.enabled={str(self.profile.value).lower()}", *model_overrides(self.model.value)]
+        settings = [
+            f"engine.name={self.engine.value}",
+            f"engine.nproc={self.nproc.value}",
+            f"profile.enabled={str(self.profile.value).lower()}",
+            *model_overrides(self.model.value),
+        ]
         ds_file = self.deepspeed_config.value.strip()
         if ds_file:
             settings.append(config_mod.string_override("engine.deepspeed_config", ds_file))
@@ -153,9 +215,11 @@ class TrainingPanel(Panel):
         if self.run is None:
             raise ValueError(refused("run", "none yet", "start or open a run first"))
         self.wait()
-        self._follow(launch.resume(self.run.path, trust_run=self.trust_run.value),
-                     self.run.read_config().train.max_steps,
-                     keep_history=True)
+        self._follow(
+            launch.resume(self.run.path, trust_run=self.trust_run.value),
+            self.run.read_config().train.max_steps,
+            keep_history=True,
+        )
         return self.handle
 
     def tensorboard(self) -> str:
@@ -167,8 +231,10 @@ class TrainingPanel(Panel):
         if self.tb_server is None:
             self.tb_server = start_tensorboard(self.run.path)
         url = self.tb_server.url
-        self.links.value = (f"TensorBoard: <a href='{url}' target='_blank'>{url}</a> (scalars, and the profiler's "
-                            "traces under PYTORCH_PROFILER)")
+        self.links.value = (
+            f"TensorBoard: <a href='{url}' target='_blank'>{url}</a> (scalars, and the profiler's "
+            "traces under PYTORCH_PROFILER)"
+        )
         return url
 
     def close(self) -> None:
@@ -187,8 +253,10 @@ class TrainingPanel(Panel):
         if untrusted:  # shown before anything acts on it: Resume refuses it unless the box is ticked
             from toolkit.trust import describe
 
-            self.message.value = warn_html(f"not your run's settings: {describe(untrusted)}. Read its config.yaml; "
-                                           "Resume honours them only with the trust box ticked.")
+            self.message.value = warn_html(
+                f"not your run's settings: {describe(untrusted)}. Read its config.yaml; "
+                "Resume honours them only with the trust box ticked."
+            )
         self._progress = RunProgress(self.run.read_config().train.max_steps)
         for event in read_events(self.run):
             self._progress.apply(event)
@@ -251,9 +319,17 @@ class TrainingPanel(Panel):
         if p.state == "running" and p.step and p.train:
             elapsed = time.time() - self._started
             eta = f" · ETA {max(elapsed / p.step * (p.max_steps - p.step), 0):,.0f} s"
-        self.card.value = render_card(self.run.path.name if self.run else "no run", p.state, p.step, p.max_steps,
-                                      p.train, p.val, self._started, p.message, p.watchdog) + (
-            f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
+        self.card.value = render_card(
+            self.run.path.name if self.run else "no run",
+            p.state,
+            p.step,
+            p.max_steps,
+            p.train,
+            p.val,
+            self._started,
+            p.message,
+            p.watchdog,
+        ) + (f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
         now = time.monotonic()
         if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):
             self._plotted_at = now
@@ -270,21 +346,25 @@ class TrainingPanel(Panel):
         from toolkit.fsio import read_regular_file
 
         try:  # a copied run folder is untrusted: a regular file of a sane size, never through a link
-            raw = read_regular_file(self.run.deepspeed_config_path, field="deepspeed_config.json", error=ValueError,
-                                    limit=1 << 20)
+            raw = read_regular_file(
+                self.run.deepspeed_config_path, field="deepspeed_config.json", error=ValueError, limit=1 << 20
+            )
         except (OSError, ValueError) as exc:
             self.deepspeed_view.value = f"<div style='color:#d62728'>{html.escape(str(exc))}</div>"
             return
         text = raw.decode("utf-8", errors="replace")
         self.deepspeed_view.value = (
             "<details><summary>DeepSpeed config this run got (deepspeed_config.json: your file, \"auto\" filled, "
-            f"Trainbook's fields added)</summary><pre style='font-size:0.8em'>{html.escape(text)}</pre></details>")
+            f"Trainbook's fields added)</summary><pre style='font-size:0.8em'>{html.escape(text)}</pre></details>"
+        )
 
     def static_html(self) -> str:
         """The card and the plot as plain HTML: what a notebook shows without a live kernel."""
         pct = self.progress.description
-        return (f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}"
-                f"{png_html(self._png)}{self.deepspeed_view.value}{self.message.value}</div>")
+        return (
+            f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}"
+            f"{png_html(self._png)}{self.deepspeed_view.value}{self.message.value}</div>"
+        )
 
     @property
     def finished(self) -> bool:

@@ -31,20 +31,23 @@ _BACKUP = r"(\.(bak|old|orig|save|backup)|~)?"  # a copy's suffix: id_rsa.bak is
 _NOT_CODE = r"(?!.*\.(py|pyi|ipynb|md|rst)$)"  # code and docs about secrets (api_keys.py) are judged by content
 # Secret-looking files, by name: (pattern over the whole basename, any case; what it is). Endpoint keys are files
 # named `key` (toolkit.deploy.serving.endpoint); the rest are the usual key, certificate, login and environment files.
-SECRET_NAMES = tuple((re.compile(pattern, re.IGNORECASE), what) for pattern, what in (
-    (r"key", "an endpoint key"),
-    (rf".*\.(pem|key){_BACKUP}", "a private key or certificate"),
-    (rf".*\.(pfx|p12){_BACKUP}", "a certificate bundle with its private key"),
-    (rf".*\.ppk{_BACKUP}", "a PuTTY private key"),
-    (r"id_(rsa|dsa|ecdsa|ed25519).*", "an SSH key"),
-    (r"\.env.*|.*\.env", "an environment file (often holds credentials)"),
-    (rf"[._]netrc{_BACKUP}", "a netrc file (logins and passwords)"),
-    (rf"\.git-credentials{_BACKUP}", "git's credential store"),
-    (rf"\.pypirc{_BACKUP}", "a PyPI config (upload credentials)"),
-    (rf"(\.pgpass|\.htpasswd){_BACKUP}", "a password file"),
-    (rf"{_NOT_CODE}credentials(\..*)?", "a credentials file"),
-    (rf"{_NOT_CODE}.*(secret|api[_-]?key|access[_-]?token).*", "a file named for a secret"),
-))
+SECRET_NAMES = tuple(
+    (re.compile(pattern, re.IGNORECASE), what)
+    for pattern, what in (
+        (r"key", "an endpoint key"),
+        (rf".*\.(pem|key){_BACKUP}", "a private key or certificate"),
+        (rf".*\.(pfx|p12){_BACKUP}", "a certificate bundle with its private key"),
+        (rf".*\.ppk{_BACKUP}", "a PuTTY private key"),
+        (r"id_(rsa|dsa|ecdsa|ed25519).*", "an SSH key"),
+        (r"\.env.*|.*\.env", "an environment file (often holds credentials)"),
+        (rf"[._]netrc{_BACKUP}", "a netrc file (logins and passwords)"),
+        (rf"\.git-credentials{_BACKUP}", "git's credential store"),
+        (rf"\.pypirc{_BACKUP}", "a PyPI config (upload credentials)"),
+        (rf"(\.pgpass|\.htpasswd){_BACKUP}", "a password file"),
+        (rf"{_NOT_CODE}credentials(\..*)?", "a credentials file"),
+        (rf"{_NOT_CODE}.*(secret|api[_-]?key|access[_-]?token).*", "a file named for a secret"),
+    )
+)
 HEAD_BYTES = 64 * 1024  # what is read of a file: keys and logins sit at the top; x SNAPSHOT_LIMIT_FILES bounds the work
 _KEY_BODY = r"(?:\r?\n|\\n)(?:Proc-Type:|[A-Za-z0-9+/=]{16})"  # a header with a key after it, not code naming one
 _VALUE = r"""(?:"[^"\s<>${}]{8,}"|'[^'\s<>${}]{8,}'|[^\s"'<>${}()\[\],;]{8,}[ \t]*$)"""  # a literal, not a variable
@@ -52,31 +55,44 @@ _VALUE = r"""(?:"[^"\s<>${}]{8,}"|'[^'\s<>${}]{8,}'|[^\s"'<>${}()\[\],;]{8,}[ \t
 # runs only on a head holding its marker (any case), and starts with a literal where it can (a regex searches for a
 # leading literal fast, for anything else slowly). Each pattern needs a value after its marker, so code and docs that
 # name the marker (this file, its tests) are no secret.
-CONTENT_SECRETS = tuple((marker, re.compile(pattern, re.MULTILINE), what) for marker, pattern, what in (
-    ("private key-----", r"-----BEGIN OPENSSH PRIVATE KEY-----" + _KEY_BODY, "an OpenSSH private key"),
-    ("private key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _KEY_BODY, "a PEM private key"),
-    ("putty-user-key-file-", r"PuTTY-User-Key-File-\d+: \S+\r?\n", "a PuTTY private key"),
-    ("accountkey=", r"AccountKey=[A-Za-z0-9+/]{20,}", "an Azure connection string with its key"),
-    ("sharedaccesskey=", r"SharedAccessKey=[A-Za-z0-9+/]{20,}", "an Azure connection string with its key"),
-    ("sig=", r"sig=[A-Za-z0-9%+/]{30,}", "an Azure shared access signature"),
-    ("secret", r"(?i)client[_-]?secret[\"']?[ \t]*[:=][ \t]*" + _VALUE, "a client secret"),
-    ("akia", r"AKIA[0-9A-Z]{16}(?![0-9A-Z])", "an AWS access key"),
-    ("aws_secret_access_key", r"(?i)aws_secret_access_key[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9/+]{40}", "an AWS secret key"),
-    # a netrc entry starts a line or follows a space, not a quote: a string in code is no netrc
-    ("password", r"(?:machine(?<!\Smachine)[ \t]+\S+|default(?<!\Sdefault)(?=\s+login))"
-                 r"(?:\s+(?:login|account)\s+\S+)*\s+password\s+\S+", "netrc logins (machine ... password)"),
-    # a password of 8 or more: a token, not an example such as https://me:secret@host in a test
-    ("://", r"://[^\s:/@'\"<>${}]+:[^\s/@'\"<>${}]{8,}@[A-Za-z0-9.-]+", "a URL with a password in it"),
-    ("gh", r"gh[pousr]_[A-Za-z0-9]{36,}", "a GitHub token"),
-    ("pypi-", r"pypi-[A-Za-z0-9_-]{50,}", "a PyPI token"),
-    ("xox", r"xox[abprs]-[A-Za-z0-9-]{10,}", "a Slack token"),
-))
+CONTENT_SECRETS = tuple(
+    (marker, re.compile(pattern, re.MULTILINE), what)
+    for marker, pattern, what in (
+        ("private key-----", r"-----BEGIN OPENSSH PRIVATE KEY-----" + _KEY_BODY, "an OpenSSH private key"),
+        ("private key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _KEY_BODY, "a PEM private key"),
+        ("putty-user-key-file-", r"PuTTY-User-Key-File-\d+: \S+\r?\n", "a PuTTY private key"),
+        ("accountkey=", r"AccountKey=[A-Za-z0-9+/]{20,}", "an Azure connection string with its key"),
+        ("sharedaccesskey=", r"SharedAccessKey=[A-Za-z0-9+/]{20,}", "an Azure connection string with its key"),
+        ("sig=", r"sig=[A-Za-z0-9%+/]{30,}", "an Azure shared access signature"),
+        ("secret", r"(?i)client[_-]?secret[\"']?[ \t]*[:=][ \t]*" + _VALUE, "a client secret"),
+        ("akia", r"AKIA[0-9A-Z]{16}(?![0-9A-Z])", "an AWS access key"),
+        (
+            "aws_secret_access_key",
+            r"(?i)aws_secret_access_key[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9/+]{40}",
+            "an AWS secret key",
+        ),
+        # a netrc entry starts a line or follows a space, not a quote: a string in code is no netrc
+        (
+            "password",
+            r"(?:machine(?<!\Smachine)[ \t]+\S+|default(?<!\Sdefault)(?=\s+login))"
+            r"(?:\s+(?:login|account)\s+\S+)*\s+password\s+\S+",
+            "netrc logins (machine ... password)",
+        ),
+        # a password of 8 or more: a token, not an example such as https://me:secret@host in a test
+        ("://", r"://[^\s:/@'\"<>${}]+:[^\s/@'\"<>${}]{8,}@[A-Za-z0-9.-]+", "a URL with a password in it"),
+        ("gh", r"gh[pousr]_[A-Za-z0-9]{36,}", "a GitHub token"),
+        ("pypi-", r"pypi-[A-Za-z0-9_-]{50,}", "a PyPI token"),
+        ("xox", r"xox[abprs]-[A-Za-z0-9-]{10,}", "a Slack token"),
+    )
+)
 # Beside a secret, a subscription id makes the file a whole login to an Azure subscription (az ad sp --sdk-auth).
 SUBSCRIPTION = re.compile(r"(?i)subscription[_-]?id[\"']?\s*[:=]")
 # Folders whose every file is a secret or private: Trainbook workspaces (keys, the catalogue, data) and the Azure ML
 # config folder that MLClient.from_config reads.
-SECRET_FOLDERS = {".trainbook": "a Trainbook workspace (endpoint keys, catalogue, data)",
-                  ".azureml": "Azure ML's config folder"}
+SECRET_FOLDERS = {
+    ".trainbook": "a Trainbook workspace (endpoint keys, catalogue, data)",
+    ".azureml": "Azure ML's config folder",
+}
 # Two names no sensible per-file rule matches: if both are ignored inside a folder, a folder rule ignores it whole.
 _PROBES = ("zz-probe.trainbook", "zz-probe-dir/zz-probe.trainbook")
 
@@ -134,8 +150,9 @@ def _links_out_under(root: Path, folder: Path) -> list[tuple[str, str]]:
     nothing drops it), uploading what it leads to. Linked files under it are judged by their own path: dropped."""
     found = []
     for here, dirnames, _ in os.walk(folder):  # followlinks=False: a linked folder is listed, never entered
-        found += [_link_out(root, Path(here) / d, target) for d in dirnames
-                  if (target := _leads_out(root, Path(here) / d))]
+        found += [
+            _link_out(root, Path(here) / d, target) for d in dirnames if (target := _leads_out(root, Path(here) / d))
+        ]
     return found
 
 
@@ -163,8 +180,9 @@ def scan(root: str | Path) -> CodeUpload:
                 walked.append(name)
         dirnames[:] = walked
         prefix = here.relative_to(root).as_posix()
-        for source, rel in traverse_directory(folder, filenames, prefix="" if prefix == "." else prefix,
-                                              ignore_file=ignore):
+        for source, rel in traverse_directory(
+            folder, filenames, prefix="" if prefix == "." else prefix, ignore_file=ignore
+        ):
             if target := _leads_out(root, root / rel):
                 links_out.append(_link_out(root, root / rel, target))
             else:
@@ -172,32 +190,48 @@ def scan(root: str | Path) -> CodeUpload:
     return CodeUpload(root, ignore_path, tuple(sorted(files)), tuple(sorted(links_out)))
 
 
-def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES,
-          limit_files: int = SNAPSHOT_LIMIT_FILES) -> None:
+def check(upload: CodeUpload, limit_bytes: int = SNAPSHOT_LIMIT_BYTES, limit_files: int = SNAPSHOT_LIMIT_FILES) -> None:
     """Refuse an upload over Azure ML's snapshot limits, one without the toolkit package, or one whose ignore
     file silently drops a file the job needs."""
     root = upload.root
     if not (root / "toolkit" / "__init__.py").is_file():
-        raise AzureError(not_allowed(
-            "code", root, "the Trainbook project folder", problem="has no toolkit/__init__.py"))
+        raise AzureError(
+            not_allowed("code", root, "the Trainbook project folder", problem="has no toolkit/__init__.py")
+        )
     where = upload.ignore_file.name if upload.ignore_file else ".amlignore"
     biggest = ", ".join(f"{name} {size / MB:.1f} MB" for name, size in upload.biggest())
     if upload.total_bytes > limit_bytes:
-        raise AzureError(not_allowed(
-            "code", root, f"list the big entries in {where} (data belongs in a data asset)",
-            problem=f"would upload {upload.total_bytes / MB:.1f} MB in {len(upload.files)} files, over the "
-                    f"{limit_bytes / MB:.0f} MB snapshot limit; biggest: {biggest}"))
+        raise AzureError(
+            not_allowed(
+                "code",
+                root,
+                f"list the big entries in {where} (data belongs in a data asset)",
+                problem=f"would upload {upload.total_bytes / MB:.1f} MB in {len(upload.files)} files, over the "
+                f"{limit_bytes / MB:.0f} MB snapshot limit; biggest: {biggest}",
+            )
+        )
     if len(upload.files) > limit_files:
-        raise AzureError(not_allowed(
-            "code", root, f"list what the job does not need in {where}",
-            problem=f"would upload {len(upload.files)} files, over the {limit_files}-file snapshot limit; "
-                    f"biggest: {biggest}"))
+        raise AzureError(
+            not_allowed(
+                "code",
+                root,
+                f"list what the job does not need in {where}",
+                problem=f"would upload {len(upload.files)} files, over the {limit_files}-file snapshot limit; "
+                f"biggest: {biggest}",
+            )
+        )
     uploaded = {rel for rel, _ in upload.files}
-    dropped = sorted({p.relative_to(root).as_posix() for pattern in NEEDED for p in root.glob(pattern)
-                      if p.is_file()} - uploaded)
+    dropped = sorted(
+        {p.relative_to(root).as_posix() for pattern in NEEDED for p in root.glob(pattern) if p.is_file()} - uploaded
+    )
     if dropped:
-        raise AzureError(refused("code", f"{upload.ignore_file} drops files the job needs: {', '.join(dropped)}",
-                                 f"rules in {where} that keep {', '.join(NEEDED[:-1])} and {NEEDED[-1]}"))
+        raise AzureError(
+            refused(
+                "code",
+                f"{upload.ignore_file} drops files the job needs: {', '.join(dropped)}",
+                f"rules in {where} that keep {', '.join(NEEDED[:-1])} and {NEEDED[-1]}",
+            )
+        )
     _check_secrets(upload, where)
 
 
@@ -209,10 +243,19 @@ def _check_secrets(upload: CodeUpload, where: str) -> None:
         named = ", ".join(f"{rel} ({what})" for rel, what, _ in secrets[:10])
         more = f" and {len(secrets) - 10} more" if len(secrets) > 10 else ""
         rules = ", ".join(dict.fromkeys(rule for _, _, rule in secrets if rule))
-        exclude = (f"exclude them in {where} (add {rules}; a line without a leading '/' matches at any depth), or "
-                   if rules else "")
-        raise AzureError(not_allowed("code", upload.root, f"{exclude}move them out of the project folder",
-                                     problem=f"would upload secret-looking files: {named}{more}"))
+        exclude = (
+            f"exclude them in {where} (add {rules}; a line without a leading '/' matches at any depth), or "
+            if rules
+            else ""
+        )
+        raise AzureError(
+            not_allowed(
+                "code",
+                upload.root,
+                f"{exclude}move them out of the project folder",
+                problem=f"would upload secret-looking files: {named}{more}",
+            )
+        )
 
 
 def _workspace_folders(files: set[str]) -> set[str]:
@@ -263,7 +306,7 @@ def _secret_kind(root: Path, rel: str, workspaces: set[str]) -> tuple[str, str] 
     for depth, folder in enumerate(folders):
         if folder in SECRET_FOLDERS:
             return SECRET_FOLDERS[folder], f"'{folder}/'"
-        if (workspace := "/".join(folders[:depth + 1])) in workspaces:
+        if (workspace := "/".join(folders[: depth + 1])) in workspaces:
             return SECRET_FOLDERS[".trainbook"], f"'/{workspace}/'"  # that folder only: its name may be common
     if what := secret_in_name(name):
         return what, f"'{name}'"
@@ -298,8 +341,10 @@ def secret_files(upload: CodeUpload) -> list[tuple[str, str, str | None]]:
     """(path, what it is, the ignore line that drops it, None if none does) for every uploaded file that looks like
     a secret and every link out of the project."""
     workspaces = _workspace_folders({rel for rel, _ in upload.files})
-    found = [(rel, _secret_kind(upload.root, rel, workspaces) or _link_kind(upload.root, rel, workspaces))
-             for rel, _ in upload.files]
+    found = [
+        (rel, _secret_kind(upload.root, rel, workspaces) or _link_kind(upload.root, rel, workspaces))
+        for rel, _ in upload.files
+    ]
     found += [(rel, _link_out_kind(rel, target)) for rel, target in upload.links_out]
     return sorted(((rel, *kind) for rel, kind in found if kind), key=lambda secret: secret[0])
 
@@ -311,9 +356,14 @@ def require(upload: CodeUpload, rel: str, field: str, what: str) -> Path:
     if not path.is_file():
         raise AzureError(not_allowed(field, rel, f"{what} at that path", problem=f"is missing in {str(upload.root)!r}"))
     if rel not in {name for name, _ in upload.files}:
-        raise AzureError(not_allowed(
-            field, rel, f"rules in {upload.ignore_file.name if upload.ignore_file else '.amlignore'} that keep it",
-            problem=f"is dropped by {upload.ignore_file}"))
+        raise AzureError(
+            not_allowed(
+                field,
+                rel,
+                f"rules in {upload.ignore_file.name if upload.ignore_file else '.amlignore'} that keep it",
+                problem=f"is dropped by {upload.ignore_file}",
+            )
+        )
     return path
 
 
@@ -345,9 +395,14 @@ class ModelCode:
 def _refuse_link(field: str, shown: Path, path: Path, base: Path) -> None:
     """No link is followed or copied into the model code: a link could bring in anything from outside."""
     if path.is_symlink():
-        raise AzureError(not_allowed(field, shown, "regular files and folders (a link could upload anything from "
-                                                   "outside them)",
-                                     problem=f"holds {path.relative_to(base)}, a symbolic link"))
+        raise AzureError(
+            not_allowed(
+                field,
+                shown,
+                "regular files and folders (a link could upload anything from outside them)",
+                problem=f"holds {path.relative_to(base)}, a symbolic link",
+            )
+        )
 
 
 def _package_files(top: Path, field: str) -> list[tuple[str, Path]]:
@@ -359,8 +414,11 @@ def _package_files(top: Path, field: str) -> list[tuple[str, Path]]:
         for name in sorted(dirnames + filenames):
             _refuse_link(field, top, here / name, top.parent)
         dirnames[:] = sorted(d for d in dirnames if d not in CACHES)
-        found += [((here / n).relative_to(top.parent).as_posix(), here / n) for n in sorted(filenames)
-                  if not n.endswith((".pyc", ".pyo"))]
+        found += [
+            ((here / n).relative_to(top.parent).as_posix(), here / n)
+            for n in sorted(filenames)
+            if not n.endswith((".pyc", ".pyo"))
+        ]
     return found
 
 
@@ -396,28 +454,46 @@ def model_code(model_cfg, limit_bytes: int = SNAPSHOT_LIMIT_BYTES, limit_files: 
                 _refuse_link(field, root, module, root)
                 entries = [(module.name, module)]
             else:
-                raise AzureError(not_allowed(field, spec, f"a module under model.code_path={str(root)!r}",
-                                             problem=f"is not found there (no {top}/ or {top}.py)"))
+                raise AzureError(
+                    not_allowed(
+                        field,
+                        spec,
+                        f"a module under model.code_path={str(root)!r}",
+                        problem=f"is not found there (no {top}/ or {top}.py)",
+                    )
+                )
         for rel, path in entries:
             if rel in files and files[rel].resolve() != path.resolve():
-                raise AzureError(refused(field, f"{spec} brings {rel}, and so does another source ({files[rel]})",
-                                         "model.factory and model.loss from one file or package, or files of "
-                                         "different names"))
+                raise AzureError(
+                    refused(
+                        field,
+                        f"{spec} brings {rel}, and so does another source ({files[rel]})",
+                        "model.factory and model.loss from one file or package, or files of different names",
+                    )
+                )
             files[rel] = path
     if not files:
         return None
     total = sum(path.stat().st_size for path in files.values())
     if total > limit_bytes or len(files) > limit_files:
-        raise AzureError(refused("model.factory", f"the model code would upload {total / MB:.1f} MB in "
-                                                  f"{len(files)} files",
-                                 f"at most {limit_bytes / MB:.0f} MB and {limit_files} files (data belongs in a data "
-                                 "asset)"))
+        raise AzureError(
+            refused(
+                "model.factory",
+                f"the model code would upload {total / MB:.1f} MB in {len(files)} files",
+                f"at most {limit_bytes / MB:.0f} MB and {limit_files} files (data belongs in a data asset)",
+            )
+        )
     workspaces = _workspace_folders(set(files))
     # each file's own root (the folder its relative name starts from), for the checks that read a file's content
     found = ((rel, _secret_kind(path.parents[rel.count("/")], rel, workspaces)) for rel, path in files.items())
     secrets = [(rel, kind[0]) for rel, kind in found if kind]
     if secrets:
         named = ", ".join(f"{files[rel]} ({what})" for rel, what in secrets[:10])
-        raise AzureError(refused("model.factory", f"the model code would upload secret-looking files: {named}",
-                                 "model code without keys or credentials (move them out of the package)"))
+        raise AzureError(
+            refused(
+                "model.factory",
+                f"the model code would upload secret-looking files: {named}",
+                "model code without keys or credentials (move them out of the package)",
+            )
+        )
     return ModelCode(tuple(sorted(files.items())), job_specs.get("model.factory", ""), job_specs.get("model.loss", ""))

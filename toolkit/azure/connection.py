@@ -20,16 +20,20 @@ from toolkit.errors import not_allowed, refused
 KEYS = ("subscription_id", "resource_group", "workspace_name")
 SEARCH = (Path("config.json"), Path(".azureml") / "config.json")  # relative to the current folder, in this order
 GUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-GET_ONE = ("download config.json from the Azure ML studio workspace page: workspace menu at the top right, "
-           "Download config file")
+GET_ONE = (
+    "download config.json from the Azure ML studio workspace page: workspace menu at the top right, "
+    "Download config file"
+)
 ARM_SCOPE = "https://management.azure.com/.default"
 CREDENTIAL_TIMEOUT_S = 30.0  # a blackholed network would otherwise hold the token request for minutes
 # Set by Azure hosts that offer a managed identity (App Service, Functions, Azure ML compute), or by hand
 # (TRAINBOOK_AZURE_MANAGED_IDENTITY=1) on an Azure VM with one; elsewhere the managed-identity probe of the
 # instance metadata service only costs time, so it is left out of the chain.
 MANAGED_IDENTITY_VARS = ("IDENTITY_ENDPOINT", "MSI_ENDPOINT", "TRAINBOOK_AZURE_MANAGED_IDENTITY")
-NO_CREDENTIALS = ("credentials: none found; run `az login` (Azure CLI) or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
-                  "AZURE_CLIENT_SECRET (a service principal)")
+NO_CREDENTIALS = (
+    "credentials: none found; run `az login` (Azure CLI) or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+    "AZURE_CLIENT_SECRET (a service principal)"
+)
 
 
 def mask(secret: str) -> str:
@@ -53,29 +57,39 @@ class WorkspaceRef:
 
     def describe(self) -> str:
         """One line for people: workspace, resource group, masked subscription."""
-        return (f"workspace {self.workspace_name} in resource group {self.resource_group} "
-                f"(subscription {self.masked()})")
+        return f"workspace {self.workspace_name} in resource group {self.resource_group} (subscription {self.masked()})"
 
     def __repr__(self) -> str:
-        return (f"WorkspaceRef(subscription_id={self.masked()!r}, resource_group={self.resource_group!r}, "
-                f"workspace_name={self.workspace_name!r}, source={self.source!r})")
+        return (
+            f"WorkspaceRef(subscription_id={self.masked()!r}, resource_group={self.resource_group!r}, "
+            f"workspace_name={self.workspace_name!r}, source={self.source!r})"
+        )
 
 
 def _check_values(values: dict, where: str) -> WorkspaceRef:
     for key in KEYS:
         value = values.get(key)
         if value is None:
-            raise AzureError(refused(
-                key, f"missing in {where}",
-                f"a config.json with subscription_id, resource_group and workspace_name; {GET_ONE}"))
+            raise AzureError(
+                refused(
+                    key,
+                    f"missing in {where}",
+                    f"a config.json with subscription_id, resource_group and workspace_name; {GET_ONE}",
+                )
+            )
         if not isinstance(value, str) or not value.strip():
             shown = mask(value) if key == "subscription_id" and value else value
             raise AzureError(not_allowed(key, shown, "a non-empty string", problem=f"in {where} is not allowed"))
     subscription = values["subscription_id"].strip()
     if not GUID_RE.fullmatch(subscription):
-        raise AzureError(not_allowed(
-            "subscription_id", mask(subscription), "a GUID like 00000000-0000-0000-0000-000000000000",
-            problem=f"in {where} is not allowed"))
+        raise AzureError(
+            not_allowed(
+                "subscription_id",
+                mask(subscription),
+                "a GUID like 00000000-0000-0000-0000-000000000000",
+                problem=f"in {where} is not allowed",
+            )
+        )
     return WorkspaceRef(subscription, values["resource_group"].strip(), values["workspace_name"].strip(), where)
 
 
@@ -90,17 +104,20 @@ def find_config(path: str | Path | None = None, cwd: str | Path | None = None, c
         candidate = Path(path).expanduser()
         candidate = candidate / "config.json" if candidate.is_dir() else candidate
         if not candidate.is_file():
-            raise AzureError(not_allowed(config_field, candidate, f"an Azure ML config.json; {GET_ONE}",
-                                         problem="does not exist"))
+            raise AzureError(
+                not_allowed(config_field, candidate, f"an Azure ML config.json; {GET_ONE}", problem="does not exist")
+            )
         return candidate
     base = Path(cwd) if cwd is not None else Path.cwd()
     tried = [base / rel for rel in SEARCH]
     for candidate in tried:
         if candidate.is_file():
             return candidate
-    other = (f"pass {CLI_FIELD} PATH or --subscription, --resource-group and --workspace-name"
-             if config_field == CLI_FIELD
-             else f"set {config_field} to its path")
+    other = (
+        f"pass {CLI_FIELD} PATH or --subscription, --resource-group and --workspace-name"
+        if config_field == CLI_FIELD
+        else f"set {config_field} to its path"
+    )
     raise AzureError(f"{config_field}: no config.json at {' or '.join(map(str, tried))}; {GET_ONE}, or {other}")
 
 
@@ -110,36 +127,64 @@ def read_config(path: str | Path, config_field: str = CLI_FIELD) -> WorkspaceRef
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise AzureError(not_allowed(
-            config_field, path, "the config.json from the Azure ML studio workspace page",
-            problem=f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")) from None
+        raise AzureError(
+            not_allowed(
+                config_field,
+                path,
+                "the config.json from the Azure ML studio workspace page",
+                problem=f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            )
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise AzureError(not_allowed(config_field, path, "a readable config.json",
-                                     problem=f"cannot be read ({exc})")) from None
+        raise AzureError(
+            not_allowed(config_field, path, "a readable config.json", problem=f"cannot be read ({exc})")
+        ) from None
     if not isinstance(values, dict):
-        raise AzureError(not_allowed(
-            config_field, path, '{"subscription_id": ..., "resource_group": ..., "workspace_name": ...}',
-            problem=f"holds a {type(values).__name__}, not an object"))
+        raise AzureError(
+            not_allowed(
+                config_field,
+                path,
+                '{"subscription_id": ..., "resource_group": ..., "workspace_name": ...}',
+                problem=f"holds a {type(values).__name__}, not an object",
+            )
+        )
     return _check_values(values, str(path))
 
 
-def workspace_ref(config: str | Path | None = None, *, subscription_id: str | None = None,
-                  resource_group: str | None = None, workspace_name: str | None = None,
-                  cwd: str | Path | None = None, config_field: str = CLI_FIELD) -> WorkspaceRef:
+def workspace_ref(
+    config: str | Path | None = None,
+    *,
+    subscription_id: str | None = None,
+    resource_group: str | None = None,
+    workspace_name: str | None = None,
+    cwd: str | Path | None = None,
+    config_field: str = CLI_FIELD,
+) -> WorkspaceRef:
     """The workspace from explicit names (all three) or from a config.json (``config``, else the default search)."""
-    explicit = {"subscription_id": subscription_id, "resource_group": resource_group,
-                "workspace_name": workspace_name}
+    explicit = {"subscription_id": subscription_id, "resource_group": resource_group, "workspace_name": workspace_name}
     if any(v is not None for v in explicit.values()):
         if config is not None:
-            raise AzureError(refused("--workspace-config",
-                                     "given together with --subscription/--resource-group/--workspace-name",
-                                     "one or the other"))
-        flags = {"subscription_id": "--subscription", "resource_group": "--resource-group",
-                 "workspace_name": "--workspace-name"}
+            raise AzureError(
+                refused(
+                    "--workspace-config",
+                    "given together with --subscription/--resource-group/--workspace-name",
+                    "one or the other",
+                )
+            )
+        flags = {
+            "subscription_id": "--subscription",
+            "resource_group": "--resource-group",
+            "workspace_name": "--workspace-name",
+        }
         missing = [flags[k] for k, v in explicit.items() if v is None]
         if missing:
-            raise AzureError(refused(missing[0], "missing", "all three of --subscription, --resource-group and "
-                                                            "--workspace-name, or --workspace-config PATH"))
+            raise AzureError(
+                refused(
+                    missing[0],
+                    "missing",
+                    "all three of --subscription, --resource-group and --workspace-name, or --workspace-config PATH",
+                )
+            )
         return _check_values(explicit, "arguments")
     return read_config(find_config(config, cwd, config_field), config_field)
 
@@ -157,21 +202,34 @@ def default_credential():
     without managed identity unless this host offers one."""
     from azure.identity import DefaultAzureCredential
 
-    return DefaultAzureCredential(exclude_interactive_browser_credential=True,
-                                  exclude_managed_identity_credential=not on_azure())
+    return DefaultAzureCredential(
+        exclude_interactive_browser_credential=True, exclude_managed_identity_credential=not on_azure()
+    )
 
 
 # Words with which azure.identity says a credential is simply not set up here (as opposed to set up but failing).
-UNAVAILABLE = ("unavailable", "not found", "not installed", "could not be found", "requires", "no accounts",
-               "not fully configured", "missing required")
+UNAVAILABLE = (
+    "unavailable",
+    "not found",
+    "not installed",
+    "could not be found",
+    "requires",
+    "no accounts",
+    "not fully configured",
+    "missing required",
+)
 # How a set-up credential fails, most specific first: (words in the SDK's message, what we tell the user).
 CREDENTIAL_FAILURES = [
-    (("failed to resolve", "name or service not known", "connection", "timed out", "network"),
-     "credentials: {name} is set up, but login.microsoftonline.com could not be reached (network or proxy); "
-     "check the connection, then try again"),
-    (("invalid_client", "aadsts", "authentication failed"),
-     "credentials: {name} is set up, but Microsoft Entra ID refused it; run `az login` again or check "
-     "AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET"),
+    (
+        ("failed to resolve", "name or service not known", "connection", "timed out", "network"),
+        "credentials: {name} is set up, but login.microsoftonline.com could not be reached (network or proxy); "
+        "check the connection, then try again",
+    ),
+    (
+        ("invalid_client", "aadsts", "authentication failed"),
+        "credentials: {name} is set up, but Microsoft Entra ID refused it; run `az login` again or check "
+        "AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET",
+    ),
 ]
 
 
@@ -219,8 +277,13 @@ def check_credentials(credential=None, timeout: float = CREDENTIAL_TIMEOUT_S) ->
     if "ok" in outcome:
         return
     if "error" not in outcome:
-        raise AzureError(refused("credentials", f"no token within {timeout:.0f} s",
-                                 "a network that reaches login.microsoftonline.com (check proxy settings)"))
+        raise AzureError(
+            refused(
+                "credentials",
+                f"no token within {timeout:.0f} s",
+                "a network that reaches login.microsoftonline.com (check proxy settings)",
+            )
+        )
     raise AzureError(_explain(outcome["error"]))
 
 
@@ -228,13 +291,18 @@ def ml_client(ref: WorkspaceRef, credential=None):
     """An ``MLClient`` on the workspace (builds offline; the first call authenticates)."""
     from azure.ai.ml import MLClient
 
-    return MLClient(credential or default_credential(), subscription_id=ref.subscription_id,
-                    resource_group_name=ref.resource_group, workspace_name=ref.workspace_name)
+    return MLClient(
+        credential or default_credential(),
+        subscription_id=ref.subscription_id,
+        resource_group_name=ref.resource_group,
+        workspace_name=ref.workspace_name,
+    )
 
 
 @dataclass(frozen=True)
 class ConnectionStatus:
     """Where Azure ML stands from here: the workspace (if a config names one), and whether a token was issued."""
+
     workspace: WorkspaceRef | None
     connected: bool
     reason: str  # why not, naming the missing piece; or what works
@@ -244,8 +312,9 @@ class ConnectionStatus:
         return f"Azure ML: {'connected' if self.connected else 'not connected, working offline'}. {where}{self.reason}"
 
 
-def connection_status(config: str | Path | None = None, credential=None,
-                      config_field: str = CLI_FIELD) -> ConnectionStatus:
+def connection_status(
+    config: str | Path | None = None, credential=None, config_field: str = CLI_FIELD
+) -> ConnectionStatus:
     """Find the workspace config and get one token; never raises for a missing piece (that is the answer).
     ``config_field``: how the caller's user names the config (a notebook's parameter), for the messages."""
     try:
@@ -256,5 +325,6 @@ def connection_status(config: str | Path | None = None, credential=None,
         check_credentials(credential)
     except AzureError as exc:
         return ConnectionStatus(ref, False, str(exc))
-    return ConnectionStatus(ref, True, "credentials: a token was issued; `python -m toolkit azure submit` can "
-                                       "create and run a plan")
+    return ConnectionStatus(
+        ref, True, "credentials: a token was issued; `python -m toolkit azure submit` can create and run a plan"
+    )

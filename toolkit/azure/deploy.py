@@ -39,12 +39,23 @@ def load_deployment_plan(plan_dir: str | Path) -> LoadedDeploymentPlan:
     plan = LoadedDeploymentPlan(folder, loaded["endpoint.yaml"], loaded["deployment.yaml"])
     deployment = plan.deployment
     if deployment.endpoint_name != plan.endpoint.name:
-        raise AzureError(not_allowed("deployment.yaml endpoint_name", deployment.endpoint_name,
-                                     f"{plan.endpoint.name!r}, the endpoint of endpoint.yaml"))
+        raise AzureError(
+            not_allowed(
+                "deployment.yaml endpoint_name",
+                deployment.endpoint_name,
+                f"{plan.endpoint.name!r}, the endpoint of endpoint.yaml",
+            )
+        )
     model_path = getattr(deployment.model, "path", deployment.model)
-    check_local_paths(folder, [("deployment.yaml model.path", model_path),
-                               ("deployment.yaml code_configuration.code", deployment.code_configuration.code)],
-                      action="deploy", verb="deploy-plan")
+    check_local_paths(
+        folder,
+        [
+            ("deployment.yaml model.path", model_path),
+            ("deployment.yaml code_configuration.code", deployment.code_configuration.code),
+        ],
+        action="deploy",
+        verb="deploy-plan",
+    )
     recheck_code(folder, deployment.code_configuration.code)
     return plan
 
@@ -54,8 +65,7 @@ def credentials_hint(endpoint: str, ref: WorkspaceRef) -> str:
     return f"az ml online-endpoint get-credentials -n {endpoint} {az_flags(ref)}"
 
 
-def deploy(plan_dir: str | Path, workspace: WorkspaceRef, *, credential=None,
-           log: Callable[[str], None] | None = None):
+def deploy(plan_dir: str | Path, workspace: WorkspaceRef, *, credential=None, log: Callable[[str], None] | None = None):
     """Create or update the plan's endpoint and deployment in ``workspace`` and route all traffic to the
     deployment. Returns the endpoint as Azure ML reports it (its ``scoring_uri``; never its keys)."""
     log = log or log_to_stderr
@@ -64,14 +74,17 @@ def deploy(plan_dir: str | Path, workspace: WorkspaceRef, *, credential=None,
     endpoint, deployment = plan.endpoint, plan.deployment
     created = call("endpoint", workspace, lambda: client.online_endpoints.begin_create_or_update(endpoint).result())
     log(f"endpoint: {endpoint.name} ({getattr(created, 'provisioning_state', None) or 'created'})")
-    log(f"deployment: {deployment.name} on {deployment.instance_count} x {deployment.instance_type}: uploading the "
-        "model and the code, building the image and starting the instances (often 10 minutes or more)")
+    log(
+        f"deployment: {deployment.name} on {deployment.instance_count} x {deployment.instance_type}: uploading the "
+        "model and the code, building the image and starting the instances (often 10 minutes or more)"
+    )
     try:
-        call("deployment", workspace,
-             lambda: client.online_deployments.begin_create_or_update(deployment).result())
+        call("deployment", workspace, lambda: client.online_deployments.begin_create_or_update(deployment).result())
     except AzureError as exc:
-        raise AzureError(f"{exc}; logs: az ml online-deployment get-logs -n {deployment.name} -e {endpoint.name} "
-                         f"{az_flags(workspace)}") from None
+        raise AzureError(
+            f"{exc}; logs: az ml online-deployment get-logs -n {deployment.name} -e {endpoint.name} "
+            f"{az_flags(workspace)}"
+        ) from None
     log(f"deployment: {deployment.name} ready")
     endpoint.traffic = {deployment.name: 100}
     call("traffic", workspace, lambda: client.online_endpoints.begin_create_or_update(endpoint).result())

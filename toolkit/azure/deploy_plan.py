@@ -25,8 +25,18 @@ from collections.abc import Callable
 from toolkit.azure import code_upload, entities
 from toolkit.azure.connection import WorkspaceRef
 from toolkit.azure.errors import AzureError
-from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
-                                      publish, read_conda_file, trainbook_command, yaml_text)
+from toolkit.azure.plan_files import (
+    CONDA_COPY,
+    az_account_line,
+    az_flags,
+    environment_dict,
+    image_ok,
+    plain,
+    publish,
+    read_conda_file,
+    trainbook_command,
+    yaml_text,
+)
 from toolkit.azure.skus import Sku, get_online_sku
 from toolkit.catalogue.model_format import MANIFEST, ExportError, read_manifest, verify_model_folder
 from toolkit.deploy.serving.options import WEIGHTS, ServingOptions, ServingOptionsError
@@ -38,10 +48,13 @@ from toolkit.errors import bounded_repr, not_allowed, refused
 ONLINE_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")
 NAME_RULE = "3 to 32 letters, digits and '-', starting with a letter and ending with a letter or digit"
 INFERENCE_SERVER = "azureml-inference-server-http"  # runs score.py in the container; environment.yml must have it
-SCHEMAS = {"endpoint.yaml": "managedOnlineEndpoint.schema.json",
-           "deployment.yaml": "managedOnlineDeployment.schema.json"}
-MODEL_WHAT = (f"a model folder exported by Trainbook ({MANIFEST}, model.onnx, model.safetensors, tokenizer.json, "
-              "config.yaml)")
+SCHEMAS = {
+    "endpoint.yaml": "managedOnlineEndpoint.schema.json",
+    "deployment.yaml": "managedOnlineDeployment.schema.json",
+}
+MODEL_WHAT = (
+    f"a model folder exported by Trainbook ({MANIFEST}, model.onnx, model.safetensors, tokenizer.json, config.yaml)"
+)
 
 
 @dataclass(frozen=True)
@@ -56,14 +69,16 @@ class DeployOptions:
 
 # Checks of the options alone, in the order a person reads the flags: (is it wrong?, what to say).
 DEPLOY_RULES: list[tuple[Callable[[DeployOptions], bool], Callable[[DeployOptions], str]]] = [
-    (lambda o: not ONLINE_NAME_RE.fullmatch(o.endpoint),
-     lambda o: not_allowed("--endpoint", o.endpoint, NAME_RULE)),
-    (lambda o: not ONLINE_NAME_RE.fullmatch(o.deployment),
-     lambda o: not_allowed("--deployment", o.deployment, NAME_RULE)),
-    (lambda o: o.instance_count < 1,
-     lambda o: not_allowed("--instance-count", o.instance_count, "1 or more")),
-    (lambda o: o.image is not None and not image_ok(o.image),
-     lambda o: not_allowed("--image", o.image, f"an image reference like {entities.CPU_INFERENCE_IMAGE}")),
+    (lambda o: not ONLINE_NAME_RE.fullmatch(o.endpoint), lambda o: not_allowed("--endpoint", o.endpoint, NAME_RULE)),
+    (
+        lambda o: not ONLINE_NAME_RE.fullmatch(o.deployment),
+        lambda o: not_allowed("--deployment", o.deployment, NAME_RULE),
+    ),
+    (lambda o: o.instance_count < 1, lambda o: not_allowed("--instance-count", o.instance_count, "1 or more")),
+    (
+        lambda o: o.image is not None and not image_ok(o.image),
+        lambda o: not_allowed("--image", o.image, f"an image reference like {entities.CPU_INFERENCE_IMAGE}"),
+    ),
 ]
 
 
@@ -135,8 +150,11 @@ def resolve_model(model: str | Path) -> tuple[Path, Any]:
         raise AzureError(refused("MODEL", f"folder {bounded_repr(given)} does not exist", MODEL_WHAT))
     folder = Path(registered.path)
     if not folder.is_dir():
-        raise AzureError(not_allowed("MODEL", given, MODEL_WHAT,
-                                     problem=f"is registered at {str(folder)!r}, which is not a folder any more"))
+        raise AzureError(
+            not_allowed(
+                "MODEL", given, MODEL_WHAT, problem=f"is registered at {str(folder)!r}, which is not a folder any more"
+            )
+        )
     return folder.resolve(), registered
 
 
@@ -144,8 +162,13 @@ def _manifest_version(value, where: str) -> str | None:
     if value in (None, 0, "0", ""):
         return None
     if isinstance(value, bool) or not str(value).isdigit():
-        raise AzureError(refused("MODEL", f"version {bounded_repr(value)} in {where} is not allowed",
-                                 "a whole number of 1 or more (or none for an unregistered export)"))
+        raise AzureError(
+            refused(
+                "MODEL",
+                f"version {bounded_repr(value)} in {where} is not allowed",
+                "a whole number of 1 or more (or none for an unregistered export)",
+            )
+        )
     return str(int(value))
 
 
@@ -189,8 +212,11 @@ def read_model_folder(path: Path, runtime: str | None, registered=None) -> Model
     if not is_name(name):
         raise AzureError(refused("MODEL", f"name {bounded_repr(name)} of {where} is not allowed", NAME_ALLOWED))
     version = _manifest_version(registered.version if registered else manifest.get("version"), where)
-    description = str((registered.description if registered else "") or manifest.get("description")
-                      or f"Trainbook model {name} ({manifest.get('format', '?')})")
+    description = str(
+        (registered.description if registered else "")
+        or manifest.get("description")
+        or f"Trainbook model {name} ({manifest.get('format', '?')})"
+    )
     return ModelFolder(path, manifest, name, version, description, runtime)
 
 
@@ -199,21 +225,28 @@ def read_model_folder(path: Path, runtime: str | None, registered=None) -> Model
 
 def _check_scoring_script(upload: code_upload.CodeUpload) -> None:
     """score.py must be uploaded and parse (the SDK parses it too, but only when deploying)."""
-    path = code_upload.require(upload, entities.SCORING_SCRIPT, "scoring_script",
-                               "the scoring script of the local endpoint (init() and run())")
+    path = code_upload.require(
+        upload, entities.SCORING_SCRIPT, "scoring_script", "the scoring script of the local endpoint (init() and run())"
+    )
     try:
         ast.parse(path.read_text(encoding="utf-8"), str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
         where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
-        raise AzureError(not_allowed(
-            "scoring_script", path, "valid Python", problem=f"does not parse ({where})")) from None
+        raise AzureError(
+            not_allowed("scoring_script", path, "valid Python", problem=f"does not parse ({where})")
+        ) from None
 
 
 def _check_serving_conda_file(conda: Path) -> None:
     if INFERENCE_SERVER not in read_conda_file(conda, field="environment.yml"):
-        raise AzureError(not_allowed(
-            "environment.yml", conda, "a conda file with it (Azure ML runs score.py with that server)",
-            problem=f"has no {INFERENCE_SERVER} in its pip list"))
+        raise AzureError(
+            not_allowed(
+                "environment.yml",
+                conda,
+                "a conda file with it (Azure ML runs score.py with that server)",
+                problem=f"has no {INFERENCE_SERVER} in its pip list",
+            )
+        )
 
 
 @dataclass
@@ -239,36 +272,56 @@ class DeploymentPlan:
             ("endpoint", f"{o.endpoint}: managed online endpoint, key authentication"),
             ("deployment", f"{o.deployment}: {o.instance_count} x {self.sku.describe()}"),
             ("model", f"{self.model.ref}, {self.model.format}, from {self.model.path}"),
-            ("runtime", f"{s.runtime} ({WEIGHTS[s.runtime]}); batches of up to {s.max_batch} requests, waiting at "
-                        f"most {s.max_wait_ms} ms; 1 worker x {s.threads} threads"),
-            ("image", f"{self.image} + {self.conda_file.name} (environment {self.environment.name}:"
-                      f"{self.environment.version})"),
+            (
+                "runtime",
+                f"{s.runtime} ({WEIGHTS[s.runtime]}); batches of up to {s.max_batch} requests, waiting at "
+                f"most {s.max_wait_ms} ms; 1 worker x {s.threads} threads",
+            ),
+            (
+                "image",
+                f"{self.image} + {self.conda_file.name} (environment {self.environment.name}:"
+                f"{self.environment.version})",
+            ),
             ("code upload", self.code.describe()),
             ("workspace", self.workspace.describe() if self.workspace else "not given (placeholders in deploy.md)"),
         ]
         return "\n".join(f"{name:<12} {value}" for name, value in rows)
 
 
-def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instance_count: int = 1,
-                          deployment: str = "blue", runtime: str | None = None, max_batch: int = 16,
-                          max_wait_ms: int = 5,
-                          image: str | None = None, workspace: WorkspaceRef | None = None,
-                          project_root: str | Path | None = None) -> DeploymentPlan:
+def build_deployment_plan(
+    model: str | Path,
+    *,
+    endpoint: str,
+    sku: str,
+    instance_count: int = 1,
+    deployment: str = "blue",
+    runtime: str | None = None,
+    max_batch: int = 16,
+    max_wait_ms: int = 5,
+    image: str | None = None,
+    workspace: WorkspaceRef | None = None,
+    project_root: str | Path | None = None,
+) -> DeploymentPlan:
     """Validate everything (options, size, model folder, code upload and score.py, environment.yml) and build
     the endpoint, model, environment and deployment entities. ``runtime`` None: the model folder's default (torch
     for a transformers model, onnx for the built-ins)."""
     from toolkit.paths import PROJECT_ROOT
 
-    options = DeployOptions(endpoint=str(endpoint), deployment=str(deployment), instance_count=instance_count,
-                            image=image)
+    options = DeployOptions(
+        endpoint=str(endpoint), deployment=str(deployment), instance_count=instance_count, image=image
+    )
     for wrong, message in DEPLOY_RULES:
         if wrong(options):
             raise AzureError(message(options))
     try:  # the serving knobs have one owner, shared with the local endpoint. Azure ML's server runs 16 threads
         # and answers the client itself after REQUEST_TIMEOUT_MS: score.py gives up on a request at the same time
-        serving = ServingOptions(**({"runtime": str(runtime)} if runtime is not None else {}), max_batch=max_batch,
-                                 max_wait_ms=max_wait_ms, threads=entities.SERVER_THREADS,
-                                 request_timeout=entities.REQUEST_TIMEOUT_MS / 1000)
+        serving = ServingOptions(
+            **({"runtime": str(runtime)} if runtime is not None else {}),
+            max_batch=max_batch,
+            max_wait_ms=max_wait_ms,
+            threads=entities.SERVER_THREADS,
+            request_timeout=entities.REQUEST_TIMEOUT_MS / 1000,
+        )
     except ServingOptionsError as exc:
         raise AzureError(str(exc)) from None
     the_sku = get_online_sku(sku)
@@ -284,30 +337,53 @@ def build_deployment_plan(model: str | Path, *, endpoint: str, sku: str, instanc
 
     the_image = options.image or entities.serving_image(the_sku)
     base = "Azure Container for PyTorch" if the_image == entities.DEFAULT_IMAGE else "Azure ML inference image"
-    environment = entities.environment(the_image, conda, name=entities.SERVING_ENVIRONMENT_NAME,
-                                       description=f"Trainbook serving: {base} + the project's environment.yml")
-    model_entity = entities.model(folder.path, name=folder.name, version=folder.version, tags=folder.tags(),
-                                  description=folder.description)
+    environment = entities.environment(
+        the_image,
+        conda,
+        name=entities.SERVING_ENVIRONMENT_NAME,
+        description=f"Trainbook serving: {base} + the project's environment.yml",
+    )
+    model_entity = entities.model(
+        folder.path, name=folder.name, version=folder.version, tags=folder.tags(), description=folder.description
+    )
     tags = {"model": folder.ref, "runtime": serving.runtime}
     return DeploymentPlan(
-        options=options, serving=serving, sku=the_sku, model=folder, image=the_image, conda_file=conda, code=upload,
+        options=options,
+        serving=serving,
+        sku=the_sku,
+        model=folder,
+        image=the_image,
+        conda_file=conda,
+        code=upload,
         workspace=workspace,
-        endpoint=entities.online_endpoint(options.endpoint, tags={"created_by": "trainbook", **tags},
-                                          description=f"Trainbook: {folder.name} scored by "
-                                                      f"{entities.SCORING_SCRIPT}"),
+        endpoint=entities.online_endpoint(
+            options.endpoint,
+            tags={"created_by": "trainbook", **tags},
+            description=f"Trainbook: {folder.name} scored by {entities.SCORING_SCRIPT}",
+        ),
         environment=environment,
         deployment=entities.online_deployment(
-            options.deployment, endpoint_name=options.endpoint, model_entity=model_entity, code=root,
-            environment_entity=environment, sku=the_sku, instance_count=options.instance_count,
-            variables=serving.environment(), tags=tags))
+            options.deployment,
+            endpoint_name=options.endpoint,
+            model_entity=model_entity,
+            code=root,
+            environment_entity=environment,
+            sku=the_sku,
+            instance_count=options.instance_count,
+            variables=serving.environment(),
+            tags=tags,
+        ),
+    )
 
 
 # --- writing ---------------------------------------------------------------------------------------------------
 
 
 def _probe_text(probe: dict) -> str:
-    return (f"from {probe['initial_delay']} s, every {probe['period']} s, timeout {probe['timeout']} s, "
-            f"{probe['failure_threshold']} failures in a row")
+    return (
+        f"from {probe['initial_delay']} s, every {probe['period']} s, timeout {probe['timeout']} s, "
+        f"{probe['failure_threshold']} failures in a row"
+    )
 
 
 def _deploy_md(plan: DeploymentPlan, out: Path) -> str:
@@ -365,10 +441,18 @@ def _files(plan: DeploymentPlan, out: Path) -> dict[str, str]:
         deployment = plain(plan.deployment._to_dict())
     deployment["environment"] = environment_dict(plan.environment)
     return {
-        "endpoint.yaml": yaml_text(SCHEMAS["endpoint.yaml"], plain(plan.endpoint._to_dict()), verb="deploy-plan",
-                                   create=f"az ml online-endpoint create -f endpoint.yaml {flags}"),
-        "deployment.yaml": yaml_text(SCHEMAS["deployment.yaml"], deployment, verb="deploy-plan",
-                                     create=f"az ml online-deployment create -f deployment.yaml --all-traffic {flags}"),
+        "endpoint.yaml": yaml_text(
+            SCHEMAS["endpoint.yaml"],
+            plain(plan.endpoint._to_dict()),
+            verb="deploy-plan",
+            create=f"az ml online-endpoint create -f endpoint.yaml {flags}",
+        ),
+        "deployment.yaml": yaml_text(
+            SCHEMAS["deployment.yaml"],
+            deployment,
+            verb="deploy-plan",
+            create=f"az ml online-deployment create -f deployment.yaml --all-traffic {flags}",
+        ),
         "deploy.md": _deploy_md(plan, out),
     }
 
@@ -408,5 +492,12 @@ DEPLOYMENT_PLAN_FILES = frozenset({"endpoint.yaml", "deployment.yaml", "deploy.m
 def write_deployment_plan(plan: DeploymentPlan, out_dir: str | Path) -> Path:
     """Write the deployment plan folder; returns its path. An earlier deployment plan there is replaced whole."""
     out = Path(out_dir).expanduser().absolute()
-    return publish(out, files=_files(plan, out), copies={CONDA_COPY: plan.conda_file}, loaders=sdk_loaders(),
-                   marker="deployment.yaml", kind="deployment plan", may_hold=DEPLOYMENT_PLAN_FILES)
+    return publish(
+        out,
+        files=_files(plan, out),
+        copies={CONDA_COPY: plan.conda_file},
+        loaders=sdk_loaders(),
+        marker="deployment.yaml",
+        kind="deployment plan",
+        may_hold=DEPLOYMENT_PLAN_FILES,
+    )

@@ -43,8 +43,16 @@ def run_dir(run_storage: str, run_name: str) -> str:
     return f"${{{{outputs.{RUNS_OUTPUT}}}}}/{run_name}" if run_storage == "datastore" else LOCAL_RUN_DIR
 
 
-def command(run_storage: str, run_name: str, *, nnodes: int, gpus_per_node: int, max_restarts: int,
-            with_data: bool, mounted: dict[str, str] | None = None) -> str:
+def command(
+    run_storage: str,
+    run_name: str,
+    *,
+    nnodes: int,
+    gpus_per_node: int,
+    max_restarts: int,
+    with_data: bool,
+    mounted: dict[str, str] | None = None,
+) -> str:
     """The job's command, run once per node (toolkit.runs.job: pre-flight, the supervisor and torchrun for the
     node's ranks). ``mounted``: input name -> the config field that names where the job mounts it (the user's model
     code, model weights), e.g. {"model_code": "model.code_path"}."""
@@ -52,9 +60,15 @@ def command(run_storage: str, run_name: str, *, nnodes: int, gpus_per_node: int,
 
     sets = {"data.path": "${{inputs.data}}"} if with_data else {}
     sets.update({field: f"${{{{inputs.{name}}}}}" for name, field in (mounted or {}).items()})
-    return command_line(run_dir(run_storage, run_name), config="${{inputs.config}}", nnodes=nnodes,
-                        max_restarts=max_restarts, gpus_per_node=gpus_per_node, sets=sets,
-                        tensorboard_link=TENSORBOARD_LINK if run_storage == "datastore" else "")
+    return command_line(
+        run_dir(run_storage, run_name),
+        config="${{inputs.config}}",
+        nnodes=nnodes,
+        max_restarts=max_restarts,
+        gpus_per_node=gpus_per_node,
+        sets=sets,
+        tensorboard_link=TENSORBOARD_LINK if run_storage == "datastore" else "",
+    )
 
 
 # --- environment variables -------------------------------------------------------------------------------------
@@ -110,8 +124,14 @@ def compute(name: str, sku: Sku, min_nodes: int, max_nodes: int, idle_seconds: i
     """The AmlCompute cluster spec."""
     from azure.ai.ml.entities import AmlCompute
 
-    return AmlCompute(name=name, size=sku.name, min_instances=min_nodes, max_instances=max_nodes,
-                      idle_time_before_scale_down=idle_seconds, tier="low_priority" if low_priority else "dedicated")
+    return AmlCompute(
+        name=name,
+        size=sku.name,
+        min_instances=min_nodes,
+        max_instances=max_nodes,
+        idle_time_before_scale_down=idle_seconds,
+        tier="low_priority" if low_priority else "dedicated",
+    )
 
 
 def environment_version(image: str, conda_file: Path) -> str:
@@ -120,13 +140,23 @@ def environment_version(image: str, conda_file: Path) -> str:
     return hashlib.sha256(image.encode() + b"\0" + conda_file.read_bytes()).hexdigest()[:12]
 
 
-def environment(image: str, conda_file: Path, *, name: str = ENVIRONMENT_NAME,
-                description: str = "Trainbook: Azure Container for PyTorch + the project's environment.yml"):
+def environment(
+    image: str,
+    conda_file: Path,
+    *,
+    name: str = ENVIRONMENT_NAME,
+    description: str = "Trainbook: Azure Container for PyTorch + the project's environment.yml",
+):
     """The Environment: an image (ACPT for training) with the project's conda environment on top."""
     from azure.ai.ml.entities import Environment
 
-    return Environment(name=name, version=environment_version(image, conda_file), image=image,
-                       conda_file=str(conda_file), description=description)
+    return Environment(
+        name=name,
+        version=environment_version(image, conda_file),
+        image=image,
+        conda_file=str(conda_file),
+        description=description,
+    )
 
 
 def data(asset):
@@ -134,8 +164,14 @@ def data(asset):
     from azure.ai.ml.entities import Data
 
     tags = {"sha256": asset.sha256, "size_bytes": str(asset.size_bytes), "file_count": str(asset.file_count)}
-    return Data(name=asset.name, version=str(asset.version), type=asset.type, path=str(asset.path),
-                description=asset.description or f"Trainbook data asset {asset.ref}", tags={**asset.tags, **tags})
+    return Data(
+        name=asset.name,
+        version=str(asset.version),
+        type=asset.type,
+        path=str(asset.path),
+        description=asset.description or f"Trainbook data asset {asset.ref}",
+        tags={**asset.tags, **tags},
+    )
 
 
 def services(names, *, run_storage: str, ssh_public_keys: str = "") -> dict:
@@ -144,15 +180,33 @@ def services(names, *, run_storage: str, ssh_public_keys: str = "") -> dict:
     from azure.ai.ml.entities import JupyterLabJobService, SshJobService, TensorBoardJobService, VsCodeJobService
 
     log_dir = f"{LOCAL_RUN_DIR}/tb" if run_storage == "local" else TENSORBOARD_LINK
-    build = {"jupyterlab": lambda: JupyterLabJobService(nodes="all"), "vscode": lambda: VsCodeJobService(nodes="all"),
-             "tensorboard": lambda: TensorBoardJobService(log_dir=log_dir),
-             "ssh": lambda: SshJobService(ssh_public_keys=ssh_public_keys, nodes="all")}
+    build = {
+        "jupyterlab": lambda: JupyterLabJobService(nodes="all"),
+        "vscode": lambda: VsCodeJobService(nodes="all"),
+        "tensorboard": lambda: TensorBoardJobService(log_dir=log_dir),
+        "ssh": lambda: SshJobService(ssh_public_keys=ssh_public_keys, nodes="all"),
+    }
     return {name: build[name]() for name in SERVICES if name in names}
 
 
-def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, instance_count: int,
-        processes_per_node: int, config_path: str, run_name: str, run_storage: str, datastore: str,
-        max_restarts: int, services: dict, data_asset=None, folders: dict[str, tuple[str, str]] | None = None):
+def job(
+    cfg,
+    *,
+    compute_name: str,
+    sku: Sku,
+    environment_ref: str,
+    code: Path,
+    instance_count: int,
+    processes_per_node: int,
+    config_path: str,
+    run_name: str,
+    run_storage: str,
+    datastore: str,
+    max_restarts: int,
+    services: dict,
+    data_asset=None,
+    folders: dict[str, tuple[str, str]] | None = None,
+):
     """The CommandJob: ``python -m toolkit.runs.job`` once per node under PyTorchDistribution (one process per
     node, which starts the node's ranks itself and restarts them from the last checkpoint).
 
@@ -165,26 +219,47 @@ def job(cfg, *, compute_name: str, sku: Sku, environment_ref: str, code: Path, i
 
     inputs = {"config": Input(type="uri_file", path=config_path)}
     if data_asset is not None:
-        inputs["data"] = Input(type=data_asset.type, path=f"azureml:{data_asset.name}:{data_asset.version}",
-                               mode="ro_mount")
+        inputs["data"] = Input(
+            type=data_asset.type, path=f"azureml:{data_asset.name}:{data_asset.version}", mode="ro_mount"
+        )
     for name, (path, _) in (folders or {}).items():
         inputs[name] = Input(type="uri_folder", path=path, mode="ro_mount")
-    outputs = {RUNS_OUTPUT: Output(type="uri_folder", mode="rw_mount", path=runs_uri(datastore))
-               } if run_storage == "datastore" else {}
+    outputs = (
+        {RUNS_OUTPUT: Output(type="uri_folder", mode="rw_mount", path=runs_uri(datastore))}
+        if run_storage == "datastore"
+        else {}
+    )
     world = instance_count * processes_per_node
     return CommandJob(
-        command=command(run_storage, run_name, nnodes=instance_count, max_restarts=max_restarts,
-                        gpus_per_node=processes_per_node if sku.gpus else 0, with_data=data_asset is not None,
-                        mounted={name: field for name, (_, field) in (folders or {}).items()}),
-        code=str(code), compute=compute_name, environment=environment_ref,
+        command=command(
+            run_storage,
+            run_name,
+            nnodes=instance_count,
+            max_restarts=max_restarts,
+            gpus_per_node=processes_per_node if sku.gpus else 0,
+            with_data=data_asset is not None,
+            mounted={name: field for name, (_, field) in (folders or {}).items()},
+        ),
+        code=str(code),
+        compute=compute_name,
+        environment=environment_ref,
         distribution=PyTorchDistribution(process_count_per_instance=1),
         resources=JobResourceConfiguration(instance_count=instance_count, shm_size=shm_size(sku)),
-        environment_variables=environment_variables(sku), inputs=inputs, outputs=outputs, services=services,
-        experiment_name=EXPERIMENT_NAME, display_name=run_name,
+        environment_variables=environment_variables(sku),
+        inputs=inputs,
+        outputs=outputs,
+        services=services,
+        experiment_name=EXPERIMENT_NAME,
+        display_name=run_name,
         description=f"Trainbook {cfg.name}: {cfg.engine.name} on {instance_count} x {sku.name}, world size {world}",
-        tags={"trainbook_config_sha256": cfg.fingerprint(), "engine": cfg.engine.name, "world_size": str(world),
-              "run_name": run_name,
-              **({"data": f"{data_asset.name}:{data_asset.version}"} if data_asset is not None else {})})
+        tags={
+            "trainbook_config_sha256": cfg.fingerprint(),
+            "engine": cfg.engine.name,
+            "world_size": str(world),
+            "run_name": run_name,
+            **({"data": f"{data_asset.name}:{data_asset.version}"} if data_asset is not None else {}),
+        },
+    )
 
 
 # --- online endpoint -------------------------------------------------------------------------------------------
@@ -233,22 +308,40 @@ def model(path: Path, *, name: str, version: str | None, description: str, tags:
     next free one."""
     from azure.ai.ml.entities import Model
 
-    return Model(path=str(path), type="custom_model", name=name, version=version, description=description,
-                 tags=tags)
+    return Model(path=str(path), type="custom_model", name=name, version=version, description=description, tags=tags)
 
 
-def online_deployment(name: str, *, endpoint_name: str, model_entity, code: Path, environment_entity, sku: Sku,
-                      instance_count: int, variables: dict[str, str], tags: dict[str, str]):
+def online_deployment(
+    name: str,
+    *,
+    endpoint_name: str,
+    model_entity,
+    code: Path,
+    environment_entity,
+    sku: Sku,
+    instance_count: int,
+    variables: dict[str, str],
+    tags: dict[str, str],
+):
     """The ManagedOnlineDeployment: score.py from the project folder, the model, probes and request settings."""
     from azure.ai.ml.entities import CodeConfiguration, ManagedOnlineDeployment, OnlineRequestSettings, ProbeSettings
 
     return ManagedOnlineDeployment(
-        name=name, endpoint_name=endpoint_name, model=model_entity,
+        name=name,
+        endpoint_name=endpoint_name,
+        model=model_entity,
         code_configuration=CodeConfiguration(code=str(code), scoring_script=SCORING_SCRIPT),
-        environment=environment_entity, instance_type=sku.name, instance_count=instance_count,
-        liveness_probe=ProbeSettings(**LIVENESS_PROBE), readiness_probe=ProbeSettings(**READINESS_PROBE),
-        request_settings=OnlineRequestSettings(request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                               max_concurrent_requests_per_instance=SERVER_THREADS,
-                                               max_queue_wait_ms=MAX_QUEUE_WAIT_MS),
-        environment_variables=variables, tags=tags,
-        description=f"Trainbook {model_entity.name} on {instance_count} x {sku.name}")
+        environment=environment_entity,
+        instance_type=sku.name,
+        instance_count=instance_count,
+        liveness_probe=ProbeSettings(**LIVENESS_PROBE),
+        readiness_probe=ProbeSettings(**READINESS_PROBE),
+        request_settings=OnlineRequestSettings(
+            request_timeout_ms=REQUEST_TIMEOUT_MS,
+            max_concurrent_requests_per_instance=SERVER_THREADS,
+            max_queue_wait_ms=MAX_QUEUE_WAIT_MS,
+        ),
+        environment_variables=variables,
+        tags=tags,
+        description=f"Trainbook {model_entity.name} on {instance_count} x {sku.name}",
+    )

@@ -25,8 +25,18 @@ from collections.abc import Callable, Sequence
 from toolkit.azure import code_upload, entities
 from toolkit.azure.connection import WorkspaceRef
 from toolkit.azure.errors import AzureError
-from toolkit.azure.plan_files import (CONDA_COPY, az_account_line, az_flags, environment_dict, image_ok, plain,
-                                      publish, read_conda_file, trainbook_command, yaml_text)
+from toolkit.azure.plan_files import (
+    CONDA_COPY,
+    az_account_line,
+    az_flags,
+    environment_dict,
+    image_ok,
+    plain,
+    publish,
+    read_conda_file,
+    trainbook_command,
+    yaml_text,
+)
 from toolkit.azure.skus import Sku, get_sku
 from toolkit.errors import not_allowed, refused
 from toolkit.names import name_problem
@@ -40,14 +50,27 @@ RUN_STORAGES = ("datastore", "local")
 # datastore": "can only contain alphanumeric characters and underscore").
 DATASTORE_RE = re.compile(r"[A-Za-z0-9_]{1,255}")
 # OpenSSH public key types (ssh-keygen -t ...); DSA keys are refused by current OpenSSH servers.
-SSH_KEY_TYPES = frozenset({"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
-                           "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com"})
+SSH_KEY_TYPES = frozenset(
+    {
+        "ssh-ed25519",
+        "ssh-rsa",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+    }
+)
 SSH_KEY_FILE_LIMIT = 64 << 10
 # Azure ML compute cluster names: 3 to 24 letters, digits and '-', starting with a letter, and a '-' must be
 # followed by a letter somewhere later (learn.microsoft.com, "Create compute targets ... studio": Compute name).
 COMPUTE_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{2,23}")
-SCHEMAS = {"compute.yaml": "amlCompute.schema.json", "environment.yaml": "environment.schema.json",
-           "data.yaml": "data.schema.json", "job.yaml": "commandJob.schema.json"}
+SCHEMAS = {
+    "compute.yaml": "amlCompute.schema.json",
+    "environment.yaml": "environment.schema.json",
+    "data.yaml": "data.schema.json",
+    "job.yaml": "commandJob.schema.json",
+}
 
 
 @dataclass(frozen=True)
@@ -71,60 +94,111 @@ class Options:
 
 
 def _compute_name_ok(name: str) -> bool:
-    return bool(COMPUTE_NAME_RE.fullmatch(name)) and ("-" not in name or
-                                                      re.search(r"[A-Za-z]", name.rsplit("-", 1)[1]) is not None)
+    return bool(COMPUTE_NAME_RE.fullmatch(name)) and (
+        "-" not in name or re.search(r"[A-Za-z]", name.rsplit("-", 1)[1]) is not None
+    )
 
 
 # Checks of the options alone, in the order a person reads the flags: (is it wrong?, what to say).
 OPTION_RULES: list[tuple[Callable[[Options], bool], Callable[[Options], str]]] = [
-    (lambda o: not _compute_name_ok(o.compute),
-     lambda o: not_allowed("--compute", o.compute, "3 to 24 letters, digits and '-', starting with a letter, "
-                                                 "with a letter after the last '-'")),
-    (lambda o: o.instance_count < 1,
-     lambda o: not_allowed("--instance-count", o.instance_count, "1 or more")),
-    (lambda o: o.gpus_per_node is not None and o.gpus_per_node < 1,
-     lambda o: not_allowed("--gpus-per-node", o.gpus_per_node, "1 or more")),
+    (
+        lambda o: not _compute_name_ok(o.compute),
+        lambda o: not_allowed(
+            "--compute",
+            o.compute,
+            "3 to 24 letters, digits and '-', starting with a letter, with a letter after the last '-'",
+        ),
+    ),
+    (lambda o: o.instance_count < 1, lambda o: not_allowed("--instance-count", o.instance_count, "1 or more")),
+    (
+        lambda o: o.gpus_per_node is not None and o.gpus_per_node < 1,
+        lambda o: not_allowed("--gpus-per-node", o.gpus_per_node, "1 or more"),
+    ),
     (lambda o: o.min_nodes < 0, lambda o: not_allowed("--min-nodes", o.min_nodes, "0 or more")),
     (lambda o: o.max_nodes < 1, lambda o: not_allowed("--max-nodes", o.max_nodes, "1 or more")),
-    (lambda o: o.min_nodes > o.max_nodes,
-     lambda o: not_allowed("--min-nodes", o.min_nodes, f"0 to {o.max_nodes}",
-                           problem=f"is above --max-nodes={o.max_nodes}")),
-    (lambda o: o.instance_count > o.max_nodes,
-     lambda o: not_allowed("--instance-count", o.instance_count,
-                           f"1 to {o.max_nodes} (the cluster never grows past --max-nodes, the job would wait forever)",
-                           problem=f"is above --max-nodes={o.max_nodes}")),
-    (lambda o: o.idle_seconds < 0,
-     lambda o: not_allowed("--idle-seconds", o.idle_seconds, "0 or more")),
-    (lambda o: not image_ok(o.image),
-     lambda o: not_allowed("--image", o.image, f"an image reference like {entities.DEFAULT_IMAGE}")),
-    (lambda o: name_problem("--run-name", o.run_name) is not None,
-     lambda o: name_problem("--run-name", o.run_name) + " (it names the run's folder on the datastore)"),
-    (lambda o: not (isinstance(o.datastore, str) and DATASTORE_RE.fullmatch(o.datastore)),
-     lambda o: not_allowed("--datastore", o.datastore, "letters, digits and '_' (an Azure ML datastore name, "
-                                                       f"e.g. {entities.DEFAULT_DATASTORE})")),
-    (lambda o: o.run_storage not in RUN_STORAGES,
-     lambda o: not_allowed("--run-storage", o.run_storage, " or ".join(RUN_STORAGES))),
-    (lambda o: o.run_storage == "local" and o.low_priority,
-     lambda o: not_allowed("--run-storage", o.run_storage, "datastore (the default) with --low-priority",
-                           problem="is not allowed with --low-priority, as a preempted job could never resume "
-                                   "(its checkpoints stay on the node that was taken away)")),
-    (lambda o: o.run_storage == "local" and o.instance_count > 1,
-     lambda o: not_allowed("--run-storage", o.run_storage, "datastore (the default) on more than one node",
-                           problem=f"is not allowed with --instance-count {o.instance_count}, as the other "
-                                   "nodes' checkpoint shards would never reach node 0's outputs")),
-    (lambda o: o.max_restarts < 0,
-     lambda o: not_allowed("--max-restarts", o.max_restarts, "0 or more")),
-    (lambda o: not set(o.services) <= set(entities.SERVICES),
-     lambda o: not_allowed("--services", ",".join(o.services),
-                           f"a comma-separated list of {', '.join(entities.SERVICES)}",
-                           problem=f"names {', '.join(x for x in o.services if x not in entities.SERVICES)!r}, "
-                                   "which is not a service")),
-    (lambda o: "ssh" in o.services and not o.ssh_public_key,
-     lambda o: refused("--services", "ssh needs --ssh-public-key FILE",
-                       "--ssh-public-key with your public key file, e.g. ~/.ssh/id_ed25519.pub")),
-    (lambda o: "ssh" not in o.services and o.ssh_public_key,
-     lambda o: not_allowed("--ssh-public-key", o.ssh_public_key, "leave it out, or add ssh to --services",
-                           problem="is given without ssh in --services")),
+    (
+        lambda o: o.min_nodes > o.max_nodes,
+        lambda o: not_allowed(
+            "--min-nodes", o.min_nodes, f"0 to {o.max_nodes}", problem=f"is above --max-nodes={o.max_nodes}"
+        ),
+    ),
+    (
+        lambda o: o.instance_count > o.max_nodes,
+        lambda o: not_allowed(
+            "--instance-count",
+            o.instance_count,
+            f"1 to {o.max_nodes} (the cluster never grows past --max-nodes, the job would wait forever)",
+            problem=f"is above --max-nodes={o.max_nodes}",
+        ),
+    ),
+    (lambda o: o.idle_seconds < 0, lambda o: not_allowed("--idle-seconds", o.idle_seconds, "0 or more")),
+    (
+        lambda o: not image_ok(o.image),
+        lambda o: not_allowed("--image", o.image, f"an image reference like {entities.DEFAULT_IMAGE}"),
+    ),
+    (
+        lambda o: name_problem("--run-name", o.run_name) is not None,
+        lambda o: name_problem("--run-name", o.run_name) + " (it names the run's folder on the datastore)",
+    ),
+    (
+        lambda o: not (isinstance(o.datastore, str) and DATASTORE_RE.fullmatch(o.datastore)),
+        lambda o: not_allowed(
+            "--datastore",
+            o.datastore,
+            f"letters, digits and '_' (an Azure ML datastore name, e.g. {entities.DEFAULT_DATASTORE})",
+        ),
+    ),
+    (
+        lambda o: o.run_storage not in RUN_STORAGES,
+        lambda o: not_allowed("--run-storage", o.run_storage, " or ".join(RUN_STORAGES)),
+    ),
+    (
+        lambda o: o.run_storage == "local" and o.low_priority,
+        lambda o: not_allowed(
+            "--run-storage",
+            o.run_storage,
+            "datastore (the default) with --low-priority",
+            problem="is not allowed with --low-priority, as a preempted job could never resume "
+            "(its checkpoints stay on the node that was taken away)",
+        ),
+    ),
+    (
+        lambda o: o.run_storage == "local" and o.instance_count > 1,
+        lambda o: not_allowed(
+            "--run-storage",
+            o.run_storage,
+            "datastore (the default) on more than one node",
+            problem=f"is not allowed with --instance-count {o.instance_count}, as the other "
+            "nodes' checkpoint shards would never reach node 0's outputs",
+        ),
+    ),
+    (lambda o: o.max_restarts < 0, lambda o: not_allowed("--max-restarts", o.max_restarts, "0 or more")),
+    (
+        lambda o: not set(o.services) <= set(entities.SERVICES),
+        lambda o: not_allowed(
+            "--services",
+            ",".join(o.services),
+            f"a comma-separated list of {', '.join(entities.SERVICES)}",
+            problem=f"names {', '.join(x for x in o.services if x not in entities.SERVICES)!r}, which is not a service",
+        ),
+    ),
+    (
+        lambda o: "ssh" in o.services and not o.ssh_public_key,
+        lambda o: refused(
+            "--services",
+            "ssh needs --ssh-public-key FILE",
+            "--ssh-public-key with your public key file, e.g. ~/.ssh/id_ed25519.pub",
+        ),
+    ),
+    (
+        lambda o: "ssh" not in o.services and o.ssh_public_key,
+        lambda o: not_allowed(
+            "--ssh-public-key",
+            o.ssh_public_key,
+            "leave it out, or add ssh to --services",
+            problem="is given without ssh in --services",
+        ),
+    ),
 ]
 
 
@@ -136,16 +210,25 @@ def _ssh_public_keys(path: str) -> str:
     file = Path(path).expanduser()
     try:
         if not file.is_file():
-            raise AzureError(not_allowed(field, path, allowed, problem="does not exist" if not file.exists()
-                                         else "is not a regular file"))
+            raise AzureError(
+                not_allowed(
+                    field, path, allowed, problem="does not exist" if not file.exists() else "is not a regular file"
+                )
+            )
         if file.stat().st_size > SSH_KEY_FILE_LIMIT:
             raise AzureError(not_allowed(field, path, allowed, problem=f"is over {SSH_KEY_FILE_LIMIT:,} bytes"))
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise AzureError(not_allowed(field, path, allowed, problem=f"cannot be read ({exc})")) from None
     if "PRIVATE KEY" in text or text.startswith("PuTTY-User-Key-File"):
-        raise AzureError(not_allowed(field, path, "the public key beside it (the .pub file): a private key never "
-                                                  "leaves this machine", problem="is a private key"))
+        raise AzureError(
+            not_allowed(
+                field,
+                path,
+                "the public key beside it (the .pub file): a private key never leaves this machine",
+                problem="is a private key",
+            )
+        )
     keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     for number, key in enumerate(keys, 1):
         if not _is_public_key(key):
@@ -165,7 +248,7 @@ def _is_public_key(line: str) -> bool:
     except ValueError:
         return False
     length = int.from_bytes(blob[:4], "big")
-    return blob[4:4 + length] == kind.encode()
+    return blob[4 : 4 + length] == kind.encode()
 
 
 def _processes_per_node(cfg, sku: Sku, options: Options) -> int:
@@ -174,17 +257,33 @@ def _processes_per_node(cfg, sku: Sku, options: Options) -> int:
     if sku.gpus:
         wanted = options.gpus_per_node if options.gpus_per_node is not None else sku.gpus
         if wanted > sku.gpus:
-            raise AzureError(not_allowed("--gpus-per-node", wanted, f"1 to {sku.gpus} (the GPUs of one node)",
-                                         problem=f"is not allowed on {sku.name}"))
+            raise AzureError(
+                not_allowed(
+                    "--gpus-per-node",
+                    wanted,
+                    f"1 to {sku.gpus} (the GPUs of one node)",
+                    problem=f"is not allowed on {sku.name}",
+                )
+            )
         return wanted
     if options.gpus_per_node is not None:
-        raise AzureError(not_allowed("--gpus-per-node", options.gpus_per_node,
-                                     "leave it out (processes per node come from engine.nproc)",
-                                     problem=f"is not allowed on {sku.name}, which has no GPUs"))
+        raise AzureError(
+            not_allowed(
+                "--gpus-per-node",
+                options.gpus_per_node,
+                "leave it out (processes per node come from engine.nproc)",
+                problem=f"is not allowed on {sku.name}, which has no GPUs",
+            )
+        )
     if cfg.engine.nproc > sku.vcpus:
-        raise AzureError(not_allowed(
-            "engine.nproc", cfg.engine.nproc, f"1 to {sku.vcpus} (one process per vCPU at most)",
-            problem=f"is not allowed on {sku.name}"))
+        raise AzureError(
+            not_allowed(
+                "engine.nproc",
+                cfg.engine.nproc,
+                f"1 to {sku.vcpus} (one process per vCPU at most)",
+                problem=f"is not allowed on {sku.name}",
+            )
+        )
     return cfg.engine.nproc
 
 
@@ -192,9 +291,14 @@ def _local_asset(cfg):
     """The registered asset the config names, or None. A local data.path is refused: the cluster cannot see it."""
     local_path = getattr(cfg.data, "path", "")
     if local_path:
-        raise AzureError(not_allowed("data.path", local_path,
-                                     "register it (trainbook data register) and set data.asset instead",
-                                     problem="is a path on this machine, which the cluster cannot read"))
+        raise AzureError(
+            not_allowed(
+                "data.path",
+                local_path,
+                "register it (trainbook data register) and set data.asset instead",
+                problem="is a path on this machine, which the cluster cannot read",
+            )
+        )
     if not cfg.data.asset:
         return None
     from toolkit.catalogue import data_assets, data_verify
@@ -210,8 +314,13 @@ def _local_asset(cfg):
     # hashes what it reads) would name different data than the catalogue.
     report = data_verify.verify(ws, asset.ref)
     if not report.ok:
-        raise AzureError(refused("data.asset", f"{asset.ref} does not match its registration ({report.problems[0]})",
-                                 f"an asset that `trainbook data verify {asset.ref}` finds intact (try --repair)"))
+        raise AzureError(
+            refused(
+                "data.asset",
+                f"{asset.ref} does not match its registration ({report.problems[0]})",
+                f"an asset that `trainbook data verify {asset.ref}` finds intact (try --repair)",
+            )
+        )
     return asset
 
 
@@ -250,30 +359,52 @@ class Plan:
     def summary(self) -> str:
         """A short table of what was planned."""
         o = self.options
-        engine = self.cfg.engine.name + (f", ZeRO stage {self.cfg.engine.zero_stage}"
-                                         if self.cfg.engine.name == "deepspeed" else "")
-        offload = [f"{part} to {device}" for part, device in (
-            ("optimizer state", _get(self.deepspeed or {}, "zero_optimization.offload_optimizer.device", None)),
-            ("parameters", _get(self.deepspeed or {}, "zero_optimization.offload_param.device", None)))
-            if device not in (None, "none")]
+        engine = self.cfg.engine.name + (
+            f", ZeRO stage {self.cfg.engine.zero_stage}" if self.cfg.engine.name == "deepspeed" else ""
+        )
+        offload = [
+            f"{part} to {device}"
+            for part, device in (
+                ("optimizer state", _get(self.deepspeed or {}, "zero_optimization.offload_optimizer.device", None)),
+                ("parameters", _get(self.deepspeed or {}, "zero_optimization.offload_param.device", None)),
+            )
+            if device not in (None, "none")
+        ]
         if offload:
             engine += ", offload " + " and ".join(offload)
         per = "GPUs" if self.sku.gpus else "processes"
-        data = (f"{self.asset.ref} ({self.asset.type}, {self.asset.size_bytes:,} bytes, sha256 "
-                f"{self.asset.sha256[:12]})" if self.asset else "none (the config's built-in dataset)")
+        data = (
+            f"{self.asset.ref} ({self.asset.type}, {self.asset.size_bytes:,} bytes, sha256 {self.asset.sha256[:12]})"
+            if self.asset
+            else "none (the config's built-in dataset)"
+        )
         rows = [
-            ("compute", f"{o.compute}: {self.sku.describe()}; {o.min_nodes} to {o.max_nodes} nodes, "
-                        f"{'low priority' if o.low_priority else 'dedicated'}, idle {o.idle_seconds} s"),
-            ("job", f"{o.instance_count} node(s) x {self.processes_per_node} {per} = world size {self.world_size} "
-                    f"({engine}, {self.cfg.engine.precision})"),
-            ("image", f"{o.image} + {self.conda_file.name} (environment {self.environment.name}:"
-                      f"{self.environment.version})"),
+            (
+                "compute",
+                f"{o.compute}: {self.sku.describe()}; {o.min_nodes} to {o.max_nodes} nodes, "
+                f"{'low priority' if o.low_priority else 'dedicated'}, idle {o.idle_seconds} s",
+            ),
+            (
+                "job",
+                f"{o.instance_count} node(s) x {self.processes_per_node} {per} = world size {self.world_size} "
+                f"({engine}, {self.cfg.engine.precision})",
+            ),
+            (
+                "image",
+                f"{o.image} + {self.conda_file.name} (environment {self.environment.name}:{self.environment.version})",
+            ),
             ("data", data),
-            ("run", self.run_location + (
-                f" (shared by the nodes; submitting this plan again resumes it); up to {o.max_restarts} "
-                "restart(s) inside the job" if o.run_storage == "datastore" else
-                f" (node-local, uploaded when the job ends: a quick try); up to {o.max_restarts} restart(s) "
-                "inside the job")),
+            (
+                "run",
+                self.run_location
+                + (
+                    f" (shared by the nodes; submitting this plan again resumes it); up to {o.max_restarts} "
+                    "restart(s) inside the job"
+                    if o.run_storage == "datastore"
+                    else f" (node-local, uploaded when the job ends: a quick try); up to {o.max_restarts} restart(s) "
+                    "inside the job"
+                ),
+            ),
             ("services", ", ".join(self.job.services or {}) or "none"),
             ("code upload", self.code.describe()),
             *([("model code", self.model_code.describe())] if self.model_code else []),
@@ -282,15 +413,30 @@ class Plan:
         return "\n".join(f"{name:<12} {value}" for name, value in rows)
 
 
-def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_node: int | None = None,
-               min_nodes: int = 0, max_nodes: int | None = None, idle_seconds: int = DEFAULT_IDLE_SECONDS,
-               low_priority: bool = False, image: str | None = None, workspace: WorkspaceRef | None = None,
-               conda_file: str | Path | None = None, project_root: str | Path | None = None,
-               code_limit_bytes: int = code_upload.SNAPSHOT_LIMIT_BYTES,
-               code_limit_files: int = code_upload.SNAPSHOT_LIMIT_FILES, run_name: str | None = None,
-               datastore: str = entities.DEFAULT_DATASTORE, run_storage: str = "datastore",
-               max_restarts: int = DEFAULT_MAX_RESTARTS, services: Sequence[str] | str = ("tensorboard",),
-               ssh_public_key: str | Path | None = None) -> Plan:
+def build_plan(
+    cfg,
+    *,
+    compute: str,
+    sku: str,
+    instance_count: int,
+    gpus_per_node: int | None = None,
+    min_nodes: int = 0,
+    max_nodes: int | None = None,
+    idle_seconds: int = DEFAULT_IDLE_SECONDS,
+    low_priority: bool = False,
+    image: str | None = None,
+    workspace: WorkspaceRef | None = None,
+    conda_file: str | Path | None = None,
+    project_root: str | Path | None = None,
+    code_limit_bytes: int = code_upload.SNAPSHOT_LIMIT_BYTES,
+    code_limit_files: int = code_upload.SNAPSHOT_LIMIT_FILES,
+    run_name: str | None = None,
+    datastore: str = entities.DEFAULT_DATASTORE,
+    run_storage: str = "datastore",
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    services: Sequence[str] | str = ("tensorboard",),
+    ssh_public_key: str | Path | None = None,
+) -> Plan:
     """Validate everything (options, size, data asset, environment.yml, code upload) and build the entities.
     ``run_name`` (default: the config's name) names the run's folder on ``datastore``: planning and submitting again
     under the same name resumes the run. ``services``: names of entities.SERVICES (a list, or 'a,b')."""
@@ -298,14 +444,24 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
 
     if max_nodes is None:  # room for the job, and never below the nodes kept warm
         max_nodes = max(instance_count, min_nodes, 1)
-    options = Options(compute=str(compute), instance_count=instance_count, gpus_per_node=gpus_per_node,
-                      min_nodes=min_nodes, max_nodes=max_nodes, idle_seconds=idle_seconds,
-                      low_priority=low_priority, image=image or entities.DEFAULT_IMAGE,
-                      run_name=cfg.name if run_name is None else run_name, datastore=datastore,
-                      run_storage=run_storage, max_restarts=max_restarts,
-                      services=tuple(name.strip() for name in services.split(",") if name.strip())
-                      if isinstance(services, str) else tuple(services),
-                      ssh_public_key=None if ssh_public_key is None else str(ssh_public_key))
+    options = Options(
+        compute=str(compute),
+        instance_count=instance_count,
+        gpus_per_node=gpus_per_node,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        idle_seconds=idle_seconds,
+        low_priority=low_priority,
+        image=image or entities.DEFAULT_IMAGE,
+        run_name=cfg.name if run_name is None else run_name,
+        datastore=datastore,
+        run_storage=run_storage,
+        max_restarts=max_restarts,
+        services=tuple(name.strip() for name in services.split(",") if name.strip())
+        if isinstance(services, str)
+        else tuple(services),
+        ssh_public_key=None if ssh_public_key is None else str(ssh_public_key),
+    )
     for wrong, message in OPTION_RULES:
         if wrong(options):
             raise AzureError(message(options))
@@ -321,29 +477,51 @@ def build_plan(cfg, *, compute: str, sku: str, instance_count: int, gpus_per_nod
 
     job_model, model_code, folders = _job_model(cfg, code_limit_bytes, code_limit_files)
     # a DeepSpeed file travels as the copy in engine.deepspeed: its local path means nothing on the cluster
-    job_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, asset="", workspace=""),
-                                  engine=dataclasses.replace(cfg.engine, nproc=processes, deepspeed_config=""),
-                                  model=job_model)
+    job_cfg = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, asset="", workspace=""),
+        engine=dataclasses.replace(cfg.engine, nproc=processes, deepspeed_config=""),
+        model=job_model,
+    )
     # fp16, offload and a user's DeepSpeed file checked for the SKU's devices and the job's world, as a launch on
     # that machine would: a GPU SKU takes ZeRO-Offload and fp16, a CPU one refuses them here, before any upload
     deepspeed = check_engine(job_cfg, world=options.instance_count * processes, cuda=the_sku.gpus > 0)
     environment = entities.environment(options.image, conda)
     return Plan(
-        cfg=cfg, job_cfg=job_cfg, sku=the_sku, options=options, processes_per_node=processes, conda_file=conda,
+        cfg=cfg,
+        job_cfg=job_cfg,
+        sku=the_sku,
+        options=options,
+        processes_per_node=processes,
+        conda_file=conda,
         deepspeed=deepspeed,
-        code=upload, model_code=model_code, asset=asset, workspace=workspace,
-        compute=entities.compute(options.compute, the_sku, options.min_nodes, options.max_nodes,
-                                 options.idle_seconds, options.low_priority),
-        environment=environment, data=entities.data(asset) if asset is not None else None,
-        job=entities.job(job_cfg, compute_name=options.compute, sku=the_sku, code=root,
-                         environment_ref=f"azureml:{environment.name}:{environment.version}",
-                         instance_count=options.instance_count, processes_per_node=processes,
-                         config_path=f"./{entities.CONFIG_INPUT}", run_name=options.run_name,
-                         run_storage=options.run_storage, datastore=options.datastore,
-                         max_restarts=options.max_restarts,
-                         services=entities.services(options.services, run_storage=options.run_storage,
-                                                    ssh_public_keys=ssh_keys),
-                         data_asset=asset, folders=folders))
+        code=upload,
+        model_code=model_code,
+        asset=asset,
+        workspace=workspace,
+        compute=entities.compute(
+            options.compute, the_sku, options.min_nodes, options.max_nodes, options.idle_seconds, options.low_priority
+        ),
+        environment=environment,
+        data=entities.data(asset) if asset is not None else None,
+        job=entities.job(
+            job_cfg,
+            compute_name=options.compute,
+            sku=the_sku,
+            code=root,
+            environment_ref=f"azureml:{environment.name}:{environment.version}",
+            instance_count=options.instance_count,
+            processes_per_node=processes,
+            config_path=f"./{entities.CONFIG_INPUT}",
+            run_name=options.run_name,
+            run_storage=options.run_storage,
+            datastore=options.datastore,
+            max_restarts=options.max_restarts,
+            services=entities.services(options.services, run_storage=options.run_storage, ssh_public_keys=ssh_keys),
+            data_asset=asset,
+            folders=folders,
+        ),
+    )
 
 
 def _job_model(cfg, limit_bytes: int, limit_files: int):
@@ -451,9 +629,11 @@ az ml environment create -f environment.yaml {flags}
 def _run_storage_md(plan: Plan) -> str:
     o = plan.options
     if o.run_storage == "local":
-        return (f"`{entities.LOCAL_RUN_DIR}` on the node (--run-storage local): Azure ML uploads `outputs/` as the "
-                "job's artifacts when the job ends. A quick single-node try: a job that fails or is stopped takes "
-                "its checkpoints with it, and submitting the plan again starts from step 0.")
+        return (
+            f"`{entities.LOCAL_RUN_DIR}` on the node (--run-storage local): Azure ML uploads `outputs/` as the "
+            "job's artifacts when the job ends. A quick single-node try: a job that fails or is stopped takes "
+            "its checkpoints with it, and submitting the plan again starts from step 0."
+        )
     return f"""`{plan.run_location}` on datastore {o.datastore}:
 the job's `{entities.RUNS_OUTPUT}` output, mounted read-write on every node, holds the run directory `{o.run_name}`
 (checkpoints, events, status, TensorBoard scalars).
@@ -471,13 +651,16 @@ def _services_md(plan: Plan) -> str:
     if not plan.job.services:
         return "None (--services): follow the job with `az ml job stream` or the studio's logs."
     lines = [f"- {name}" for name in plan.job.services]
-    return "\n".join(lines) + f"""
+    return (
+        "\n".join(lines)
+        + f"""
 
 Open them from the job's page in the studio (Debug and monitor) or list their URLs with
 `az ml job show-services --name <job name> --node-index 0 {az_flags(plan.workspace)}`; SSH connects with
 `az ml job connect-ssh --name <job name> --node-index 0 --private-key-file-path <your private key>`. JupyterLab, VS Code
 and SSH run on every node, TensorBoard on node 0. They need openssh-server and Jupyter in the image: the ACPT curated
 images have them. Only the job's owner can open them."""
+    )
 
 
 def _files(plan: Plan, out: Path) -> dict[str, str]:
@@ -485,10 +668,14 @@ def _files(plan: Plan, out: Path) -> dict[str, str]:
     flags = az_flags(plan.workspace)
     files = {
         entities.CONFIG_INPUT: plan.job_cfg.to_yaml(),
-        "compute.yaml": _yaml("compute.yaml", plain(plan.compute._to_dict()),
-                              f"az ml compute create -f compute.yaml {flags}"),
-        "environment.yaml": _yaml("environment.yaml", environment_dict(plan.environment),
-                                  f"az ml environment create -f environment.yaml {flags}"),
+        "compute.yaml": _yaml(
+            "compute.yaml", plain(plan.compute._to_dict()), f"az ml compute create -f compute.yaml {flags}"
+        ),
+        "environment.yaml": _yaml(
+            "environment.yaml",
+            environment_dict(plan.environment),
+            f"az ml environment create -f environment.yaml {flags}",
+        ),
         "job.yaml": _yaml("job.yaml", _job_dict(plan), f"az ml job create -f job.yaml --stream {flags}"),
         "submit.md": _submit_md(plan, out),
     }
@@ -503,14 +690,28 @@ def sdk_loaders() -> dict:
     """Plan file name -> the azure-ai-ml loader that reads it."""
     from azure.ai.ml import load_compute, load_data, load_environment, load_job
 
-    return {"compute.yaml": load_compute, "environment.yaml": load_environment, "data.yaml": load_data,
-            "job.yaml": load_job}
+    return {
+        "compute.yaml": load_compute,
+        "environment.yaml": load_environment,
+        "data.yaml": load_data,
+        "job.yaml": load_job,
+    }
 
 
 # Every file a plan folder may hold (data.yaml only when the job has a data input): what an earlier plan is.
 DEEPSPEED_FILE = "deepspeed_config.json"
-PLAN_FILES = frozenset({"compute.yaml", "environment.yaml", "data.yaml", "job.yaml", "submit.md", CONDA_COPY,
-                        entities.CONFIG_INPUT, DEEPSPEED_FILE})
+PLAN_FILES = frozenset(
+    {
+        "compute.yaml",
+        "environment.yaml",
+        "data.yaml",
+        "job.yaml",
+        "submit.md",
+        CONDA_COPY,
+        entities.CONFIG_INPUT,
+        DEEPSPEED_FILE,
+    }
+)
 
 
 def write_plan(plan: Plan, out_dir: str | Path) -> Path:
@@ -519,5 +720,13 @@ def write_plan(plan: Plan, out_dir: str | Path) -> Path:
     copies = {CONDA_COPY: plan.conda_file}
     if plan.model_code:
         copies.update({f"{code_upload.MODEL_CODE}/{rel}": source for rel, source in plan.model_code.files})
-    return publish(out, files=_files(plan, out), copies=copies, loaders=sdk_loaders(),
-                   marker="job.yaml", kind="plan", may_hold=PLAN_FILES, subfolders=frozenset({code_upload.MODEL_CODE}))
+    return publish(
+        out,
+        files=_files(plan, out),
+        copies=copies,
+        loaders=sdk_loaders(),
+        marker="job.yaml",
+        kind="plan",
+        may_hold=PLAN_FILES,
+        subfolders=frozenset({code_upload.MODEL_CODE}),
+    )

@@ -72,8 +72,7 @@ def yaml_text(schema: str, content: dict, *, verb: str, create: str) -> str:
 
 def az_flags(ref: WorkspaceRef | None) -> str:
     """``-g RG -w WS`` for the az ml commands, placeholders without a workspace."""
-    return (f"-g {ref.resource_group} -w {ref.workspace_name}" if ref
-            else "-g <resource-group> -w <workspace-name>")
+    return f"-g {ref.resource_group} -w {ref.workspace_name}" if ref else "-g <resource-group> -w <workspace-name>"
 
 
 def _from_config_file(ref: WorkspaceRef | None) -> bool:
@@ -102,16 +101,30 @@ def verify(folder: Path, loaders: dict[str, Callable]) -> None:
             load(folder / name)
 
 
-def publish(out_dir: str | Path, *, files: dict[str, str], copies: dict[str, Path], loaders: dict[str, Callable],
-            marker: str, kind: str, may_hold: frozenset[str], subfolders: frozenset[str] = frozenset()) -> Path:
+def publish(
+    out_dir: str | Path,
+    *,
+    files: dict[str, str],
+    copies: dict[str, Path],
+    loaders: dict[str, Callable],
+    marker: str,
+    kind: str,
+    may_hold: frozenset[str],
+    subfolders: frozenset[str] = frozenset(),
+) -> Path:
     """Write ``files`` (name -> text) and ``copies`` (name -> source file; a name may lie inside one of
     ``subfolders``, e.g. 'model-code/pkg/mod.py') as the folder ``out_dir``, verified with ``loaders``; an earlier
     ``kind`` there (a folder holding ``marker`` and only names of ``may_hold`` and ``subfolders``) is replaced as a
     whole. Returns the folder's path."""
     out = Path(out_dir).expanduser().absolute()
     # new, empty or an earlier ``kind``; never a link, never a folder holding anything a plan does not write
-    rule = {"marker": marker, "kind": kind, "error": AzureError, "may_hold": lambda _: may_hold,
-            "subfolders": subfolders}
+    rule = {
+        "marker": marker,
+        "kind": kind,
+        "error": AzureError,
+        "may_hold": lambda _: may_hold,
+        "subfolders": subfolders,
+    }
     fsio.check_replaceable(out, **rule)  # before any work; checked again just before the swap
     with fsio.staging_folder(out) as tmp:
         for name, source in copies.items():

@@ -16,8 +16,20 @@ from toolkit.resources.zero_stages import STATE_SHARE, StageAdvice, check_value,
 # --- the recommended setting, as a config that runs -------------------------------------------------------------
 
 # Built-in GPT shapes (n_layer, n_embd), GPT-3's where the config's bounds allow: what a bare count is written as
-GPT_SHAPES = ((4, 128), (6, 512), (12, 768), (24, 1024), (24, 1536), (24, 2048), (32, 2560), (32, 4096), (40, 5120),
-              (48, 6144), (64, 7168), (64, 8192))
+GPT_SHAPES = (
+    (4, 128),
+    (6, 512),
+    (12, 768),
+    (24, 1024),
+    (24, 1536),
+    (24, 2048),
+    (32, 2560),
+    (32, 4096),
+    (40, 5120),
+    (48, 6144),
+    (64, 7168),
+    (64, 8192),
+)
 
 
 def gpt_shape(params: float) -> tuple[int, int, int]:
@@ -25,10 +37,14 @@ def gpt_shape(params: float) -> tuple[int, int, int]:
     check_value("params", params, isinstance(params, (int, float)) and params > 0, "a positive number of parameters")
     largest = 12 * GPT_SHAPES[-1][0] * GPT_SHAPES[-1][1] ** 2
     if params > 1.5 * largest:
-        raise ConfigError(not_allowed("params", params, f"up to {1.5 * largest / 1e9:.0f}B, or --config NAME with "
-                                      "your model (model.name=hf or custom)",
-                                      problem="is too large for the built-in gpt (model.n_layer <= 64, n_embd <= "
-                                              "8192)"))
+        raise ConfigError(
+            not_allowed(
+                "params",
+                params,
+                f"up to {1.5 * largest / 1e9:.0f}B, or --config NAME with your model (model.name=hf or custom)",
+                problem="is too large for the built-in gpt (model.n_layer <= 64, n_embd <= 8192)",
+            )
+        )
     L, C = min(GPT_SHAPES, key=lambda s: abs(math.log(12 * s[0] * s[1] ** 2 / params)))
     return L, C, max(1, C // (64 if C <= 1024 else 128))
 
@@ -44,18 +60,24 @@ class WrittenConfig:
     notes: tuple[str, ...] = field(default=())
 
     def summary(self) -> str:
-        lines = [f"wrote {self.path}: engine.name=deepspeed, engine.zero_stage={self.stage}, engine.nproc="
-                 f"{self.advice.estimates[0].gpus}, engine.precision={self.advice.estimates[0].precision} "
-                 f"({self.params:,} parameters)"]
+        lines = [
+            f"wrote {self.path}: engine.name=deepspeed, engine.zero_stage={self.stage}, engine.nproc="
+            f"{self.advice.estimates[0].gpus}, engine.precision={self.advice.estimates[0].precision} "
+            f"({self.params:,} parameters)"
+        ]
         if self.advice.stage is not None:
-            lines.append(f"  ZeRO-{self.advice.stage}: the lowest stage whose model state fits in {STATE_SHARE:.0%} of "
-                         f"{self.advice.gpu_memory_gib:g} GiB per GPU")
+            lines.append(
+                f"  ZeRO-{self.advice.stage}: the lowest stage whose model state fits in {STATE_SHARE:.0%} of "
+                f"{self.advice.gpu_memory_gib:g} GiB per GPU"
+            )
         if self.deepspeed_config is not None:
             lines.append(f"  engine.deepspeed_config: {self.deepspeed_config}")
         if self.offload:
-            lines.append(f"  no stage fits: ZeRO-3 with {' and '.join(self.offload)} offloaded to CPU memory. This "
-                         "config is for a GPU machine (an Azure ML GPU SKU, see below): a launch on a CPU-only "
-                         "machine refuses offload")
+            lines.append(
+                f"  no stage fits: ZeRO-3 with {' and '.join(self.offload)} offloaded to CPU memory. This "
+                "config is for a GPU machine (an Azure ML GPU SKU, see below): a launch on a CPU-only "
+                "machine refuses offload"
+            )
         lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -66,14 +88,18 @@ def _azure_hint(path: Path, gpus: int, gpu_memory_gib: float) -> str:
 
     sizes = [s for s in SKUS.values() if s.gpus and s.gpu_mem_gib == gpu_memory_gib]
     if not sizes:
-        return (f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku <a size with {gpu_memory_gib:g}"
-                f" GiB GPUs> --instance-count <nodes>")
+        return (
+            f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku <a size with {gpu_memory_gib:g}"
+            f" GiB GPUs> --instance-count <nodes>"
+        )
     # the biggest node that the GPU count fills exactly, else the smallest node
     whole = [s for s in sizes if s.gpus <= gpus and gpus % s.gpus == 0]
     sku = max(whole, key=lambda s: (s.gpus, s.infiniband)) if whole else min(sizes, key=lambda s: s.gpus)
     nodes = math.ceil(gpus / sku.gpus)
-    return (f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku {sku.name} --instance-count "
-            f"{nodes}  ({sku.describe()})")
+    return (
+        f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku {sku.name} --instance-count "
+        f"{nodes}  ({sku.describe()})"
+    )
 
 
 def _offload(advice: StageAdvice) -> tuple[str, ...]:
@@ -84,8 +110,16 @@ def _offload(advice: StageAdvice) -> tuple[str, ...]:
     return ("optimizer",) if on_gpu <= STATE_SHARE * advice.gpu_memory_gib else ("optimizer", "parameters")
 
 
-def write_recommended_config(path, *, params: float | None = None, base=None, overrides=(), gpus: int = 8,
-                             gpu_memory_gib: float = 80.0, precision: str | None = None) -> WrittenConfig:
+def write_recommended_config(
+    path,
+    *,
+    params: float | None = None,
+    base=None,
+    overrides=(),
+    gpus: int = 8,
+    gpu_memory_gib: float = 80.0,
+    precision: str | None = None,
+) -> WrittenConfig:
     """Write the recommended ZeRO setting for ``gpus`` GPUs of ``gpu_memory_gib`` as a Trainbook config that loads
     and runs: ``base`` (a config name or file, with ``overrides``) with its engine section set, or for a bare
     ``params`` count the built-in GPT shaped to about that size. When no stage fits, a ds_config.json with
@@ -101,8 +135,14 @@ def write_recommended_config(path, *, params: float | None = None, base=None, ov
     check_value("--write-config", path, path.suffix in (".yaml", ".yml"), "a .yaml or .yml file")
     check_value("gpus", gpus, isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1, "1 or more")
     if base is not None and params is not None:
-        raise ConfigError(not_allowed("params", params, "no count with a base config: its model is counted",
-                                      problem="is not allowed with a base config"))
+        raise ConfigError(
+            not_allowed(
+                "params",
+                params,
+                "no count with a base config: its model is counted",
+                problem="is not allowed with a base config",
+            )
+        )
     notes = []
     if base is not None:
         cfg = config_mod.load(base, list(overrides))
@@ -113,12 +153,17 @@ def write_recommended_config(path, *, params: float | None = None, base=None, ov
         cfg = config_mod.from_dict({**cfg.to_dict(), "name": f"gpt-{L}x{C}"})
         precision = precision or "bf16"
     else:
-        raise ConfigError(refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, or a base "
-                                  "config (--config NAME)"))
+        raise ConfigError(
+            refused(
+                "params", "missing", "a parameter count such as 350M, 7B or 1.3e9, or a base config (--config NAME)"
+            )
+        )
     count = model_params(cfg)
     if base is None:
-        notes.append(f"model: the built-in gpt shaped to {count / 1e9:.3g}B parameters (n_layer={cfg.model.n_layer}, "
-                     f"n_embd={cfg.model.n_embd}) for the {params:.3g} asked: replace the model section with yours")
+        notes.append(
+            f"model: the built-in gpt shaped to {count / 1e9:.3g}B parameters (n_layer={cfg.model.n_layer}, "
+            f"n_embd={cfg.model.n_embd}) for the {params:.3g} asked: replace the model section with yours"
+        )
     advice = recommend_stage(count, gpu_memory_gib, gpus, precision)
     stage = advice.stage if advice.stage is not None else 3
     offload = () if advice.stage is not None else _offload(advice)
@@ -132,8 +177,15 @@ def write_recommended_config(path, *, params: float | None = None, base=None, ov
         ds["train_batch_size"] = "auto"  # micro batch x accumulation x the new process count
         notes.append("train_batch_size in the DeepSpeed config set to \"auto\": it follows the new process count")
     data = cfg.to_dict()
-    data["engine"].update(name="deepspeed", zero_stage=stage, nproc=gpus, precision=precision, launcher="auto",
-                          deepspeed_config="", deepspeed={})
+    data["engine"].update(
+        name="deepspeed",
+        zero_stage=stage,
+        nproc=gpus,
+        precision=precision,
+        launcher="auto",
+        deepspeed_config="",
+        deepspeed={},
+    )
     keep_ds = offload or cfg.engine.deepspeed
     if keep_ds:
         data["engine"]["deepspeed"] = ds
@@ -143,11 +195,16 @@ def write_recommended_config(path, *, params: float | None = None, base=None, ov
         ds_path = path.with_name(f"{path.stem}.ds_config.json").absolute()
         atomic_write_text(ds_path, json.dumps(ds, indent=1) + "\n")
         data["engine"].update(deepspeed_config=str(ds_path), deepspeed={})
-    for_what = (f"ZeRO-{stage}" + (f" + {' and '.join(offload)} offload" if offload else "") +
-                f" for {gpus} GPU{'s' if gpus > 1 else ''} of {gpu_memory_gib:g} GiB, {precision}")
-    header = (f"# Written by `trainbook estimate`: {for_what}, {count:,} parameters.\n"
-              "# Model state per GPU by stage (the guide's rule, 70% of the GPU for model state):\n" +
-              "".join(f"#   {line}\n" for line in advice.summary().splitlines()[1:]))
+    for_what = (
+        f"ZeRO-{stage}"
+        + (f" + {' and '.join(offload)} offload" if offload else "")
+        + f" for {gpus} GPU{'s' if gpus > 1 else ''} of {gpu_memory_gib:g} GiB, {precision}"
+    )
+    header = (
+        f"# Written by `trainbook estimate`: {for_what}, {count:,} parameters.\n"
+        "# Model state per GPU by stage (the guide's rule, 70% of the GPU for model state):\n"
+        + "".join(f"#   {line}\n" for line in advice.summary().splitlines()[1:])
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, header + yaml.safe_dump(data, sort_keys=False))
     try:  # what a user's `trainbook train FILE` does first: the DeepSpeed file merged, every field checked
@@ -158,6 +215,12 @@ def write_recommended_config(path, *, params: float | None = None, base=None, ov
                 written.unlink(missing_ok=True)
         raise
     notes.append(_azure_hint(path, gpus, gpu_memory_gib))
-    return WrittenConfig(path=path, deepspeed_config=ds_path, advice=advice, params=count, stage=stage,
-                         offload=offload, notes=tuple(notes))
-
+    return WrittenConfig(
+        path=path,
+        deepspeed_config=ds_path,
+        advice=advice,
+        params=count,
+        stage=stage,
+        offload=offload,
+        notes=tuple(notes),
+    )

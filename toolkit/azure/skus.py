@@ -52,8 +52,7 @@ _SIZES = [
     Sku("Standard_NC96ads_A100_v4", 96, 880, 4, "A100", 80, online=True),
     # ND A100 v4: 8 A100 with NVSwitch, 8 x 200 Gb/s HDR InfiniBand.
     Sku("Standard_ND96asr_v4", 96, 900, 8, "A100", 40, infiniband=True, nccl_topo_file=NDV4_TOPO, online=True),
-    Sku("Standard_ND96amsr_A100_v4", 96, 1900, 8, "A100", 80, infiniband=True, nccl_topo_file=NDV4_TOPO,
-        online=True),
+    Sku("Standard_ND96amsr_A100_v4", 96, 1900, 8, "A100", 80, infiniband=True, nccl_topo_file=NDV4_TOPO, online=True),
     # H100: NC H100 v5 is one or two H100 NVL (94 GiB); ND H100 v5 is 8 H100 SXM with 8 x 400 Gb/s NDR InfiniBand.
     Sku("Standard_NC40ads_H100_v5", 40, 320, 1, "H100 NVL", 94, online=True),
     Sku("Standard_NC80adis_H100_v5", 80, 640, 2, "H100 NVL", 94, online=True),

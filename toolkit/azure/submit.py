@@ -38,16 +38,28 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def load_folder(plan_dir: str | Path, loaders: dict[str, Callable], required: tuple[str, ...], *,
-                kind: str = "plan", verb: str = "plan") -> tuple[Path, dict[str, Any]]:
+def load_folder(
+    plan_dir: str | Path,
+    loaders: dict[str, Callable],
+    required: tuple[str, ...],
+    *,
+    kind: str = "plan",
+    verb: str = "plan",
+) -> tuple[Path, dict[str, Any]]:
     """Read a plan folder back with azure-ai-ml's ``loaders`` (offline): its absolute path and file name ->
     entity (None for an optional file that is absent). A missing or hand-broken file is an AzureError naming it;
     ``kind`` and ``verb`` name the folder and the command that writes it."""
     folder = Path(plan_dir).expanduser().absolute()
     missing = [name for name in required if not (folder / name).is_file()]
     if not folder.is_dir() or missing:
-        raise AzureError(not_allowed("plan_dir", folder, f"a folder written by `trainbook azure {verb}`",
-                                     problem=f"is not a {kind} folder (missing {', '.join(missing or required)})"))
+        raise AzureError(
+            not_allowed(
+                "plan_dir",
+                folder,
+                f"a folder written by `trainbook azure {verb}`",
+                problem=f"is not a {kind} folder (missing {', '.join(missing or required)})",
+            )
+        )
     loaded = {}
     for name, load in loaders.items():
         if not (folder / name).is_file():
@@ -56,28 +68,41 @@ def load_folder(plan_dir: str | Path, loaders: dict[str, Callable], required: tu
         try:
             loaded[name] = load(folder / name)
         except Exception as exc:  # noqa: BLE001 - the SDK raises several types for a bad file; all mean "fix it"
-            raise AzureError(refused(name, f"the Azure ML SDK cannot load it ({_first_line(exc)})",
-                                     f"a file written by `trainbook azure {verb}` ({verb} again)")) from None
+            raise AzureError(
+                refused(
+                    name,
+                    f"the Azure ML SDK cannot load it ({_first_line(exc)})",
+                    f"a file written by `trainbook azure {verb}` ({verb} again)",
+                )
+            ) from None
     return folder, loaded
 
 
-def check_local_paths(folder: Path, checks: list[tuple[str, Any]], *, action: str = "submit",
-                      verb: str = "plan") -> None:
+def check_local_paths(
+    folder: Path, checks: list[tuple[str, Any]], *, action: str = "submit", verb: str = "plan"
+) -> None:
     """The uploads (code, data snapshot, model folder) are local paths from planning time: they must still be
     there. ``checks``: (what to call it, the path as the YAML holds it)."""
     for field, path in checks:
         if isinstance(path, str) and "://" not in path and not path.startswith("azureml:"):
             if not (folder / path).exists():  # absolute paths ignore the folder
-                raise AzureError(not_allowed(field, path, f"{action} from the machine that planned (or {verb} again)",
-                                             problem="does not exist on this machine"))
+                raise AzureError(
+                    not_allowed(
+                        field,
+                        path,
+                        f"{action} from the machine that planned (or {verb} again)",
+                        problem="does not exist on this machine",
+                    )
+                )
 
 
 def load_plan(plan_dir: str | Path) -> LoadedPlan:
     """Read a plan folder back with azure-ai-ml's loaders (offline); a missing or hand-broken file is an
     AzureError naming it."""
     folder, loaded = load_folder(plan_dir, sdk_loaders(), REQUIRED)
-    plan = LoadedPlan(folder, loaded["compute.yaml"], loaded["environment.yaml"], loaded["data.yaml"],
-                      loaded["job.yaml"])
+    plan = LoadedPlan(
+        folder, loaded["compute.yaml"], loaded["environment.yaml"], loaded["data.yaml"], loaded["job.yaml"]
+    )
     checks = [("job.yaml code", plan.job.code)]
     # the loader drops "azureml:" from the data input: 'name:version' names the asset data.yaml creates, not a file
     asset = f"{plan.data.name}:{plan.data.version}" if plan.data is not None else None
@@ -125,8 +150,11 @@ def _explain_service_error(exc: BaseException, step: str, ref: WorkspaceRef) -> 
     if isinstance(exc, ClientAuthenticationError) or status == 401:
         return f"credentials: refused by Azure for {ref.describe()}; run `az login` again"
     if status == 403:
-        return refused("workspace", f"no permission for {step} in {ref.describe()}",
-                       "an identity with the AzureML Data Scientist role (or Contributor) on the workspace")
+        return refused(
+            "workspace",
+            f"no permission for {step} in {ref.describe()}",
+            "an identity with the AzureML Data Scientist role (or Contributor) on the workspace",
+        )
     if status == 404 and step == "workspace":
         return f"workspace: {ref.describe()} was not found; check config.json (download it again from the studio)"
     if isinstance(exc, HttpResponseError):
@@ -158,8 +186,14 @@ def connect(workspace: WorkspaceRef, credential=None, log: Callable[[str], None]
     return client
 
 
-def submit(plan_dir: str | Path, workspace: WorkspaceRef, *, stream: bool = True, credential=None,
-           log: Callable[[str], None] | None = None):
+def submit(
+    plan_dir: str | Path,
+    workspace: WorkspaceRef,
+    *,
+    stream: bool = True,
+    credential=None,
+    log: Callable[[str], None] | None = None,
+):
     """Create the plan's compute, environment and data in ``workspace``, submit its job, and stream the log.
     Returns the submitted job (its ``name`` and ``studio_url``)."""
     log = log or log_to_stderr

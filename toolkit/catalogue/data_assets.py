@@ -26,8 +26,16 @@ from toolkit import names
 from toolkit.errors import not_allowed, refused
 from toolkit.fsio import read_hashed
 from toolkit.catalogue.data_store import (
-    OLD_LISTING, DataAssetError, blob_states, content_hash, files_of, publish, snapshot_folder, store_snapshot,
-    version_listing)
+    OLD_LISTING,
+    DataAssetError,
+    blob_states,
+    content_hash,
+    files_of,
+    publish,
+    snapshot_folder,
+    store_snapshot,
+    version_listing,
+)
 from toolkit.catalogue.workspace import Workspace
 
 TYPES = ("uri_file", "uri_folder", "mltable")
@@ -55,6 +63,7 @@ class DataAsset:
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
+
 def registration_problems(name: str, path: str | Path, type: str | None) -> dict[str, str]:
     """Every field of a registration that would be refused, as {field: message naming value and allowed}.
     Empty when ``register`` can go ahead (it then still checks an mltable's content and folder links).
@@ -76,16 +85,23 @@ def registration_problems(name: str, path: str | Path, type: str | None) -> dict
         # Refused, as a folder refuses links that leave it: followed, the asset's file would silently take the
         # target's name (the name is part of its identity) and the source would not be what was typed.
         target = str(path.resolve())
-        problems["path"] = not_allowed("path", path, f"a regular file (type uri_file: register {target!r} itself)",
-                                        problem=f"is a symbolic link to {target!r}")
+        problems["path"] = not_allowed(
+            "path",
+            path,
+            f"a regular file (type uri_file: register {target!r} itself)",
+            problem=f"is a symbolic link to {target!r}",
+        )
     elif type == "uri_file" and not path.is_file():
         problems["path"] = not_allowed("path", path, "a single file (type uri_file)", problem="is not a file")
     elif type in ("uri_folder", "mltable") and not path.is_dir():
         problems["path"] = not_allowed("path", path, f"a folder (type {type})", problem="is not a folder")
     elif type == "mltable" and not (path / "MLTable").is_file():
         problems["path"] = not_allowed(
-            "path", path, "a folder with an MLTable file describing the table (type mltable)",
-            problem="has no MLTable file")
+            "path",
+            path,
+            "a folder with an MLTable file describing the table (type mltable)",
+            problem="has no MLTable file",
+        )
     return problems
 
 
@@ -103,17 +119,31 @@ def _check_mltable(folder: Path) -> None:
     except MLTablePathError as exc:  # a path leaving the folder: the rows could change after registration
         raise DataAssetError(f"path: {str(folder)!r}: {exc}") from None
     except (MLTableError, ValueError, KeyError, TypeError, OSError) as exc:
-        raise DataAssetError(not_allowed(
-            "path", folder, "an MLTable whose paths exist and whose columns convert to the declared types",
-            problem=f"holds files that do not match its MLTable ({exc})")) from None
-
+        raise DataAssetError(
+            not_allowed(
+                "path",
+                folder,
+                "an MLTable whose paths exist and whose columns convert to the declared types",
+                problem=f"holds files that do not match its MLTable ({exc})",
+            )
+        ) from None
 
 
 def _row_to_asset(ws: Workspace, row) -> DataAsset:
-    return DataAsset(name=row["name"], version=row["version"], type=row["type"], sha256=row["sha256"],
-                     size_bytes=row["size_bytes"], file_count=row["file_count"], created=row["created"],
-                     source=row["source"], description=row["description"], tags=json.loads(row["tags"]),
-                     archived=bool(row["archived"]), path=ws.root / row["snapshot"])
+    return DataAsset(
+        name=row["name"],
+        version=row["version"],
+        type=row["type"],
+        sha256=row["sha256"],
+        size_bytes=row["size_bytes"],
+        file_count=row["file_count"],
+        created=row["created"],
+        source=row["source"],
+        description=row["description"],
+        tags=json.loads(row["tags"]),
+        archived=bool(row["archived"]),
+        path=ws.root / row["snapshot"],
+    )
 
 
 def type_of(path: Path) -> str:
@@ -122,8 +152,9 @@ def type_of(path: Path) -> str:
     return "uri_file" if path.is_file() else "mltable" if (path / "MLTable").is_file() else "uri_folder"
 
 
-def register(ws: Workspace, name: str, path: str | Path, type: str | None = None, description: str = "",
-             tags: dict | None = None) -> DataAsset:
+def register(
+    ws: Workspace, name: str, path: str | Path, type: str | None = None, description: str = "", tags: dict | None = None
+) -> DataAsset:
     """Snapshot ``path`` and record it as the next version of ``name`` (or return the version it already is).
     ``type`` None: the one the path's contents call for (:func:`type_of`)."""
     source = Path(path).expanduser()
@@ -139,21 +170,40 @@ def register(ws: Workspace, name: str, path: str | Path, type: str | None = None
         _check_mltable(resolved)
     sha256, size, count, snapshot = store_snapshot(ws, source_files, type)
     with ws.transaction() as conn:
-        existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? "
-                                "ORDER BY version DESC LIMIT 1", (name, sha256, type)).fetchone()
+        existing = conn.execute(
+            "SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? ORDER BY version DESC LIMIT 1",
+            (name, sha256, type),
+        ).fetchone()
         if existing is not None:
             if existing["snapshot"] != snapshot:  # recorded elsewhere (a damaged row): serve the one just checked
-                conn.execute("UPDATE data_assets SET snapshot = ? WHERE name = ? AND version = ?",
-                             (snapshot, name, existing["version"]))
-                existing = conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?",
-                                        (name, existing["version"])).fetchone()
+                conn.execute(
+                    "UPDATE data_assets SET snapshot = ? WHERE name = ? AND version = ?",
+                    (snapshot, name, existing["version"]),
+                )
+                existing = conn.execute(
+                    "SELECT * FROM data_assets WHERE name = ? AND version = ?", (name, existing["version"])
+                ).fetchone()
             return _row_to_asset(ws, existing)
-        version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM data_assets WHERE name = ?",
-                               (name,)).fetchone()[0]
-        conn.execute("INSERT INTO data_assets (name, version, type, sha256, size_bytes, file_count, created, "
-                     "source, description, tags, snapshot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (name, version, type, sha256, size, count, time.time(), str(source.resolve()), description,
-                      json.dumps(tags, sort_keys=True), snapshot))
+        version = conn.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM data_assets WHERE name = ?", (name,)
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO data_assets (name, version, type, sha256, size_bytes, file_count, created, "
+            "source, description, tags, snapshot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                name,
+                version,
+                type,
+                sha256,
+                size,
+                count,
+                time.time(),
+                str(source.resolve()),
+                description,
+                json.dumps(tags, sort_keys=True),
+                snapshot,
+            ),
+        )
         row = conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?", (name, version)).fetchone()
     return _row_to_asset(ws, row)
 
@@ -169,15 +219,20 @@ def _row(ws: Workspace, ref: str):
     conn = ws.connect()
     try:
         if version is None:
-            row = conn.execute("SELECT * FROM data_assets WHERE name = ? AND archived = 0 ORDER BY version DESC "
-                               "LIMIT 1", (name,)).fetchone()
+            row = conn.execute(
+                "SELECT * FROM data_assets WHERE name = ? AND archived = 0 ORDER BY version DESC LIMIT 1", (name,)
+            ).fetchone()
         else:
             row = conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?", (name, version)).fetchone()
         if row is None:
-            known = [f"{r['name']}:{r['version']}" for r in conn.execute(
-                "SELECT name, version FROM data_assets WHERE name = ? ORDER BY version", (name,))]
-            raise DataAssetError(f"data asset: {ref!r} is not registered; "
-                                 + (f"versions of {name}: {', '.join(known)}" if known else "no asset has that name"))
+            known = [
+                f"{r['name']}:{r['version']}"
+                for r in conn.execute("SELECT name, version FROM data_assets WHERE name = ? ORDER BY version", (name,))
+            ]
+            raise DataAssetError(
+                f"data asset: {ref!r} is not registered; "
+                + (f"versions of {name}: {', '.join(known)}" if known else "no asset has that name")
+            )
         return row
     finally:
         conn.close()
@@ -201,8 +256,13 @@ def open_asset(ws: Workspace, ref: str) -> DataAsset:
     if listing is None:
         raise DataAssetError(f"data asset: {row['name']}:{row['version']} cannot be read: {found[0]}")
     folder = snapshot_folder(ws, row)
-    why = "is missing or not a folder" if folder.is_symlink() or not folder.is_dir() else \
-        "was made by an older Trainbook" if old_layout or _holds_old_listing(folder, listing) else None
+    why = (
+        "is missing or not a folder"
+        if folder.is_symlink() or not folder.is_dir()
+        else "was made by an older Trainbook"
+        if old_layout or _holds_old_listing(folder, listing)
+        else None
+    )
     if why:
         row = _rebuild_for_use(ws, row, listing, why)
     return replace(_row_to_asset(ws, row), listing=tuple(listing))
@@ -229,11 +289,13 @@ def _rebuild_for_use(ws: Workspace, row, listing: list[dict], why: str):
         f"{entry['name']!r} (blob {entry['sha256']}) {states[entry['sha256']]}; nothing was read. "
         f"`trainbook data verify --repair` rebuilds every version it can and names each damaged file; to replace "
         f"the damaged copy, register the source of {ref} again (`trainbook data register {row['name']} "
-        f"{row['source']}`)")
+        f"{row['source']}`)"
+    )
 
 
-def list_assets(ws: Workspace, name: str | None = None, include_archived: bool = False,
-                tag: str | None = None) -> list[DataAsset]:
+def list_assets(
+    ws: Workspace, name: str | None = None, include_archived: bool = False, tag: str | None = None
+) -> list[DataAsset]:
     """Registered versions, newest first; ``tag`` is 'key' or 'key=value'."""
     query, args = "SELECT * FROM data_assets WHERE 1 = 1", []
     if name is not None:
@@ -267,8 +329,9 @@ def archive(ws: Workspace, ref: str) -> DataAsset:
     """Hide a version from listings and from 'name' (latest) look-ups; it stays resolvable as name:version."""
     name, version = parse_ref(ref)
     if version is None:
-        raise DataAssetError(not_allowed("data asset", ref, "'name:version' (archive is explicit)",
-                                         problem="names no version"))
+        raise DataAssetError(
+            not_allowed("data asset", ref, "'name:version' (archive is explicit)", problem="names no version")
+        )
     asset = get(ws, ref)
     with ws.transaction() as conn:
         conn.execute("UPDATE data_assets SET archived = 1 WHERE name = ? AND version = ?", (name, version))
@@ -289,9 +352,21 @@ def open_path(path: str | Path, hash: bool = True) -> DataAsset:
         for rel, file in files_of(path, type):
             digest, size = read_hashed(file)
             listing.append({"name": rel, "sha256": digest, "size": size})
-    return DataAsset(name=path.name, version=0, type=type, sha256=content_hash(type, listing) if hash else "",
-                     size_bytes=sum(e["size"] for e in listing), file_count=len(listing), created=path.stat().st_mtime,
-                     source=str(path), description="", tags={}, archived=False, path=path, listing=tuple(listing))
+    return DataAsset(
+        name=path.name,
+        version=0,
+        type=type,
+        sha256=content_hash(type, listing) if hash else "",
+        size_bytes=sum(e["size"] for e in listing),
+        file_count=len(listing),
+        created=path.stat().st_mtime,
+        source=str(path),
+        description="",
+        tags={},
+        archived=False,
+        path=path,
+        listing=tuple(listing),
+    )
 
 
 def asset_files(asset: DataAsset) -> list[tuple[str, Path]]:
@@ -302,8 +377,10 @@ def asset_files(asset: DataAsset) -> list[tuple[str, Path]]:
     if not asset.version:
         return files_of(asset.path, asset.type)
     if not asset.listing:
-        raise DataAssetError(f"data asset: {asset.ref} was looked up without its listing; read a registered "
-                             "version through data_assets.open_asset")
+        raise DataAssetError(
+            f"data asset: {asset.ref} was looked up without its listing; read a registered "
+            "version through data_assets.open_asset"
+        )
     folder = asset.path.parent if asset.type == "uri_file" else asset.path
     return [(entry["name"], _registered_file(asset, folder, entry["name"])) for entry in asset.listing]
 
@@ -319,9 +396,11 @@ def _registered_file(asset: DataAsset, folder: Path, name: str) -> Path:
     except FileNotFoundError:
         regular, state = False, "is missing"
     if not regular:
-        raise DataAssetError(f"data: {str(path)!r} of {asset.ref} {state}; nothing was read; `trainbook data verify "
-                             f"{asset.ref}` names the damage and `trainbook data verify --repair` rebuilds the "
-                             "snapshot from intact blobs")
+        raise DataAssetError(
+            f"data: {str(path)!r} of {asset.ref} {state}; nothing was read; `trainbook data verify "
+            f"{asset.ref}` names the damage and `trainbook data verify --repair` rebuilds the "
+            "snapshot from intact blobs"
+        )
     return path
 
 
@@ -340,19 +419,31 @@ def check_unchanged(asset: DataAsset, listing: list[dict]) -> None:
                     raise DataAssetError(
                         f"data: {str(file)!r} of {where} is not the file registered as {name!r} (sha256 "
                         f"{hashed[name]}); nothing was cached; `trainbook data verify {where}` names the damage and "
-                        "`trainbook data verify --repair` rebuilds the snapshot from intact blobs")
+                        "`trainbook data verify --repair` rebuilds the snapshot from intact blobs"
+                    )
                 state = "appeared" if name not in hashed else "disappeared" if name not in read else "changed"
-                raise DataAssetError(not_allowed(
-                    "data", file, "data that stays the same while a run reads it (start the run again to hash the "
-                                  "new content)",
-                    problem=f"{state} after it was hashed for {where}; nothing was cached"))
+                raise DataAssetError(
+                    not_allowed(
+                        "data",
+                        file,
+                        "data that stays the same while a run reads it (start the run again to hash the new content)",
+                        problem=f"{state} after it was hashed for {where}; nothing was cached",
+                    )
+                )
     if content_hash(asset.type, listing) == asset.sha256:
         return
     if asset.version:  # unreachable through open_asset (its listing hashes to the registration): a backstop
-        raise DataAssetError(f"data: the files of {where} at {str(asset.path)!r} are not the bytes it was registered "
-                             f"with; nothing was cached; `trainbook data verify {asset.ref}` names the file")
-    raise DataAssetError(refused("data", f"the files of {where} changed after they were hashed; nothing was cached",
-                                 "data that stays the same while a run reads it"))
+        raise DataAssetError(
+            f"data: the files of {where} at {str(asset.path)!r} are not the bytes it was registered "
+            f"with; nothing was cached; `trainbook data verify {asset.ref}` names the file"
+        )
+    raise DataAssetError(
+        refused(
+            "data",
+            f"the files of {where} changed after they were hashed; nothing was cached",
+            "data that stays the same while a run reads it",
+        )
+    )
 
 
 def source_file(row, entry: dict) -> Path:
@@ -370,7 +461,9 @@ def repair_version(ws: Workspace, row, listing: list[dict] | None, states: dict[
         return None
     _, rel = publish(ws, row["type"], listing)
     with ws.transaction() as conn:
-        conn.execute("UPDATE data_assets SET snapshot = ? WHERE name = ? AND version = ?",
-                     (rel, row["name"], row["version"]))
-        return conn.execute("SELECT * FROM data_assets WHERE name = ? AND version = ?",
-                            (row["name"], row["version"])).fetchone()
+        conn.execute(
+            "UPDATE data_assets SET snapshot = ? WHERE name = ? AND version = ?", (rel, row["name"], row["version"])
+        )
+        return conn.execute(
+            "SELECT * FROM data_assets WHERE name = ? AND version = ?", (row["name"], row["version"])
+        ).fetchone()

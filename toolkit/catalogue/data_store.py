@@ -63,9 +63,14 @@ def files_of(path: Path, type: str) -> list[tuple[str, Path]]:
         if p.is_symlink():
             target = p.resolve()
             if not target.is_relative_to(root):
-                raise DataAssetError(not_allowed(
-                    "path", p, "links to files inside the registered folder",
-                    problem=f"is a link to {str(target)!r}, outside {str(root)!r}"))
+                raise DataAssetError(
+                    not_allowed(
+                        "path",
+                        p,
+                        "links to files inside the registered folder",
+                        problem=f"is a link to {str(target)!r}, outside {str(root)!r}",
+                    )
+                )
         if p.is_file():
             files.append((p.relative_to(path).as_posix(), p))
     if not files:
@@ -122,8 +127,9 @@ def _store_blob(path: Path, blobs: Path) -> str:
     try:
         return _copy_into_store(path, blobs)
     except PermissionError as exc:
-        raise DataAssetError(not_allowed(
-            "path", path, "readable files", problem=f"cannot be read ({exc.strerror})")) from None
+        raise DataAssetError(
+            not_allowed("path", path, "readable files", problem=f"cannot be read ({exc.strerror})")
+        ) from None
 
 
 def _copy_into_store(path: Path, blobs: Path, expected: str | None = None) -> str:
@@ -197,11 +203,15 @@ def _store_listing(ws: Workspace, type: str, listing: list[dict]) -> str:
 def _checked_listing(listing) -> list[dict]:
     """A listing read from disk, refused unless every entry is a plain relative name with a hash and a size: a
     copied workspace is untrusted, and a name like '../x' would place a file outside its snapshot."""
+
     def fine(entry) -> bool:
         return isinstance(entry, dict) and fsio.name_inside(entry.get("name")) and fsio.file_entry_ok(entry)
 
-    if not isinstance(listing, list) or not all(fine(e) for e in listing) or \
-            len({e["name"] for e in listing}) != len(listing):
+    if (
+        not isinstance(listing, list)
+        or not all(fine(e) for e in listing)
+        or len({e["name"] for e in listing}) != len(listing)
+    ):
         raise ValueError("not a listing of distinct relative file names with sha256 and size")
     return listing
 
@@ -249,8 +259,9 @@ def snapshot_problems(folder: Path, listing: list[dict], blobs: Path) -> list[tu
             problems.append((name, "is missing from the snapshot"))
         elif not stat.S_ISREG(found.st_mode):
             problems.append((name, "is a symbolic link or special file, not the registered file"))
-        elif not _same_file(found, blobs / entry["sha256"]) and \
-                (found.st_size != entry["size"] or not _intact(folder / name, entry["sha256"])):
+        elif not _same_file(found, blobs / entry["sha256"]) and (
+            found.st_size != entry["size"] or not _intact(folder / name, entry["sha256"])
+        ):
             problems.append((name, f"changed: its bytes are not the registered ones (sha256 {entry['sha256']})"))
     return sorted(problems)
 
@@ -347,8 +358,10 @@ def store_snapshot(ws: Workspace, files: list[tuple[str, Path]], type: str) -> t
     # File I/O releases the GIL: a few threads overlap the many small reads and writes of a folder asset.
     with ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS) as pool:
         digests = list(pool.map(lambda item: _store_blob(item[1], blobs), files))
-    listing = [{"name": rel, "sha256": digest, "size": (blobs / digest).stat().st_size}
-               for (rel, _), digest in zip(files, digests)]
+    listing = [
+        {"name": rel, "sha256": digest, "size": (blobs / digest).stat().st_size}
+        for (rel, _), digest in zip(files, digests)
+    ]
     content, rel_snapshot = publish(ws, type, listing)
     return content, sum(e["size"] for e in listing), len(listing), rel_snapshot
 
@@ -380,10 +393,22 @@ def version_listing(ws: Workspace, row) -> tuple[list[dict] | None, list[str], b
     if listing is not None:
         return listing, [], False
     if old is not None:
-        return old, ["made by an older Trainbook: its listing is kept inside the snapshot folder, so the folder is "
-                     "not exactly the registered files; `trainbook data verify --repair` rebuilds it"], True
-    return None, [f"no listing in {LISTINGS}/ (nor an older Trainbook's {OLD_LISTING} in its snapshot) hashes to "
-                  f"{content}: its files cannot be checked; register its source again"], False
+        return (
+            old,
+            [
+                "made by an older Trainbook: its listing is kept inside the snapshot folder, so the folder is "
+                "not exactly the registered files; `trainbook data verify --repair` rebuilds it"
+            ],
+            True,
+        )
+    return (
+        None,
+        [
+            f"no listing in {LISTINGS}/ (nor an older Trainbook's {OLD_LISTING} in its snapshot) hashes to "
+            f"{content}: its files cannot be checked; register its source again"
+        ],
+        False,
+    )
 
 
 def snapshot_folder(ws: Workspace, row) -> Path:
@@ -409,8 +434,18 @@ def blob_states(ws: Workspace, names: set[str], progress: bool) -> tuple[dict[st
         return name, None if sha256_file(path) == name else "no longer hashes to its name: its bytes changed"
 
     states = {}
-    with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, desc="verify", delay=2.0,
-              disable=not progress, leave=False) as bar, ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS) as pool:
+    with (
+        tqdm(
+            total=sum(sizes.values()),
+            unit="B",
+            unit_scale=True,
+            desc="verify",
+            delay=2.0,
+            disable=not progress,
+            leave=False,
+        ) as bar,
+        ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS) as pool,
+    ):
         for name, state in pool.map(check, sorted(names)):
             states[name] = state
             bar.update(sizes[name])

@@ -13,8 +13,18 @@ from dataclasses import asdict, dataclass, field
 
 from toolkit.catalogue.data_assets import get, parse_ref, repair_version, source_file
 from toolkit.catalogue.data_store import (
-    BLOBS, LISTINGS, OLD_LISTING, SHA256_RE, SNAPSHOTS, TMP_SUFFIX, blob_states, restore_blob, snapshot_folder,
-    snapshot_problems, version_listing)
+    BLOBS,
+    LISTINGS,
+    OLD_LISTING,
+    SHA256_RE,
+    SNAPSHOTS,
+    TMP_SUFFIX,
+    blob_states,
+    restore_blob,
+    snapshot_folder,
+    snapshot_problems,
+    version_listing,
+)
 from toolkit.catalogue.workspace import Workspace
 
 
@@ -44,15 +54,17 @@ class VerifyReport:
         return not self.problems
 
     def summary(self) -> str:
-        head = (f"checked {len(self.assets)} asset version(s) and {self.blobs} blob(s) ({self.bytes:,} bytes): "
-                + (f"{len(self.problems)} problem(s)" if self.problems else "no problems"))
+        head = f"checked {len(self.assets)} asset version(s) and {self.blobs} blob(s) ({self.bytes:,} bytes): " + (
+            f"{len(self.problems)} problem(s)" if self.problems else "no problems"
+        )
         lines = [head, *(f"  {p}" for p in self.problems)]
         lines += [f"restored {line}" for line in self.restored]
         if self.repaired:
             lines.append(f"repaired (snapshot rebuilt from intact blobs): {', '.join(self.repaired)}")
         if self.leftovers:
-            lines.append(f"{len(self.leftovers)} '.tmp' leftover(s) of interrupted registrations: harmless, safe to "
-                         "delete")
+            lines.append(
+                f"{len(self.leftovers)} '.tmp' leftover(s) of interrupted registrations: harmless, safe to delete"
+            )
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -64,8 +76,11 @@ def _rows_to_verify(ws: Workspace, ref: str | None) -> list:
     query, args = "SELECT * FROM data_assets", ()
     if ref is not None:
         name, version = parse_ref(ref)
-        query, args = (query + " WHERE name = ?", (name,)) if version is None else \
-            (query + " WHERE name = ? AND version = ?", (name, version))
+        query, args = (
+            (query + " WHERE name = ?", (name,))
+            if version is None
+            else (query + " WHERE name = ? AND version = ?", (name, version))
+        )
     conn = ws.connect()
     try:
         rows = conn.execute(query + " ORDER BY name, version", args).fetchall()
@@ -74,7 +89,6 @@ def _rows_to_verify(ws: Workspace, ref: str | None) -> list:
     if ref is not None and not rows:
         get(ws, ref)  # refuses the reference, naming the versions that exist
     return rows
-
 
 
 def _store_entries(ws: Workspace) -> tuple[set[str], list[Problem], list[str]]:
@@ -107,10 +121,10 @@ def verify(ws: Workspace, ref: str | None = None, repair: bool = False, progress
     used = {entry["sha256"] for listing, _, _ in listings.values() for entry in listing or []}
     stored, problems, leftovers = _store_entries(ws) if ref is None else (set(), [], [])
     states, hashed = blob_states(ws, stored | used, progress)
-    problems += [Problem(None, f"{BLOBS}/{name}", state) for name, state in sorted(states.items())
-                 if state and name not in used]  # a damaged blob no version uses (a model's, or an orphan)
-    report = VerifyReport([f"{row['name']}:{row['version']}" for row in rows], len(states), hashed,
-                          leftovers=leftovers)
+    problems += [
+        Problem(None, f"{BLOBS}/{name}", state) for name, state in sorted(states.items()) if state and name not in used
+    ]  # a damaged blob no version uses (a model's, or an orphan)
+    report = VerifyReport([f"{row['name']}:{row['version']}" for row in rows], len(states), hashed, leftovers=leftovers)
     not_restored = _restore_blobs(ws, rows, listings, states, report) if repair else {}
     for row in rows:
         listing, found, old_layout = listings[(row["name"], row["version"])]
@@ -125,8 +139,9 @@ def verify(ws: Workspace, ref: str | None = None, repair: bool = False, progress
     return report
 
 
-def _restore_blobs(ws: Workspace, rows: list, listings: dict, states: dict[str, str | None],
-                   report: VerifyReport) -> dict[tuple[str, str], str]:
+def _restore_blobs(
+    ws: Workspace, rows: list, listings: dict, states: dict[str, str | None], report: VerifyReport
+) -> dict[tuple[str, str], str]:
     """Store each damaged blob that a version uses again from that version's source, if the source still holds
     the registered bytes (hash-checked; another version's source may, where one's does not). Restored blobs are
     marked intact in ``states`` and named in ``report.restored``; returns {(version, file): why its source could
@@ -141,8 +156,9 @@ def _restore_blobs(ws: Workspace, rows: list, listings: dict, states: dict[str, 
             why = restore_blob(ws, entry["sha256"], source)
             if why is None:
                 states[entry["sha256"]] = None
-                report.restored.append(f"blob {entry['sha256']} from its source {str(source)!r} ({ref} "
-                                       f"{entry['name']!r})")
+                report.restored.append(
+                    f"blob {entry['sha256']} from its source {str(source)!r} ({ref} {entry['name']!r})"
+                )
             else:
                 not_restored[(ref, entry["name"])] = f"its source {str(source)!r} {why}"
     return not_restored
@@ -156,23 +172,40 @@ def _blob_advice(ref: str, name: str, not_restored: dict[tuple[str, str], str]) 
     return f"not restored: {why}; registering any file with the registered bytes restores it"
 
 
-def _version_problems(ws: Workspace, row, listing: list[dict] | None, found: list[str], old_layout: bool,
-                      states: dict[str, str | None], not_restored: dict[tuple[str, str], str]) -> list[Problem]:
+def _version_problems(
+    ws: Workspace,
+    row,
+    listing: list[dict] | None,
+    found: list[str],
+    old_layout: bool,
+    states: dict[str, str | None],
+    not_restored: dict[tuple[str, str], str],
+) -> list[Problem]:
     ref = f"{row['name']}:{row['version']}"
     problems = [Problem(ref, None, message) for message in found]
     if listing is None:
         return problems
     if (row["file_count"], row["size_bytes"]) != (len(listing), sum(e["size"] for e in listing)):
-        problems.append(Problem(ref, None, f"the catalogue says {row['file_count']} file(s), {row['size_bytes']:,} "
-                                           "bytes; its listing disagrees"))
+        problems.append(
+            Problem(
+                ref,
+                None,
+                f"the catalogue says {row['file_count']} file(s), {row['size_bytes']:,} bytes; its listing disagrees",
+            )
+        )
     folder = snapshot_folder(ws, row)
     if folder.resolve() != (ws.datastore / SNAPSHOTS / row["sha256"]).resolve():
         problems.append(Problem(ref, None, f"its snapshot {row['snapshot']!r} is not {SNAPSHOTS}/{row['sha256']}"))
     for entry in listing:
         state = states.get(entry["sha256"])
         if state:
-            problems.append(Problem(ref, entry["name"], f"its blob {entry['sha256']} {state}; "
-                                                        + _blob_advice(ref, entry["name"], not_restored)))
+            problems.append(
+                Problem(
+                    ref,
+                    entry["name"],
+                    f"its blob {entry['sha256']} {state}; " + _blob_advice(ref, entry["name"], not_restored),
+                )
+            )
     for name, message in snapshot_problems(folder, listing, ws.datastore / BLOBS):
         if old_layout and name == OLD_LISTING and not any(e["name"] == OLD_LISTING for e in listing):
             message += " (the older Trainbook's own listing)"

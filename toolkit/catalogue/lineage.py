@@ -15,8 +15,7 @@ REPO = PROJECT_ROOT
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -34,9 +33,14 @@ def package_versions() -> dict[str, str | None]:
 
 def collect_lineage(cfg, corpus, world_size: int) -> dict:
     return {
-        "data": {"name": corpus.name, "sha256": corpus.sha256, "size_bytes": corpus.size_bytes,
-                 "asset": corpus.asset, "tokenizer": corpus.tokenizer,
-                 **({"label_names": corpus.label_names} if corpus.label_names else {})},
+        "data": {
+            "name": corpus.name,
+            "sha256": corpus.sha256,
+            "size_bytes": corpus.size_bytes,
+            "asset": corpus.asset,
+            "tokenizer": corpus.tokenizer,
+            **({"label_names": corpus.label_names} if corpus.label_names else {}),
+        },
         "config_sha256": cfg.fingerprint(),
         "git_commit": git_commit(),
         "python": sys.version.split()[0],

@@ -35,24 +35,37 @@ def read_manifest(model_dir: str | Path) -> dict:
     :func:`verify_model_folder`)."""
     path = Path(model_dir) / MANIFEST
     if not path.is_file() and not path.is_symlink():
-        raise ExportError(not_allowed("model", model_dir, WHAT,
-                                      problem=f"is not an exported model folder (no {MANIFEST})"))
+        raise ExportError(
+            not_allowed("model", model_dir, WHAT, problem=f"is not an exported model folder (no {MANIFEST})")
+        )
     try:  # a model folder from elsewhere may make its manifest a link, a FIFO or a huge file: refused, not read
-        manifest = json.loads(fsio.read_regular_file(path, field="model", error=ExportError,
-                                                     limit=MANIFEST_MAX_BYTES).decode("utf-8"))
+        manifest = json.loads(
+            fsio.read_regular_file(path, field="model", error=ExportError, limit=MANIFEST_MAX_BYTES).decode("utf-8")
+        )
     except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ExportError(not_allowed("model", path, "the manifest the export wrote (export again)",
-                                      problem=f"cannot be read ({exc})")) from None
+        raise ExportError(
+            not_allowed(
+                "model", path, "the manifest the export wrote (export again)", problem=f"cannot be read ({exc})"
+            )
+        ) from None
     if not isinstance(manifest, dict):
-        raise ExportError(not_allowed("model", path, "the manifest the export wrote (export again)",
-                                      problem=f"holds a {type(manifest).__name__}, not an object"))
+        raise ExportError(
+            not_allowed(
+                "model",
+                path,
+                "the manifest the export wrote (export again)",
+                problem=f"holds a {type(manifest).__name__}, not an object",
+            )
+        )
     if manifest.get("format") != FORMAT:
-        raise ExportError(not_allowed("model", model_dir, FORMAT,
-                                      problem=f"has format {bounded_repr(manifest.get('format'))}"))
+        raise ExportError(
+            not_allowed("model", model_dir, FORMAT, problem=f"has format {bounded_repr(manifest.get('format'))}")
+        )
     return manifest
 
 
 # --- verification: what is served is what was exported -----------------------------------------------------------
+
 
 def _plain_name(name) -> bool:
     """A file directly in the folder (an export is flat) and not hidden: fsio.name_inside, without a '/'."""
@@ -63,15 +76,30 @@ def listed_files(manifest: dict, where: str) -> dict[str, dict]:
     """The manifest's ``files``: plain name -> {"size", "sha256"}; anything else is refused, naming ``where``."""
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
-        raise ExportError(refused("model", f"files {bounded_repr(files)} in {where} is not allowed",
-                                  "an object naming every file of the folder with its size and sha256 (export again)"))
+        raise ExportError(
+            refused(
+                "model",
+                f"files {bounded_repr(files)} in {where} is not allowed",
+                "an object naming every file of the folder with its size and sha256 (export again)",
+            )
+        )
     for name, info in files.items():
         if not _plain_name(name):
-            raise ExportError(refused("model", f"{where} lists {bounded_repr(name)}",
-                                      "plain file names inside the folder (no '/', '..' or leading '.')"))
+            raise ExportError(
+                refused(
+                    "model",
+                    f"{where} lists {bounded_repr(name)}",
+                    "plain file names inside the folder (no '/', '..' or leading '.')",
+                )
+            )
         if not fsio.file_entry_ok(info):
-            raise ExportError(refused("model", f"{where} lists {bounded_repr(name)} as {bounded_repr(info)}",
-                                      '{"size": bytes, "sha256": 64 hex digits}'))
+            raise ExportError(
+                refused(
+                    "model",
+                    f"{where} lists {bounded_repr(name)} as {bounded_repr(info)}",
+                    '{"size": bytes, "sha256": 64 hex digits}',
+                )
+            )
     return files
 
 
@@ -82,16 +110,33 @@ def _check_entries(folder: Path, files: dict) -> None:
     fsio.check_plain_folder(folder, field="model", error=ExportError)
     for entry in os.scandir(folder):
         if entry.name in files and not entry.is_file(follow_symlinks=False):
-            raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
-                                          problem=f"holds {entry.name}, listed in {MANIFEST}, which is not a regular "
-                                                  "file"))
+            raise ExportError(
+                not_allowed(
+                    "model",
+                    folder,
+                    "the files as exported (export again)",
+                    problem=f"holds {entry.name}, listed in {MANIFEST}, which is not a regular file",
+                )
+            )
         if entry.name not in files and entry.name != MANIFEST and not entry.name.startswith("."):
-            raise ExportError(not_allowed("model", folder, "only the exported files (remove it, or export again)",
-                                          problem=f"holds {entry.name}, which {MANIFEST} does not list"))
+            raise ExportError(
+                not_allowed(
+                    "model",
+                    folder,
+                    "only the exported files (remove it, or export again)",
+                    problem=f"holds {entry.name}, which {MANIFEST} does not list",
+                )
+            )
     missing = sorted(name for name in files if not (folder / name).is_file())
     if missing:
-        raise ExportError(not_allowed("model", folder, "a complete export (export again)",
-                                      problem=f"lacks {', '.join(missing)}, listed in {MANIFEST}"))
+        raise ExportError(
+            not_allowed(
+                "model",
+                folder,
+                "a complete export (export again)",
+                problem=f"lacks {', '.join(missing)}, listed in {MANIFEST}",
+            )
+        )
 
 
 def verify_model_folder(model_dir: str | Path) -> dict:
@@ -105,17 +150,29 @@ def verify_model_folder(model_dir: str | Path) -> dict:
     for name, info in files.items():
         size = (folder / name).stat().st_size
         if size != info["size"]:
-            raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
-                                          problem=f"has {name} of {size} bytes, {MANIFEST} lists {info['size']}"))
+            raise ExportError(
+                not_allowed(
+                    "model",
+                    folder,
+                    "the files as exported (export again)",
+                    problem=f"has {name} of {size} bytes, {MANIFEST} lists {info['size']}",
+                )
+            )
     for name, info in files.items():
         if sha256_file(folder / name) != info["sha256"]:
-            raise ExportError(not_allowed("model", folder, "the files as exported (export again)",
-                                          problem=f"has {name} whose sha256 differs from {MANIFEST}: it was changed "
-                                                  "after the export"))
+            raise ExportError(
+                not_allowed(
+                    "model",
+                    folder,
+                    "the files as exported (export again)",
+                    problem=f"has {name} whose sha256 differs from {MANIFEST}: it was changed after the export",
+                )
+            )
     return manifest
 
 
 # --- publishing: the model folder's rule for toolkit.fsio -------------------------------------------------------
+
 
 def _export_files(folder: Path) -> set[str]:
     """What an earlier export may hold: the files its (readable, well-formed) manifest lists."""

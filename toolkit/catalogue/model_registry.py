@@ -57,8 +57,9 @@ def payload_hash(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
 
 
-def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None,
-                   description: str = "") -> RegisteredModel:
+def register_model(
+    ws: Workspace, model_dir: str | Path, name: str | None = None, description: str = ""
+) -> RegisteredModel:
     """Snapshot an exported model folder and record it as the next version of ``name`` (default: the run's
     config name), or return the version it already is."""
     import yaml
@@ -78,19 +79,36 @@ def register_model(ws: Workspace, model_dir: str | Path, name: str | None = None
     data_sha = data.get("sha256", "")
     # a built-in corpus read from its source: named by the registered version holding the same bytes, if any
     name_read = data.get("name")
-    holding = data_assets.version_holding(ws, name_read, data_sha) if not asset.get("ref") and \
-        isinstance(name_read, str) and isinstance(data_sha, str) else None
+    holding = (
+        data_assets.version_holding(ws, name_read, data_sha)
+        if not asset.get("ref") and isinstance(name_read, str) and isinstance(data_sha, str)
+        else None
+    )
     data_ref = asset.get("ref") or (holding.ref if holding else f"builtin:{data.get('name', '?')}")
     with ws.transaction() as conn:
-        existing = conn.execute("SELECT * FROM models WHERE name = ? AND sha256 = ? ORDER BY version DESC LIMIT 1",
-                                (name, sha256)).fetchone()
+        existing = conn.execute(
+            "SELECT * FROM models WHERE name = ? AND sha256 = ? ORDER BY version DESC LIMIT 1", (name, sha256)
+        ).fetchone()
         if existing is not None:
             return _row(ws, existing)
         version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM models WHERE name = ?", (name,)).fetchone()[0]
-        conn.execute("INSERT INTO models (name, version, sha256, size_bytes, created, snapshot, run_dir, checkpoint, "
-                     "data, data_sha256, description) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (name, version, sha256, size, time.time(), snapshot, manifest["run_dir"], manifest["checkpoint"],
-                      data_ref, data_sha, description))
+        conn.execute(
+            "INSERT INTO models (name, version, sha256, size_bytes, created, snapshot, run_dir, checkpoint, "
+            "data, data_sha256, description) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                name,
+                version,
+                sha256,
+                size,
+                time.time(),
+                snapshot,
+                manifest["run_dir"],
+                manifest["checkpoint"],
+                data_ref,
+                data_sha,
+                description,
+            ),
+        )
         row = conn.execute("SELECT * FROM models WHERE name = ? AND version = ?", (name, version)).fetchone()
     return _row(ws, row)
 
@@ -105,8 +123,10 @@ def get_model(ws: Workspace, ref: str) -> RegisteredModel:
         else:
             row = conn.execute("SELECT * FROM models WHERE name = ? AND version = ?", (name, version)).fetchone()
         if row is None:
-            known = [f"{r['name']}:{r['version']}" for r in conn.execute("SELECT name, version FROM models ORDER BY "
-                                                                          "name, version")]
+            known = [
+                f"{r['name']}:{r['version']}"
+                for r in conn.execute("SELECT name, version FROM models ORDER BY name, version")
+            ]
             raise DataAssetError(f"model: {ref!r} is not registered; registered: {', '.join(known) or 'none'}")
         model = _row(ws, row)
     finally:
@@ -118,9 +138,14 @@ def get_model(ws: Workspace, ref: str) -> RegisteredModel:
     except (ExportError, KeyError, TypeError):
         registered = False
     if not registered:
-        raise DataAssetError(refused(
-            "model", f"{model.ref}'s snapshot {str(model.path)!r} is not the registered version (its manifest lists "
-                     "other files)", "a model as registered (register its export again)"))
+        raise DataAssetError(
+            refused(
+                "model",
+                f"{model.ref}'s snapshot {str(model.path)!r} is not the registered version (its manifest lists "
+                "other files)",
+                "a model as registered (register its export again)",
+            )
+        )
     return model
 
 
@@ -139,7 +164,12 @@ def resolve_model_dir(model: str | Path, workspace: str | Path | None = None) ->
         read_manifest(path)
         return path
     if any(sep in str(model) for sep in ("/", "\\")) or not names.is_name(str(model).split(":")[0]):
-        raise DataAssetError(not_allowed(
-            "model", model, "a folder written by `trainbook export`, or NAME[:VERSION] from `trainbook models`",
-            problem="is neither a folder nor a registered model"))
+        raise DataAssetError(
+            not_allowed(
+                "model",
+                model,
+                "a folder written by `trainbook export`, or NAME[:VERSION] from `trainbook models`",
+                problem="is neither a folder nor a registered model",
+            )
+        )
     return get_model(Workspace.open(workspace), str(model)).path

@@ -25,9 +25,11 @@ INDEX = "model.safetensors.index.json"
 PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
 INDEX_MAX_BYTES = 64 << 20  # a tensor-name -> shard map: kilobytes, megabytes for the largest models
 EXPORT_MANIFEST = "trainbook-model.json"  # toolkit.catalogue.model_format.MANIFEST, named here without importing it
-INIT_FROM_ALLOWED = ("a folder in save_pretrained layout (model.safetensors, or shards with "
-                     "model.safetensors.index.json), a folder written by `trainbook export`, or a registered model "
-                     "NAME[:VERSION] (`trainbook models`)")
+INIT_FROM_ALLOWED = (
+    "a folder in save_pretrained layout (model.safetensors, or shards with "
+    "model.safetensors.index.json), a folder written by `trainbook export`, or a registered model "
+    "NAME[:VERSION] (`trainbook models`)"
+)
 
 
 class PretrainedError(UserError, ValueError):
@@ -70,8 +72,7 @@ class PretrainedWeights:
 
 def _regular(path: Path, field: str, folder: Path) -> Path:
     if not path.is_file():
-        raise PretrainedError(not_allowed(field, folder, "weight files that exist",
-                                          problem=f"lacks {path.name}"))
+        raise PretrainedError(not_allowed(field, folder, "weight files that exist", problem=f"lacks {path.name}"))
     return path
 
 
@@ -86,23 +87,36 @@ def weight_files(folder: Path, field: str) -> tuple[Path, ...]:
             weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise PretrainedError(not_allowed(field, folder / INDEX, "the index save_pretrained writes",
-                                              problem="has no readable weight_map")) from None
+            raise PretrainedError(
+                not_allowed(
+                    field, folder / INDEX, "the index save_pretrained writes", problem="has no readable weight_map"
+                )
+            ) from None
         for shard in shards:
             if not (fsio.name_inside(shard) and "/" not in shard and shard.endswith(".safetensors")):
-                raise PretrainedError(refused(field, f"{folder / INDEX} names the shard {bounded_repr(shard)}",
-                                              "plain .safetensors file names in the same folder"))
+                raise PretrainedError(
+                    refused(
+                        field,
+                        f"{folder / INDEX} names the shard {bounded_repr(shard)}",
+                        "plain .safetensors file names in the same folder",
+                    )
+                )
         return tuple(_regular(folder / shard, field, folder) for shard in shards)
     if (folder / SINGLE).exists():
         return (_regular(folder / SINGLE, field, folder),)
     pickled = [name for name in PICKLED if (folder / name).exists()]
     if pickled:
-        raise PretrainedError(not_allowed(field, folder, "safetensors weights (re-save them with "
-                                                         "model.save_pretrained(folder), which writes safetensors)",
-                                          problem=f"holds only pickled weights ({pickled[0]}), which could run code "
-                                                  "when loaded"))
-    raise PretrainedError(not_allowed(field, folder, f"{SINGLE}, or shards listed in {INDEX}",
-                                      problem="holds no weights"))
+        raise PretrainedError(
+            not_allowed(
+                field,
+                folder,
+                "safetensors weights (re-save them with model.save_pretrained(folder), which writes safetensors)",
+                problem=f"holds only pickled weights ({pickled[0]}), which could run code when loaded",
+            )
+        )
+    raise PretrainedError(
+        not_allowed(field, folder, f"{SINGLE}, or shards listed in {INDEX}", problem="holds no weights")
+    )
 
 
 def _looks_like_ref(value: str) -> bool:
@@ -125,10 +139,17 @@ def pin_init_from(value: str, workspace: str | Path | None = None) -> str:
         except DataAssetError as exc:
             detail = str(exc).removeprefix("model: ").removeprefix(repr(value)).strip().replace("; ", " (", 1)
             detail += ")" if "(" in detail else ""
-            raise PretrainedError(not_allowed("model.init_from", value, INIT_FROM_ALLOWED,
-                                              problem=f"is not a folder, and as a model name {detail}")) from None
-    raise PretrainedError(not_allowed("model.init_from", value, INIT_FROM_ALLOWED,
-                                      problem="is neither a folder nor a registered model"))
+            raise PretrainedError(
+                not_allowed(
+                    "model.init_from",
+                    value,
+                    INIT_FROM_ALLOWED,
+                    problem=f"is not a folder, and as a model name {detail}",
+                )
+            ) from None
+    raise PretrainedError(
+        not_allowed("model.init_from", value, INIT_FROM_ALLOWED, problem="is neither a folder nor a registered model")
+    )
 
 
 def open_weights(value: str, field: str = "model.init_from") -> PretrainedWeights:
@@ -142,7 +163,8 @@ def open_weights(value: str, field: str = "model.init_from") -> PretrainedWeight
 
         manifest = verify_model_folder(folder)  # every byte against the manifest: the weights are the exported ones
         if SINGLE not in manifest["files"]:
-            raise PretrainedError(not_allowed(field, folder, f"an export holding {SINGLE}",
-                                              problem=f"is an export without {SINGLE}"))
+            raise PretrainedError(
+                not_allowed(field, folder, f"an export holding {SINGLE}", problem=f"is an export without {SINGLE}")
+            )
         return PretrainedWeights("export", folder, (folder / SINGLE,), manifest)
     return PretrainedWeights("save_pretrained", folder, weight_files(folder, field))

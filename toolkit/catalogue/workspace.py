@@ -102,8 +102,14 @@ def _make_folder(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except PermissionError as exc:
-        raise WorkspaceError(not_allowed("workspace", root, "an existing workspace, or a folder this user can create",
-                                         problem=f"cannot be created ({exc.strerror})")) from None
+        raise WorkspaceError(
+            not_allowed(
+                "workspace",
+                root,
+                "an existing workspace, or a folder this user can create",
+                problem=f"cannot be created ({exc.strerror})",
+            )
+        ) from None
 
 
 class Workspace:
@@ -142,18 +148,26 @@ class Workspace:
     def require_writable(self) -> None:
         """Refuse a write to a read-only workspace, before anything is stored."""
         if self.read_only:
-            raise WorkspaceError(not_allowed(
-                "workspace", self.root, "a workspace this user can write, for a verb that writes (data register, "
-                "archive, verify --repair, train, export --register); data list/show, data verify, runs and models "
-                "also work on a read-only one",
-                problem="is read-only (this user cannot write it); nothing was changed"))
+            raise WorkspaceError(
+                not_allowed(
+                    "workspace",
+                    self.root,
+                    "a workspace this user can write, for a verb that writes (data register, "
+                    "archive, verify --repair, train, export --register); data list/show, data verify, runs and models "
+                    "also work on a read-only one",
+                    problem="is read-only (this user cannot write it); nothing was changed",
+                )
+            )
 
     def _damaged(self, what: str) -> str:
         aside = self.db_path.with_name(f"{CATALOGUE_NAME}.damaged")
-        return refused("workspace", f"the catalogue {str(self.db_path)!r} is damaged ({what}); it was left as it is",
-                       f"a catalogue SQLite can read: restore it from a backup, or move it aside (mv "
-                       f"{shlex.quote(str(self.db_path))} {shlex.quote(str(aside))}) and the next command starts an "
-                       "empty catalogue there (the datastore keeps its files: register your data again)")
+        return refused(
+            "workspace",
+            f"the catalogue {str(self.db_path)!r} is damaged ({what}); it was left as it is",
+            f"a catalogue SQLite can read: restore it from a backup, or move it aside (mv "
+            f"{shlex.quote(str(self.db_path))} {shlex.quote(str(aside))}) and the next command starts an "
+            "empty catalogue there (the datastore keeps its files: register your data again)",
+        )
 
     @contextlib.contextmanager
     def _sqlite_errors(self):
@@ -164,10 +178,15 @@ class Workspace:
             if getattr(exc, "sqlite_errorname", None) in DAMAGED:
                 raise WorkspaceError(self._damaged(str(exc))) from None
             if self.read_only and isinstance(exc, sqlite3.OperationalError):  # e.g. a journal it may not read
-                raise WorkspaceError(not_allowed(
-                    "workspace", self.root, "a read-only workspace whose catalogue SQLite can open read-only (open it "
-                    "once where it is writable, to settle its journal)", problem=f"is read-only and its catalogue "
-                    f"cannot be opened read-only ({exc})")) from None
+                raise WorkspaceError(
+                    not_allowed(
+                        "workspace",
+                        self.root,
+                        "a read-only workspace whose catalogue SQLite can open read-only (open it "
+                        "once where it is writable, to settle its journal)",
+                        problem=f"is read-only and its catalogue cannot be opened read-only ({exc})",
+                    )
+                ) from None
             raise
 
     def _read_only_uri(self) -> str:
@@ -231,13 +250,22 @@ class Workspace:
 
     def _check_schema(self, version: int) -> None:
         if version > SCHEMA_VERSION:
-            raise WorkspaceError(refused(
-                "workspace", f"{self.root} has schema version {version}, this Trainbook knows up to "
-                             f"{SCHEMA_VERSION}", "a workspace made by this or an older version"))
+            raise WorkspaceError(
+                refused(
+                    "workspace",
+                    f"{self.root} has schema version {version}, this Trainbook knows up to {SCHEMA_VERSION}",
+                    "a workspace made by this or an older version",
+                )
+            )
         if version < SCHEMA_VERSION and self.read_only:
-            raise WorkspaceError(refused(
-                "workspace", f"{self.root} has schema version {version} and needs upgrading to {SCHEMA_VERSION}, but "
-                             "it is read-only", "a workspace upgraded once where it is writable (any command does it)"))
+            raise WorkspaceError(
+                refused(
+                    "workspace",
+                    f"{self.root} has schema version {version} and needs upgrading to {SCHEMA_VERSION}, but "
+                    "it is read-only",
+                    "a workspace upgraded once where it is writable (any command does it)",
+                )
+            )
 
     def migrate(self) -> int:
         """Apply the migrations this workspace has not seen yet; refuse a workspace newer than this code. A read-only

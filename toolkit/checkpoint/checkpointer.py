@@ -95,8 +95,15 @@ def _copy_without_omp(dst: torch.Tensor, src: torch.Tensor) -> None:
 def _training_stream_mark(files: dict):
     """A CUDA event recorded now on the current (training) stream when any state tensor is on a GPU: the kernels
     that compute the state are queued, not done, when the training thread hands it over. None on a CPU."""
-    device = next((leaf.device for leaves, _ in files.values() for leaf in leaves
-                   if isinstance(leaf, torch.Tensor) and leaf.is_cuda), None)
+    device = next(
+        (
+            leaf.device
+            for leaves, _ in files.values()
+            for leaf in leaves
+            if isinstance(leaf, torch.Tensor) and leaf.is_cuda
+        ),
+        None,
+    )
     if device is None:
         return None
     event = torch.cuda.Event()
@@ -137,8 +144,17 @@ def _without_zip_crc32():
 
 
 class Checkpointer:
-    def __init__(self, cfg, run_dir: Path, rank: int, world_size: int, engine, on_event=None, on_error=None,
-                 device: torch.device = torch.device("cpu")):
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path,
+        rank: int,
+        world_size: int,
+        engine,
+        on_event=None,
+        on_error=None,
+        device: torch.device = torch.device("cpu"),
+    ):
         self.cfg = cfg.checkpoint
         self.full_cfg = cfg
         self.store = CheckpointStore(run_dir)
@@ -176,9 +192,14 @@ class Checkpointer:
         folder.mkdir(parents=True, exist_ok=True)
         states = self.engine.checkpoint_state(folder, is_writer=self.rank == 0)
         states[f"rank_{self.rank:05d}.pt"] = {"rng": capture_rng()}
-        job = _Job(step=step, folder=folder, started=t0, waited_s=waited_s,
-                   files={name: _capture(state) for name, state in states.items()},
-                   manifest_extra={"trainer": trainer_state})
+        job = _Job(
+            step=step,
+            folder=folder,
+            started=t0,
+            waited_s=waited_s,
+            files={name: _capture(state) for name, state in states.items()},
+            manifest_extra={"trainer": trainer_state},
+        )
         self.last_saved_seconds = trainer_state.get("train_seconds", 0.0)
         self._pending = job
         if self.stage_now:
@@ -205,8 +226,14 @@ class Checkpointer:
         states = self.engine.checkpoint_state(None, is_writer=self.rank == 0)
         # Pending like a checkpoint, so that the first real one waits for it instead of staging into the same
         # buffers at the same time.
-        self._pending = _Job(step=-1, folder=Path(), started=time.perf_counter(), manifest_extra={},
-                             files={name: _capture(state) for name, state in states.items()}, persist=False)
+        self._pending = _Job(
+            step=-1,
+            folder=Path(),
+            started=time.perf_counter(),
+            manifest_extra={},
+            files={name: _capture(state) for name, state in states.items()},
+            persist=False,
+        )
         self._pending.update_seen.set()  # its copy may race the optimizer (it is overwritten): never wait for it
         if not self.stage_now:
             self._pending.ready = _training_stream_mark(self._pending.files)
@@ -247,9 +274,15 @@ class Checkpointer:
         if self.on_event is None or job is None or job.written is None or job.step != cost.step:
             return
         baseline = None if cost.baseline_step_s is None else round(1e3 * cost.baseline_step_s, 3)
-        self.on_event(step=job.step, lost_ms=1e3 * cost.lost_s, blocking_ms=1e3 * cost.blocking_s,
-                      waited_ms=1e3 * job.waited_s,
-                      window_steps=cost.steps, baseline_step_ms=baseline, **job.written)
+        self.on_event(
+            step=job.step,
+            lost_ms=1e3 * cost.lost_s,
+            blocking_ms=1e3 * cost.blocking_s,
+            waited_ms=1e3 * job.waited_s,
+            window_steps=cost.steps,
+            baseline_step_ms=baseline,
+            **job.written,
+        )
 
     # --- the background thread --------------------------------------------------------------------------
 
@@ -274,8 +307,9 @@ class Checkpointer:
                     buf = self._buffers.get(key)
                     if buf is None or buf.shape != leaf.shape or buf.dtype != leaf.dtype:
                         # pinned for a GPU tensor: a real DMA, and one that can run asynchronously
-                        buf = self._buffers[key] = torch.empty(leaf.shape, dtype=leaf.dtype, device="cpu",
-                                                               pin_memory=leaf.is_cuda)
+                        buf = self._buffers[key] = torch.empty(
+                            leaf.shape, dtype=leaf.dtype, device="cpu", pin_memory=leaf.is_cuda
+                        )
                     if in_loop:
                         buf.copy_(leaf.detach())  # every core: the step is waiting anyway
                     elif leaf.is_cuda:
@@ -331,13 +365,18 @@ class Checkpointer:
 
     def _check_space(self, job: _Job, written_so_far: int = 0) -> None:
         """Fail with a plain ENOSPC message (torch.save's own on a full disk is an opaque zip-writer error)."""
-        needed = sum(leaf.nbytes for leaves, _ in job.files.values() for leaf in leaves
-                     if isinstance(leaf, torch.Tensor)) - written_so_far
+        needed = (
+            sum(leaf.nbytes for leaves, _ in job.files.values() for leaf in leaves if isinstance(leaf, torch.Tensor))
+            - written_so_far
+        )
         free = shutil.disk_usage(job.folder).free
         if needed > free:
-            raise OSError(errno.ENOSPC, f"No space left on device: checkpoint step {job.step} needs "
-                                        f"{needed / 1e6:.2f} MB more, {free / 1e6:.2f} MB free under "
-                                        f"{job.folder.parent}")
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device: checkpoint step {job.step} needs "
+                f"{needed / 1e6:.2f} MB more, {free / 1e6:.2f} MB free under "
+                f"{job.folder.parent}",
+            )
 
     def _persist(self, job: _Job) -> None:
         if self._bounce is None:
@@ -360,29 +399,45 @@ class Checkpointer:
             finally:
                 writer.abort()  # closes the file if close() was not reached; nothing if it was
             if path.stat().st_size != entry["size"]:
-                raise OSError(errno.EIO, f"checkpoint step {job.step}: {name} has {path.stat().st_size} bytes on "
-                                         f"disk, {entry['size']} were written")
+                raise OSError(
+                    errno.EIO,
+                    f"checkpoint step {job.step}: {name} has {path.stat().st_size} bytes on "
+                    f"disk, {entry['size']} were written",
+                )
             written += entry["size"]
         if self.rank != 0:
             self.peers.report(job.step, described)
             return
         files = self._gather_peer_files(job, described)
         manifest = {
-            "step": job.step, "world_size": self.world_size, "engine": self.full_cfg.engine.name,
-            "zero_stage": self.full_cfg.engine.zero_stage, "config_sha256": self.full_cfg.fingerprint(),
-            "config": self.full_cfg.to_dict(), "created": time.time(), "files": files, **job.manifest_extra,
+            "step": job.step,
+            "world_size": self.world_size,
+            "engine": self.full_cfg.engine.name,
+            "zero_stage": self.full_cfg.engine.zero_stage,
+            "config_sha256": self.full_cfg.fingerprint(),
+            "config": self.full_cfg.to_dict(),
+            "created": time.time(),
+            "files": files,
+            **job.manifest_extra,
         }
         fsync_path(job.folder)
         published = self.store.publish(job.step, manifest)
         deleted = self.store.apply_retention(self.cfg.keep_last)
-        job.written = {"path": str(published), "persist_ms": 1e3 * (time.perf_counter() - job.started),
-                       "bytes": sum(f["size"] for f in files.values()), "deleted": deleted}
+        job.written = {
+            "path": str(published),
+            "persist_ms": 1e3 * (time.perf_counter() - job.started),
+            "bytes": sum(f["size"] for f in files.values()),
+            "deleted": deleted,
+        }
 
     def _gather_peer_files(self, job: _Job, own: dict) -> dict:
         """Rank 0: every rank's files (reported through the store once fsynced, toolkit.checkpoint.peers), then the
         files an engine wrote directly (DeepSpeed copies a recovery script into the folder)."""
         files = self.peers.gather(job.step, own, PEER_TIMEOUT_S)
-        extra = [str(f.relative_to(job.folder)) for f in job.folder.rglob("*")
-                 if f.is_file() and str(f.relative_to(job.folder)) not in files]
+        extra = [
+            str(f.relative_to(job.folder))
+            for f in job.folder.rglob("*")
+            if f.is_file() and str(f.relative_to(job.folder)) not in files
+        ]
         files.update(describe_files(job.folder, extra))
         return files

@@ -62,7 +62,7 @@ def file_checksum(path: Path, algorithm: str = CHECKPOINT_CHECKSUM) -> str:
     return read_hashed(path, new_hasher=ALGORITHMS[algorithm].new)[0]
 
 
-BLOCK = 4096            # O_DIRECT wants offsets, lengths and the buffer aligned to the device block
+BLOCK = 4096  # O_DIRECT wants offsets, lengths and the buffer aligned to the device block
 BOUNCE_BYTES = 32 << 20  # the reused aligned buffer: big enough for few syscalls, small enough to stay in memory
 
 
@@ -85,8 +85,8 @@ class ChecksummedWriter:
         if self.fd < 0:
             self.fd = os.open(self.path, flags, 0o644)
         self.bounce = np.frombuffer(bounce, dtype=np.uint8) if self.direct else None
-        self.filled = 0     # bytes waiting in the bounce buffer
-        self.flushed = 0    # bytes on disk (a multiple of BLOCK while writing)
+        self.filled = 0  # bytes waiting in the bounce buffer
+        self.flushed = 0  # bytes on disk (a multiple of BLOCK while writing)
 
     def write(self, data) -> int:
         view = np.frombuffer(data, dtype=np.uint8)
@@ -98,7 +98,7 @@ class ChecksummedWriter:
             done = 0
             while done < n:
                 take = min(n - done, self.bounce.size - self.filled)
-                np.copyto(self.bounce[self.filled:self.filled + take], view[done:done + take])  # no GIL held
+                np.copyto(self.bounce[self.filled : self.filled + take], view[done : done + take])  # no GIL held
                 self.filled += take
                 done += take
                 if self.filled == self.bounce.size:
@@ -136,7 +136,7 @@ class ChecksummedWriter:
 def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
     done = 0
     while done < len(view):
-        chunk = view[done:done + HASH_CHUNK * 8]
+        chunk = view[done : done + HASH_CHUNK * 8]
         written = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset + done)
         if written <= 0 or (offset is not None and written < len(chunk) and written % BLOCK):
             raise OSError(f"short write: {written} of {len(chunk)} bytes")  # never loop, never misalign
@@ -146,5 +146,5 @@ def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
 def bounce_buffer() -> mmap.mmap:
     """A page-aligned buffer for :class:`ChecksummedWriter`, touched once so that no write pays to fault it in."""
     buf = mmap.mmap(-1, BOUNCE_BYTES)
-    np.frombuffer(buf, dtype=np.uint8)[::mmap.PAGESIZE] = 0
+    np.frombuffer(buf, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
     return buf

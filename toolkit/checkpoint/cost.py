@@ -23,20 +23,21 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-BASELINE_STEPS = 32   # plain steps the median is taken over: recent enough to follow drift, many enough to be stable
-MIN_BASELINE = 3      # below this, no median is trusted: the cost falls back to the blocking time
+BASELINE_STEPS = 32  # plain steps the median is taken over: recent enough to follow drift, many enough to be stable
+MIN_BASELINE = 3  # below this, no median is trusted: the cost falls back to the blocking time
 NOISE_FRACTION = 0.10  # a step within 10% (or 3 robust deviations) of the median counts as back to normal,
 MAX_NOISE_FRACTION = 0.5  # but never within more than 50%: on a noisy machine a slow step must not look settled
-MAX_TAIL_STEPS = 8    # after the background work is done, after-effects are followed for at most this many steps
+MAX_TAIL_STEPS = 8  # after the background work is done, after-effects are followed for at most this many steps
 
 
 @dataclass
 class CheckpointCost:
     """The figures of one checkpoint, once its window is closed."""
+
     step: int
     blocking_s: float
     lost_s: float
-    steps: int                  # steps in the window (the saving step included)
+    steps: int  # steps in the window (the saving step included)
     baseline_step_s: float | None  # the plain step time the excess is measured against; None: too few plain steps
 
     @property

@@ -50,14 +50,18 @@ class Advice:
 
     def summary(self) -> str:
         steps = f" (every {self.interval_steps:,} steps)" if self.interval_steps else ""
-        cost = (f"training time lost {_ms(self.cost_s)} per checkpoint"
-                + (f" (of which blocked {_ms(self.blocking_s)})" if self.blocking_s is not None else "")
-                if self.cost_basis == "lost" else
-                f"cost {_ms(self.cost_s)} per checkpoint (this run recorded only its blocking time: the real cost "
-                f"may be higher)")
-        return (f"checkpoint every {_duration(self.interval_s)}{steps}: {cost}, MTBF {_duration(self.mtbf_s)}, "
-                f"expected loss per failure {_duration(self.lost_work_per_failure_s)}, overhead "
-                f"{self.overhead_pct:.2f}%\n{self.formula}")
+        cost = (
+            f"training time lost {_ms(self.cost_s)} per checkpoint"
+            + (f" (of which blocked {_ms(self.blocking_s)})" if self.blocking_s is not None else "")
+            if self.cost_basis == "lost"
+            else f"cost {_ms(self.cost_s)} per checkpoint (this run recorded only its blocking time: the real cost "
+            f"may be higher)"
+        )
+        return (
+            f"checkpoint every {_duration(self.interval_s)}{steps}: {cost}, MTBF {_duration(self.mtbf_s)}, "
+            f"expected loss per failure {_duration(self.lost_work_per_failure_s)}, overhead "
+            f"{self.overhead_pct:.2f}%\n{self.formula}"
+        )
 
 
 def mtbf_for_gpus(gpus: int) -> float:
@@ -73,8 +77,15 @@ def overhead_pct(interval_s: float, cost_s: float, mtbf_s: float, restart_s: flo
     return 100 * (cost_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s)
 
 
-def advise(cost_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: float = 60.0,
-           step_time_s: float | None = None, cost_basis: str = "lost", blocking_s: float | None = None) -> Advice:
+def advise(
+    cost_s: float,
+    mtbf_s: float,
+    persist_s: float = 0.0,
+    restart_s: float = 60.0,
+    step_time_s: float | None = None,
+    cost_basis: str = "lost",
+    blocking_s: float | None = None,
+) -> Advice:
     for name, value in (("cost_s", cost_s), ("mtbf_s", mtbf_s)):
         if not value > 0:
             raise RefusedValue(not_allowed(name, value, "a positive number of seconds"))
@@ -86,16 +97,32 @@ def advise(cost_s: float, mtbf_s: float, persist_s: float = 0.0, restart_s: floa
     lost = interval / 2 + restart_s
     overhead = overhead_pct(interval, cost_s, mtbf_s, restart_s)
     if cost_s < mtbf_s / 2:
-        formula = (f"T = sqrt(2 C M) - C = sqrt(2 x {cost_s:.4g} s x {mtbf_s:,.0f} s) - {cost_s:.4g} s "
-                   f"= {young_daly:,.1f} s")
+        formula = (
+            f"T = sqrt(2 C M) - C = sqrt(2 x {cost_s:.4g} s x {mtbf_s:,.0f} s) - {cost_s:.4g} s = {young_daly:,.1f} s"
+        )
     else:  # outside the first-order form's range: checkpoint once per MTBF
         formula = f"C = {cost_s:.4g} s is at least half the MTBF M = {mtbf_s:,.0f} s: T = M = {young_daly:,.1f} s"
     if interval > young_daly:  # whichever of the two raised it
-        formula += (f"; raised to the persist time {persist_s:,.1f} s" if persist_s >= cost_s
-                    else f"; raised to the checkpoint cost {cost_s:,.1f} s")
+        formula += (
+            f"; raised to the persist time {persist_s:,.1f} s"
+            if persist_s >= cost_s
+            else f"; raised to the checkpoint cost {cost_s:,.1f} s"
+        )
     steps = max(1, round(interval / step_time_s)) if step_time_s else None
-    return Advice(cost_s, persist_s, mtbf_s, restart_s, interval, steps, lost, overhead, formula, step_time_s,
-                  cost_basis, blocking_s)
+    return Advice(
+        cost_s,
+        persist_s,
+        mtbf_s,
+        restart_s,
+        interval,
+        steps,
+        lost,
+        overhead,
+        formula,
+        step_time_s,
+        cost_basis,
+        blocking_s,
+    )
 
 
 def advise_for_run(run_dir, mtbf_s: float, restart_s: float = 60.0) -> Advice:
@@ -103,8 +130,14 @@ def advise_for_run(run_dir, mtbf_s: float, restart_s: float = 60.0) -> Advice:
     run recorded before lost_ms existed), median persist time, and its step time."""
     checkpoints = read_events(run_dir, CheckpointEvent)
     if not checkpoints:
-        raise RefusedValue(not_allowed("run_dir", run_dir, "a run that checkpointed (set checkpoint.every_steps)",
-                                       problem="has no checkpoint events"))
+        raise RefusedValue(
+            not_allowed(
+                "run_dir",
+                run_dir,
+                "a run that checkpointed (set checkpoint.every_steps)",
+                problem="has no checkpoint events",
+            )
+        )
     train = read_events(run_dir, TrainEvent)
     step_time = None
     if len(train) >= 2:
@@ -114,9 +147,15 @@ def advise_for_run(run_dir, mtbf_s: float, restart_s: float = 60.0) -> Advice:
     measured = [c for c in checkpoints if c.lost_ms is not None]
     blocking = statistics.median(c.blocking_ms for c in checkpoints) / 1e3
     cost = statistics.median(c.lost_ms for c in measured) / 1e3 if measured else blocking
-    return advise(cost_s=cost, persist_s=statistics.median(c.persist_ms for c in checkpoints) / 1e3,
-                  mtbf_s=mtbf_s, restart_s=restart_s, step_time_s=step_time,
-                  cost_basis="lost" if measured else "blocking", blocking_s=blocking)
+    return advise(
+        cost_s=cost,
+        persist_s=statistics.median(c.persist_ms for c in checkpoints) / 1e3,
+        mtbf_s=mtbf_s,
+        restart_s=restart_s,
+        step_time_s=step_time,
+        cost_basis="lost" if measured else "blocking",
+        blocking_s=blocking,
+    )
 
 
 def _ms(seconds: float) -> str:

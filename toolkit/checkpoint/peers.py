@@ -34,8 +34,13 @@ class PeerReports:
         if self._store is None:
             import torch.distributed as dist
 
-            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                        wait_for_workers=False, timeout=timedelta(seconds=60))
+            self._store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=60),
+            )
         return self._store
 
     def report(self, step: int, files: dict) -> None:
@@ -60,8 +65,9 @@ class PeerReports:
             store.wait(keys, timedelta(seconds=timeout_s))
         except Exception:  # the store's own timeout error (a DistStoreError): say who is missing
             missing = [f"rank {r}" for r, key in zip(range(1, self.world_size), keys) if not store.check([key])]
-            raise TimeoutError(f"checkpoint step {step}: no report from {', '.join(missing) or 'a rank'} after "
-                               f"{timeout_s:.0f} s") from None
+            raise TimeoutError(
+                f"checkpoint step {step}: no report from {', '.join(missing) or 'a rank'} after {timeout_s:.0f} s"
+            ) from None
         failed = []
         for rank, key in zip(range(1, self.world_size), keys):
             report = json.loads(store.get(key))

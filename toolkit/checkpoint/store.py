@@ -27,8 +27,16 @@ from pathlib import Path
 
 from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
 from toolkit.errors import UserError, bounded_repr, not_allowed, refused
-from toolkit.fsio import (PLAIN_FOLDER, NotPlainEntry, atomic_write_text, fsync_path, name_inside, plain_files,
-                          read_regular_file, swap_in)
+from toolkit.fsio import (
+    PLAIN_FOLDER,
+    NotPlainEntry,
+    atomic_write_text,
+    fsync_path,
+    name_inside,
+    plain_files,
+    read_regular_file,
+    swap_in,
+)
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -41,9 +49,23 @@ ENGINES = ("torch", "deepspeed")
 
 # Config fields that may change between a checkpoint and the run that resumes from it: they steer the loop
 # (how long, how often to log or save), not what a step computes.
-RESUMABLE_CHANGES = ("name", "train.max_steps", "train.max_seconds", "train.eval_every", "train.eval_batches",
-                     "train.eval_at_start", "train.log_every", "profile.", "checkpoint.", "fault.", "data.num_workers",
-                     "data.prefetch_factor", "debug.", "tracking.", "watchdog.")
+RESUMABLE_CHANGES = (
+    "name",
+    "train.max_steps",
+    "train.max_seconds",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.eval_at_start",
+    "train.log_every",
+    "profile.",
+    "checkpoint.",
+    "fault.",
+    "data.num_workers",
+    "data.prefetch_factor",
+    "debug.",
+    "tracking.",
+    "watchdog.",
+)
 
 
 # Where a run's inputs are, not what they are: an Azure ML job mounts its inputs under a folder named after the job, so
@@ -63,8 +85,10 @@ def step_name(step: int) -> str:
 def describe_files(folder: Path, names) -> dict:
     """{relative name: {"size", checksum}} for files already written and fsynced (by someone other than the
     checkpointer's own writer, which checksums as it writes)."""
-    return {name: {"size": (folder / name).stat().st_size, CHECKPOINT_CHECKSUM: file_checksum(folder / name)}
-            for name in names}
+    return {
+        name: {"size": (folder / name).stat().st_size, CHECKPOINT_CHECKSUM: file_checksum(folder / name)}
+        for name in names
+    }
 
 
 @dataclass
@@ -92,9 +116,13 @@ class CheckpointStore:
         """Refuse to write or delete through a checkpoints/ that is a link (a copied run directory could point it
         at any folder, whose step_* entries retention would then delete)."""
         if self.root.is_symlink():
-            raise CheckpointError(refused(
-                "checkpoint", f"{self.root} is a link to {bounded_repr(os.readlink(self.root))}",
-                "a real folder inside the run directory (nothing was written or deleted)"))
+            raise CheckpointError(
+                refused(
+                    "checkpoint",
+                    f"{self.root} is a link to {bounded_repr(os.readlink(self.root))}",
+                    "a real folder inside the run directory (nothing was written or deleted)",
+                )
+            )
 
     def publish(self, step: int, manifest: dict) -> Path:
         """Write the manifest into the finished temporary folder, rename it into place, then move LATEST."""
@@ -125,8 +153,10 @@ class CheckpointStore:
         """Published checkpoint folders, oldest first: real folders (not links) named step_NNNNNNNN."""
         if not self.root.is_dir():
             return []
-        return sorted((p for p in self.root.iterdir() if STEP_RE.fullmatch(p.name) and p.is_dir()
-                       and not p.is_symlink()), key=lambda p: p.name)
+        return sorted(
+            (p for p in self.root.iterdir() if STEP_RE.fullmatch(p.name) and p.is_dir() and not p.is_symlink()),
+            key=lambda p: p.name,
+        )
 
     def apply_retention(self, keep_last: int) -> list[str]:
         """Delete the oldest published checkpoints beyond keep_last, never the one LATEST names."""
@@ -145,13 +175,19 @@ class CheckpointStore:
         self.check_own_folder()
         published = [p.name for p in self.published()]
         if name not in published:
-            raise CheckpointError(not_allowed(
-                "checkpoint", name, ", ".join(published) or "none (the run has not checkpointed)",
-                problem="is not a published checkpoint of this run"))
+            raise CheckpointError(
+                not_allowed(
+                    "checkpoint",
+                    name,
+                    ", ".join(published) or "none (the run has not checkpointed)",
+                    problem="is not a published checkpoint of this run",
+                )
+            )
         info = self.inspect(self.root / name)
         if not info.valid:
-            raise CheckpointError(not_allowed("checkpoint", name, "a valid checkpoint",
-                                              problem=f"is not valid ({info.reason})"))
+            raise CheckpointError(
+                not_allowed("checkpoint", name, "a valid checkpoint", problem=f"is not valid ({info.reason})")
+            )
         stamp = int(time.time())
         moved = []
         for newer in (n for n in published if n > name):
@@ -182,21 +218,28 @@ class CheckpointStore:
     def inspect(self, path: Path, verify: bool = True) -> CheckpointInfo:
         """Is this folder a usable checkpoint? Checks the manifest, the folder's files against it and
         (verify=True) every file's checksum and what each .pt file would import."""
-        size = sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) \
-            if path.is_dir() and not path.is_symlink() else 0
+        size = (
+            sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+            if path.is_dir() and not path.is_symlink()
+            else 0
+        )
         created = path.lstat().st_mtime if path.exists() or path.is_symlink() else None
 
         def bad(reason, manifest=None, step=None):
             return CheckpointInfo(path.name, path, step, False, reason, size, created, manifest)
 
         if path.is_symlink():
-            return bad(refused(None, f"is a link to {bounded_repr(os.readlink(path))}",
-                               "a folder inside the run's checkpoints/"))
+            return bad(
+                refused(
+                    None, f"is a link to {bounded_repr(os.readlink(path))}", "a folder inside the run's checkpoints/"
+                )
+            )
         if not path.is_dir():
             return bad("folder does not exist")
         try:
-            manifest = json.loads(read_regular_file(path / MANIFEST, field=MANIFEST, error=CheckpointError,
-                                                    limit=MANIFEST_MAX_BYTES))
+            manifest = json.loads(
+                read_regular_file(path / MANIFEST, field=MANIFEST, error=CheckpointError, limit=MANIFEST_MAX_BYTES)
+            )
         except FileNotFoundError:
             return bad("no manifest.json (the write never finished)")
         except CheckpointError as exc:
@@ -213,8 +256,9 @@ class CheckpointStore:
         for name, meta in manifest["files"].items():
             file = path / name
             if file.stat().st_size != meta["size"]:
-                return bad(f"{name} has {file.stat().st_size} bytes, manifest says {meta['size']} (truncated?)",
-                           manifest, step)
+                return bad(
+                    f"{name} has {file.stat().st_size} bytes, manifest says {meta['size']} (truncated?)", manifest, step
+                )
             algorithm, expected = entry_checksum(meta)
             if verify and file_checksum(file, algorithm) != expected:
                 return bad(f"{name} fails its {algorithm} check (corrupted)", manifest, step)
@@ -235,9 +279,18 @@ class CheckpointStore:
         infos = []
         for path in folders:
             if path.name.startswith(TMP_PREFIX):
-                infos.append(CheckpointInfo(path.name, path, None, False, "partial write (never published)",
-                                            sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
-                                            path.stat().st_mtime, None))
+                infos.append(
+                    CheckpointInfo(
+                        path.name,
+                        path,
+                        None,
+                        False,
+                        "partial write (never published)",
+                        sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
+                        path.stat().st_mtime,
+                        None,
+                    )
+                )
             elif path.name.startswith(SUPERSEDED_PREFIX):
                 info = self.inspect(path, verify)
                 info.valid, info.reason = False, "superseded by a roll-back (kept, never resumed from)"
@@ -256,9 +309,18 @@ class CheckpointStore:
                 return info, skipped
             skipped.append(info)
         elif text is not None:  # LATEST names something that is not a checkpoint name: never followed
-            skipped.append(CheckpointInfo(LATEST, self.root / LATEST, None, False,
-                                          refused(None, f"LATEST holds {bounded_repr(text)}",
-                                                  f"a checkpoint name such as {step_name(100)}"), 0, None, None))
+            skipped.append(
+                CheckpointInfo(
+                    LATEST,
+                    self.root / LATEST,
+                    None,
+                    False,
+                    refused(None, f"LATEST holds {bounded_repr(text)}", f"a checkpoint name such as {step_name(100)}"),
+                    0,
+                    None,
+                    None,
+                )
+            )
         for path in reversed([p for p in self.published() if p.name != latest]):
             info = self.inspect(path)
             if info.valid:
@@ -284,9 +346,12 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
         return not_allowed("engine", manifest.get("engine"), ", ".join(ENGINES))
     if not isinstance(manifest.get("config", {}), dict):
         return refused("config", f"a JSON {type(manifest['config']).__name__}", "a JSON object")
-    if not isinstance(trainer, dict) or trainer.get("step") != step or \
-            not isinstance(trainer.get("train_seconds"), (int, float)) or \
-            not isinstance(trainer.get("horizon"), int):
+    if (
+        not isinstance(trainer, dict)
+        or trainer.get("step") != step
+        or not isinstance(trainer.get("train_seconds"), (int, float))
+        or not isinstance(trainer.get("horizon"), int)
+    ):
         return not_allowed("trainer", trainer, f"an object with step (= {step}), horizon and train_seconds")
     if not isinstance(files, dict) or not files:
         return not_allowed("files", files, "an object of file name -> size and checksum")
@@ -294,8 +359,11 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
         if not name_inside(name) or name == MANIFEST:
             return not_allowed("files", name, "a relative path inside the checkpoint folder")
         if entry_checksum(meta) is None:
-            return not_allowed(f"files.{name}", meta, "an object with size (integer) and one checksum "
-                                                      f"({' or '.join(ALGORITHMS)}, hex string)")
+            return not_allowed(
+                f"files.{name}",
+                meta,
+                f"an object with size (integer) and one checksum ({' or '.join(ALGORITHMS)}, hex string)",
+            )
     return None
 
 
@@ -332,20 +400,29 @@ def config_differences(old: dict, new: dict, allowed: tuple[str, ...] = ()) -> l
     """(field, old value, new value) for every field of two config dicts that differs, in field-name order; fields
     starting with one of ``allowed`` may differ."""
     old, new = flatten_config(old), flatten_config(new)
-    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
-            if old.get(key) != new.get(key) and not key.startswith(allowed)]
+    return [
+        (key, old.get(key), new.get(key))
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key) and not key.startswith(allowed)
+    ]
 
 
 def check_compatible(manifest: dict, config: dict, world_size: int) -> None:
     """Refuse a checkpoint written by a different model, optimizer, engine or world size, naming the difference."""
     name = step_name(manifest.get("step", 0))
     if manifest.get("world_size") != world_size:
-        raise CheckpointError(f"checkpoint {name} was written by {manifest.get('world_size')} processes; this run "
-                              f"has {world_size} (engine.nproc). Allowed: the same world size")
-    differences = [f"{key}: checkpoint {old!r}, this run {new!r}"
-                   for key, old, new in config_differences(manifest.get("config", {}), config,
-                                                           RESUMABLE_CHANGES + LOCATION_FIELDS)]
+        raise CheckpointError(
+            f"checkpoint {name} was written by {manifest.get('world_size')} processes; this run "
+            f"has {world_size} (engine.nproc). Allowed: the same world size"
+        )
+    differences = [
+        f"{key}: checkpoint {old!r}, this run {new!r}"
+        for key, old, new in config_differences(manifest.get("config", {}), config, RESUMABLE_CHANGES + LOCATION_FIELDS)
+    ]
     if differences:
-        raise CheckpointError(f"checkpoint {name} was written with a different config: " + "; ".join(differences)
-                              + ". Allowed to differ: " + ", ".join(RESUMABLE_CHANGES))
-
+        raise CheckpointError(
+            f"checkpoint {name} was written with a different config: "
+            + "; ".join(differences)
+            + ". Allowed to differ: "
+            + ", ".join(RESUMABLE_CHANGES)
+        )

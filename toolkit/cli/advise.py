@@ -8,12 +8,20 @@ from toolkit.errors import not_allowed
 
 
 def register(verbs) -> None:
-    adv = add_verb(verbs, "advise", "how often to checkpoint (Young/Daly) from a run's measured cost", [
-        "trainbook advise RUN_DIR --gpus 64"])
+    adv = add_verb(
+        verbs,
+        "advise",
+        "how often to checkpoint (Young/Daly) from a run's measured cost",
+        ["trainbook advise RUN_DIR --gpus 64"],
+    )
     adv.add_argument("run_dir", help="a run that has saved at least one checkpoint")
     adv.add_argument("--mtbf-hours", type=float, help="mean time between failures of the whole job")
-    adv.add_argument("--gpus", type=int, default=8,
-                     help="GPUs in the job, for the default MTBF (Llama 3's 1 failure per ~50,700 GPU-hours)")
+    adv.add_argument(
+        "--gpus",
+        type=int,
+        default=8,
+        help="GPUs in the job, for the default MTBF (Llama 3's 1 failure per ~50,700 GPU-hours)",
+    )
     adv.add_argument("--restart-seconds", type=float, default=60.0, help="time from failure to training again")
     adv.set_defaults(func=cmd_advise)
 

@@ -13,8 +13,12 @@ from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
-    ckpts = add_verb(verbs, "checkpoints", "list a run's checkpoints: step, size, age, valid or not", [
-        "trainbook checkpoints RUN_DIR", "trainbook checkpoints RUN_DIR --quick --json"])
+    ckpts = add_verb(
+        verbs,
+        "checkpoints",
+        "list a run's checkpoints: step, size, age, valid or not",
+        ["trainbook checkpoints RUN_DIR", "trainbook checkpoints RUN_DIR --quick --json"],
+    )
     ckpts.add_argument("run_dir", help="the run directory")
     ckpts.add_argument("--quick", action="store_true", help="check sizes only, not sha256")
     add_json(ckpts, "the checkpoints")
@@ -31,9 +35,24 @@ def cmd_checkpoints(args) -> int:
     untrusted = _untrusted_notice(args.run_dir)
     latest = store.latest_name()
     if args.json:
-        print_json({"run_dir": str(store.root), "latest": latest, "checkpoints": [
-            {"name": i.name, "step": i.step, "size_bytes": i.size_bytes, "created": i.created, "valid": i.valid,
-             "reason": i.reason or None} for i in infos], "untrusted_fields": untrusted})
+        print_json(
+            {
+                "run_dir": str(store.root),
+                "latest": latest,
+                "checkpoints": [
+                    {
+                        "name": i.name,
+                        "step": i.step,
+                        "size_bytes": i.size_bytes,
+                        "created": i.created,
+                        "valid": i.valid,
+                        "reason": i.reason or None,
+                    }
+                    for i in infos
+                ],
+                "untrusted_fields": untrusted,
+            }
+        )
         return 0
     if untrusted:
         from toolkit.trust import FLAG, describe
@@ -43,12 +62,23 @@ def cmd_checkpoints(args) -> int:
         print(f"no checkpoints in {store.root}")
         return 0
     now = time.time()
-    print(text_table(infos, [
-        Column("checkpoint", "name"), Column("step", "step", ",", right=True),
-        Column("size MB", lambda i: i.size_bytes / 2**20, ".1f", right=True),
-        Column("age", lambda i: f"{now - i.created:,.0f} s" if i.created else None, right=True),
-        Column("state", lambda i: ("valid" if i.valid else f"INVALID: {i.reason}")
-               + (" <- LATEST" if i.name == latest else ""))]))
+    print(
+        text_table(
+            infos,
+            [
+                Column("checkpoint", "name"),
+                Column("step", "step", ",", right=True),
+                Column("size MB", lambda i: i.size_bytes / 2**20, ".1f", right=True),
+                Column("age", lambda i: f"{now - i.created:,.0f} s" if i.created else None, right=True),
+                Column(
+                    "state",
+                    lambda i: (
+                        ("valid" if i.valid else f"INVALID: {i.reason}") + (" <- LATEST" if i.name == latest else "")
+                    ),
+                ),
+            ],
+        )
+    )
     return 0
 
 
@@ -58,7 +88,9 @@ def _untrusted_notice(run_dir: str) -> dict:
     from toolkit.rundir import RunDir
 
     try:
-        return {k: v if isinstance(v, (str, int, float, bool)) else str(v)
-                for k, v in RunDir(run_dir).untrusted_fields().items()}
+        return {
+            k: v if isinstance(v, (str, int, float, bool)) else str(v)
+            for k, v in RunDir(run_dir).untrusted_fields().items()
+        }
     except (OSError, ValueError):
         return {}

@@ -17,8 +17,12 @@ SET_METAVAR = "SECTION.FIELD=VALUE"
 def add_workspace(parser, *, below_group: bool = False) -> None:
     """--workspace on a verb that reads or writes the workspace. ``below_group``: a sub-verb of a group that takes
     it too (``data --workspace W list`` and ``data list --workspace W`` both work; the later one wins)."""
-    parser.add_argument("--workspace", metavar="FOLDER", default=argparse.SUPPRESS if below_group else None,
-                        help="workspace folder (default: $TRAINBOOK_WORKSPACE or ./.trainbook)")
+    parser.add_argument(
+        "--workspace",
+        metavar="FOLDER",
+        default=argparse.SUPPRESS if below_group else None,
+        help="workspace folder (default: $TRAINBOOK_WORKSPACE or ./.trainbook)",
+    )
 
 
 def add_json(parser, what: str) -> None:
@@ -30,15 +34,22 @@ def add_set(parser, help: str = "override one config field (repeatable)") -> Non
 
 
 def add_trust_run(parser) -> None:
-    parser.add_argument("--trust-run", action="store_true",
-                        help="honour this run's config even if it came from elsewhere: the code it names "
-                             "(model.factory, model.loss), the addresses (tracking.mlflow_uri, a hub id in "
-                             "model.hf.source) and debug.enabled's port; read config.yaml first")
+    parser.add_argument(
+        "--trust-run",
+        action="store_true",
+        help="honour this run's config even if it came from elsewhere: the code it names "
+        "(model.factory, model.loss), the addresses (tracking.mlflow_uri, a hub id in "
+        "model.hf.source) and debug.enabled's port; read config.yaml first",
+    )
 
 
 def add_max_restarts(parser) -> None:
-    parser.add_argument("--max-restarts", type=int, default=0,
-                        help="restart dead training processes from the latest checkpoint up to N times")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart dead training processes from the latest checkpoint up to N times",
+    )
 
 
 def check_max_restarts(value: int) -> None:

@@ -16,10 +16,10 @@ from toolkit.cli.conventions import add_verb
 
 
 def register(verbs) -> None:
-    completion = add_verb(verbs, "completion", "print a shell completion script for trainbook", [
-        'trainbook completion bash >> ~/.bashrc'])
-    completion.add_argument("shell", choices=["bash"], help="bash (zsh: `autoload bashcompinit && bashcompinit` "
-                            "first)")
+    completion = add_verb(
+        verbs, "completion", "print a shell completion script for trainbook", ['trainbook completion bash >> ~/.bashrc']
+    )
+    completion.add_argument("shell", choices=["bash"], help="bash (zsh: `autoload bashcompinit && bashcompinit` first)")
     completion.set_defaults(func=cmd_completion)
 
 
@@ -87,5 +87,6 @@ complete -F _{command}_complete {command}
 
 
 def _sub_verbs(parser: argparse.ArgumentParser) -> list[str]:
-    return [name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-            for name in action.choices]
+    return [
+        name for action in parser._actions if isinstance(action, argparse._SubParsersAction) for name in action.choices
+    ]

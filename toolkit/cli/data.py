@@ -25,9 +25,12 @@ from toolkit.tables import Column, text_table
 def register(verbs) -> None:
     from toolkit.catalogue.data_assets import TYPES
 
-    data = add_verb(verbs, "data", "register, list, show, verify and archive data assets in the workspace", [
-        "trainbook data register-builtin", "trainbook data register mycorpus ./texts/",
-        "trainbook data list --json"])
+    data = add_verb(
+        verbs,
+        "data",
+        "register, list, show, verify and archive data assets in the workspace",
+        ["trainbook data register-builtin", "trainbook data register mycorpus ./texts/", "trainbook data list --json"],
+    )
     add_workspace(data)
     data_verbs = add_verbs(data, "data_verb")
 
@@ -36,12 +39,19 @@ def register(verbs) -> None:
         add_workspace(verb, below_group=True)
         return verb
 
-    reg = data_verb("register", "snapshot a file or folder as the next version of NAME", [
-        "trainbook data register mycorpus ./texts/", "trainbook data register notes notes.jsonl --type uri_file"])
+    reg = data_verb(
+        "register",
+        "snapshot a file or folder as the next version of NAME",
+        ["trainbook data register mycorpus ./texts/", "trainbook data register notes notes.jsonl --type uri_file"],
+    )
     reg.add_argument("name", help="the asset's name: letters, digits, '-', '_', '.'")
     reg.add_argument("path", help="the file or folder to snapshot")
-    reg.add_argument("--type", choices=TYPES, help="uri_file for a file, uri_folder for a folder, mltable for a "
-                     "folder with an MLTable file (default: from PATH)")
+    reg.add_argument(
+        "--type",
+        choices=TYPES,
+        help="uri_file for a file, uri_folder for a folder, mltable for a "
+        "folder with an MLTable file (default: from PATH)",
+    )
     reg.add_argument("--description", default="", help="one line about the data")
     reg.add_argument("--tag", action="append", metavar="KEY=VALUE", help="a tag (repeatable)")
     lst = data_verb("list", "registered versions, newest first", ["trainbook data list --name pydoc --all"])
@@ -54,28 +64,52 @@ def register(verbs) -> None:
     add_json(show, "the version")
     arc = data_verb("archive", "hide NAME:VERSION from listings (still resolvable)", ["trainbook data archive pydoc:1"])
     arc.add_argument("ref", help="NAME:VERSION")
-    verify = data_verb("verify", "re-hash every blob and check each version's snapshot against its listing; exit 1 "
-                       "if anything is wrong", ["trainbook data verify", "trainbook data verify pydoc:1 --json"])
+    verify = data_verb(
+        "verify",
+        "re-hash every blob and check each version's snapshot against its listing; exit 1 if anything is wrong",
+        ["trainbook data verify", "trainbook data verify pydoc:1 --json"],
+    )
     verify.add_argument("ref", nargs="?", help="NAME (every version) or NAME:VERSION (default: the whole datastore)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify.add_argument("--repair", action="store_true",
-                        help="restore damaged blobs from their sources where those still hold the registered "
-                        "bytes (hash-checked), then rebuild snapshots whose listing and blobs are intact")
-    tune = data_verb("tune", "measure DataLoader settings against the model's step time", [
-        "trainbook data tune pydoc --config demo --steps 10"])
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="restore damaged blobs from their sources where those still hold the registered "
+        "bytes (hash-checked), then rebuild snapshots whose listing and blobs are intact",
+    )
+    tune = data_verb(
+        "tune",
+        "measure DataLoader settings against the model's step time",
+        ["trainbook data tune pydoc --config demo --steps 10"],
+    )
     tune.add_argument("ref", help="the data asset, NAME or NAME:VERSION")
     tune.add_argument("--config", default="demo", help="the model and batch to measure with (default: demo)")
     add_set(tune, "override one config field")
     tune.add_argument("--steps", type=int, default=20, help="training steps timed per setting")
-    builtin = data_verb("register-builtin", "register the corpora that ship with Python/sklearn", [
-        "trainbook data register-builtin", "trainbook data register-builtin stdlib"])
-    builtin.add_argument("which", nargs="?", default="all", choices=["all", "pydoc", "stdlib", "digits"],
-                         help="which corpus (default: all)")
-    tokenizer = data_verb("tokenizer", "tokenizers in the workspace (data assets tagged kind=tokenizer)", [
-        "trainbook data tokenizer train pydoc --vocab 2048"])
+    builtin = data_verb(
+        "register-builtin",
+        "register the corpora that ship with Python/sklearn",
+        ["trainbook data register-builtin", "trainbook data register-builtin stdlib"],
+    )
+    builtin.add_argument(
+        "which",
+        nargs="?",
+        default="all",
+        choices=["all", "pydoc", "stdlib", "digits"],
+        help="which corpus (default: all)",
+    )
+    tokenizer = data_verb(
+        "tokenizer",
+        "tokenizers in the workspace (data assets tagged kind=tokenizer)",
+        ["trainbook data tokenizer train pydoc --vocab 2048"],
+    )
     tokenizer_verbs = add_verbs(tokenizer, "tokenizer_verb")
-    tok_train = add_verb(tokenizer_verbs, "train", "train a byte-level BPE tokenizer on a text asset and register it "
-                         "(data.tokenizer=NAME:VERSION uses it)", ["trainbook data tokenizer train pydoc --vocab 2048"])
+    tok_train = add_verb(
+        tokenizer_verbs,
+        "train",
+        "train a byte-level BPE tokenizer on a text asset and register it (data.tokenizer=NAME:VERSION uses it)",
+        ["trainbook data tokenizer train pydoc --vocab 2048"],
+    )
     add_workspace(tok_train, below_group=True)
     tok_train.add_argument("asset", help="the text asset, NAME or NAME:VERSION")
     tok_train.add_argument("--vocab", type=int, required=True, help="vocabulary size, 257 or more")
@@ -100,9 +134,15 @@ def _show(args, ws) -> int:
     from toolkit.catalogue import data_assets
 
     if ws is None:
-        raise data_assets.DataAssetError(not_allowed(
-            "ref", args.ref, "a registered asset", problem=f"is unknown: there is no workspace at "
-            f"{workspace_path(ws, args.workspace)} yet; register data first"))
+        raise data_assets.DataAssetError(
+            not_allowed(
+                "ref",
+                args.ref,
+                "a registered asset",
+                problem=f"is unknown: there is no workspace at "
+                f"{workspace_path(ws, args.workspace)} yet; register data first",
+            )
+        )
     asset = data_assets.get(ws, args.ref)
     print_json(_asset_json(asset)) if args.json else _print_asset(asset)
     return 0
@@ -117,22 +157,34 @@ def _list(args, ws) -> int:
         return 0
     print(workspace_line(ws, args.workspace))
     if not assets:
-        print("no data assets" + (" match" if ws and (args.name or args.tag) else "")
-              + ": try `trainbook data register-builtin`, or `trainbook data register NAME PATH`")
+        print(
+            "no data assets"
+            + (" match" if ws and (args.name or args.tag) else "")
+            + ": try `trainbook data register-builtin`, or `trainbook data register NAME PATH`"
+        )
         return 0
-    print(text_table(assets, [
-        Column("asset", lambda a: a.ref + (" (archived)" if a.archived else "")), Column("type", "type"),
-        Column("size", "size_bytes", ",", right=True), Column("files", "file_count", right=True),
-        Column("created", lambda a: local_time(a.created)),
-        Column("tags", lambda a: ",".join(f"{k}={v}" for k, v in sorted(a.tags.items())))]))
+    print(
+        text_table(
+            assets,
+            [
+                Column("asset", lambda a: a.ref + (" (archived)" if a.archived else "")),
+                Column("type", "type"),
+                Column("size", "size_bytes", ",", right=True),
+                Column("files", "file_count", right=True),
+                Column("created", lambda a: local_time(a.created)),
+                Column("tags", lambda a: ",".join(f"{k}={v}" for k, v in sorted(a.tags.items()))),
+            ],
+        )
+    )
     return 0
 
 
 def _register(args, ws) -> int:
     from toolkit.catalogue import data_assets
 
-    asset = data_assets.register(ws, args.name, args.path, type=args.type, description=args.description,
-                                 tags=_parse_tags(args.tag))
+    asset = data_assets.register(
+        ws, args.name, args.path, type=args.type, description=args.description, tags=_parse_tags(args.tag)
+    )
     print(asset.ref)
     if args.type is None:
         print(f"  type {asset.type} (from the path; --type sets it)", file=sys.stderr)
@@ -159,8 +211,14 @@ def _tune(args, ws) -> int:
     from toolkit.train.loading_advisor import tune
     from toolkit.runs.data_pin import pin_data_asset
 
-    cfg = config_mod.load(args.config, [config_mod.string_override("data.asset", args.ref),
-                                        config_mod.string_override("data.workspace", str(ws.root)), *(args.set or [])])
+    cfg = config_mod.load(
+        args.config,
+        [
+            config_mod.string_override("data.asset", args.ref),
+            config_mod.string_override("data.workspace", str(ws.root)),
+            *(args.set or []),
+        ],
+    )
     print(tune(pin_data_asset(cfg), steps=args.steps).summary())
     return 0
 
@@ -168,9 +226,16 @@ def _tune(args, ws) -> int:
 def _tokenizer(args, ws) -> int:
     from toolkit.data.tokenizer_training import train_tokenizer
 
-    tokenizer = train_tokenizer(ws, args.asset, args.vocab, name=args.name, text_field=args.text_field,
-                                prompt_field=args.prompt_field, completion_field=args.completion_field,
-                                progress=sys.stderr.isatty())
+    tokenizer = train_tokenizer(
+        ws,
+        args.asset,
+        args.vocab,
+        name=args.name,
+        text_field=args.text_field,
+        prompt_field=args.prompt_field,
+        completion_field=args.completion_field,
+        progress=sys.stderr.isatty(),
+    )
     print(tokenizer.ref)
     print(f"  {tokenizer.description}; use it with --set data.tokenizer={tokenizer.ref}", file=sys.stderr)
     return 0
@@ -184,8 +249,16 @@ def _register_builtin(args, ws) -> int:
     return 0
 
 
-SUB_VERBS = {"register": _register, "list": _list, "show": _show, "archive": _archive, "verify": _verify,
-             "tune": _tune, "register-builtin": _register_builtin, "tokenizer": _tokenizer}
+SUB_VERBS = {
+    "register": _register,
+    "list": _list,
+    "show": _show,
+    "archive": _archive,
+    "verify": _verify,
+    "tune": _tune,
+    "register-builtin": _register_builtin,
+    "tokenizer": _tokenizer,
+}
 
 
 def _asset_json(asset) -> dict:
@@ -198,11 +271,14 @@ def _asset_json(asset) -> dict:
 
 def _print_asset(asset) -> None:
     tags = ", ".join(f"{k}={v}" for k, v in sorted(asset.tags.items()))
-    print(f"{asset.ref}  ({asset.type}{', archived' if asset.archived else ''})\n"
-          f"  sha256   {asset.sha256}\n  size     {asset.size_bytes:,} bytes in {asset.file_count} file(s)\n"
-          f"  snapshot {asset.path}\n  source   {asset.source}\n"
-          + (f"  about    {asset.description}\n" if asset.description else "")
-          + (f"  tags     {tags}\n" if tags else ""), end="")
+    print(
+        f"{asset.ref}  ({asset.type}{', archived' if asset.archived else ''})\n"
+        f"  sha256   {asset.sha256}\n  size     {asset.size_bytes:,} bytes in {asset.file_count} file(s)\n"
+        f"  snapshot {asset.path}\n  source   {asset.source}\n"
+        + (f"  about    {asset.description}\n" if asset.description else "")
+        + (f"  tags     {tags}\n" if tags else ""),
+        end="",
+    )
 
 
 def _parse_tags(pairs) -> dict:

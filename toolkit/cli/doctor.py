@@ -13,14 +13,27 @@ from toolkit.cli.conventions import add_verb
 def register(verbs) -> None:
     from toolkit.resources.doctor import CHECKS  # check functions import their tools when they run
 
-    doctor = add_verb(verbs, "doctor", "validate this machine: versions, collectives, matmul, disk, /dev/shm, a "
-                      "training step per engine; exit 0 when every required check passes", [
-                          "trainbook doctor", "trainbook doctor --only matmul --only disk",
-                          "trainbook doctor --skip all-reduce --json report.json"])
-    doctor.add_argument("--only", action="append", metavar="CHECK", choices=list(CHECKS),
-                        help=f"run only this check (repeatable): {', '.join(CHECKS)}")
-    doctor.add_argument("--skip", action="append", metavar="CHECK", choices=list(CHECKS),
-                        help="skip this check (repeatable)")
+    doctor = add_verb(
+        verbs,
+        "doctor",
+        "validate this machine: versions, collectives, matmul, disk, /dev/shm, a "
+        "training step per engine; exit 0 when every required check passes",
+        [
+            "trainbook doctor",
+            "trainbook doctor --only matmul --only disk",
+            "trainbook doctor --skip all-reduce --json report.json",
+        ],
+    )
+    doctor.add_argument(
+        "--only",
+        action="append",
+        metavar="CHECK",
+        choices=list(CHECKS),
+        help=f"run only this check (repeatable): {', '.join(CHECKS)}",
+    )
+    doctor.add_argument(
+        "--skip", action="append", metavar="CHECK", choices=list(CHECKS), help="skip this check (repeatable)"
+    )
     doctor.add_argument("--nproc", type=int, help="processes for the all-reduce sweep (default: GPUs, at least 2)")
     add_workspace(doctor)
     doctor.add_argument("--json", metavar="FILE", help="also write the full report as JSON")

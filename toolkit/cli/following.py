@@ -24,8 +24,11 @@ def start_and_follow(start) -> int:
     remembered and stops the run as soon as its handle exists (raised inside the start, it would kill the CLI
     alone, or leave a supervisor started with no handle to stop it: a run training on, detached)."""
     pending: list[int] = []
-    stop_signals = [sig for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # a shell's ignored Ctrl-C stays so
-                    if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN)]
+    stop_signals = [
+        sig
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # a shell's ignored Ctrl-C stays so
+        if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN)
+    ]
     previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in stop_signals}
     try:
         handle = start()
@@ -107,8 +110,10 @@ def resume_hint(handle) -> str:
 
     from toolkit.runs.supervisor import LOG_NAME
 
-    return (f"to continue from its latest checkpoint: trainbook resume {shlex.quote(str(handle.path))}  "
-            f"(log: {handle.path / LOG_NAME})")
+    return (
+        f"to continue from its latest checkpoint: trainbook resume {shlex.quote(str(handle.path))}  "
+        f"(log: {handle.path / LOG_NAME})"
+    )
 
 
 def _tell(message: str) -> None:

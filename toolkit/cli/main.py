@@ -8,14 +8,48 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkit.cli import (advise, checkpoints, completion, config, data, doctor, estimate, export, lifecycle, models,
-                         resume, runs, scale, serve, tensorboard, train, workshop)
+from toolkit.cli import (
+    advise,
+    checkpoints,
+    completion,
+    config,
+    data,
+    doctor,
+    estimate,
+    export,
+    lifecycle,
+    models,
+    resume,
+    runs,
+    scale,
+    serve,
+    tensorboard,
+    train,
+    workshop,
+)
 from toolkit.cli.conventions import VerbParser, add_verbs
 from toolkit.errors import UserError
 
 # Each module adds its verbs (parser and command): in this order in `trainbook --help`; azure's come last.
-VERBS = (train, resume, lifecycle, checkpoints, advise, data, runs, tensorboard, doctor, estimate, scale, export,
-         models, serve, config, completion, workshop)
+VERBS = (
+    train,
+    resume,
+    lifecycle,
+    checkpoints,
+    advise,
+    data,
+    runs,
+    tensorboard,
+    doctor,
+    estimate,
+    scale,
+    export,
+    models,
+    serve,
+    config,
+    completion,
+    workshop,
+)
 
 
 def _version() -> str:
@@ -29,8 +63,16 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = VerbParser(prog="trainbook", description=__doc__, examples=[
-        "trainbook data register-builtin", "trainbook train demo", "trainbook runs", "trainbook train --help"])
+    parser = VerbParser(
+        prog="trainbook",
+        description=__doc__,
+        examples=[
+            "trainbook data register-builtin",
+            "trainbook train demo",
+            "trainbook runs",
+            "trainbook train --help",
+        ],
+    )
     parser.add_argument("--version", action="version", version=_version())
     verbs = add_verbs(parser, "verb")
     for module in VERBS:

@@ -8,8 +8,12 @@ from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
-    models = add_verb(verbs, "models", "registered models: version, size, data and run they came from", [
-        "trainbook models", "trainbook models --json"])
+    models = add_verb(
+        verbs,
+        "models",
+        "registered models: version, size, data and run they came from",
+        ["trainbook models", "trainbook models --json"],
+    )
     add_workspace(models)
     add_json(models, "the models")
     models.set_defaults(func=cmd_models)
@@ -30,8 +34,16 @@ def cmd_models(args) -> int:
     if not models:
         print("no models: try `trainbook export RUN_DIR --register NAME`")
         return 0
-    print(text_table(models, [Column("model", "ref"),
-                              Column("size MB", lambda m: m.size_bytes / 2**20, ".1f", right=True),
-                              Column("created", lambda m: local_time(m.created)), Column("data", "data"),
-                              Column("run", "run_dir")]))
+    print(
+        text_table(
+            models,
+            [
+                Column("model", "ref"),
+                Column("size MB", lambda m: m.size_bytes / 2**20, ".1f", right=True),
+                Column("created", lambda m: local_time(m.created)),
+                Column("data", "data"),
+                Column("run", "run_dir"),
+            ],
+        )
+    )
     return 0

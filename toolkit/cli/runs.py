@@ -8,8 +8,12 @@ from toolkit.tables import Column, text_table
 
 
 def register(verbs) -> None:
-    runs = add_verb(verbs, "runs", "runs indexed in the workspace: state, step, data asset, engine", [
-        "trainbook runs", "trainbook runs --data pydoc --json"])
+    runs = add_verb(
+        verbs,
+        "runs",
+        "runs indexed in the workspace: state, step, data asset, engine",
+        ["trainbook runs", "trainbook runs --data pydoc --json"],
+    )
     runs.add_argument("--data", help="only runs on this data asset (NAME or NAME:VERSION)")
     add_workspace(runs)
     add_json(runs, "the runs")
@@ -29,7 +33,16 @@ def cmd_runs(args) -> int:
     if not rows:
         print("no runs" + (f" on {args.data}" if args.data and ws else "") + ": try `trainbook train demo`")
         return 0
-    print(text_table(rows, [Column("run directory", "run_dir"), Column("state", "state"),
-                            Column("step", "step", ",", right=True), Column("data", "data"),
-                            Column("engine", lambda r: f"{r['engine']} x{r['nproc']}")]))
+    print(
+        text_table(
+            rows,
+            [
+                Column("run directory", "run_dir"),
+                Column("state", "state"),
+                Column("step", "step", ",", right=True),
+                Column("data", "data"),
+                Column("engine", lambda r: f"{r['engine']} x{r['nproc']}"),
+            ],
+        )
+    )
     return 0

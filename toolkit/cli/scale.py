@@ -16,29 +16,59 @@ from toolkit.cli.following import Terminated, raise_terminated
 def register(verbs) -> None:
     from toolkit.config import EngineConfig, field_choices
 
-    scale = add_verb(verbs, "scale", "train briefly at 1, 2, 4... processes: tokens/s, efficiency vs linear, and "
-                     "a step's time as compute, communication and data wait", [
-                         "trainbook scale tiny --nproc 1,2", "trainbook scale demo --nproc 1,2 --strong --steps 40",
-                         "trainbook scale demo --nproc 1,2,4,8 --engine deepspeed --set engine.zero_stage=2 --json"])
+    scale = add_verb(
+        verbs,
+        "scale",
+        "train briefly at 1, 2, 4... processes: tokens/s, efficiency vs linear, and "
+        "a step's time as compute, communication and data wait",
+        [
+            "trainbook scale tiny --nproc 1,2",
+            "trainbook scale demo --nproc 1,2 --strong --steps 40",
+            "trainbook scale demo --nproc 1,2,4,8 --engine deepspeed --set engine.zero_stage=2 --json",
+        ],
+    )
     scale.add_argument("config", help="a YAML file, or the name of a built-in config (tiny, demo, llama, ...)")
-    scale.add_argument("--nproc", metavar="N,N,...", help="process counts, e.g. 1,2,4 (1, the baseline, is always "
-                       "run; default: 1, 2, 4... up to one per GPU, or per usable core)")
+    scale.add_argument(
+        "--nproc",
+        metavar="N,N,...",
+        help="process counts, e.g. 1,2,4 (1, the baseline, is always "
+        "run; default: 1, 2, 4... up to one per GPU, or per usable core)",
+    )
     mode = scale.add_mutually_exclusive_group()
-    mode.add_argument("--weak", dest="mode", action="store_const", const="weak",
-                      help="train.batch_size per process, the global batch grows with N (the default)")
-    mode.add_argument("--strong", dest="mode", action="store_const", const="strong",
-                      help="train.batch_size is the global batch, split over the N processes")
+    mode.add_argument(
+        "--weak",
+        dest="mode",
+        action="store_const",
+        const="weak",
+        help="train.batch_size per process, the global batch grows with N (the default)",
+    )
+    mode.add_argument(
+        "--strong",
+        dest="mode",
+        action="store_const",
+        const="strong",
+        help="train.batch_size is the global batch, split over the N processes",
+    )
     scale.set_defaults(mode="weak")
     scale.add_argument("--steps", type=int, default=20, help="measured steps per run, after a warm-up (default: 20)")
     add_set(scale)
-    scale.add_argument("--engine", choices=field_choices(EngineConfig, "name"),
-                       help="the training engine (engine.name)")
-    scale.add_argument("--side-by-side", action="store_true", help="also run N independent 1-process runs at once "
-                       "for each N > 1: what the machine does for trials that need no communication")
-    scale.add_argument("--out", help="the series folder: its run directories, scaling.png and scaling.json "
-                       "(default: <runs-root>/<name>-scale-<timestamp>)")
-    scale.add_argument("--runs-root", help="where a new series folder goes (default: $TRAINBOOK_RUNS or ./runs of the "
-                       "project)")
+    scale.add_argument(
+        "--engine", choices=field_choices(EngineConfig, "name"), help="the training engine (engine.name)"
+    )
+    scale.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="also run N independent 1-process runs at once "
+        "for each N > 1: what the machine does for trials that need no communication",
+    )
+    scale.add_argument(
+        "--out",
+        help="the series folder: its run directories, scaling.png and scaling.json "
+        "(default: <runs-root>/<name>-scale-<timestamp>)",
+    )
+    scale.add_argument(
+        "--runs-root", help="where a new series folder goes (default: $TRAINBOOK_RUNS or ./runs of the project)"
+    )
     add_json(scale, "the table")
     scale.set_defaults(func=cmd_scale)
 
@@ -49,8 +79,16 @@ def cmd_scale(args) -> int:
 
     overrides = config_overrides(args.set, engine=args.engine)
     counts = scaling.parse_counts(args.nproc) if args.nproc is not None else None
-    plan = scaling.plan(args.config, overrides, counts, mode=args.mode, steps=args.steps, out=args.out,
-                        runs_root=args.runs_root, side_by_side=args.side_by_side)  # refusals: before any run
+    plan = scaling.plan(
+        args.config,
+        overrides,
+        counts,
+        mode=args.mode,
+        steps=args.steps,
+        out=args.out,
+        runs_root=args.runs_root,
+        side_by_side=args.side_by_side,
+    )  # refusals: before any run
     # the runs live in their own sessions: a SIGTERM or a closed terminal must stop them too (run_series does)
     previous = {sig: signal.signal(sig, raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:

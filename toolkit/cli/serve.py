@@ -16,22 +16,37 @@ def register(verbs) -> None:
     from toolkit.deploy.serving.options import WEIGHTS  # runtime -> the weights file it loads
     from toolkit.deploy.serving.protocol import REQUEST_TIMEOUT_S  # a plain module of limits: no server imported
 
-    serve = add_verb(verbs, "serve", "a local online endpoint (Azure ML's scoring contract) on 127.0.0.1", [
-        "trainbook serve demo", "trainbook serve RUN_DIR/model --runtime torch --port 8081 &"])
+    serve = add_verb(
+        verbs,
+        "serve",
+        "a local online endpoint (Azure ML's scoring contract) on 127.0.0.1",
+        ["trainbook serve demo", "trainbook serve RUN_DIR/model --runtime torch --port 8081 &"],
+    )
     serve.add_argument("model", help="a model folder, or a registered NAME[:VERSION]")
     serve.add_argument("--port", type=int, help="port (default: a free one)")
-    serve.add_argument("--runtime", choices=list(WEIGHTS), help="default: torch for a transformers model, which "
-                       "generates with a KV cache; onnx for the built-in models")
+    serve.add_argument(
+        "--runtime",
+        choices=list(WEIGHTS),
+        help="default: torch for a transformers model, which generates with a KV cache; onnx for the built-in models",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--max-batch", type=int, default=16, help="requests per forward pass (1: no batching)")
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long an idle model waits to fill a batch")
-    serve.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
-                       help=f"seconds a request may wait for its answer before a 503 (default {REQUEST_TIMEOUT_S:g})")
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        help=f"seconds a request may wait for its answer before a 503 (default {REQUEST_TIMEOUT_S:g})",
+    )
     add_workspace(serve)
     serve.set_defaults(func=cmd_serve)
 
-    endpoints = add_verb(verbs, "endpoints", "local endpoints that are running: model, URL, pid, key file", [
-        "trainbook endpoints", "trainbook endpoints stop demo"])
+    endpoints = add_verb(
+        verbs,
+        "endpoints",
+        "local endpoints that are running: model, URL, pid, key file",
+        ["trainbook endpoints", "trainbook endpoints stop demo"],
+    )
     add_workspace(endpoints)
     add_json(endpoints, "the running endpoints")
     endpoint_verbs = add_verbs(endpoints, "endpoints_verb", required=False)
@@ -50,9 +65,16 @@ def cmd_serve(args) -> int:
     with warnings.catch_warnings(record=True) as caught:  # one plain line, before any error that follows it
         warnings.simplefilter("always", PlainHTTPWarning)
         try:
-            endpoint = serve(args.model, port=args.port, runtime=args.runtime, host=args.host,
-                             max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, workspace=args.workspace,
-                             request_timeout=args.request_timeout)
+            endpoint = serve(
+                args.model,
+                port=args.port,
+                runtime=args.runtime,
+                host=args.host,
+                max_batch=args.max_batch,
+                max_wait_ms=args.max_wait_ms,
+                workspace=args.workspace,
+                request_timeout=args.request_timeout,
+            )
         finally:
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr, flush=True)
@@ -62,10 +84,14 @@ def cmd_serve(args) -> int:
     example = '{"text": "What a lovely day"}' if endpoint.tasks[0] == "classify" else '{"prompt": "def "}'
     if key.note:
         print(f"note: {key.note}", file=sys.stderr, flush=True)
-    print(f"{endpoint.describe()}\n  key file ({key.mode_text}): {key.path}\n"
-          f"  log: {endpoint.log_path}\n"
-          f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{example}' "
-          + endpoint.scoring_url + f"\n(Ctrl-C or `trainbook endpoints stop {endpoint.name}` stops it)", flush=True)
+    print(
+        f"{endpoint.describe()}\n  key file ({key.mode_text}): {key.path}\n"
+        f"  log: {endpoint.log_path}\n"
+        f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{example}' "
+        + endpoint.scoring_url
+        + f"\n(Ctrl-C or `trainbook endpoints stop {endpoint.name}` stops it)",
+        flush=True,
+    )
     return _serve_until_stopped(endpoint)
 
 
@@ -80,8 +106,10 @@ def _serve_until_stopped(endpoint) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         endpoint.stop()
-    print(f"endpoint {endpoint.name} stopped" + (f" (exit code {code}; log: {endpoint.log_path})" if code else ""),
-          file=sys.stderr)
+    print(
+        f"endpoint {endpoint.name} stopped" + (f" (exit code {code}; log: {endpoint.log_path})" if code else ""),
+        file=sys.stderr,
+    )
     return 0 if code == 0 else 1
 
 
@@ -101,7 +129,17 @@ def cmd_endpoints(args) -> int:
     if not endpoints:
         print("no endpoints running: try `trainbook serve MODEL &` (`trainbook models` lists the registered ones)")
         return 0
-    print(text_table(endpoints, [Column("endpoint", "name"), Column("url", "url"), Column("pid", "pid", right=True),
-                                 Column("runtime", "runtime"), Column("model", "model_dir"),
-                                 Column("key file", "key_file")]))
+    print(
+        text_table(
+            endpoints,
+            [
+                Column("endpoint", "name"),
+                Column("url", "url"),
+                Column("pid", "pid", right=True),
+                Column("runtime", "runtime"),
+                Column("model", "model_dir"),
+                Column("key file", "key_file"),
+            ],
+        )
+    )
     return 0

@@ -8,8 +8,12 @@ from toolkit.cli.conventions import add_verb
 
 
 def register(verbs) -> None:
-    tb = add_verb(verbs, "tensorboard", "serve a run's scalars and profiler traces on 127.0.0.1", [
-        "trainbook tensorboard RUN_DIR", "trainbook tensorboard RUN_DIR --port 6006"])
+    tb = add_verb(
+        verbs,
+        "tensorboard",
+        "serve a run's scalars and profiler traces on 127.0.0.1",
+        ["trainbook tensorboard RUN_DIR", "trainbook tensorboard RUN_DIR --port 6006"],
+    )
     tb.add_argument("run_dir", help="the run directory")
     tb.add_argument("--port", type=int, help="port (default: a free one)")
     tb.set_defaults(func=cmd_tensorboard)

@@ -6,11 +6,19 @@ from toolkit.cli.conventions import add_verb, add_verbs
 
 
 def register(verbs) -> None:
-    workshop = add_verb(verbs, "workshop", "run the notebooks for N participants in parallel, then compare", [
-        "trainbook workshop run --participants 4 --params sets.yaml"])
+    workshop = add_verb(
+        verbs,
+        "workshop",
+        "run the notebooks for N participants in parallel, then compare",
+        ["trainbook workshop run --participants 4 --params sets.yaml"],
+    )
     workshop_verbs = add_verbs(workshop, "workshop_verb")
-    wrun = add_verb(workshop_verbs, "run", "one papermill run per parameter set, as many at once as cores", [
-        "trainbook workshop run --participants 4 --params sets.yaml --notebook 03_training"])
+    wrun = add_verb(
+        workshop_verbs,
+        "run",
+        "one papermill run per parameter set, as many at once as cores",
+        ["trainbook workshop run --participants 4 --params sets.yaml --notebook 03_training"],
+    )
     wrun.add_argument("--participants", type=int, required=True, help="how many parameter sets to run")
     wrun.add_argument("--params", required=True, help="YAML list of parameter sets, one per participant")
     wrun.add_argument("--notebook", default="03_training", help="which notebook (default: 03_training)")

@@ -15,8 +15,14 @@ def register_pydoc(ws) -> data_assets.DataAsset:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "pydoc.txt"
         path.write_bytes(pydoc_text())
-        return data_assets.register(ws, "pydoc", path, type="uri_file", tags={"source": "pydoc_data.topics"},
-                                    description="CPython's own documentation, the byte-level LM corpus")
+        return data_assets.register(
+            ws,
+            "pydoc",
+            path,
+            type="uri_file",
+            tags={"source": "pydoc_data.topics"},
+            description="CPython's own documentation, the byte-level LM corpus",
+        )
 
 
 def register_stdlib(ws) -> data_assets.DataAsset:
@@ -27,9 +33,14 @@ def register_stdlib(ws) -> data_assets.DataAsset:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "stdlib.txt"
         path.write_bytes(stdlib_text())
-        return data_assets.register(ws, "stdlib", path, type="uri_file",
-                                    tags={"source": f"python{sys.version_info.major}.{sys.version_info.minor} stdlib"},
-                                    description="The Python standard library's own source code, a code corpus")
+        return data_assets.register(
+            ws,
+            "stdlib",
+            path,
+            type="uri_file",
+            tags={"source": f"python{sys.version_info.major}.{sys.version_info.minor} stdlib"},
+            description="The Python standard library's own source code, a code corpus",
+        )
 
 
 def register_digits(ws) -> data_assets.DataAsset:
@@ -42,8 +53,14 @@ def register_digits(ws) -> data_assets.DataAsset:
     frame["label"] = digits.target.astype("int64")
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_mltable(Path(tmp) / "digits", frame, "digits.csv")
-        return data_assets.register(ws, "digits", folder, type="mltable", tags={"source": "sklearn.load_digits"},
-                                    description="1,797 handwritten digits, 8x8 pixels with values 0-16")
+        return data_assets.register(
+            ws,
+            "digits",
+            folder,
+            type="mltable",
+            tags={"source": "sklearn.load_digits"},
+            description="1,797 handwritten digits, 8x8 pixels with values 0-16",
+        )
 
 
 BUILTINS = {"pydoc": register_pydoc, "stdlib": register_stdlib, "digits": register_digits}

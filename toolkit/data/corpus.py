@@ -65,8 +65,9 @@ class Corpus:
     tokenizer: dict | None = None  # the tokenizer's key, sha256, source and vocab_size (text only)
     label_names: list[str] | None = None  # class names in id order, when the labels were names
 
-    def batch(self, split: str, batch_size: int, generator: torch.Generator,
-              shard: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+    def batch(
+        self, split: str, batch_size: int, generator: torch.Generator, shard: tuple[int, int] = (0, 1)
+    ) -> dict[str, torch.Tensor]:
         """A batch (a dict of tensors, keyed as toolkit.data.batch describes) drawn with ``generator`` from
         ``split``; ``shard`` = (rank, world) restricts it to that rank's disjoint share."""
         raise NotImplementedError
@@ -87,8 +88,16 @@ class PackedCorpus(Corpus):
     """Documents as one token stream; a batch is random windows of block_size + 1 tokens (input and shifted
     target). ``byte_lengths`` (UTF-8 bytes per id) sets bits per byte; None: one token is one byte."""
 
-    def __init__(self, name: str, tokens: torch.Tensor, sha256: str, block_size: int, val_fraction: float,
-                 byte_lengths: np.ndarray | None = None, size_bytes: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        tokens: torch.Tensor,
+        sha256: str,
+        block_size: int,
+        val_fraction: float,
+        byte_lengths: np.ndarray | None = None,
+        size_bytes: int | None = None,
+    ):
         self.name, self.block_size, self.sha256 = name, block_size, sha256
         self.size_bytes = len(tokens) if size_bytes is None else size_bytes
         cut = int(len(tokens) * (1 - val_fraction))  # the tail is held out, never trained on
@@ -97,10 +106,14 @@ class PackedCorpus(Corpus):
         for split, data in self.splits.items():
             if len(data) <= block_size + 1:
                 raise RefusedValue(
-                    not_allowed("model.block_size", block_size, f"< {len(data) - 1}",
-                                problem=f"is too long for the {split} split of {name} ({len(data)} {unit})"))
-        self.bytes_per_item = 1.0 if byte_lengths is None else \
-            bytes_per_token(byte_lengths, self.splits["val"].numpy())
+                    not_allowed(
+                        "model.block_size",
+                        block_size,
+                        f"< {len(data) - 1}",
+                        problem=f"is too long for the {split} split of {name} ({len(data)} {unit})",
+                    )
+                )
+        self.bytes_per_item = 1.0 if byte_lengths is None else bytes_per_token(byte_lengths, self.splits["val"].numpy())
         self._window = torch.arange(block_size + 1)
 
     @classmethod
@@ -136,8 +149,17 @@ class ExampleCorpus(Corpus):
     attention_mask; rows of block_size) or labelled texts (input_ids, attention_mask, one label a row). Examples are
     shuffled once (a fixed order) and the tail is held out."""
 
-    def __init__(self, name: str, files: TokenFiles, sha256: str, block_size: int, val_fraction: float,
-                 pad_id: int, byte_lengths: np.ndarray, labelled: bool):
+    def __init__(
+        self,
+        name: str,
+        files: TokenFiles,
+        sha256: str,
+        block_size: int,
+        val_fraction: float,
+        pad_id: int,
+        byte_lengths: np.ndarray,
+        labelled: bool,
+    ):
         self.name, self.sha256, self.size_bytes = name, sha256, files.meta["bytes"]
         self.block_size, self.pad_id, self.labelled = block_size, pad_id, labelled
         self.tokens, self.starts, self.mask, self.labels = files.tokens, files.starts, files.mask, files.labels
@@ -146,10 +168,14 @@ class ExampleCorpus(Corpus):
         order = np.random.default_rng(EXAMPLE_ORDER_SEED).permutation(count)
         cut = int(count * (1 - val_fraction))
         if cut < 1 or cut == count:
-            raise RefusedValue(not_allowed("data.val_fraction", val_fraction, "a share that leaves examples in both "
-                                           "splits (or more examples)",
-                                           problem=f"splits the {count} examples of {name} into {cut} and "
-                                                   f"{count - cut}"))
+            raise RefusedValue(
+                not_allowed(
+                    "data.val_fraction",
+                    val_fraction,
+                    "a share that leaves examples in both splits (or more examples)",
+                    problem=f"splits the {count} examples of {name} into {cut} and {count - cut}",
+                )
+            )
         self.splits = {"train": order[:cut], "val": order[cut:]}
         if not labelled:
             in_val = np.zeros(count, dtype=bool)
@@ -161,10 +187,20 @@ class ExampleCorpus(Corpus):
         """Refuse labels the classifier has no output for."""
         top = int(self.labels.max())
         if top >= num_labels:
-            seen = f"{len(self.label_names)} class names ({', '.join(self.label_names[:5])}" \
-                   f"{', ...' if len(self.label_names) > 5 else ''})" if self.label_names else f"class {top}"
-            raise DataFormatError(not_allowed("model.hf.num_labels", num_labels, f"{top + 1} or more",
-                                              problem=f"is too few for {self.name}, which has {seen}"))
+            seen = (
+                f"{len(self.label_names)} class names ({', '.join(self.label_names[:5])}"
+                f"{', ...' if len(self.label_names) > 5 else ''})"
+                if self.label_names
+                else f"class {top}"
+            )
+            raise DataFormatError(
+                not_allowed(
+                    "model.hf.num_labels",
+                    num_labels,
+                    f"{top + 1} or more",
+                    problem=f"is too few for {self.name}, which has {seen}",
+                )
+            )
 
     def _rows(self, examples: np.ndarray, room: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids, counted, valid), each (B, room): the examples cut to fit, padded with pad_id at the end."""
@@ -178,17 +214,20 @@ class ExampleCorpus(Corpus):
             else:
                 prompt_len = int(np.argmax(self.mask[first:end]))  # the first counted token ends the prompt
                 start, stop = fit_example(prompt_len, end - first, room)
-                counted[row, :stop - start] = self.mask[first + start:first + stop] == 1
-            ids[row, :stop - start] = self.tokens[first + start:first + stop]
-            valid[row, :stop - start] = True
+                counted[row, : stop - start] = self.mask[first + start : first + stop] == 1
+            ids[row, : stop - start] = self.tokens[first + start : first + stop]
+            valid[row, : stop - start] = True
         return torch.from_numpy(ids), torch.from_numpy(counted), torch.from_numpy(valid)
 
     def batch(self, split, batch_size, generator, shard=(0, 1)):
         examples = self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()]
         if self.labelled:
             ids, _, valid = self._rows(examples, self.block_size)
-            return {INPUT_IDS: ids, ATTENTION_MASK: valid.long(),
-                    LABELS: torch.from_numpy(np.asarray(self.labels[examples], dtype=np.int64))}
+            return {
+                INPUT_IDS: ids,
+                ATTENTION_MASK: valid.long(),
+                LABELS: torch.from_numpy(np.asarray(self.labels[examples], dtype=np.int64)),
+            }
         ids, counted, valid = self._rows(examples, self.block_size + 1)
         labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
         return {INPUT_IDS: ids[:, :-1], LABELS: labels, ATTENTION_MASK: valid[:, :-1].long()}
@@ -215,14 +254,30 @@ class TableCorpus(Corpus):
 
 def _tokenized(cfg, fmt: DataFormat, source, tokenizer, name: str) -> Corpus:
     """A corpus from a source's token files (built on first use) for ``tokenizer``."""
-    files = build_token_files(source.sha256, tokenizer, fmt, fmt.tag(source.has_jsonl), source.batches(fmt),
-                              source.size_bytes, source.name)
+    files = build_token_files(
+        source.sha256, tokenizer, fmt, fmt.tag(source.has_jsonl), source.batches(fmt), source.size_bytes, source.name
+    )
     if fmt.mode == "text":
         lengths = None if isinstance(tokenizer, ByteTokenizer) else tokenizer.byte_lengths()  # None: 1 byte a token
-        return PackedCorpus(name, torch.from_numpy(files.tokens), source.sha256, cfg.model.block_size,
-                            cfg.data.val_fraction, lengths, size_bytes=source.size_bytes)
-    corpus = ExampleCorpus(name, files, source.sha256, cfg.model.block_size, cfg.data.val_fraction,
-                           tokenizer.pad_id, tokenizer.byte_lengths(), labelled=fmt.mode == "labelled")
+        return PackedCorpus(
+            name,
+            torch.from_numpy(files.tokens),
+            source.sha256,
+            cfg.model.block_size,
+            cfg.data.val_fraction,
+            lengths,
+            size_bytes=source.size_bytes,
+        )
+    corpus = ExampleCorpus(
+        name,
+        files,
+        source.sha256,
+        cfg.model.block_size,
+        cfg.data.val_fraction,
+        tokenizer.pad_id,
+        tokenizer.byte_lengths(),
+        labelled=fmt.mode == "labelled",
+    )
     if fmt.mode == "labelled":
         corpus.check_labels(cfg.model.hf.num_labels)
     return corpus
@@ -234,16 +289,20 @@ def _builtin_text(name: str, documents: Callable[[], list[bytes]]) -> Callable:
 
         fmt = data_format(cfg)
         if fmt.mode != "text":
-            raise DataFormatError(refused("data.dataset", f"{name!r} is plain text; {fmt.mode} data needs its own "
-                                                          "examples", "data.asset or data.path with JSON Lines"))
+            raise DataFormatError(
+                refused(
+                    "data.dataset",
+                    f"{name!r} is plain text; {fmt.mode} data needs its own examples",
+                    "data.asset or data.path with JSON Lines",
+                )
+            )
         tokenizer = load_tokenizer(cfg)
         docs = documents()
         text = SEPARATOR.join(docs)
         if isinstance(tokenizer, ByteTokenizer):
             corpus = PackedCorpus.from_bytes(name, text, cfg.model.block_size, cfg.data.val_fraction)
         else:
-            corpus = _tokenized(cfg, fmt, builtin_source(name, docs, hashlib.sha256(text).hexdigest()), tokenizer,
-                                name)
+            corpus = _tokenized(cfg, fmt, builtin_source(name, docs, hashlib.sha256(text).hexdigest()), tokenizer, name)
         corpus.tokenizer = tokenizer.identity()
         return corpus
 
@@ -257,8 +316,11 @@ def _load_digits(cfg) -> Corpus:
     return TableCorpus("digits", digits.data / 16.0, digits.target, cfg.data.val_fraction)
 
 
-DATASETS: dict[str, Callable] = {"pydoc": _builtin_text("pydoc", pydoc_documents),
-                                 "stdlib": _builtin_text("stdlib", stdlib_documents), "digits": _load_digits}
+DATASETS: dict[str, Callable] = {
+    "pydoc": _builtin_text("pydoc", pydoc_documents),
+    "stdlib": _builtin_text("stdlib", stdlib_documents),
+    "digits": _load_digits,
+}
 
 
 def _text_asset(asset, cfg, fmt: DataFormat, ref: str) -> Corpus:
@@ -267,8 +329,13 @@ def _text_asset(asset, cfg, fmt: DataFormat, ref: str) -> Corpus:
     tokenizer = load_tokenizer(cfg)
     if asset.type == "mltable":
         if fmt.mode != "labelled":
-            raise DataFormatError(refused("data", f"{ref} is a table (mltable); {fmt.mode} data is read from files",
-                                          "uri_file or uri_folder assets of text or JSON Lines"))
+            raise DataFormatError(
+                refused(
+                    "data",
+                    f"{ref} is a table (mltable); {fmt.mode} data is read from files",
+                    "uri_file or uri_folder assets of text or JSON Lines",
+                )
+            )
         source = table_source(asset, ref)
     else:
         source = asset_source(asset, ref)
@@ -327,8 +394,9 @@ class StepBatches(Dataset):
         return 2**62
 
     def __getitem__(self, step):
-        return self.corpus.batch("train", self.batch_size, _generator(self.seed, self.rank, step),
-                                 shard=(self.rank, self.world_size))
+        return self.corpus.batch(
+            "train", self.batch_size, _generator(self.seed, self.rank, step), shard=(self.rank, self.world_size)
+        )
 
 
 def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: int = 1) -> DataLoader:

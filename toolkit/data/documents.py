@@ -51,11 +51,15 @@ class DataFormat:
     def allowed(self) -> str:
         """What a JSON Lines line must be, for messages."""
         if self.mode == "instruction":
-            return (f"one JSON object per line with string fields {self.prompt_field!r} (data.prompt_field) and "
-                    f"{self.completion_field!r} (data.completion_field)")
+            return (
+                f"one JSON object per line with string fields {self.prompt_field!r} (data.prompt_field) and "
+                f"{self.completion_field!r} (data.completion_field)"
+            )
         if self.mode == "labelled":
-            return (f"one JSON object per line with a string field {self.text_field!r} (data.text_field) and a label "
-                    f"{self.label_field!r} (data.label_field): a class number (0, 1, ...) or a class name")
+            return (
+                f"one JSON object per line with a string field {self.text_field!r} (data.text_field) and a label "
+                f"{self.label_field!r} (data.label_field): a class number (0, 1, ...) or a class name"
+            )
         return f"one JSON object per line with a string field {self.text_field!r} (data.text_field)"
 
 
@@ -84,12 +88,15 @@ def jsonl_objects(data: bytes, where: str, fmt: DataFormat) -> Iterator[tuple[in
         except UnicodeDecodeError:
             raise DataFormatError(refused("data", f"line {number} of {where} is not UTF-8", fmt.allowed())) from None
         except json.JSONDecodeError as exc:
-            raise DataFormatError(refused(
-                "data", f"line {number} of {where} is not JSON ({exc.msg} at column {exc.colno})", fmt.allowed())) \
-                from None
+            raise DataFormatError(
+                refused(
+                    "data", f"line {number} of {where} is not JSON ({exc.msg} at column {exc.colno})", fmt.allowed()
+                )
+            ) from None
         if not isinstance(value, dict):
-            raise DataFormatError(refused(
-                "data", f"line {number} of {where} is {bounded_repr(value)}, not a JSON object", fmt.allowed()))
+            raise DataFormatError(
+                refused("data", f"line {number} of {where} is {bounded_repr(value)}, not a JSON object", fmt.allowed())
+            )
         yield number, value
 
 
@@ -118,9 +125,14 @@ def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
     if not is_jsonl(name):
         if fmt.mode != "text":
             kind = "instruction" if fmt.mode == "instruction" else "labelled"
-            raise DataFormatError(refused("data", f"{where} is not JSON Lines (its name does not end in .jsonl)",
-                                          f"{kind} data as .jsonl files: {fmt.allowed()}"
-                                          + (", or an MLTable" if fmt.mode == "labelled" else "")))
+            raise DataFormatError(
+                refused(
+                    "data",
+                    f"{where} is not JSON Lines (its name does not end in .jsonl)",
+                    f"{kind} data as .jsonl files: {fmt.allowed()}"
+                    + (", or an MLTable" if fmt.mode == "labelled" else ""),
+                )
+            )
         return [data]
     records = []
     for number, obj in jsonl_objects(data, where, fmt):
@@ -130,34 +142,59 @@ def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
             prompt = _string(obj, fmt.prompt_field, number, where, fmt)
             completion = _string(obj, fmt.completion_field, number, where, fmt)
             if not prompt and not completion:
-                raise DataFormatError(refused("data", f"line {number} of {where} has an empty prompt and an empty "
-                                                      "completion: nothing to learn from", fmt.allowed()))
+                raise DataFormatError(
+                    refused(
+                        "data",
+                        f"line {number} of {where} has an empty prompt and an empty completion: nothing to learn from",
+                        fmt.allowed(),
+                    )
+                )
             records.append((prompt, completion))
         else:
             text = _string(obj, fmt.text_field, number, where, fmt)
-            records.append((text, label_value(obj.get(fmt.label_field), fmt.label_field,
-                                              f"line {number} of {where}", fmt.allowed()), number))
+            records.append(
+                (
+                    text,
+                    label_value(obj.get(fmt.label_field), fmt.label_field, f"line {number} of {where}", fmt.allowed()),
+                    number,
+                )
+            )
     return records
 
 
 def table_records(frame, fmt: DataFormat, where: str) -> list[tuple[str, object, int]]:
     """An MLTable's (text, label, row number) rows; ``where`` names the table. Rows are numbered from 1 (the header
     not counted)."""
-    allowed = (f"a table with a text column {fmt.text_field!r} (data.text_field) and a label column "
-               f"{fmt.label_field!r} (data.label_field)")
+    allowed = (
+        f"a table with a text column {fmt.text_field!r} (data.text_field) and a label column "
+        f"{fmt.label_field!r} (data.label_field)"
+    )
     missing = [c for c in (fmt.text_field, fmt.label_field) if c not in frame.columns]
     if missing:
-        raise DataFormatError(refused("data", f"{where} has no column {missing[0]!r} (its columns: "
-                                              f"{', '.join(map(str, frame.columns))})", allowed))
+        raise DataFormatError(
+            refused(
+                "data",
+                f"{where} has no column {missing[0]!r} (its columns: {', '.join(map(str, frame.columns))})",
+                allowed,
+            )
+        )
     records = []
     for row, (text, label) in enumerate(zip(frame[fmt.text_field].tolist(), frame[fmt.label_field].tolist()), 1):
         if not isinstance(text, str):
-            raise DataFormatError(refused("data", f"row {row} of {where} has {bounded_repr(text)}, not text, in "
-                                                  f"{fmt.text_field!r}", allowed))
+            raise DataFormatError(
+                refused(
+                    "data", f"row {row} of {where} has {bounded_repr(text)}, not text, in {fmt.text_field!r}", allowed
+                )
+            )
         if isinstance(label, float) and label.is_integer():  # pandas reads an int column with gaps as floats
             label = int(label)
-        records.append((text, label_value(label if label == label else None, fmt.label_field, f"row {row} of {where}",
-                                          allowed), row))
+        records.append(
+            (
+                text,
+                label_value(label if label == label else None, fmt.label_field, f"row {row} of {where}", allowed),
+                row,
+            )
+        )
     return records
 
 
@@ -182,6 +219,11 @@ class LabelKinds:
         if kind not in self.first:
             self.first[kind] = f"{unit} {number} of {where}"
         if len(self.first) == 2:
-            raise DataFormatError(refused(
-                "data", f"labels mix class numbers (first at {self.first[int]}) and class names (first at "
-                        f"{self.first[str]})", "all labels numbers (0, 1, ...) or all names"))
+            raise DataFormatError(
+                refused(
+                    "data",
+                    f"labels mix class numbers (first at {self.first[int]}) and class names (first at "
+                    f"{self.first[str]})",
+                    "all labels numbers (0, 1, ...) or all names",
+                )
+            )

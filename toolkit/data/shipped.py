@@ -1,8 +1,8 @@
 """The text corpora that ship with every Python: no download, the same bytes on every machine of a version.
 
-    pydoc_documents()    CPython's documentation (pydoc_data.topics, ~466 kB of English and code), one per topic
-    stdlib_documents()   the standard library's own .py sources (~11 MB of code), one per file
-    *_text()             the documents joined by SEPARATOR: the bytes a byte-level model trains on
+pydoc_documents()    CPython's documentation (pydoc_data.topics, ~466 kB of English and code), one per topic
+stdlib_documents()   the standard library's own .py sources (~11 MB of code), one per file
+*_text()             the documents joined by SEPARATOR: the bytes a byte-level model trains on
 """
 
 from __future__ import annotations

@@ -58,8 +58,10 @@ class TokenFiles:
 
 def _companions(path: Path) -> dict[str, Path]:
     stem = path.name.rsplit(".", 1)[0]
-    return {**{k: path.with_name(stem + suffix) for k, suffix in COMPANIONS.items()},
-            "meta": path.with_name(stem + ".meta.json")}
+    return {
+        **{k: path.with_name(stem + suffix) for k, suffix in COMPANIONS.items()},
+        "meta": path.with_name(stem + ".meta.json"),
+    }
 
 
 def _map(path: Path, dtype) -> np.ndarray:
@@ -75,8 +77,10 @@ def open_token_files(path: Path) -> TokenFiles | None:
     companions = _companions(path)
     meta = json.loads(companions["meta"].read_text())
     dtype = {suffix: dtype for _, dtype, suffix in DTYPES}[path.suffix[1:]]
-    kept = {k: _map(companions[k], np.uint8 if k == "mask" else np.int64) if k in meta["companions"] else None
-            for k in COMPANIONS}
+    kept = {
+        k: _map(companions[k], np.uint8 if k == "mask" else np.int64) if k in meta["companions"] else None
+        for k in COMPANIONS
+    }
     return TokenFiles(path, _map(path, dtype), kept["starts"], kept["mask"], kept["labels"], meta)
 
 
@@ -170,8 +174,15 @@ def _text_of(fmt: DataFormat):
     return (lambda record: record[0]) if fmt.mode == "labelled" else (lambda record: record)
 
 
-def build_token_files(sha256: str, tokenizer, fmt: DataFormat, tag: str, batches: Iterable[tuple[list, int, tuple]],
-                      total_bytes: int, shown: str) -> TokenFiles:
+def build_token_files(
+    sha256: str,
+    tokenizer,
+    fmt: DataFormat,
+    tag: str,
+    batches: Iterable[tuple[list, int, tuple]],
+    total_bytes: int,
+    shown: str,
+) -> TokenFiles:
     """The token files of a source (content hash ``sha256``) for ``tokenizer`` and ``fmt`` (``tag``: the format's
     part of the name), built from ``batches`` unless they are cached: each file's records
     (:func:`toolkit.data.documents.file_records`), its size in bytes, and (unit, where) naming its lines in messages.
@@ -189,9 +200,10 @@ def build_token_files(sha256: str, tokenizer, fmt: DataFormat, tag: str, batches
     companions = _companions(path)
     kept = [] if fmt.mode == "text" else ["starts", "mask"] if fmt.mode == "instruction" else ["starts", "labels"]
     order = [*kept, "meta", "tokens"]  # renamed in this order: the token file last
-    with atomic_files([companions.get(k, path) for k in order]) as opened, \
-            tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenizing {shown}", delay=2.0,
-                 leave=False) as bar:
+    with (
+        atomic_files([companions.get(k, path) for k in order]) as opened,
+        tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenizing {shown}", delay=2.0, leave=False) as bar,
+    ):
         files = dict(zip(order, opened))
         writer = _Writer(tokenizer, fmt, dtype, files)
         kinds = LabelKinds()
@@ -204,8 +216,16 @@ def build_token_files(sha256: str, tokenizer, fmt: DataFormat, tag: str, batches
             bar.update(size)
         if writer.count == 0:
             raise DataFormatError(refused("data", f"{shown} holds no text to train on", "data with some text"))
-        meta = {"format": asdict(fmt), "tokenizer": tokenizer.identity(), "source": shown, "records": writer.records,
-                "tokens": writer.count, "bytes": total_bytes, "companions": kept, "label_names": None}
+        meta = {
+            "format": asdict(fmt),
+            "tokenizer": tokenizer.identity(),
+            "source": shown,
+            "records": writer.records,
+            "tokens": writer.count,
+            "bytes": total_bytes,
+            "companions": kept,
+            "label_names": None,
+        }
         if "starts" in kept:
             files["starts"].write(np.asarray(writer.starts, dtype=np.int64).tobytes())
         if "labels" in kept:
@@ -237,4 +257,3 @@ def token_file(asset) -> Path:
             read[name] = read_hashed(path, out)
         check_unchanged(asset, [{"name": name, "sha256": read[name][0], "size": read[name][1]} for name, _ in files])
     return cache
-

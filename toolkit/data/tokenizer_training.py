@@ -38,8 +38,12 @@ def train_bpe(texts, vocab_size: int, progress: bool = False):
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=check_vocab(vocab_size), special_tokens=[EOS_TOKEN],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=check_vocab(vocab_size),
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
     backend.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False)
 
@@ -54,8 +58,16 @@ def _texts(batches, fmt: DataFormat, bar):
         bar.update(size)
 
 
-def train_tokenizer(ws, asset_ref: str, vocab_size: int, name: str | None = None, text_field: str = "text",
-                    prompt_field: str = "", completion_field: str = "", progress: bool = True):
+def train_tokenizer(
+    ws,
+    asset_ref: str,
+    vocab_size: int,
+    name: str | None = None,
+    text_field: str = "text",
+    prompt_field: str = "",
+    completion_field: str = "",
+    progress: bool = True,
+):
     """Train a byte-level BPE tokenizer on the text asset ``asset_ref`` and register it as ``name`` (default
     ASSET-bpeVOCAB); returns the registered data asset (``.ref`` is what data.tokenizer takes)."""
     from tqdm import tqdm
@@ -69,22 +81,42 @@ def train_tokenizer(ws, asset_ref: str, vocab_size: int, name: str | None = None
     asset = data_assets.open_asset(ws, asset_ref)  # an unknown asset is refused here, naming the versions there are
     if is_tokenizer(asset) or asset.type == "mltable":
         kind = "a tokenizer" if asset.type != "mltable" else "a table (mltable)"
-        raise TokenizerError(refused("asset", f"{asset.ref} is {kind}", "a uri_file or uri_folder asset of text or "
-                                                                        "JSON Lines"))
+        raise TokenizerError(
+            refused("asset", f"{asset.ref} is {kind}", "a uri_file or uri_folder asset of text or JSON Lines")
+        )
     name = name or f"{asset.name}-bpe{vocab_size}"
     _check_name_is_free(ws, name)
-    fmt = DataFormat("instruction", prompt_field=prompt_field, completion_field=completion_field) if prompt_field \
+    fmt = (
+        DataFormat("instruction", prompt_field=prompt_field, completion_field=completion_field)
+        if prompt_field
         else DataFormat("text", text_field=text_field)
-    with tqdm(total=asset.size_bytes, unit="B", unit_scale=True, desc=f"reading {asset.ref}", delay=2.0,
-              disable=not progress, leave=False) as bar:
+    )
+    with tqdm(
+        total=asset.size_bytes,
+        unit="B",
+        unit_scale=True,
+        desc=f"reading {asset.ref}",
+        delay=2.0,
+        disable=not progress,
+        leave=False,
+    ) as bar:
         tokenizer = train_bpe(_texts(asset_source(asset, asset.ref).batches(fmt), fmt, bar), vocab_size, progress)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         return data_assets.register(
-            ws, name, Path(tmp), type="uri_folder",
-            tags={KIND_TAG[0]: KIND_TAG[1], "algorithm": "byte-level BPE", "vocab_size": str(len(tokenizer)),
-                  "trained_on": asset.ref, "trained_on_sha256": asset.sha256},
-            description=f"byte-level BPE tokenizer ({len(tokenizer)} ids) trained on {asset.ref}")
+            ws,
+            name,
+            Path(tmp),
+            type="uri_folder",
+            tags={
+                KIND_TAG[0]: KIND_TAG[1],
+                "algorithm": "byte-level BPE",
+                "vocab_size": str(len(tokenizer)),
+                "trained_on": asset.ref,
+                "trained_on_sha256": asset.sha256,
+            },
+            description=f"byte-level BPE tokenizer ({len(tokenizer)} ids) trained on {asset.ref}",
+        )
 
 
 def _check_name_is_free(ws, name: str) -> None:
@@ -93,8 +125,8 @@ def _check_name_is_free(ws, name: str) -> None:
     from toolkit.names import check_name
 
     check_name(name, "--name", TokenizerError)
-    taken = [a for a in data_assets.list_assets(ws, name=name, include_archived=True)
-             if not is_tokenizer(a)]
+    taken = [a for a in data_assets.list_assets(ws, name=name, include_archived=True) if not is_tokenizer(a)]
     if taken:
-        raise TokenizerError(not_allowed("--name", name, "a name no data asset has",
-                                         problem=f"is the name of data asset {taken[0].ref}"))
+        raise TokenizerError(
+            not_allowed("--name", name, "a name no data asset has", problem=f"is the name of data asset {taken[0].ref}")
+        )

@@ -45,9 +45,13 @@ KIND_TAG = ("kind", "tokenizer")  # the tag that makes a registered uri_folder a
 def is_tokenizer(asset) -> bool:
     """Is this registered data asset a tokenizer (trained here), not data?"""
     return asset.tags.get(KIND_TAG[0]) == KIND_TAG[1]
+
+
 TOKENIZER_FILE = "tokenizer.json"
-ALLOWED = ("'bytes', 'auto', 'model' (the tokenizer in model.hf.source), a folder holding tokenizer.json, or a "
-           "registered tokenizer 'name[:version]' (`trainbook data tokenizer train`)")
+ALLOWED = (
+    "'bytes', 'auto', 'model' (the tokenizer in model.hf.source), a folder holding tokenizer.json, or a "
+    "registered tokenizer 'name[:version]' (`trainbook data tokenizer train`)"
+)
 
 
 class TokenizerError(UserError, ValueError):
@@ -179,11 +183,23 @@ def _from_folder(folder: Path, source: str, field: str, value) -> HFTokenizer:
     try:
         hf = AutoTokenizer.from_pretrained(str(folder), **HF_LOCAL_ONLY)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TokenizerError(not_allowed(field, value, ALLOWED, problem=f"does not load as a tokenizer from "
-                                         f"{str(folder)!r} ({type(exc).__name__}: {exc})")) from None
+        raise TokenizerError(
+            not_allowed(
+                field,
+                value,
+                ALLOWED,
+                problem=f"does not load as a tokenizer from {str(folder)!r} ({type(exc).__name__}: {exc})",
+            )
+        ) from None
     if not getattr(hf, "is_fast", False) or not hasattr(hf, "backend_tokenizer"):
-        raise TokenizerError(not_allowed(field, value, "a fast tokenizer (tokenizer.json)",
-                                         problem=f"is a {type(hf).__name__}, which has no tokenizer.json"))
+        raise TokenizerError(
+            not_allowed(
+                field,
+                value,
+                "a fast tokenizer (tokenizer.json)",
+                problem=f"is a {type(hf).__name__}, which has no tokenizer.json",
+            )
+        )
     return HFTokenizer(hf, source)
 
 
@@ -227,8 +243,11 @@ def registered_tokenizer(ws, ref: str):
     except data_assets.DataAssetError as exc:
         raise TokenizerError(f"data.tokenizer: {exc}") from None
     if not is_tokenizer(asset):
-        raise TokenizerError(not_allowed("data.tokenizer", ref, ALLOWED,
-                                         problem=f"is a registered {asset.type} data asset, not a tokenizer"))
+        raise TokenizerError(
+            not_allowed(
+                "data.tokenizer", ref, ALLOWED, problem=f"is a registered {asset.type} data asset, not a tokenizer"
+            )
+        )
     return asset
 
 
@@ -260,21 +279,31 @@ def _resolve(cfg) -> tuple[str, object]:
         folder = model_tokenizer_folder(cfg)
         if folder is None:
             return "bytes", ByteTokenizer()
-        value = "model" if cfg.model.name == "hf" and folder == Path(cfg.model.hf.source).expanduser() \
+        value = (
+            "model"
+            if cfg.model.name == "hf" and folder == Path(cfg.model.hf.source).expanduser()
             else str(folder.resolve())
+        )
     if value == "bytes":
         return value, ByteTokenizer()
     if value == "model":
         if cfg.model.name != "hf" or not cfg.model.hf.source:
-            raise TokenizerError(refused("data.tokenizer", f"is 'model' while model.hf.source is empty (model.name="
-                                                           f"{cfg.model.name!r})", ALLOWED))
-        return value, _from_folder(Path(cfg.model.hf.source).expanduser(), f"the model's ({cfg.model.hf.source})",
-                                   "data.tokenizer", value)
+            raise TokenizerError(
+                refused(
+                    "data.tokenizer",
+                    f"is 'model' while model.hf.source is empty (model.name={cfg.model.name!r})",
+                    ALLOWED,
+                )
+            )
+        return value, _from_folder(
+            Path(cfg.model.hf.source).expanduser(), f"the model's ({cfg.model.hf.source})", "data.tokenizer", value
+        )
     folder = Path(value).expanduser()
     if _is_folder(value):
         if not (folder / TOKENIZER_FILE).is_file():
-            raise TokenizerError(not_allowed("data.tokenizer", value, ALLOWED,
-                                             problem="is not a folder holding tokenizer.json"))
+            raise TokenizerError(
+                not_allowed("data.tokenizer", value, ALLOWED, problem="is not a folder holding tokenizer.json")
+            )
         return value, _from_folder(folder, f"folder {value}", "data.tokenizer", value)
     if names.split_ref(value) is None:
         raise TokenizerError(not_allowed("data.tokenizer", value, ALLOWED))
@@ -289,10 +318,15 @@ def load_tokenizer(cfg):
     _, tokenizer = resolve(cfg)
     pinned = cfg.data.tokenizer_sha256
     if pinned and pinned != tokenizer.sha256:
-        raise TokenizerError(not_allowed(
-            "data.tokenizer", cfg.data.tokenizer, f"the tokenizer the run was started with (sha256 {pinned})",
-            problem=f"is now {tokenizer.source} with sha256 {tokenizer.sha256}: its files changed since the run "
-                    "started"))
+        raise TokenizerError(
+            not_allowed(
+                "data.tokenizer",
+                cfg.data.tokenizer,
+                f"the tokenizer the run was started with (sha256 {pinned})",
+                problem=f"is now {tokenizer.source} with sha256 {tokenizer.sha256}: its files changed since the run "
+                "started",
+            )
+        )
     return tokenizer
 
 
@@ -308,8 +342,9 @@ def check_tokenizer_fits(cfg, model) -> None:
     ``model`` is the built model (an HF model, a peft wrapper, the built-in GPT, or a user's module with
     get_input_embeddings); a model without a token embedding (a table model) has nothing to check."""
     try:
-        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else \
-            getattr(model, "wte", None)
+        embedding = (
+            model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else getattr(model, "wte", None)
+        )
     except NotImplementedError:  # a transformers model class that does not say which module it is
         embedding = None
     weight = getattr(embedding, "weight", None)
@@ -318,9 +353,13 @@ def check_tokenizer_fits(cfg, model) -> None:
     tokenizer = load_tokenizer(cfg)
     rows = int(weight.shape[0])
     if tokenizer.vocab_size > rows:
-        raise TokenizerError(not_allowed(
-            "data.tokenizer", cfg.data.tokenizer, f"a tokenizer of at most {rows} ids (the model's input embedding "
-                                                   "has that many rows), or a model built for this tokenizer",
-            problem=f"({tokenizer.source}) has {tokenizer.vocab_size} ids but the model's input embedding has "
-                    f"{rows} rows"))
-
+        raise TokenizerError(
+            not_allowed(
+                "data.tokenizer",
+                cfg.data.tokenizer,
+                f"a tokenizer of at most {rows} ids (the model's input embedding "
+                "has that many rows), or a model built for this tokenizer",
+                problem=f"({tokenizer.source}) has {tokenizer.vocab_size} ids but the model's input embedding has "
+                f"{rows} rows",
+            )
+        )

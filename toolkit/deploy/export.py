@@ -48,6 +48,7 @@ PARITY_SHAPES = ((4, None), (3, 17), (1, 1))  # (batch, sequence); None: the mod
 
 # --- weights from a checkpoint, per engine ------------------------------------------------------------------
 
+
 def _torch_weights(folder: Path, manifest: dict) -> dict:
     return safe_load.load(folder / "model.pt", map_location="cpu")
 
@@ -97,14 +98,26 @@ def load_trained_model(run_dir: str | Path, trust_run: bool = False):
     if cfg.model.name not in EXPORTABLE:
         # rebuilding a custom model would import and run the code its config.yaml names, from a run directory
         # that may have come from elsewhere (its weights stay readable in the checkpoint, through toolkit.safe_load)
-        raise ExportError(not_allowed("model.name", cfg.model.name, ", ".join(EXPORTABLE),
-                                      problem=f"in {run.config_path} cannot be exported yet"))
+        raise ExportError(
+            not_allowed(
+                "model.name",
+                cfg.model.name,
+                ", ".join(EXPORTABLE),
+                problem=f"in {run.config_path} cannot be exported yet",
+            )
+        )
     trust.require(run.path, cfg, "export", trust_run)
     info, skipped = CheckpointStore(run.path).find_resume_point()
     if info is None:
         why = "; ".join(f"{s.name}: {s.reason}" for s in skipped) or "none was written"
-        raise ExportError(not_allowed("run_dir", run_dir, "a run with checkpoint.at_end or checkpoint.every_steps set",
-                                      problem=f"has no valid checkpoint ({why})"))
+        raise ExportError(
+            not_allowed(
+                "run_dir",
+                run_dir,
+                "a run with checkpoint.at_end or checkpoint.every_steps set",
+                problem=f"has no valid checkpoint ({why})",
+            )
+        )
     engine = info.manifest.get("engine", "torch")
     state = WEIGHT_READERS[engine](info.path, info.manifest)
     model, _ = prepare_model(cfg, pretrained=trainable_only(cfg))  # the base only matters when it is not saved
@@ -123,12 +136,15 @@ def load_trained_model(run_dir: str | Path, trust_run: bool = False):
     tied = aliases(model)
     missing = [k for k in missing if not (tied.get(k, set()) - set(missing))]
     if missing or unexpected:
-        raise ExportError(f"{info.path}: weights do not fit model {cfg.model.name} (missing {missing[:3]}, "
-                          f"unexpected {unexpected[:3]})")
+        raise ExportError(
+            f"{info.path}: weights do not fit model {cfg.model.name} (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
     return model.float().eval(), cfg, info
 
 
 # --- the export ------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ExportResult:
@@ -142,15 +158,22 @@ class ExportResult:
 
     def summary(self) -> str:
         p, m = self.parity, self.manifest
-        onnx = (f"opset {m['onnx_opset']}, dynamic axes {m['dynamic_axes']}" if m["onnx_opset"] is not None
-                else f"not exported ({m.get('onnx_not_exported')}); serve with --runtime torch")
+        onnx = (
+            f"opset {m['onnx_opset']}, dynamic axes {m['dynamic_axes']}"
+            if m["onnx_opset"] is not None
+            else f"not exported ({m.get('onnx_not_exported')}); serve with --runtime torch"
+        )
         weights = "safetensors" + (", a transformers folder (from_pretrained loads it)" if m["model"] == "hf" else "")
         compared = " and ".join(f"|torch - {c}|" for c in p.get("compared", ["onnxruntime"]))
-        rows = [f"model folder  {self.path}", f"from          {m['run_dir']} ({m['checkpoint']}, {m['engine']})",
-                f"weights       {m['parameters']:,} parameters, {weights}", f"onnx          {onnx}",
-                f"parity        max {compared} = {p['max_abs_diff']:.2e} "
-                f"over {sum(s['values'] for s in p['shapes']):,} logits ({'within' if self.parity_ok else 'OVER'} "
-                f"the {p['target']:g} target)"]
+        rows = [
+            f"model folder  {self.path}",
+            f"from          {m['run_dir']} ({m['checkpoint']}, {m['engine']})",
+            f"weights       {m['parameters']:,} parameters, {weights}",
+            f"onnx          {onnx}",
+            f"parity        max {compared} = {p['max_abs_diff']:.2e} "
+            f"over {sum(s['values'] for s in p['shapes']):,} logits ({'within' if self.parity_ok else 'OVER'} "
+            f"the {p['target']:g} target)",
+        ]
         return "\n".join(rows)
 
 
@@ -172,13 +195,23 @@ def _export_onnx(model, example: torch.Tensor, model_name: str, block_size: int,
     # The exporter logs that torchvision's ops are absent (we use none) and warns about a pytree API: noise here.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     axes = DYNAMIC_AXES[model_name]
-    dims = {i: torch.export.Dim(name, min=1, max=block_size if name == "sequence" else 4096)
-            for i, name in axes.items()}
+    dims = {
+        i: torch.export.Dim(name, min=1, max=block_size if name == "sequence" else 4096) for i, name in axes.items()
+    }
     arg = next(iter(inspect.signature(model.forward).parameters))  # dynamic_shapes is keyed by argument name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        torch.onnx.export(model, (example,), str(path), dynamo=True, input_names=["inputs"], output_names=["logits"],
-                          dynamic_shapes={arg: dims}, external_data=False, verbose=False)
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            dynamo=True,
+            input_names=["inputs"],
+            output_names=["logits"],
+            dynamic_shapes={arg: dims},
+            external_data=False,
+            verbose=False,
+        )
     imports = onnx.load(str(path), load_external_data=False).opset_import
     return max(o.version for o in imports if o.domain in ("", "ai.onnx"))
 
@@ -195,10 +228,16 @@ def _parity(model, model_name: str, cfg, corpus, onnx_path: Path) -> dict:
             x = _example_inputs(model_name, cfg, corpus, batch, seq)
             eager = model(x).numpy()
             served = session.run(None, {name: x.numpy()})[0]
-            shapes.append({"shape": list(x.shape), "values": int(eager.size),
-                           "max_abs_diff": float(np.abs(eager - served).max())})
-    return {"target": PARITY_TARGET, "dtype": "float32", "inputs": "held-out validation data",
-            "max_abs_diff": max(s["max_abs_diff"] for s in shapes), "shapes": shapes}
+            shapes.append(
+                {"shape": list(x.shape), "values": int(eager.size), "max_abs_diff": float(np.abs(eager - served).max())}
+            )
+    return {
+        "target": PARITY_TARGET,
+        "dtype": "float32",
+        "inputs": "held-out validation data",
+        "max_abs_diff": max(s["max_abs_diff"] for s in shapes),
+        "shapes": shapes,
+    }
 
 
 def export_run(run_dir: str | Path, out: str | Path | None = None, trust_run: bool = False) -> ExportResult:
@@ -208,9 +247,14 @@ def export_run(run_dir: str | Path, out: str | Path | None = None, trust_run: bo
     out = Path(out) if out else run.path / "model"
     check_replaceable(out)
     model, cfg, info = load_trained_model(run_dir, trust_run)
-    provenance = {"run_dir": str(run.path.resolve()), "checkpoint": info.name, "step": info.step,
-                  "engine": info.manifest.get("engine", "torch"), "zero_stage": info.manifest.get("zero_stage", 0),
-                  "data": run.read_lineage().get("data", {})}
+    provenance = {
+        "run_dir": str(run.path.resolve()),
+        "checkpoint": info.name,
+        "step": info.step,
+        "engine": info.manifest.get("engine", "torch"),
+        "zero_stage": info.manifest.get("zero_stage", 0),
+        "data": run.read_lineage().get("data", {}),
+    }
     return write_model_folder(model, cfg, out, provenance)
 
 
@@ -252,13 +296,18 @@ def _write_builtin(model, cfg, tmp: Path) -> tuple[dict, dict]:
         tokenizer.save(tmp)
         fields["tokenizer"] = tokenizer.key  # the endpoint reads bytes without loading transformers
     else:
-        (tmp / "tokenizer.json").write_text(json.dumps(
-            {"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1))
+        (tmp / "tokenizer.json").write_text(
+            json.dumps({"type": "features", "inputs": "float32 rows, scaled as in training"}, indent=1)
+        )
     example = _example_inputs(cfg.model.name, cfg, corpus, 2, None)
     opset = _export_onnx(model, example, cfg.model.name, getattr(cfg.model, "block_size", 1), tmp / "model.onnx")
     parity = _parity(model, cfg.model.name, cfg, corpus, tmp / "model.onnx")
-    return {**fields, "onnx_opset": opset, "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
-            "block_size": getattr(cfg.model, "block_size", None)}, parity
+    return {
+        **fields,
+        "onnx_opset": opset,
+        "dynamic_axes": list(DYNAMIC_AXES[cfg.model.name].values()),
+        "block_size": getattr(cfg.model, "block_size", None),
+    }, parity
 
 
 def _write_manifest(tmp: Path, model, cfg, provenance: dict, fields: dict, parity: dict) -> dict:
@@ -267,9 +316,15 @@ def _write_manifest(tmp: Path, model, cfg, provenance: dict, fields: dict, parit
 
     files = sorted(p.name for p in tmp.iterdir())
     manifest = {
-        "format": FORMAT, "model": cfg.model.name, "parameters": sum(p.numel() for p in model.parameters()),
-        **{key: provenance[key] for key in PROVENANCE}, "config_sha256": cfg.fingerprint(), **fields,
-        "parity_max_abs_diff": parity["max_abs_diff"], "exported": time.time(), "packages": package_versions(),
+        "format": FORMAT,
+        "model": cfg.model.name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **{key: provenance[key] for key in PROVENANCE},
+        "config_sha256": cfg.fingerprint(),
+        **fields,
+        "parity_max_abs_diff": parity["max_abs_diff"],
+        "exported": time.time(),
+        "packages": package_versions(),
         "files": {name: {"sha256": sha256_file(tmp / name), "size": (tmp / name).stat().st_size} for name in files},
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))

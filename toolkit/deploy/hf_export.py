@@ -62,21 +62,32 @@ def _export_onnx(model, task: str, context: int, path: Path) -> tuple[int | None
     import onnx
 
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    dims = {0: torch.export.Dim("batch", min=1, max=ONNX_MAX_BATCH),
-            1: torch.export.Dim("sequence", min=1, max=context)}
+    dims = {
+        0: torch.export.Dim("batch", min=1, max=ONNX_MAX_BATCH),
+        1: torch.export.Dim("sequence", min=1, max=context),
+    }
     example = _inputs(model.config.vocab_size, 2, min(16, context))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(_Logits(model, task), (example,), str(path), dynamo=True, input_names=["inputs"],
-                              output_names=["logits"], dynamic_shapes={"input_ids": dims}, external_data=False,
-                              verbose=False)
+            torch.onnx.export(
+                _Logits(model, task),
+                (example,),
+                str(path),
+                dynamo=True,
+                input_names=["inputs"],
+                output_names=["logits"],
+                dynamic_shapes={"input_ids": dims},
+                external_data=False,
+                verbose=False,
+            )
     except Exception as exc:  # torch.export fails in many ways on code it cannot trace: each is a reason, not a crash
         for leftover in path.parent.glob(path.name + "*"):
             leftover.unlink()
         return None, f"torch.onnx.export failed: {_root_cause(exc)}"[:300]
-    return max(o.version for o in onnx.load(str(path), load_external_data=False).opset_import
-               if o.domain in ("", "ai.onnx")), None
+    return max(
+        o.version for o in onnx.load(str(path), load_external_data=False).opset_import if o.domain in ("", "ai.onnx")
+    ), None
 
 
 def _parity(model, task: str, folder: Path, seq: int, onnx_path: Path | None, onnx_why: str | None) -> dict:
@@ -99,12 +110,19 @@ def _parity(model, task: str, folder: Path, seq: int, onnx_path: Path | None, on
             if session is not None:
                 served = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
                 diffs["onnxruntime"] = float(np.abs(eager - served).max())
-            shapes.append({"shape": list(x.shape), "values": int(eager.size), "max_abs_diff": max(diffs.values()),
-                           **diffs})
+            shapes.append(
+                {"shape": list(x.shape), "values": int(eager.size), "max_abs_diff": max(diffs.values()), **diffs}
+            )
     compared = ["transformers from_pretrained"] + (["onnxruntime"] if session is not None else [])
-    return {"target": PARITY_TARGET, "dtype": "float32", "inputs": f"random token ids (seed {PARITY_SEED})",
-            "compared": compared, "onnx": "exported" if session is not None else f"not exported: {onnx_why}",
-            "max_abs_diff": max(s["max_abs_diff"] for s in shapes), "shapes": shapes}
+    return {
+        "target": PARITY_TARGET,
+        "dtype": "float32",
+        "inputs": f"random token ids (seed {PARITY_SEED})",
+        "compared": compared,
+        "onnx": "exported" if session is not None else f"not exported: {onnx_why}",
+        "max_abs_diff": max(s["max_abs_diff"] for s in shapes),
+        "shapes": shapes,
+    }
 
 
 def _name_labels(model, names: list[str] | None) -> None:
@@ -147,8 +165,15 @@ def write_hf_export(model, cfg, tmp: Path, label_names: list[str] | None = None)
     context = hf_folder.context_length(model.config) or cfg.model.block_size
     opset, why = _export_onnx(model, task, context, tmp / "model.onnx")
     parity = _parity(model, task, tmp, min(cfg.model.block_size, context), tmp / "model.onnx" if opset else None, why)
-    fields = {"task": task, "architecture": model.config.model_type, "tokenizer": tokenizer.key, "lora": lora,
-              "onnx_opset": opset, "dynamic_axes": ["batch", "sequence"] if opset else [], "block_size": context}
+    fields = {
+        "task": task,
+        "architecture": model.config.model_type,
+        "tokenizer": tokenizer.key,
+        "lora": lora,
+        "onnx_opset": opset,
+        "dynamic_axes": ["batch", "sequence"] if opset else [],
+        "block_size": context,
+    }
     if why:
         fields["onnx_not_exported"] = why
     if task == "sequence_classification":

@@ -137,8 +137,9 @@ def _describes_bytes(folder: Path) -> bool:
     if (folder / "tokenizer_config.json").is_file() or not path.is_file():
         return False
     try:
-        data = json.loads(fsio.read_regular_file(path, field="model", error=ExportError,
-                                                 limit=TOKENIZER_DESCRIPTION_MAX_BYTES))
+        data = json.loads(
+            fsio.read_regular_file(path, field="model", error=ExportError, limit=TOKENIZER_DESCRIPTION_MAX_BYTES)
+        )
     except (ValueError, ExportError):  # a large or foreign file: a real tokenizer.json, for AutoTokenizer to read
         return False
     return isinstance(data, dict) and data.get("type") == BYTES_KEY
@@ -155,5 +156,11 @@ def load_tokenizer(folder: str | Path, eos: frozenset[int] = frozenset(), key: s
     try:
         return HFTokenizer(folder, eos)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ExportError(not_allowed("model", folder, "a folder with the files AutoTokenizer.from_pretrained loads",
-                                      problem=f"has no tokenizer transformers can load ({str(exc)[:200]})")) from None
+        raise ExportError(
+            not_allowed(
+                "model",
+                folder,
+                "a folder with the files AutoTokenizer.from_pretrained loads",
+                problem=f"has no tokenizer transformers can load ({str(exc)[:200]})",
+            )
+        ) from None

@@ -40,8 +40,9 @@ def execute(notebook: Path, out_dir: Path, parameters: dict) -> Path:
     parameters = {k: v for k, v in parameters.items() if k in declared}
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / notebook.name
-    papermill.execute_notebook(str(notebook), str(out), parameters=parameters, cwd=str(NOTEBOOKS),
-                               kernel_name="python3", progress_bar=False)
+    papermill.execute_notebook(
+        str(notebook), str(out), parameters=parameters, cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False
+    )
     return out
 
 
@@ -54,12 +55,18 @@ def run_summary(runs: Path) -> list[dict]:
         finals = read_events(run, StatusEvent)
         final = finals[-1] if finals else None
         speed = steady_state(train)
-        rows.append({
-            "run": path.name, "state": status.get("state"), "steps": status.get("step"),
-            "val_bpb": final and final.val_bpb, "val_loss": final and final.val_loss,
-            "train_s": final and final.train_seconds,
-            "tokens_per_s": speed and speed.tokens_per_s, "mfu": speed and speed.mfu,
-        })
+        rows.append(
+            {
+                "run": path.name,
+                "state": status.get("state"),
+                "steps": status.get("step"),
+                "val_bpb": final and final.val_bpb,
+                "val_loss": final and final.val_loss,
+                "train_s": final and final.train_seconds,
+                "tokens_per_s": speed and speed.tokens_per_s,
+                "mfu": speed and speed.mfu,
+            }
+        )
     return rows
 
 
@@ -80,11 +87,12 @@ FIGURES = [  # (key recorded by a notebook, label, format)
     ("side_by_side_over_distributed", "  trials side by side / distributed", ".2f"),
     ("checkpoint_lost_ms", "checkpoint cost: training lost, ms", ".2f"),
     ("checkpoint_blocking_ms", "  of which blocked, median ms", ".2f"),
-    ("resume_identical", "resume check: identical losses", ""), ("parity_max_abs_diff", "ONNX parity, max abs diff",
-                                                                 ".1e"),
-    ("endpoint_p50_ms", "endpoint p50 latency, ms", ".1f"), ("endpoint_rps_16", "endpoint requests/s, 16 clients",
-                                                               ".1f"),
-    ("lora_bpb_after", "code bits/byte after LoRA", ".3f"), ("full_bpb_after", "  after a full fine-tune", ".3f"),
+    ("resume_identical", "resume check: identical losses", ""),
+    ("parity_max_abs_diff", "ONNX parity, max abs diff", ".1e"),
+    ("endpoint_p50_ms", "endpoint p50 latency, ms", ".1f"),
+    ("endpoint_rps_16", "endpoint requests/s, 16 clients", ".1f"),
+    ("lora_bpb_after", "code bits/byte after LoRA", ".3f"),
+    ("full_bpb_after", "  after a full fine-tune", ".3f"),
     ("hf_endpoint_agrees", "endpoint = plain transformers", ""),
 ]
 
@@ -118,25 +126,44 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((nb.name, time.perf_counter() - t0, status))
         print(f"[demo] {nb.name} {status} in {rows[-1][1]:.0f} s -> {executed}", flush=True)
 
-    print("\n" + text_table([*rows, ("total", sum(r[1] for r in rows), "")], [
-        Column("notebook", lambda r: r[0]), Column("seconds", lambda r: r[1], ".0f", right=True),
-        Column("status", lambda r: r[2])]))
+    print(
+        "\n"
+        + text_table(
+            [*rows, ("total", sum(r[1] for r in rows), "")],
+            [
+                Column("notebook", lambda r: r[0]),
+                Column("seconds", lambda r: r[1], ".0f", right=True),
+                Column("status", lambda r: r[2]),
+            ],
+        )
+    )
     run_rows = [r for r in run_summary(runs) if r["run"] not in started_runs]  # this demo's runs only
     if run_rows:
-        print("\n" + text_table(run_rows, [
-            Column("run", "run"), Column("state", lambda r: r["state"] or None),
-            Column("steps", "steps", "d", right=True),
-            Column("val loss", "val_loss", ".3f", right=True), Column("val bpb", "val_bpb", ".3f", right=True),
-            Column("train s", "train_s", ".0f", right=True), Column("tokens/s", "tokens_per_s", ",.0f", right=True),
-            Column("MFU", lambda r: r["mfu"], ".1%", right=True)]))
+        print(
+            "\n"
+            + text_table(
+                run_rows,
+                [
+                    Column("run", "run"),
+                    Column("state", lambda r: r["state"] or None),
+                    Column("steps", "steps", "d", right=True),
+                    Column("val loss", "val_loss", ".3f", right=True),
+                    Column("val bpb", "val_bpb", ".3f", right=True),
+                    Column("train s", "train_s", ".0f", right=True),
+                    Column("tokens/s", "tokens_per_s", ",.0f", right=True),
+                    Column("MFU", lambda r: r["mfu"], ".1%", right=True),
+                ],
+            )
+        )
     recorded = figures.read(figures_file)
     if recorded:
         print()
         for key, label, spec in FIGURES:
             if key in recorded:
                 print(f"{label:<34} {format(recorded[key], spec) if spec else recorded[key]}")
-    (out_dir / "summary.json").write_text(json.dumps({"notebooks": rows, "runs": run_rows, "figures": recorded},
-                                                     indent=1))
+    (out_dir / "summary.json").write_text(
+        json.dumps({"notebooks": rows, "runs": run_rows, "figures": recorded}, indent=1)
+    )
     print(f"\nexecuted notebooks (.ipynb and .html) and runs: {out_dir}")
     return 0 if all(status == "ok" for _, _, status in rows) else 1
 

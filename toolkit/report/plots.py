@@ -88,8 +88,15 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
     for i, events in enumerate(a for a in attempts if a):
         label = "first attempt (killed)" if i == 0 and len(attempts) > 1 else f"after resume {i}" if i else "run"
-        ax.plot([e.step for e in events], [e.loss for e in events], "o" if i else "x", ms=4, mfc="none",
-                color=colours[i % len(colours)], label=f"{label} (markers)")
+        ax.plot(
+            [e.step for e in events],
+            [e.loss for e in events],
+            "o" if i else "x",
+            ms=4,
+            mfc="none",
+            color=colours[i % len(colours)],
+            label=f"{label} (markers)",
+        )
         if i:
             ax.axvline(events[0].step - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
     ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
@@ -102,8 +109,14 @@ def loader_trials(report, out: str | Path) -> Path:
     """The loading advisor's measurements: data-wait % per DataLoader setting, against the target line."""
     plt = _pyplot()
 
-    labels = [(f"{t.num_workers} worker{'s' if t.num_workers != 1 else ''}\nprefetch {t.prefetch_factor}"
-               if t.num_workers else "no workers\n(main process)") for t in report.trials]
+    labels = [
+        (
+            f"{t.num_workers} worker{'s' if t.num_workers != 1 else ''}\nprefetch {t.prefetch_factor}"
+            if t.num_workers
+            else "no workers\n(main process)"
+        )
+        for t in report.trials
+    ]
     waits = [t.wait_pct for t in report.trials]
     colours = ["tab:green" if t is report.recommended else "tab:gray" for t in report.trials]
     fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -126,12 +139,16 @@ def allreduce_bandwidth(sweep, out: str | Path) -> Path:
     # around busbw's dots, and the legend says why they coincide
     same = " (= bus bandwidth at 2 processes)" if sweep.nproc == 2 else ""
     ax.plot(sizes, [r.busbw_gbps for r in sweep.rows], "o-", ms=4, label="bus bandwidth")
-    ax.plot(sizes, [r.algbw_gbps for r in sweep.rows], "s--", ms=9, mfc="none", lw=1,
-            label=f"algorithm bandwidth{same}")
+    ax.plot(
+        sizes, [r.algbw_gbps for r in sweep.rows], "s--", ms=9, mfc="none", lw=1, label=f"algorithm bandwidth{same}"
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="message size (bytes)", ylabel="GB/s",
-           title=f"all_reduce, {sweep.nproc} processes, {sweep.backend}: latency-bound left, bandwidth-bound right")
+    ax.set(
+        xlabel="message size (bytes)",
+        ylabel="GB/s",
+        title=f"all_reduce, {sweep.nproc} processes, {sweep.backend}: latency-bound left, bandwidth-bound right",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     return _save(fig, out)
@@ -155,8 +172,15 @@ def memory_by_stage(advices: dict, out: str | Path) -> Path:
     ax.set_yscale("log")
     tallest = max(a.estimates[stage].total_gib for a in advices.values() for stage in STAGES)
     ax.set_ylim(top=30 * max(tallest, budget))  # on log axes: room above the tallest bar for the legend
-    ax.set_xticks(range(len(labels)), [f"{label}\n(use ZeRO-{advices[label].stage})" if advices[label].stage
-                                       is not None else f"{label}\n(does not fit)" for label in labels])
+    ax.set_xticks(
+        range(len(labels)),
+        [
+            f"{label}\n(use ZeRO-{advices[label].stage})"
+            if advices[label].stage is not None
+            else f"{label}\n(does not fit)"
+            for label in labels
+        ],
+    )
     gpus = next(iter(advices.values())).estimates[0].gpus
     ax.set(ylabel="GiB per GPU (model state)", title=f"Adam model state per GPU on {gpus} GPUs")
     ax.legend(fontsize=8, ncol=5)
@@ -177,26 +201,52 @@ def checkpoint_interval(advice, out: str | Path, current_s: float | None = None)
     hi = max(advice.mtbf_s, 10 * advice.interval_s)
     intervals = np.geomspace(lo, hi, 200)
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(intervals, [overhead_pct(t, advice.cost_s, advice.mtbf_s, advice.restart_s) for t in intervals],
-            color="tab:blue", label=f"C = {advice.cost_s * 1e3:,.1f} ms "
-                                    f"({'training time lost' if advice.cost_basis == 'lost' else 'blocking only'})")
-    ax.axvline(advice.interval_s, color="tab:green", lw=1.5,
-               label=f"advised: every {advice.interval_s:,.0f} s ({advice.overhead_pct:.2f}% lost)")
+    ax.plot(
+        intervals,
+        [overhead_pct(t, advice.cost_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+        color="tab:blue",
+        label=f"C = {advice.cost_s * 1e3:,.1f} ms "
+        f"({'training time lost' if advice.cost_basis == 'lost' else 'blocking only'})",
+    )
+    ax.axvline(
+        advice.interval_s,
+        color="tab:green",
+        lw=1.5,
+        label=f"advised: every {advice.interval_s:,.0f} s ({advice.overhead_pct:.2f}% lost)",
+    )
     if advice.cost_basis == "lost" and advice.blocking_s and advice.blocking_s < advice.cost_s / 2:
         naive = advise(advice.blocking_s, advice.mtbf_s, advice.persist_s, advice.restart_s)
-        ax.plot(intervals, [overhead_pct(t, advice.blocking_s, advice.mtbf_s, advice.restart_s) for t in intervals],
-                color="0.6", ls=":", label=f"if only the blocking ({advice.blocking_s * 1e3:,.1f} ms) counted")
+        ax.plot(
+            intervals,
+            [overhead_pct(t, advice.blocking_s, advice.mtbf_s, advice.restart_s) for t in intervals],
+            color="0.6",
+            ls=":",
+            label=f"if only the blocking ({advice.blocking_s * 1e3:,.1f} ms) counted",
+        )
         real = overhead_pct(naive.interval_s, advice.cost_s, advice.mtbf_s, advice.restart_s)
-        ax.axvline(naive.interval_s, color="0.6", ls=":", lw=1.2,
-                   label=f"its advice: every {naive.interval_s:,.0f} s (really {real:.2f}% lost)")
+        ax.axvline(
+            naive.interval_s,
+            color="0.6",
+            ls=":",
+            lw=1.2,
+            label=f"its advice: every {naive.interval_s:,.0f} s (really {real:.2f}% lost)",
+        )
     if current_s:
         current = overhead_pct(current_s, advice.cost_s, advice.mtbf_s, advice.restart_s)
-        ax.axvline(current_s, color="tab:orange", ls="--", lw=1.5,
-                   label=f"this run: every {current_s:,.1f} s ({current:.2f}% lost)")
+        ax.axvline(
+            current_s,
+            color="tab:orange",
+            ls="--",
+            lw=1.5,
+            label=f"this run: every {current_s:,.1f} s ({current:.2f}% lost)",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set(xlabel="checkpoint interval (s)", ylabel="time lost (%)",
-           title=f"Checkpoint interval at MTBF {advice.mtbf_s / 3600:,.1f} h, restart {advice.restart_s:.0f} s")
+    ax.set(
+        xlabel="checkpoint interval (s)",
+        ylabel="time lost (%)",
+        title=f"Checkpoint interval at MTBF {advice.mtbf_s / 3600:,.1f} h, restart {advice.restart_s:.0f} s",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return _save(fig, out)
@@ -261,31 +311,62 @@ def scaling(result: dict, out: str | Path) -> Path:
     base = rows[0]["tokens_per_s"] / rows[0]["nproc"]
     fig, (speed, parts) = plt.subplots(1, 2, figsize=(11, 3.8))
     speed.plot(counts, [base * n for n in counts], "--", color="gray", lw=1, label="linear: N x 1 process")
-    speed.plot(counts, [r["tokens_per_s"] for r in rows], "o-", color="tab:blue",
-               label=f"{result['engine']}, {result['mode']} scaling")
+    speed.plot(
+        counts,
+        [r["tokens_per_s"] for r in rows],
+        "o-",
+        color="tab:blue",
+        label=f"{result['engine']}, {result['mode']} scaling",
+    )
     for r in rows:
-        speed.annotate(f"{r['efficiency']:.0%}", (r["nproc"], r["tokens_per_s"]), textcoords="offset points",
-                       xytext=(0, -14), ha="center", fontsize=8, color="tab:blue")
+        speed.annotate(
+            f"{r['efficiency']:.0%}",
+            (r["nproc"], r["tokens_per_s"]),
+            textcoords="offset points",
+            xytext=(0, -14),
+            ha="center",
+            fontsize=8,
+            color="tab:blue",
+        )
     side = [r for r in rows if r.get("side_by_side_tokens_per_s")]
     if side:
-        speed.plot([r["nproc"] for r in side], [r["side_by_side_tokens_per_s"] for r in side], "s", mfc="none",
-                   color="tab:orange", ms=8, label="independent 1-process runs, side by side")
-    speed.set(xlabel="processes", ylabel="tokens/s (all processes)", xticks=counts,
-              title="Throughput (efficiency vs linear under the points)")
+        speed.plot(
+            [r["nproc"] for r in side],
+            [r["side_by_side_tokens_per_s"] for r in side],
+            "s",
+            mfc="none",
+            color="tab:orange",
+            ms=8,
+            label="independent 1-process runs, side by side",
+        )
+    speed.set(
+        xlabel="processes",
+        ylabel="tokens/s (all processes)",
+        xticks=counts,
+        title="Throughput (efficiency vs linear under the points)",
+    )
     speed.set_ylim(bottom=0)
     speed.grid(alpha=0.3)
     speed.legend(fontsize=8)
     x = range(len(rows))
     bottom = [0.0] * len(rows)
-    for key, label, colour in (("compute_ms", "compute", "tab:blue"), ("communication_ms", "communication", "tab:red"),
-                               ("data_wait_ms", "data wait", "tab:gray")):
+    for key, label, colour in (
+        ("compute_ms", "compute", "tab:blue"),
+        ("communication_ms", "communication", "tab:red"),
+        ("data_wait_ms", "data wait", "tab:gray"),
+    ):
         values = [r[key] for r in rows]
         parts.bar(x, values, 0.6, bottom=bottom, label=label, color=colour)
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, r in enumerate(rows):
         parts.annotate(f"{r['step_ms']:.1f} ms", (i, r["step_ms"]), ha="center", va="bottom", fontsize=8)
-    parts.set(xticks=list(x), xticklabels=[f"{r['nproc']} x {r['batch_per_process']}" for r in rows],
-              xlabel="processes x sequences per process", ylabel="ms per step", title="Where a step's time goes")
+    parts.set(
+        xticks=list(x),
+        xticklabels=[f"{r['nproc']} x {r['batch_per_process']}" for r in rows],
+        xlabel="processes x sequences per process",
+        ylabel="ms per step",
+        title="Where a step's time goes",
+    )
     parts.set_ylim(top=max(bottom) * 1.15)
     parts.legend(fontsize=8)
     fig.suptitle(f"{result['config']}: {result['measured_steps']} measured steps per run")

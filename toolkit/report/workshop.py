@@ -52,30 +52,52 @@ def read_parameter_sets(path: str | Path, participants: int, notebook: Path) -> 
     try:
         sets = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(not_allowed("--params", path, "a YAML list of parameter sets",
-                                      problem="does not exist")) from None
+        raise ConfigError(
+            not_allowed("--params", path, "a YAML list of parameter sets", problem="does not exist")
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--params: {str(path)!r} is not valid YAML ({exc})") from None
     if not isinstance(sets, list) or not all(isinstance(s, dict) for s in sets):
-        raise ConfigError(not_allowed("--params", path, "a YAML list of mappings, one parameter set per participant",
-                                      problem=f"holds a {type(sets).__name__}"))
+        raise ConfigError(
+            not_allowed(
+                "--params",
+                path,
+                "a YAML list of mappings, one parameter set per participant",
+                problem=f"holds a {type(sets).__name__}",
+            )
+        )
     if len(sets) < participants:
-        raise ConfigError(not_allowed("--participants", participants, f"1 to {len(sets)}",
-                                      problem=f"is more than the {len(sets)} parameter sets in {path}"))
+        raise ConfigError(
+            not_allowed(
+                "--participants",
+                participants,
+                f"1 to {len(sets)}",
+                problem=f"is more than the {len(sets)} parameter sets in {path}",
+            )
+        )
     declared = papermill.inspect_notebook(str(notebook))
     for i, params in enumerate(sets[:participants]):
         unknown = sorted(set(params) - set(declared))
         if unknown:
-            raise ConfigError(not_allowed(f"--params: participant {i + 1}", unknown[0],
-                                          ", ".join(sorted(declared)),
-                                          problem=f"is not a parameter of {notebook.name}"))
+            raise ConfigError(
+                not_allowed(
+                    f"--params: participant {i + 1}",
+                    unknown[0],
+                    ", ".join(sorted(declared)),
+                    problem=f"is not a parameter of {notebook.name}",
+                )
+            )
         _check_training(i + 1, params, declared)
     return sets[:participants]
 
 
 # A notebook parameter -> the config field the notebook sets from it (03 and 04 train from these)
-TRAINING_PARAMETERS = {"engine": "engine.name", "nproc": "engine.nproc", "steps": "train.max_steps",
-                       "every": "checkpoint.every_steps"}
+TRAINING_PARAMETERS = {
+    "engine": "engine.name",
+    "nproc": "engine.nproc",
+    "steps": "train.max_steps",
+    "every": "checkpoint.every_steps",
+}
 
 
 def _check_training(participant: int, params: dict, declared: dict) -> None:
@@ -89,8 +111,10 @@ def _check_training(participant: int, params: dict, declared: dict) -> None:
     overrides = params.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError(not_allowed(f"{where}: overrides", overrides, 'a list of "section.field=value" strings'))
-    overrides = [*overrides, *(f"{field}={params[name]}" for name, field in TRAINING_PARAMETERS.items()
-                               if params.get(name) is not None)]
+    overrides = [
+        *overrides,
+        *(f"{field}={params[name]}" for name, field in TRAINING_PARAMETERS.items() if params.get(name) is not None),
+    ]
     config = params.get("config", yaml.safe_load(declared["config"]["default"]))
     try:
         config_mod.load(config, overrides)
@@ -115,12 +139,32 @@ def _run_one(index: int, params: dict, notebook: Path, out: Path, threads: int) 
     (folder / "parameters.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "TRAINBOOK_WORKSPACE": str(folder / "workspace"), "OMP_NUM_THREADS": str(threads)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "papermill", str(notebook), str(folder / notebook.name), "-f",
-                           str(folder / "parameters.yaml"), "--cwd", str(NOTEBOOKS), "--no-progress-bar"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(notebook),
+            str(folder / notebook.name),
+            "-f",
+            str(folder / "parameters.yaml"),
+            "--cwd",
+            str(NOTEBOOKS),
+            "--no-progress-bar",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     (folder / "papermill.log").write_text(proc.stdout + proc.stderr)
-    return ParticipantResult(index + 1, params, "ok" if proc.returncode == 0 else "FAILED",
-                             time.perf_counter() - t0, folder, run_summary(folder / "runs"))
+    return ParticipantResult(
+        index + 1,
+        params,
+        "ok" if proc.returncode == 0 else "FAILED",
+        time.perf_counter() - t0,
+        folder,
+        run_summary(folder / "runs"),
+    )
 
 
 def _declared(notebook: Path) -> dict:
@@ -129,8 +173,13 @@ def _declared(notebook: Path) -> dict:
     return papermill.inspect_notebook(str(notebook))
 
 
-def run_workshop(participants: int, params_file: str | Path, notebook: str = "03_training",
-                 out: str | Path | None = None, parallel: int | None = None) -> list[ParticipantResult]:
+def run_workshop(
+    participants: int,
+    params_file: str | Path,
+    notebook: str = "03_training",
+    out: str | Path | None = None,
+    parallel: int | None = None,
+) -> list[ParticipantResult]:
     """Run the notebook once per participant, ``parallel`` at a time (default: the core count)."""
     from toolkit.paths import PROJECT_ROOT
 
@@ -155,12 +204,18 @@ def report_table(results: list[ParticipantResult]) -> str:
     def last_run(key: str):
         return lambda r: r.runs[-1].get(key) if r.runs else None
 
-    return text_table(results, [
-        Column("participant", "index"), Column("status", "status"), Column("seconds", "seconds", ".0f", right=True),
-        Column("steps", lambda r: last_run("steps")(r) or None, right=True),
-        Column("val bpb", last_run("val_bpb"), ".3f", right=True),
-        Column("tokens/s", last_run("tokens_per_s"), ",.0f", right=True),
-        Column("parameters", lambda r: json.dumps({k: v for k, v in r.parameters.items() if k != "runs_root"}))])
+    return text_table(
+        results,
+        [
+            Column("participant", "index"),
+            Column("status", "status"),
+            Column("seconds", "seconds", ".0f", right=True),
+            Column("steps", lambda r: last_run("steps")(r) or None, right=True),
+            Column("val bpb", last_run("val_bpb"), ".3f", right=True),
+            Column("tokens/s", last_run("tokens_per_s"), ",.0f", right=True),
+            Column("parameters", lambda r: json.dumps({k: v for k, v in r.parameters.items() if k != "runs_root"})),
+        ],
+    )
 
 
 def write_report(results: list[ParticipantResult], out: Path) -> Path:
@@ -168,16 +223,18 @@ def write_report(results: list[ParticipantResult], out: Path) -> Path:
     from toolkit.report import plots
     from toolkit.events import EvalEvent, read_events
 
-    (out / "report.json").write_text(json.dumps([{**r.__dict__, "folder": str(r.folder)} for r in results],
-                                                indent=1, default=str))
+    (out / "report.json").write_text(
+        json.dumps([{**r.__dict__, "folder": str(r.folder)} for r in results], indent=1, default=str)
+    )
     curves = {}
     for r in results:
         for run in r.runs:
             evals = read_events(r.folder / "runs" / run["run"], EvalEvent)
             if evals:
                 curves[f"participant {r.index}"] = [(e.step, e.headline) for e in evals]
-    picture = plots.compare_curves(curves, out / "report.png", "Validation bits per byte by participant") \
-        if curves else None
+    picture = (
+        plots.compare_curves(curves, out / "report.png", "Validation bits per byte by participant") if curves else None
+    )
     text = f"# Workshop report\n\n```\n{report_table(results)}\n```\n"
     if picture:
         text += f"\n![validation curves]({picture.name})\n"
@@ -186,8 +243,7 @@ def write_report(results: list[ParticipantResult], out: Path) -> Path:
 
 
 def main_run(args) -> int:
-    results = run_workshop(args.participants, args.params, notebook=args.notebook, out=args.out,
-                           parallel=args.parallel)
+    results = run_workshop(args.participants, args.params, notebook=args.notebook, out=args.out, parallel=args.parallel)
     print(report_table(results))
     print(f"\nreport: {Path(results[0].folder).parent / 'report.md'}")
     return 0 if all(r.status == "ok" for r in results) else 1

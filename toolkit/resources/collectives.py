@@ -47,8 +47,12 @@ class SweepResult:
 
     def to_details(self) -> dict:
         """The JSON-ready form the doctor's report keeps (and :meth:`from_details` reads back)."""
-        return {"backend": self.backend, "nproc": self.nproc, "rows": [asdict(r) for r in self.rows],
-                "table": self.table()}
+        return {
+            "backend": self.backend,
+            "nproc": self.nproc,
+            "rows": [asdict(r) for r in self.rows],
+            "table": self.table(),
+        }
 
     @classmethod
     def from_details(cls, details: dict) -> SweepResult:
@@ -59,11 +63,17 @@ class SweepResult:
         return max((r.busbw_gbps for r in self.rows), default=0.0)
 
     def table(self) -> str:
-        return f"all_reduce (sum, float32), {self.nproc} processes, {self.backend}\n" + text_table(self.rows, [
-            Column("size", lambda r: _size(r.size_bytes), right=True), Column("iters", "iters", right=True),
-            Column("time us", "time_us", ",.1f", right=True), Column("algbw GB/s", "algbw_gbps", ".3f", right=True),
-            Column("busbw GB/s", "busbw_gbps", ".3f", right=True),
-            Column("check", lambda r: "ok" if r.correct else "WRONG")])
+        return f"all_reduce (sum, float32), {self.nproc} processes, {self.backend}\n" + text_table(
+            self.rows,
+            [
+                Column("size", lambda r: _size(r.size_bytes), right=True),
+                Column("iters", "iters", right=True),
+                Column("time us", "time_us", ",.1f", right=True),
+                Column("algbw GB/s", "algbw_gbps", ".3f", right=True),
+                Column("busbw GB/s", "busbw_gbps", ".3f", right=True),
+                Column("check", lambda r: "ok" if r.correct else "WRONG"),
+            ],
+        )
 
 
 def _size(n: int) -> str:
@@ -133,9 +143,21 @@ def allreduce_sweep(nproc: int = 2, sizes=DEFAULT_SIZES, timeout: float = 120.0)
         raise RefusedValue(not_allowed("nproc", nproc, "2 or more (a collective needs peers)"))
     with tempfile.TemporaryDirectory(prefix="trainbook-allreduce-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-               "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "toolkit.resources.collectives",
-               "--out", str(out), "--sizes", ",".join(map(str, sizes))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            "-m",
+            "toolkit.resources.collectives",
+            "--out",
+            str(out),
+            "--sizes",
+            ",".join(map(str, sizes)),
+        ]
         # One thread per rank: the bandwidth of the transport, not a fight between ranks for the same cores.
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         try:
@@ -143,8 +165,9 @@ def allreduce_sweep(nproc: int = 2, sizes=DEFAULT_SIZES, timeout: float = 120.0)
         except subprocess.TimeoutExpired:
             raise CollectiveError(f"all_reduce across {nproc} processes did not finish in {timeout:.0f} s") from None
         if proc.returncode != 0 or not out.exists():
-            raise CollectiveError(f"all_reduce across {nproc} processes failed (exit {proc.returncode}): "
-                                  + proc.stderr.strip()[-1500:])
+            raise CollectiveError(
+                f"all_reduce across {nproc} processes failed (exit {proc.returncode}): " + proc.stderr.strip()[-1500:]
+            )
         return SweepResult.from_details(json.loads(out.read_text()))
 
 

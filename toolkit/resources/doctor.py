@@ -55,6 +55,7 @@ class Check:
 @dataclass
 class DoctorContext:
     """What the checks share: where the workspace is, how many processes to test with, the facts found."""
+
     workspace: Path
     nproc: int
     facts: dict
@@ -82,14 +83,23 @@ class DoctorReport:
 
     def table(self) -> str:
         verdict = "all required checks pass" if self.ok else "a required check FAILED"
-        return text_table(self.checks, [
-            Column("check", "name"), Column("status", lambda c: c.status.upper()),
-            Column("req", lambda c: "yes" if c.required else "no"),
-            Column("time", lambda c: f"{c.seconds:.1f}s", right=True), Column("reason", "summary"),
-        ]) + f"\n{verdict} ({self.seconds:.0f} s)"
+        return (
+            text_table(
+                self.checks,
+                [
+                    Column("check", "name"),
+                    Column("status", lambda c: c.status.upper()),
+                    Column("req", lambda c: "yes" if c.required else "no"),
+                    Column("time", lambda c: f"{c.seconds:.1f}s", right=True),
+                    Column("reason", "summary"),
+                ],
+            )
+            + f"\n{verdict} ({self.seconds:.0f} s)"
+        )
 
 
 # --- checks -------------------------------------------------------------------------------------------------
+
 
 def check_packages(ctx: DoctorContext) -> tuple[str, str, dict]:
     from toolkit import paths
@@ -130,8 +140,14 @@ def check_deepspeed_ops(ctx: DoctorContext) -> tuple[str, str, dict]:
     if missing:
         return "warn", f"deepspeed {ds['version']}: ops that cannot build here: {', '.join(missing)}", ds
     if not ctx.facts["gpus"] and not ds.get("shm_comm_built"):
-        return "warn", (f"deepspeed {ds['version']}: the shm comm op is not compiled yet; the first DeepSpeed run "
-                        "compiles it (~35 s). Prebuild: DS_BUILD_SHM_COMM=1 pip install deepspeed"), ds
+        return (
+            "warn",
+            (
+                f"deepspeed {ds['version']}: the shm comm op is not compiled yet; the first DeepSpeed run "
+                "compiles it (~35 s). Prebuild: DS_BUILD_SHM_COMM=1 pip install deepspeed"
+            ),
+            ds,
+        )
     usable = sum(ds["ops"].values())
     return "pass", f"deepspeed {ds['version']}: {usable} of {len(ds['ops'])} ops compatible", ds
 
@@ -152,10 +168,16 @@ def check_matmul(ctx: DoctorContext) -> tuple[str, str, dict]:
     gflops = measured / 1e9
     details = {"gflops": gflops, "reference_gflops": reference / 1e9}
     if gflops < MATMUL_FAIL_GFLOPS:
-        return "fail", f"fp32 matmul {gflops:.1f} GFLOP/s: below {MATMUL_FAIL_GFLOPS:g}, a broken or throttled " \
-                       "BLAS", details
-    kept = "the MFU reference" if reference == measured else \
-        f"the MFU reference stays the best measured here, {reference / 1e9:,.0f} GFLOP/s"
+        return (
+            "fail",
+            f"fp32 matmul {gflops:.1f} GFLOP/s: below {MATMUL_FAIL_GFLOPS:g}, a broken or throttled BLAS",
+            details,
+        )
+    kept = (
+        "the MFU reference"
+        if reference == measured
+        else f"the MFU reference stays the best measured here, {reference / 1e9:,.0f} GFLOP/s"
+    )
     return "pass", f"fp32 matmul peak {gflops:,.0f} GFLOP/s with {os.cpu_count()} threads ({kept})", details
 
 
@@ -203,8 +225,10 @@ def check_allreduce(ctx: DoctorContext) -> tuple[str, str, dict]:
     result = allreduce_sweep(ctx.nproc)
     details = result.to_details()
     largest = result.rows[-1]
-    summary = (f"{result.nproc} processes, {result.backend}: busbw {largest.busbw_gbps:.2f} GB/s at "
-               f"{largest.size_bytes / 2**20:g} MiB, {result.rows[0].time_us:,.0f} us at {result.rows[0].size_bytes} B")
+    summary = (
+        f"{result.nproc} processes, {result.backend}: busbw {largest.busbw_gbps:.2f} GB/s at "
+        f"{largest.size_bytes / 2**20:g} MiB, {result.rows[0].time_us:,.0f} us at {result.rows[0].size_bytes} B"
+    )
     if not all(r.correct for r in result.rows):
         return "fail", "all_reduce returned wrong sums: " + summary, details
     if largest.busbw_gbps < BUSBW_WARN_GBPS.get(result.backend, 0.0):
@@ -220,14 +244,28 @@ def _engine_step(engine: str) -> Callable[[DoctorContext], tuple[str, str, dict]
         from toolkit.runs.launchers import worker_command
         from toolkit.rundir import RunDir
 
-        cfg = config_mod.load("tiny", [f"engine.name={engine}", f"train.max_steps={ENGINE_STEPS}",
-                                       "train.log_every=1", f"train.eval_every={ENGINE_STEPS}", "train.eval_batches=1",
-                                       "checkpoint.at_end=false"])
+        cfg = config_mod.load(
+            "tiny",
+            [
+                f"engine.name={engine}",
+                f"train.max_steps={ENGINE_STEPS}",
+                "train.log_every=1",
+                f"train.eval_every={ENGINE_STEPS}",
+                "train.eval_batches=1",
+                "checkpoint.at_end=false",
+            ],
+        )
         with tempfile.TemporaryDirectory(prefix=f"trainbook-doctor-{engine}-") as tmp:
             run = RunDir.create(Path(tmp) / "run", cfg)
             cmd, env = worker_command(cfg, run.path)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
-                                  env={**os.environ, **env}, start_new_session=True)
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=ENGINE_TIMEOUT_S,
+                env={**os.environ, **env},
+                start_new_session=True,
+            )
             losses = [e.loss for e in read_events(run, TrainEvent)]
             status = run.read_status()
         if proc.returncode != 0 or status.get("state") != "completed":
@@ -263,8 +301,13 @@ CHECKS: dict[str, CheckSpec] = {
 }
 
 
-def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, only: list[str] | None = None,
-               skip: list[str] | None = None, on_check: Callable[[Check], None] | None = None) -> DoctorReport:
+def run_doctor(
+    workspace: str | Path | None = None,
+    nproc: int | None = None,
+    only: list[str] | None = None,
+    skip: list[str] | None = None,
+    on_check: Callable[[Check], None] | None = None,
+) -> DoctorReport:
     """Discover the machine and run the checks in order; ``on_check`` sees each result as it lands."""
     from toolkit import machine
     from toolkit.catalogue.workspace import default_path
@@ -277,8 +320,7 @@ def run_doctor(workspace: str | Path | None = None, nproc: int | None = None, on
     start = time.perf_counter()
     root = Path(workspace) if workspace else default_path()
     facts = machine.discover(root)
-    ctx = DoctorContext(workspace=root, facts=facts,
-                        nproc=nproc or max(2, len(facts["gpus"])))
+    ctx = DoctorContext(workspace=root, facts=facts, nproc=nproc or max(2, len(facts["gpus"])))
     checks = []
     for name, spec in CHECKS.items():
         if (only and name not in only) or (skip and name in skip):
@@ -309,8 +351,10 @@ def _keep_report(root: Path, report: DoctorReport) -> None:
     from toolkit.fsio import atomic_write_text
 
     ran = {c.name for c in report.checks}
-    atomic_write_text(Workspace.open(root).root / REPORT_NAME, json.dumps(
-        {"time": time.time(), **report.to_dict(), "skipped": [n for n in CHECKS if n not in ran]}, indent=1))
+    atomic_write_text(
+        Workspace.open(root).root / REPORT_NAME,
+        json.dumps({"time": time.time(), **report.to_dict(), "skipped": [n for n in CHECKS if n not in ran]}, indent=1),
+    )
 
 
 def last_report(workspace: str | Path | None = None) -> dict | None:
@@ -326,10 +370,16 @@ def last_report(workspace: str | Path | None = None) -> dict | None:
 
 
 def _well_formed(report) -> bool:
-    return (isinstance(report, dict) and isinstance(report.get("time"), (int, float))
-            and isinstance(report.get("skipped"), list) and isinstance(report.get("checks"), list)
-            and all(isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("status"), str)
-                    for c in report["checks"]))
+    return (
+        isinstance(report, dict)
+        and isinstance(report.get("time"), (int, float))
+        and isinstance(report.get("skipped"), list)
+        and isinstance(report.get("checks"), list)
+        and all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("status"), str)
+            for c in report["checks"]
+        )
+    )
 
 
 def verdict(report: dict) -> tuple[list[str], list[str]]:
@@ -344,13 +394,20 @@ def facts_table(facts: dict) -> str:
     gpus = ", ".join(f"{g['name']} {g['memory_gib']} GiB" for g in facts["gpus"]) or "none"
     ds = facts["deepspeed"]
     rows = [
-        ("python", facts["python"]), ("torch", facts["torch"]),
+        ("python", facts["python"]),
+        ("torch", facts["torch"]),
         ("cuda / cudnn / nccl", f"{facts['cuda']} / {facts['cudnn']} / {facts['nccl']}"),
-        ("gpus", gpus), ("deepspeed", ds.get("version") or ds.get("error")),
-        ("cpu cores", facts["cpu_cores"]), ("ram", f"{facts['ram_available_gib']} of {facts['ram_gib']} GiB available"),
+        ("gpus", gpus),
+        ("deepspeed", ds.get("version") or ds.get("error")),
+        ("cpu cores", facts["cpu_cores"]),
+        ("ram", f"{facts['ram_available_gib']} of {facts['ram_gib']} GiB available"),
         ("disk", f"{facts['disk']['free_gib']} of {facts['disk']['total_gib']} GiB free at {facts['disk']['path']}"),
-        ("/dev/shm", f"{facts['shm'].get('free_mib', 0):,} of {facts['shm'].get('size_mib', 0):,} MiB free"
-         if facts["shm"]["present"] else "absent"),
+        (
+            "/dev/shm",
+            f"{facts['shm'].get('free_mib', 0):,} of {facts['shm'].get('size_mib', 0):,} MiB free"
+            if facts["shm"]["present"]
+            else "absent",
+        ),
     ]
     return "\n".join(f"{k:<20} {v}" for k, v in rows)
 

@@ -43,8 +43,9 @@ def declared_packages(path: Path = ENVIRONMENT_FILE, field: str = "environment.y
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise EnvironmentFileError(not_allowed(
-            field, path, allowed, problem=f"is not valid YAML ({where}{getattr(exc, 'problem', exc)})")) from None
+        raise EnvironmentFileError(
+            not_allowed(field, path, allowed, problem=f"is not valid YAML ({where}{getattr(exc, 'problem', exc)})")
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise EnvironmentFileError(not_allowed(field, path, allowed, problem=f"cannot be read ({exc})")) from None
     deps = data.get("dependencies") if isinstance(data, dict) else None
@@ -52,8 +53,7 @@ def declared_packages(path: Path = ENVIRONMENT_FILE, field: str = "environment.y
         raise EnvironmentFileError(not_allowed(field, path, allowed, problem="has no dependencies list"))
     pip = [d["pip"] for d in deps if isinstance(d, dict) and "pip" in d]
     if not pip or not isinstance(pip[0], list):
-        raise EnvironmentFileError(not_allowed(field, path, allowed,
-                                                       problem="has no 'pip:' list under dependencies"))
+        raise EnvironmentFileError(not_allowed(field, path, allowed, problem="has no 'pip:' list under dependencies"))
     return [_requirement_name(spec) for spec in pip[0]]
 
 

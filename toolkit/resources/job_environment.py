@@ -35,6 +35,7 @@ HEADER = """\
 # Job image extras: {extras}
 """
 
+
 class LockError(UserError, ValueError):
     """The lock and the installed packages do not give a complete, consistent environment; the message says which
     package and what to run."""
@@ -46,8 +47,13 @@ def root_requirements(extras: tuple[str, ...], pyproject: Path = PYPROJECT) -> l
     optional = project.get("optional-dependencies", {})
     unknown = [extra for extra in extras if extra not in optional]
     if unknown:
-        raise LockError(refused("JOB_IMAGE_EXTRAS", f"names {', '.join(unknown)}, which {pyproject} does not define",
-                                f"extras of pyproject.toml: {', '.join(optional)}"))
+        raise LockError(
+            refused(
+                "JOB_IMAGE_EXTRAS",
+                f"names {', '.join(unknown)}, which {pyproject} does not define",
+                f"extras of pyproject.toml: {', '.join(optional)}",
+            )
+        )
     return list(project["dependencies"]) + [req for extra in extras for req in optional[extra]]
 
 
@@ -69,8 +75,13 @@ def closure(requirements: list[str]) -> list[str]:
         try:
             requires = importlib.metadata.distribution(name).requires or []
         except importlib.metadata.PackageNotFoundError:
-            raise LockError(refused(name, "is needed by the job image but is not installed here, so its own "
-                                          "requirements are unknown", "run `make setup`, then `make lock`")) from None
+            raise LockError(
+                refused(
+                    name,
+                    "is needed by the job image but is not installed here, so its own requirements are unknown",
+                    "run `make setup`, then `make lock`",
+                )
+            ) from None
         for spec in requires:
             dep = Requirement(spec)
             # a requirement without a marker, or one whose marker holds here for the base package or an asked extra
@@ -92,11 +103,21 @@ def pins(names: list[str], lock: Path = LOCK_FILE) -> list[str]:
             installed = None
         state = PackageState(name, locked.get(name), installed)
         if state.locked is None:
-            raise LockError(refused(name, f"is needed by the job image but {lock.name} does not pin it",
-                                    "run `make lock` (it re-pins everything installed)"))
+            raise LockError(
+                refused(
+                    name,
+                    f"is needed by the job image but {lock.name} does not pin it",
+                    "run `make lock` (it re-pins everything installed)",
+                )
+            )
         if state.status != "ok":
-            raise LockError(refused(name, f"is installed at {installed}, {lock.name} pins {state.locked}",
-                                    "run `make setup` (it installs the locked versions), then `make lock`"))
+            raise LockError(
+                refused(
+                    name,
+                    f"is installed at {installed}, {lock.name} pins {state.locked}",
+                    "run `make setup` (it installs the locked versions), then `make lock`",
+                )
+            )
         out.append(f"{name}=={state.locked}")
     return out
 
@@ -104,10 +125,17 @@ def pins(names: list[str], lock: Path = LOCK_FILE) -> list[str]:
 def environment_text(pinned: list[str], extras: tuple[str, ...]) -> str:
     """environment.yml's text: the header, this interpreter's Python, pip, and ``pinned``."""
     torch = next((pin.partition("==")[2] for pin in pinned if pin.startswith("torch==")), "?")
-    lines = [HEADER.format(extras=", ".join(extras), torch=torch).rstrip("\n"),
-             "name: trainbook", "channels:", "  - conda-forge", "dependencies:",
-             f"  - python={sys.version_info.major}.{sys.version_info.minor}", "  - pip", "  - pip:",
-             *[f"      - {pin}" for pin in pinned]]
+    lines = [
+        HEADER.format(extras=", ".join(extras), torch=torch).rstrip("\n"),
+        "name: trainbook",
+        "channels:",
+        "  - conda-forge",
+        "dependencies:",
+        f"  - python={sys.version_info.major}.{sys.version_info.minor}",
+        "  - pip",
+        "  - pip:",
+        *[f"      - {pin}" for pin in pinned],
+    ]
     return "\n".join(lines) + "\n"
 
 

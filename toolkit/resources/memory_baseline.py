@@ -24,6 +24,7 @@ BASELINE_STEPS = 4
 
 # --- the baseline: a process that trains nothing ------------------------------------------------------------------
 
+
 def baseline_cache_path() -> Path:
     from toolkit import paths
 
@@ -89,19 +90,28 @@ def measure_baseline(engine: str, nproc: int = 2) -> list[float]:
     from toolkit.rundir import RunDir
 
     check_value("engine", engine, engine in REFERENCE_BASELINE_MIB, ", ".join(REFERENCE_BASELINE_MIB))
-    cfg = config_mod.load("tiny", [f"engine.name={engine}", f"engine.nproc={nproc}",
-                                   f"train.max_steps={BASELINE_STEPS}", "train.log_every=1",
-                                   f"train.eval_every={BASELINE_STEPS}", f"train.eval_batches={nproc}",
-                                   "checkpoint.at_end=false", "profile.enabled=false"])
+    cfg = config_mod.load(
+        "tiny",
+        [
+            f"engine.name={engine}",
+            f"engine.nproc={nproc}",
+            f"train.max_steps={BASELINE_STEPS}",
+            "train.log_every=1",
+            f"train.eval_every={BASELINE_STEPS}",
+            f"train.eval_batches={nproc}",
+            "checkpoint.at_end=false",
+            "profile.enabled=false",
+        ],
+    )
     with tempfile.TemporaryDirectory(prefix=f"trainbook-baseline-{engine}-") as tmp:
         run = RunDir.create(Path(tmp) / "run", cfg)  # not indexed in any workspace: a probe, not a run
         cmd, env = worker_command(cfg, run.path)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env},
-                              start_new_session=True, timeout=600)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, **env}, start_new_session=True, timeout=600
+        )
         peaks = [e.peak_memory_mb for e in read_events(run, TrainEvent) if e.peak_memory_mb]
     if proc.returncode != 0 or not peaks:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"the {engine} baseline run failed (exit {proc.returncode}): {tail}")
     store_baseline(engine, peaks[-1])
     return peaks[-1]
-

@@ -128,18 +128,30 @@ class RunPrediction:
 
     def describe(self) -> str:
         stage = f" ZeRO-{self.zero_stage}" if self.engine == "deepspeed" else ""
-        return (f"{self.engine}{stage}, {self.nproc} process{'es' if self.nproc > 1 else ''}, {self.precision}, "
-                f"on {self.device}")
+        return (
+            f"{self.engine}{stage}, {self.nproc} process{'es' if self.nproc > 1 else ''}, {self.precision}, "
+            f"on {self.device}"
+        )
 
     def table(self) -> str:
         """Each term with its formula and size, then the peak per rank."""
         base = " / ".join(f"{b:,.0f}" for b in dict.fromkeys(self.baseline_mib))
         terms = [("baseline", base, self.baseline_source)]
-        terms += [(t.name + (" (rank 0)" if t.rank0_only else ""), f"{t.bytes / MIB:,.1f}", t.formula)
-                  for t in self.terms]
-        lines = [f"predicted peak per rank: {self.describe()}, Ψ = {self.params:,} parameters",
-                 text_table(terms, [Column("term", lambda t: t[0]), Column("MiB", lambda t: t[1], right=True),
-                                    Column("formula", lambda t: t[2])], indent="  ")]
+        terms += [
+            (t.name + (" (rank 0)" if t.rank0_only else ""), f"{t.bytes / MIB:,.1f}", t.formula) for t in self.terms
+        ]
+        lines = [
+            f"predicted peak per rank: {self.describe()}, Ψ = {self.params:,} parameters",
+            text_table(
+                terms,
+                [
+                    Column("term", lambda t: t[0]),
+                    Column("MiB", lambda t: t[1], right=True),
+                    Column("formula", lambda t: t[2]),
+                ],
+                indent="  ",
+            ),
+        ]
         ranks = ", ".join(f"rank {r} {m:,.0f}" for r, m in enumerate(self.per_rank_mib))
         lines.append(f"  peak: {ranks} MiB (stated accuracy ±{TOLERANCE:.0%} per rank)")
         lines += [f"  note: {n}" for n in self.notes]
@@ -241,13 +253,30 @@ def _zero_overheads(psi: int, n: int, bucket: int) -> list[Term]:
     # Buffers ZeRO allocates and frees (at initialize, and every step). Under the training allocator's mmap threshold
     # they come from the heap, which keeps their space (toolkit.train.allocator) and rarely fits the next, differently
     # sized request into it; above it they are mapped and unmapped whole and leave nothing behind.
-    transients = {"the weights before flattening": 4 * psi, "the bucket's flat copy": 4 * min(psi, bucket),
-                  "the zeroed gradient partition (initialize)": 4 * psi / n, "the step's gradient copy": 4 * psi / n}
+    transients = {
+        "the weights before flattening": 4 * psi,
+        "the bucket's flat copy": 4 * min(psi, bucket),
+        "the zeroed gradient partition (initialize)": 4 * psi / n,
+        "the step's gradient copy": 4 * psi / n,
+    }
     kept = {name: size for name, size in transients.items() if size < mmap_below}
-    slack = [Term("heap holes", sum(kept.values()), f"freed buffers under the {mmap_below // MIB} MiB mmap "
-                  f"threshold: {', '.join(kept) or 'none (all above it)'}", per_param=False)]
-    return [Term("torch._inductor, imported", ZERO_IMPORT_MIB * MIB, "by DeepSpeed's ZeRO optimizer check (its Muon "
-                 "optimizer compiles); ZeRO-0's baseline does not have it", per_param=False)] + slack
+    slack = [
+        Term(
+            "heap holes",
+            sum(kept.values()),
+            f"freed buffers under the {mmap_below // MIB} MiB mmap "
+            f"threshold: {', '.join(kept) or 'none (all above it)'}",
+            per_param=False,
+        )
+    ]
+    return [
+        Term(
+            "torch._inductor, imported",
+            ZERO_IMPORT_MIB * MIB,
+            "by DeepSpeed's ZeRO optimizer check (its Muon optimizer compiles); ZeRO-0's baseline does not have it",
+            per_param=False,
+        )
+    ] + slack
 
 
 def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_param: str | None) -> list[Term]:
@@ -255,8 +284,11 @@ def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_para
     n, stage = e.nproc, e.zero_stage
     if e.name == "torch":  # autocast keeps fp32 weights: the guide's fp32 row, plus the half copies and DDP's buckets
         guide = estimate(psi, "fp32", 0, 1)
-        terms = [Term("weights", guide.weights_bytes, "4 B x Ψ"), Term("gradients", guide.gradients_bytes, "4 B x Ψ"),
-                 Term("Adam moments", guide.optimizer_bytes, "8 B x Ψ")]
+        terms = [
+            Term("weights", guide.weights_bytes, "4 B x Ψ"),
+            Term("gradients", guide.gradients_bytes, "4 B x Ψ"),
+            Term("Adam moments", guide.optimizer_bytes, "8 B x Ψ"),
+        ]
         if n > 1:
             terms.append(Term("DDP buckets", 4 * psi, "4 B x Ψ: DDP copies every gradient into its buckets"))
         if e.precision != "fp32":
@@ -265,19 +297,35 @@ def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_para
     guide = estimate(psi, e.precision, stage, n)
     w, g, o = BYTES_PER_PARAM[e.precision]
     formula = guide.formula().split(" = ")[0]
-    terms = [Term("weights", 0.0 if offload_param else guide.weights_bytes,
-                  f"{w} B x Ψ" + (f" / {n}" if stage == 3 else "") + (f", offloaded to {offload_param}"
-                                                                       if offload_param else "")),
-             Term("gradients", guide.gradients_bytes, f"{g} B x Ψ" + (f" / {n}" if stage >= 2 else "")),
-             Term("optimizer state", 0.0 if offload_opt else guide.optimizer_bytes,
-                  f"{o} B x Ψ" + (f" / {n}" if stage >= 1 else "") + (f", offloaded to {offload_opt}"
-                                                                      if offload_opt else "") +
-                  f" (the guide's {formula})")]
+    terms = [
+        Term(
+            "weights",
+            0.0 if offload_param else guide.weights_bytes,
+            f"{w} B x Ψ"
+            + (f" / {n}" if stage == 3 else "")
+            + (f", offloaded to {offload_param}" if offload_param else ""),
+        ),
+        Term("gradients", guide.gradients_bytes, f"{g} B x Ψ" + (f" / {n}" if stage >= 2 else "")),
+        Term(
+            "optimizer state",
+            0.0 if offload_opt else guide.optimizer_bytes,
+            f"{o} B x Ψ"
+            + (f" / {n}" if stage >= 1 else "")
+            + (f", offloaded to {offload_opt}" if offload_opt else "")
+            + f" (the guide's {formula})",
+        ),
+    ]
     if stage >= 1:
         half = 4 if e.precision == "fp32" else 2
         copies = 2 if stage == 3 else 1
-        terms.append(Term("reduce bucket" + (" (two)" if copies == 2 else ""), copies * half * bucket,
-                          f"{copies} x {half} B x {bucket:,}: allocated whole", per_param=False))
+        terms.append(
+            Term(
+                "reduce bucket" + (" (two)" if copies == 2 else ""),
+                copies * half * bucket,
+                f"{copies} x {half} B x {bucket:,}: allocated whole",
+                per_param=False,
+            )
+        )
     return terms
 
 
@@ -288,12 +336,17 @@ def _staging_terms(psi: int, cfg) -> list[Term]:
         return []
     n, h = e.nproc, 2 if (e.name == "deepspeed" and e.precision != "fp32") else 4
     if e.name == "torch" or e.zero_stage == 0:
-        return [Term("checkpoint staging", (h + 8 + (4 if h == 2 else 0)) * psi, "weights + optimizer state, staged "
-                     "for the background write", rank0_only=True)]
+        return [
+            Term(
+                "checkpoint staging",
+                (h + 8 + (4 if h == 2 else 0)) * psi,
+                "weights + optimizer state, staged for the background write",
+                rank0_only=True,
+            )
+        ]
     terms = [Term("checkpoint staging", 12 * psi / n, f"12 B x Ψ / {n}: this rank's optimizer partition, staged")]
     if e.zero_stage < 3:
-        terms.append(Term("checkpoint staging (weights)", h * psi, f"{h} B x Ψ: the module's weights",
-                          rank0_only=True))
+        terms.append(Term("checkpoint staging (weights)", h * psi, f"{h} B x Ψ: the module's weights", rank0_only=True))
     else:
         terms.append(Term("checkpoint staging (weights)", h * psi / n, f"{h} B x Ψ / {n}: this rank's weights"))
     return terms
@@ -312,8 +365,11 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
     check_value("device", device, device in DEVICES, ", ".join(DEVICES))
     e = cfg.engine
     if device == "cpu" and e.precision == "fp16":
-        raise ConfigError(not_allowed("engine.precision", "fp16", "fp32 or bf16 (fp16 needs a GPU)",
-                                      problem="is not allowed on a CPU"))
+        raise ConfigError(
+            not_allowed(
+                "engine.precision", "fp16", "fp32 or bf16 (fp16 needs a GPU)", problem="is not allowed on a CPU"
+            )
+        )
     psi = int(params if params is not None else model_params(cfg))
     bucket, offload_opt, offload_param = _ds_settings(cfg) if e.name == "deepspeed" else (DS_REDUCE_BUCKET, None, None)
     notes = []
@@ -321,11 +377,14 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
         terms = _cpu_terms(psi, cfg, bucket)
         baseline, source = baseline_mib(e.name, e.nproc)
         if e.precision == "bf16":
-            notes.append("bf16 on a CPU: modelled (half-size weights, gradients, activations), checked on a 3M-"
-                         "parameter model only")
+            notes.append(
+                "bf16 on a CPU: modelled (half-size weights, gradients, activations), checked on a 3M-"
+                "parameter model only"
+            )
         if offload_opt or offload_param:
-            notes.append("offload moves nothing on a CPU (the state is in host memory already); a launch here "
-                         "refuses it")
+            notes.append(
+                "offload moves nothing on a CPU (the state is in host memory already); a launch here refuses it"
+            )
     else:
         terms = _gpu_terms(psi, cfg, bucket, offload_opt, offload_param)
         baseline, source = (0.0,) * e.nproc, "none: max_memory_allocated counts tensors, not the CUDA context"
@@ -334,18 +393,29 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
     a = 4 if e.precision == "fp32" else 2
     act = activation_bytes(cfg.model, cfg.train.batch_size, a)
     if act is None:
-        notes.append(f"activations: no formula for model.name={cfg.model.name!r} (only the built-in gpt's): not "
-                     "counted")
+        notes.append(
+            f"activations: no formula for model.name={cfg.model.name!r} (only the built-in gpt's): not counted"
+        )
     else:
         terms.append(Term("activations", act, _activation_formula(cfg.model, a), per_param=False))
     if e.name == "deepspeed" and e.zero_stage >= 1 and e.nproc == 1:
         notes.append("ZeRO on 1 process partitions nothing: ZeRO-0 (or the torch engine) needs less")
-    return RunPrediction(params=psi, device=device, engine=e.name, zero_stage=e.zero_stage if e.name == "deepspeed"
-                         else 0, nproc=e.nproc, precision=e.precision, baseline_mib=baseline, baseline_source=source,
-                         terms=tuple(terms), notes=tuple(notes))
+    return RunPrediction(
+        params=psi,
+        device=device,
+        engine=e.name,
+        zero_stage=e.zero_stage if e.name == "deepspeed" else 0,
+        nproc=e.nproc,
+        precision=e.precision,
+        baseline_mib=baseline,
+        baseline_source=source,
+        terms=tuple(terms),
+        notes=tuple(notes),
+    )
 
 
 # --- a finished run, measured against its prediction ----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RunComparison:
@@ -364,19 +434,32 @@ class RunComparison:
         return [abs(r - 1) <= TOLERANCE for r in self.ratios]
 
     def rows(self) -> list[dict]:
-        return [{"rank": r, "predicted MiB": round(p), "measured MiB": round(m), "measured / predicted": f"{q:.2f}",
-                 f"within ±{TOLERANCE:.0%}": "yes" if ok else "no"}
-                for r, (p, m, q, ok) in enumerate(zip(self.prediction.per_rank_mib, self.measured_mib, self.ratios,
-                                                      self.within_tolerance))]
+        return [
+            {
+                "rank": r,
+                "predicted MiB": round(p),
+                "measured MiB": round(m),
+                "measured / predicted": f"{q:.2f}",
+                f"within ±{TOLERANCE:.0%}": "yes" if ok else "no",
+            }
+            for r, (p, m, q, ok) in enumerate(
+                zip(self.prediction.per_rank_mib, self.measured_mib, self.ratios, self.within_tolerance)
+            )
+        ]
 
     def table(self) -> str:
         within = f"within ±{TOLERANCE:.0%}"
-        return (f"measured (last train event, step {self.step}) against predicted, per rank:\n"
-                + text_table(self.rows(), [Column("rank", "rank", right=True),
-                                           Column("predicted MiB", "predicted MiB", ",", right=True),
-                                           Column("measured MiB", "measured MiB", ",", right=True),
-                                           Column("ratio", "measured / predicted", right=True),
-                                           Column(within, within)], indent="  "))
+        return f"measured (last train event, step {self.step}) against predicted, per rank:\n" + text_table(
+            self.rows(),
+            [
+                Column("rank", "rank", right=True),
+                Column("predicted MiB", "predicted MiB", ",", right=True),
+                Column("measured MiB", "measured MiB", ",", right=True),
+                Column("ratio", "measured / predicted", right=True),
+                Column(within, within),
+            ],
+            indent="  ",
+        )
 
 
 def _measured_peaks(run, run_dir) -> tuple[list[float], int]:
@@ -384,11 +467,21 @@ def _measured_peaks(run, run_dir) -> tuple[list[float], int]:
 
     for event in reversed(read_events(run, TrainEvent)):
         peaks = event.peak_memory_mb
-        if isinstance(peaks, list) and peaks and all(isinstance(p, (int, float)) and not isinstance(p, bool)
-                                                    and math.isfinite(p) and p > 0 for p in peaks):
+        if (
+            isinstance(peaks, list)
+            and peaks
+            and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p > 0 for p in peaks
+            )
+        ):
             return [float(p) for p in peaks], event.step
-    raise ConfigError(refused("run_dir", f"{bounded_repr(Path(run_dir))} has no train event with peak_memory_mb yet",
-                              "a run that has logged at least one step"))
+    raise ConfigError(
+        refused(
+            "run_dir",
+            f"{bounded_repr(Path(run_dir))} has no train event with peak_memory_mb yet",
+            "a run that has logged at least one step",
+        )
+    )
 
 
 def compare_run(run_dir, *, device: str | None = None) -> RunComparison:
@@ -405,8 +498,12 @@ def compare_run(run_dir, *, device: str | None = None) -> RunComparison:
     measured, step = _measured_peaks(run, path)
     counts = [e.n_params for e in read_events(run, StatusEvent) if isinstance(e.n_params, int) and e.n_params > 0]
     if not counts:
-        raise ConfigError(refused("run_dir", f"{bounded_repr(path)} records no parameter count (no running status "
-                                  "event)", "a run that has started"))
+        raise ConfigError(
+            refused(
+                "run_dir",
+                f"{bounded_repr(path)} records no parameter count (no running status event)",
+                "a run that has started",
+            )
+        )
     prediction = predict_run(cfg, device=device, params=counts[-1])
-    return RunComparison(run_dir=path, prediction=prediction, measured_mib=measured[:prediction.nproc], step=step)
-
+    return RunComparison(run_dir=path, prediction=prediction, measured_mib=measured[: prediction.nproc], step=step)

@@ -59,33 +59,40 @@ def _socket_ifname(value: str, machine: Machine) -> str | None:
     missing = _interfaces_missing(value, machine)
     if missing is None or not machine.interfaces:
         return None
-    return (f"NCCL_SOCKET_IFNAME={missing} matches no network interface here "
-            f"({', '.join(sorted(machine.interfaces))}): "
-            f"NCCL cannot bootstrap and the first collective fails")
+    return (
+        f"NCCL_SOCKET_IFNAME={missing} matches no network interface here "
+        f"({', '.join(sorted(machine.interfaces))}): "
+        f"NCCL cannot bootstrap and the first collective fails"
+    )
 
 
 def _ib_disabled(value: str, machine: Machine) -> str | None:
     if _on(value) and machine.infiniband:
-        return (f"NCCL_IB_DISABLE={value} while this machine has InfiniBand ({', '.join(sorted(machine.infiniband))}): "
-                f"traffic between nodes falls back to TCP sockets, many times slower")
+        return (
+            f"NCCL_IB_DISABLE={value} while this machine has InfiniBand ({', '.join(sorted(machine.infiniband))}): "
+            f"traffic between nodes falls back to TCP sockets, many times slower"
+        )
     return None
 
 
 def _flag(text: str) -> Callable[[str, Machine], str | None]:
     def rule(value: str, machine: Machine) -> str | None:
         return text.format(value=value) if _on(value) else None
+
     return rule
 
 
 def _set(text: str) -> Callable[[str, Machine], str | None]:
     def rule(value: str, machine: Machine) -> str | None:
         return text.format(value=value) if value.strip() else None
+
     return rule
 
 
 def _renamed(new: str) -> Callable[[str, Machine], str | None]:
     def rule(value: str, machine: Machine) -> str | None:
         return f"is a deprecated name: PyTorch's is {new} (set {new}={value} instead)"
+
     return rule
 
 
@@ -111,14 +118,38 @@ def _visible_devices(value: str, machine: Machine) -> str | None:
 RULES: list[tuple[str, Callable[[str, Machine], str | None], str]] = [
     ("NCCL_SOCKET_IFNAME", _socket_ifname, "fail"),
     ("NCCL_IB_DISABLE", _ib_disabled, "warn"),
-    ("NCCL_P2P_DISABLE", _flag("NCCL_P2P_DISABLE={value} turns off NVLink and PCIe peer-to-peer between GPUs: "
-                               "all-reduce goes through host memory, several times slower"), "warn"),
-    ("NCCL_SHM_DISABLE", _flag("NCCL_SHM_DISABLE={value} turns off shared memory between processes of one machine: "
-                               "slower all-reduce where peer-to-peer is not available"), "warn"),
-    ("NCCL_ALGO", _set("NCCL_ALGO={value} forces an algorithm NCCL would otherwise choose per message size: leave "
-                       "it unset unless a measurement says otherwise"), "warn"),
-    ("NCCL_PROTO", _set("NCCL_PROTO={value} forces a protocol NCCL would otherwise choose per message size: leave it "
-                        "unset unless a measurement says otherwise"), "warn"),
+    (
+        "NCCL_P2P_DISABLE",
+        _flag(
+            "NCCL_P2P_DISABLE={value} turns off NVLink and PCIe peer-to-peer between GPUs: "
+            "all-reduce goes through host memory, several times slower"
+        ),
+        "warn",
+    ),
+    (
+        "NCCL_SHM_DISABLE",
+        _flag(
+            "NCCL_SHM_DISABLE={value} turns off shared memory between processes of one machine: "
+            "slower all-reduce where peer-to-peer is not available"
+        ),
+        "warn",
+    ),
+    (
+        "NCCL_ALGO",
+        _set(
+            "NCCL_ALGO={value} forces an algorithm NCCL would otherwise choose per message size: leave "
+            "it unset unless a measurement says otherwise"
+        ),
+        "warn",
+    ),
+    (
+        "NCCL_PROTO",
+        _set(
+            "NCCL_PROTO={value} forces a protocol NCCL would otherwise choose per message size: leave it "
+            "unset unless a measurement says otherwise"
+        ),
+        "warn",
+    ),
     ("NCCL_DEBUG", _debug, "warn"),
     ("NCCL_TOPO_FILE", _topo_file, "warn"),
     ("NCCL_ASYNC_ERROR_HANDLING", _renamed("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "warn"),
@@ -128,11 +159,14 @@ RULES: list[tuple[str, Callable[[str, Machine], str | None], str]] = [
 ]
 
 
-def findings(env: Mapping[str, str], interfaces: frozenset[str] | None = None,
-             infiniband: frozenset[str] | None = None) -> list[tuple[str, str]]:
+def findings(
+    env: Mapping[str, str], interfaces: frozenset[str] | None = None, infiniband: frozenset[str] | None = None
+) -> list[tuple[str, str]]:
     """(level, text) for each setting in ``env`` that slows or breaks collectives, worst first."""
-    machine = Machine(network_interfaces() if interfaces is None else interfaces,
-                      infiniband_devices() if infiniband is None else infiniband)
+    machine = Machine(
+        network_interfaces() if interfaces is None else interfaces,
+        infiniband_devices() if infiniband is None else infiniband,
+    )
     found = []
     for name, rule, level in RULES:
         if name in env and (why := rule(env[name], machine)):
@@ -153,5 +187,12 @@ def summary(env: Mapping[str, str] = os.environ, **machine) -> tuple[str, str, d
         worst = found[0][0]
         return worst, "; ".join(t for _, t in found), details
     settings = details["settings"]
-    return "pass", (f"{len(settings)} NCCL setting(s), none known to slow or break collectives"
-                    if settings else "no NCCL_* settings: NCCL chooses transports itself"), details
+    return (
+        "pass",
+        (
+            f"{len(settings)} NCCL setting(s), none known to slow or break collectives"
+            if settings
+            else "no NCCL_* settings: NCCL chooses transports itself"
+        ),
+        details,
+    )

@@ -65,8 +65,12 @@ class MemoryEstimate:
         """The arithmetic behind the figure, e.g. '2 Ψ + 18 Ψ / 8 = 4.25 bytes x 7e9 params = 27.7 GiB'."""
         w, g, o = BYTES_PER_PARAM[self.precision]
         n = self.gpus
-        parts = {0: f"{w + g + o} Ψ", 1: f"{w + g} Ψ + {o} Ψ / {n}", 2: f"{w} Ψ + {g + o} Ψ / {n}",
-                 3: f"{w + g + o} Ψ / {n}"}[self.zero_stage]
+        parts = {
+            0: f"{w + g + o} Ψ",
+            1: f"{w + g} Ψ + {o} Ψ / {n}",
+            2: f"{w} Ψ + {g + o} Ψ / {n}",
+            3: f"{w + g + o} Ψ / {n}",
+        }[self.zero_stage]
         per_param = self.total_bytes / self.params
         size = f"{self.total_gib:,.1f} GiB" if self.total_gib >= 1 else f"{self.total_bytes / 2**20:,.1f} MiB"
         return f"{parts} = {per_param:.3g} bytes x {self.params:.3g} params = {size}"
@@ -85,9 +89,20 @@ def estimate(params: float, precision: str = "bf16", zero_stage: int = 0, gpus: 
     check_value("gpus", gpus, isinstance(gpus, int) and gpus >= 1, "1 or more")
     w, g, o = BYTES_PER_PARAM[precision]
     shard = {  # the divisor of each part at each stage: 1 = every GPU holds all of it
-        0: (1, 1, 1), 1: (1, 1, gpus), 2: (1, gpus, gpus), 3: (gpus, gpus, gpus)}[zero_stage]
-    return MemoryEstimate(params, precision, zero_stage, gpus, weights_bytes=w * params / shard[0],
-                          gradients_bytes=g * params / shard[1], optimizer_bytes=o * params / shard[2])
+        0: (1, 1, 1),
+        1: (1, 1, gpus),
+        2: (1, gpus, gpus),
+        3: (gpus, gpus, gpus),
+    }[zero_stage]
+    return MemoryEstimate(
+        params,
+        precision,
+        zero_stage,
+        gpus,
+        weights_bytes=w * params / shard[0],
+        gradients_bytes=g * params / shard[1],
+        optimizer_bytes=o * params / shard[2],
+    )
 
 
 @dataclass(frozen=True)
@@ -105,16 +120,22 @@ class StageAdvice:
         if self.stage is None:
             stage3 = self.estimates[-1]
             need = math.ceil(stage3.total_bytes * stage3.gpus / 2**30 / budget)
-            lines.append(f"  no stage fits: ZeRO-3 needs at least {need} GPUs of this size, or offload optimizer "
-                         "state to CPU/NVMe (ZeRO-Offload / ZeRO-Infinity)")
+            lines.append(
+                f"  no stage fits: ZeRO-3 needs at least {need} GPUs of this size, or offload optimizer "
+                "state to CPU/NVMe (ZeRO-Offload / ZeRO-Infinity)"
+            )
         return "\n".join(lines)
 
 
 def recommend_stage(params: float, gpu_memory_gib: float, gpus: int, precision: str = "bf16") -> StageAdvice:
     """The lowest ZeRO stage whose model state fits: lower stages communicate less (stage 3 gathers the
     weights in every forward and backward), so partition only as much as memory requires."""
-    check_value("gpu_memory_gib", gpu_memory_gib, isinstance(gpu_memory_gib, (int, float)) and gpu_memory_gib > 0,
-           "a positive number of GiB")
+    check_value(
+        "gpu_memory_gib",
+        gpu_memory_gib,
+        isinstance(gpu_memory_gib, (int, float)) and gpu_memory_gib > 0,
+        "a positive number of GiB",
+    )
     estimates = [estimate(params, precision, stage, gpus) for stage in STAGES]
     fitting = [e.zero_stage for e in estimates if e.total_gib <= STATE_SHARE * gpu_memory_gib]
     return StageAdvice(stage=fitting[0] if fitting else None, estimates=estimates, gpu_memory_gib=gpu_memory_gib)
@@ -134,9 +155,15 @@ def parse_count(text: str) -> float:
     if not value > 0:  # also catches nan
         raise ConfigError(not_allowed("params", text, "a positive count such as 350M, 7B or 1.3e9"))
     if scale == 1.0 and value < 1000 and "e" not in raw.lower():  # `estimate 7`: surely 7B, not 7 parameters
-        raise ConfigError(not_allowed("params", text, f"a count with its unit: {raw}B for {raw} billion, {raw}M "
-                                      f"for {raw} million (or {raw}e0 for {raw} parameters)",
-                                      problem="has no unit"))
+        raise ConfigError(
+            not_allowed(
+                "params",
+                text,
+                f"a count with its unit: {raw}B for {raw} billion, {raw}M "
+                f"for {raw} million (or {raw}e0 for {raw} parameters)",
+                problem="has no unit",
+            )
+        )
     return value
 
 
@@ -149,4 +176,3 @@ def model_params(cfg) -> int:
     with torch.device("meta"):
         model = build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
-

@@ -35,17 +35,26 @@ def _pin_asset(config: config_mod.Config) -> config_mod.Config:
         ws = Workspace.open(config.data.workspace or None)
         asset, field = data_assets.get(ws, config.data.asset), "data.asset"
         if asset.tags.get(KIND_TAG[0]) == KIND_TAG[1]:
-            raise data_assets.DataAssetError(refused(
-                "data.asset", f"{asset.ref} is a tokenizer, not data", "a data asset (the tokenizer goes in "
-                                                                       "data.tokenizer)"))
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, asset=asset.ref,
-                                                                      workspace=str(ws.root)))
+            raise data_assets.DataAssetError(
+                refused(
+                    "data.asset",
+                    f"{asset.ref} is a tokenizer, not data",
+                    "a data asset (the tokenizer goes in data.tokenizer)",
+                )
+            )
+        config = dataclasses.replace(
+            config, data=dataclasses.replace(config.data, asset=asset.ref, workspace=str(ws.root))
+        )
     allowed = config_mod.ASSET_TYPES[config.model.name]
     if asset.type not in allowed:
         shown = config.data.path if config.data.path else asset.ref
         raise data_assets.DataAssetError(
-            refused(field, f"{shown} is a {asset.type} asset",
-                    f"{', '.join(allowed)} (for model.name={config.model.name!r})"))
+            refused(
+                field,
+                f"{shown} is a {asset.type} asset",
+                f"{', '.join(allowed)} (for model.name={config.model.name!r})",
+            )
+        )
     return config
 
 

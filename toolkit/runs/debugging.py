@@ -63,8 +63,9 @@ def wait_for_debugger(run: RunDir) -> int | None:
 
     def report(state: str) -> None:  # status.json first: whoever reads the event finds the status saying so too
         run_status.update(run, debugger={"state": state, "host": debug.host, "port": port, "attempt": attempt})
-        event = run.append_event(DebuggerEvent(state=state, host=debug.host, port=port, world_size=world,
-                                               attempt=attempt))
+        event = run.append_event(
+            DebuggerEvent(state=state, host=debug.host, port=port, world_size=world, attempt=attempt)
+        )
         print(notice(event), file=sys.stderr, flush=True)  # the job's log too (train.log, Azure ML's std_log)
 
     if not debug.wait_for_client:
@@ -80,9 +81,12 @@ def wait_for_debugger(run: RunDir) -> int | None:
     except run_status.IllegalTransition:
         pass  # the run's end was recorded meanwhile (a kill): it stands
     code = 0 if world == 1 else STOPPED_EXIT
-    print(f"stopped while waiting for a debugger: nothing was trained; exit code {code}"
-          + (" (a failure to the launcher, so that it ends the ranks waiting for rank 0)" if code else ""),
-          file=sys.stderr, flush=True)
+    print(
+        f"stopped while waiting for a debugger: nothing was trained; exit code {code}"
+        + (" (a failure to the launcher, so that it ends the ranks waiting for rank 0)" if code else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     return code
 
 
@@ -92,13 +96,18 @@ def _port_to_ask(run: RunDir, debug) -> int:
     debugpy.listen waits for it forever."""
     if debug.port:
         if port_in_use(debug.host, debug.port):
-            raise DebuggerError(not_allowed("debug.port", debug.port, "a free port, or 0 for one chosen at start",
-                                            problem=f"is in use on {debug.host} (another debugger or server)"))
+            raise DebuggerError(
+                not_allowed(
+                    "debug.port",
+                    debug.port,
+                    "a free port, or 0 for one chosen at start",
+                    problem=f"is in use on {debug.host} (another debugger or server)",
+                )
+            )
         return debug.port
     earlier = run.read_status().get("debugger")
     port = earlier.get("port") if isinstance(earlier, dict) else None
-    if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and \
-            not port_in_use(debug.host, port):
+    if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and not port_in_use(debug.host, port):
         return port
     return 0
 
@@ -111,9 +120,13 @@ def _listen(host: str, port: int) -> int:
     try:
         import debugpy
     except ModuleNotFoundError:
-        raise DebuggerError(refused("debug.enabled", "needs debugpy, which is not installed here",
-                                    "pip install debugpy (a core dependency: reinstalling trainbook brings it)")) \
-            from None
+        raise DebuggerError(
+            refused(
+                "debug.enabled",
+                "needs debugpy, which is not installed here",
+                "pip install debugpy (a core dependency: reinstalling trainbook brings it)",
+            )
+        ) from None
     _, port = debugpy.listen((host, port), in_process_debug_adapter=True)
     return port
 
@@ -137,6 +150,7 @@ def _attached_unless_stopped(run: RunDir) -> bool:
 
 # --- what people read --------------------------------------------------------------------------------------------
 
+
 def notice(event: DebuggerEvent) -> str:
     """One line: where to attach and what the run does meanwhile."""
     where = f"{event.host}:{event.port}"
@@ -144,23 +158,39 @@ def notice(event: DebuggerEvent) -> str:
         return f"debugger attached on {where}: training starts"
     if event.state == "listening":
         return f"debugger listening on {where} (rank 0; training goes on)"
-    others = (f"; the other {event.world_size - 1} rank(s) wait for it in their first collective, up to torch's "
-              "process-group timeout (30 min by default)" if event.world_size > 1 else "")
+    others = (
+        f"; the other {event.world_size - 1} rank(s) wait for it in their first collective, up to torch's "
+        "process-group timeout (30 min by default)"
+        if event.world_size > 1
+        else ""
+    )
     return f"waiting for a debugger on {where} (rank 0: training starts once one attaches){others}"
 
 
 def vscode_launch_json(host: str, port: int) -> str:
     """A .vscode/launch.json that attaches VS Code (its Python Debugger extension) to the run."""
-    return json.dumps({"version": "0.2.0", "configurations": [{
-        "name": "Attach to trainbook", "type": "debugpy", "request": "attach",
-        "connect": {"host": host, "port": port},
-        "justMyCode": False,  # the toolkit's and torch's code too: training bugs often surface there
-    }]}, indent=2)
+    return json.dumps(
+        {
+            "version": "0.2.0",
+            "configurations": [
+                {
+                    "name": "Attach to trainbook",
+                    "type": "debugpy",
+                    "request": "attach",
+                    "connect": {"host": host, "port": port},
+                    "justMyCode": False,  # the toolkit's and torch's code too: training bugs often surface there
+                }
+            ],
+        },
+        indent=2,
+    )
 
 
 def instructions(event: DebuggerEvent) -> str:
     """What the CLI prints for a debugger event: the notice, and how to attach while one can."""
     if event.state == "attached":
         return notice(event)
-    return (f"{notice(event)}\nattach with VS Code: put this in .vscode/launch.json, then Run > Start Debugging "
-            f"(any Debug Adapter Protocol client works)\n{vscode_launch_json(event.host, event.port)}")
+    return (
+        f"{notice(event)}\nattach with VS Code: put this in .vscode/launch.json, then Run > Start Debugging "
+        f"(any Debug Adapter Protocol client works)\n{vscode_launch_json(event.host, event.port)}"
+    )

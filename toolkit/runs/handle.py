@@ -155,13 +155,21 @@ def attach(run: str | Path | RunDir) -> RunHandle:
         raise MissingPath(not_allowed("run_dir", run.path, "a run directory", problem="is not a folder"))
     status = run.read_status()
     if status.get("state") in FINAL_STATES:
-        raise NotThisRunError(not_allowed("run_dir", run.path, "a run that is running",
-                                          problem=f"has {status['state']} at step {status.get('step')}"))
+        raise NotThisRunError(
+            not_allowed(
+                "run_dir",
+                run.path,
+                "a run that is running",
+                problem=f"has {status['state']} at step {status.get('step')}",
+            )
+        )
     pid = status.get("supervisor_pid")
     if not run_processes.carries_token(pid, status.get("run_token")):
-        raise NotThisRunError(f"run_dir: {run.path} says it is {status.get('state', 'unknown')}, but no supervisor "
-                              "of it is alive (the machine restarted, or it was killed, or the folder was copied); "
-                              f"`trainbook resume {run.path}` continues it from its latest checkpoint")
+        raise NotThisRunError(
+            f"run_dir: {run.path} says it is {status.get('state', 'unknown')}, but no supervisor "
+            "of it is alive (the machine restarted, or it was killed, or the folder was copied); "
+            f"`trainbook resume {run.path}` continues it from its latest checkpoint"
+        )
     return RunHandle(run, _AttachedSupervisor(int(pid), run))
 
 
@@ -171,15 +179,20 @@ def kill_training(run: str | Path | RunDir, sig: int = signal.SIGKILL) -> bool:
     run = run if isinstance(run, RunDir) else RunDir(run)
     status = run.read_status()
     if status.get("state") in FINAL_STATES:
-        raise NotThisRunError(not_allowed("run_dir", run.path, "a run that is running",
-                                          problem=f"has {status['state']}; nothing was signalled"))
+        raise NotThisRunError(
+            not_allowed(
+                "run_dir", run.path, "a run that is running", problem=f"has {status['state']}; nothing was signalled"
+            )
+        )
     pgid = status.get("worker_pgid")
     if not isinstance(pgid, int) or pgid <= 1 or not run_processes.group_members(pgid):
         return False
     if not run_processes.group_is_runs(pgid, status.get("run_token")):
-        raise NotThisRunError(f"run_dir: process group {pgid} in status.json is not this run's training (none of "
-                              "its processes carries the run's token: the run ended and the id was reused, or the "
-                              "run directory was copied); nothing was signalled")
+        raise NotThisRunError(
+            f"run_dir: process group {pgid} in status.json is not this run's training (none of "
+            "its processes carries the run's token: the run ended and the id was reused, or the "
+            "run directory was copied); nothing was signalled"
+        )
     try:
         os.killpg(pgid, sig)
         return True

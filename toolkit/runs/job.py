@@ -37,8 +37,17 @@ JOIN_TIMEOUT_S = 600.0  # nodes of one job start minutes apart (image pulls, mou
 LOST_AFTER_S = 60.0  # a node whose heartbeat has not moved for this long is lost
 
 
-def command_line(run_dir: str, *, config: str, nnodes: int, max_restarts: int, gpus_per_node: int = 0,
-                 sets: dict[str, str] | None = None, tensorboard_link: str = "", python: str = "python") -> str:
+def command_line(
+    run_dir: str,
+    *,
+    config: str,
+    nnodes: int,
+    max_restarts: int,
+    gpus_per_node: int = 0,
+    sets: dict[str, str] | None = None,
+    tensorboard_link: str = "",
+    python: str = "python",
+) -> str:
     """The command an Azure ML job runs once per node (PyTorchDistribution, process_count_per_instance=1).
     Values may be Azure ML expressions such as ``${{outputs.runs}}/demo`` (left unquoted: Azure ML substitutes them
     before the shell runs)."""
@@ -46,8 +55,18 @@ def command_line(run_dir: str, *, config: str, nnodes: int, max_restarts: int, g
     def arg(value: str) -> str:
         return value if "${{" in value else shlex.quote(value)
 
-    words = [python, "-m", "toolkit.runs.job", arg(run_dir), "--config", arg(config), "--nnodes", str(nnodes),
-             "--max-restarts", str(max_restarts)]
+    words = [
+        python,
+        "-m",
+        "toolkit.runs.job",
+        arg(run_dir),
+        "--config",
+        arg(config),
+        "--nnodes",
+        str(nnodes),
+        "--max-restarts",
+        str(max_restarts),
+    ]
     if gpus_per_node:
         words += ["--gpus-per-node", str(gpus_per_node)]
     if tensorboard_link:
@@ -130,9 +149,13 @@ def all_reduce_check(group: NodeGroup, gpus: int) -> tuple[str, str]:
     device = torch.device("cuda", 0) if gpus else torch.device("cpu")
     t0 = time.perf_counter()
     try:
-        dist.init_process_group(backend, store=dist.PrefixStore("trainbook/preflight", group.store),
-                                rank=group.spec.rank, world_size=group.spec.count,
-                                timeout=timedelta(seconds=group.lost_after_s))
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("trainbook/preflight", group.store),
+            rank=group.spec.rank,
+            world_size=group.spec.count,
+            timeout=timedelta(seconds=group.lost_after_s),
+        )
         tensor = torch.ones(2**20, device=device)  # 4 MiB
         dist.all_reduce(tensor)
         if device.type == "cuda":
@@ -151,8 +174,11 @@ def all_reduce_check(group: NodeGroup, gpus: int) -> tuple[str, str]:
 def preflight(group: NodeGroup, run_dir: Path, gpus: int) -> list[dict]:
     """Every node's checks, gathered by node 0 and given back to all; then the cross-node all-reduce. Raises
     PreflightError on any node's failure, on every node, with the whole report."""
-    mine = {"node": group.spec.rank, "host": socket.gethostname(),
-            "checks": [list(c) for c in node_checks(group.spec, run_dir, gpus)]}
+    mine = {
+        "node": group.spec.rank,
+        "host": socket.gethostname(),
+        "checks": [list(c) for c in node_checks(group.spec, run_dir, gpus)],
+    }
     reports = group.exchange("preflight", mine)
     if not _failures(reports):
         status, summary = all_reduce_check(group, gpus)
@@ -166,15 +192,21 @@ def preflight(group: NodeGroup, run_dir: Path, gpus: int) -> list[dict]:
 
 
 def _failures(reports: list[dict]) -> list[str]:
-    return [f"node {r['node']} ({r['host']}) {name}: {summary}" for r in reports for name, status, summary in
-            r["checks"] if status == "fail"]
+    return [
+        f"node {r['node']} ({r['host']}) {name}: {summary}"
+        for r in reports
+        for name, status, summary in r["checks"]
+        if status == "fail"
+    ]
 
 
 def report_table(reports: list[dict]) -> str:
     lines = ["pre-flight:"]
     for r in reports:
-        lines += [f"  node {r['node']} {r['host']:<16} {name:<12} {status:<5} {summary}" for name, status, summary in
-                  r["checks"]]
+        lines += [
+            f"  node {r['node']} {r['host']:<16} {name:<12} {status:<5} {summary}"
+            for name, status, summary in r["checks"]
+        ]
     return "\n".join(lines)
 
 
@@ -207,10 +239,15 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], nnodes: i
     differences = config_differences(stored.to_dict(), cfg.to_dict(), LOCATION_FIELDS)
     if differences:
         key, old, new = differences[0]
-        raise config_mod.ConfigError(not_allowed(
-            key, new, f"{old!r}, the value the stored run in {run_dir} was started with (resubmit the same config to "
-                      "resume it, or give the job a new run name to start another run)",
-            problem=f"differs from the stored run's ({len(differences)} field(s) differ; the first is named)"))
+        raise config_mod.ConfigError(
+            not_allowed(
+                key,
+                new,
+                f"{old!r}, the value the stored run in {run_dir} was started with (resubmit the same config to "
+                "resume it, or give the job a new run name to start another run)",
+                problem=f"differs from the stored run's ({len(differences)} field(s) differ; the first is named)",
+            )
+        )
     if cfg.fingerprint() != stored.fingerprint():  # only where the inputs are mounted moved: the ranks read them there
         run.write_config(cfg)
     run_status.transition(run, "retry", resumed=time.time())
@@ -234,17 +271,21 @@ def _spec(args) -> NodeSpec:
             raise SystemExit(f"{env} is not set: pass --{env.lower().replace('_', '-')} or run under a launcher")
         return str(value)
 
-    spec = NodeSpec(rank=int(pick(args.node_rank, "NODE_RANK", "0")), count=args.nnodes,
-                    addr=pick(args.master_addr, "MASTER_ADDR", "127.0.0.1"),
-                    port=int(pick(args.master_port, "MASTER_PORT", None)))
+    spec = NodeSpec(
+        rank=int(pick(args.node_rank, "NODE_RANK", "0")),
+        count=args.nnodes,
+        addr=pick(args.master_addr, "MASTER_ADDR", "127.0.0.1"),
+        port=int(pick(args.master_port, "MASTER_PORT", None)),
+    )
     if not 0 <= spec.rank < spec.count:
         raise SystemExit(not_allowed("NODE_RANK", spec.rank, f"0 to {spec.count - 1} (--nnodes {spec.count})"))
     return spec
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.runs.job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit.runs.job", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir")
     parser.add_argument("--config", required=True, help="the run's config (read on node 0 only)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
@@ -254,11 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-rank", type=int)
     parser.add_argument("--master-addr")
     parser.add_argument("--master-port", type=int)
-    parser.add_argument("--tensorboard-link", default="",
-                        help="node 0 links this name in the working directory to RUN_DIR/tb (Azure ML's TensorBoard "
-                             "service reads a folder of the working directory; a mount's place is not known before)")
-    parser.add_argument("--lost-after", type=float, default=LOST_AFTER_S,
-                        help="seconds without a heartbeat before a node counts as lost")
+    parser.add_argument(
+        "--tensorboard-link",
+        default="",
+        help="node 0 links this name in the working directory to RUN_DIR/tb (Azure ML's TensorBoard "
+        "service reads a folder of the working directory; a mount's place is not known before)",
+    )
+    parser.add_argument(
+        "--lost-after",
+        type=float,
+        default=LOST_AFTER_S,
+        help="seconds without a heartbeat before a node counts as lost",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.nnodes < 1:
         raise SystemExit(not_allowed("--nnodes", args.nnodes, "1 or more"))
@@ -294,4 +342,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

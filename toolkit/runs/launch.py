@@ -55,18 +55,30 @@ class NothingToResume(RuntimeError):
     do instead."""
 
 
-def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset: int = 0,
-                      plan: str = "") -> RunHandle:
+def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset: int = 0, plan: str = "") -> RunHandle:
     """Start the supervisor and hand it the run lock (``lock_fd``, closed here: from now on the supervisor and
     the training processes hold it)."""
     token = run_processes.new_token()  # inherited by the supervisor, the launcher and every rank
     run_status.update(run, run_token=token)
     with open_log(run.path / LOG_NAME) as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", run_processes.SUPERVISOR_MODULE, str(run.path), "--max-restarts", str(max_restarts),
-             "--lock-fd", str(lock_fd)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **paths.SAFE_PATH_ENV, run_processes.TOKEN_ENV: token}, pass_fds=(lock_fd,))
+            [
+                sys.executable,
+                "-m",
+                run_processes.SUPERVISOR_MODULE,
+                str(run.path),
+                "--max-restarts",
+                str(max_restarts),
+                "--lock-fd",
+                str(lock_fd),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **paths.SAFE_PATH_ENV, run_processes.TOKEN_ENV: token},
+            pass_fds=(lock_fd,),
+        )
     run_lock.record_holder(lock_fd, process.pid)
     run_status.update(run, supervisor_pid=process.pid, max_restarts=max_restarts)
     return RunHandle(run, process, from_offset, plan)
@@ -83,8 +95,12 @@ def _holding_run_lock(run_dir: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def start(config: config_mod.Config, run_dir: str | Path | None = None, runs_root: str | Path | None = None,
-          max_restarts: int = 0) -> RunHandle:
+def start(
+    config: config_mod.Config,
+    run_dir: str | Path | None = None,
+    runs_root: str | Path | None = None,
+    max_restarts: int = 0,
+) -> RunHandle:
     """Create the run directory, write the resolved config, and start training under a supervisor."""
     if max_restarts < 0:
         raise RefusedValue(not_allowed("max_restarts", max_restarts, "0 or more", problem="is negative"))
@@ -104,8 +120,9 @@ def train(config_path: str | Path | None = None, overrides: list[str] | None = N
     return start(config_mod.load(config_path, overrides), **kwargs)
 
 
-def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | None = None,
-           trust_run: bool = False) -> RunHandle:
+def resume(
+    run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | None = None, trust_run: bool = False
+) -> RunHandle:
     """Continue a stopped, killed or failed run from its latest valid checkpoint (same run directory), or roll
     it back to ``from_checkpoint`` (a name such as ``step_00000040``; newer checkpoints are set aside, kept).
     The handle's ``plan`` says which checkpoint it starts from. A completed run raises NothingToResume (nothing
@@ -113,16 +130,17 @@ def resume(run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | No
     is honoured only for the user's own run, or with ``trust_run`` (toolkit.trust)."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
-        raise MissingPath(not_allowed("run_dir", run_dir, "a run directory",
-                                       problem="holds no run (no config.yaml)"))
+        raise MissingPath(not_allowed("run_dir", run_dir, "a run directory", problem="holds no run (no config.yaml)"))
     cfg = run.read_config()  # a config the run could not start with is refused here, before anything changes
     trust.require(run.path, cfg, "resume", trust_run)  # so is one from elsewhere that would act beyond the run
     with _holding_run_lock(run.path) as lock_fd:
         status = run.read_status()
-        if status.get("state") in ("queued", "running") and \
-                run_processes.may_be_runs(status.get("supervisor_pid"), status.get("run_token"), run.path):
-            raise RunBusyError(f"run_dir: {str(run_dir)!r} is still running (supervisor pid "
-                               f"{status['supervisor_pid']}); stop it first")
+        if status.get("state") in ("queued", "running") and run_processes.may_be_runs(
+            status.get("supervisor_pid"), status.get("run_token"), run.path
+        ):
+            raise RunBusyError(
+                f"run_dir: {str(run_dir)!r} is still running (supervisor pid {status['supervisor_pid']}); stop it first"
+            )
         store = CheckpointStore(run.path)
         if status.get("state") == "completed" and from_checkpoint is None:
             raise NothingToResume(_completed_hint(run, status, store))
@@ -141,6 +159,10 @@ def _completed_hint(run: RunDir, status: dict, store: CheckpointStore) -> str:
     import shlex
 
     checkpoints = [p.name for p in store.published()]
-    again = (f"; to train it again from a checkpoint: trainbook resume {shlex.quote(str(run.path))} --from "
-             f"CHECKPOINT (here: {', '.join(checkpoints)})" if checkpoints else "")
+    again = (
+        f"; to train it again from a checkpoint: trainbook resume {shlex.quote(str(run.path))} --from "
+        f"CHECKPOINT (here: {', '.join(checkpoints)})"
+        if checkpoints
+        else ""
+    )
     return f"{run.path} has completed at step {status.get('step')}: nothing to resume, nothing changed{again}"

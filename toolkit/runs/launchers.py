@@ -20,14 +20,33 @@ def resolve_launcher(engine_cfg) -> str | None:
 
 
 def _torchrun(cfg, run_dir, port):
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={cfg.engine.nproc}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "toolkit.runs.worker", str(run_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc_per_node={cfg.engine.nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        "-m",
+        "toolkit.runs.worker",
+        str(run_dir),
+    ]
 
 
 def _deepspeed(cfg, run_dir, port):
     # The DeepSpeed launcher's own entry, run with this interpreter so the venv's packages are used.
-    return [sys.executable, "-m", "deepspeed.launcher.runner", f"--num_gpus={cfg.engine.nproc}",
-            f"--master_port={port}", "--no_local_rank", "--module", "toolkit.runs.worker", str(run_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        f"--num_gpus={cfg.engine.nproc}",
+        f"--master_port={port}",
+        "--no_local_rank",
+        "--module",
+        "toolkit.runs.worker",
+        str(run_dir),
+    ]
 
 
 LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
@@ -37,9 +56,19 @@ def _torchrun_nodes(cfg, run_dir, nodes) -> list[str]:
     """One node of a multi-node job (toolkit.runs.job): torchrun's static rendezvous on node 0, one port above the
     nodes' own store. Both engines: deepspeed.init_distributed reads the same variables, and the DeepSpeed launcher
     would need SSH between nodes."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.count}", f"--node_rank={nodes.rank}",
-            f"--nproc_per_node={cfg.engine.nproc}", f"--master_addr={nodes.addr}",
-            f"--master_port={nodes.training_port}", "-m", "toolkit.runs.worker", str(run_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes.count}",
+        f"--node_rank={nodes.rank}",
+        f"--nproc_per_node={cfg.engine.nproc}",
+        f"--master_addr={nodes.addr}",
+        f"--master_port={nodes.training_port}",
+        "-m",
+        "toolkit.runs.worker",
+        str(run_dir),
+    ]
 
 
 def worker_command(cfg, run_dir: Path, nodes=None) -> tuple[list[str], dict[str, str]]:

@@ -23,24 +23,57 @@ from toolkit.ports import free_port_pair
 class LocalNodesJob:
     """One submission of a job to ``nodes`` simulated nodes."""
 
-    def __init__(self, workdir: Path, run_dir: Path, config: Path, *flags: str, nodes: int = 2, max_restarts: int = 0,
-                 lost_after_s: float = 4.0, node_run_dirs: dict[int, Path] | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        run_dir: Path,
+        config: Path,
+        *flags: str,
+        nodes: int = 2,
+        max_restarts: int = 0,
+        lost_after_s: float = 4.0,
+        node_run_dirs: dict[int, Path] | None = None,
+    ):
         self.port = free_port_pair()
         self.logs = [workdir / f"node{k}" / f"job-{self.port}.log" for k in range(nodes)]
         self.processes = []
         for k in range(nodes):
             local = workdir / f"node{k}"
             local.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, **SAFE_PATH_ENV, "NODE_RANK": str(k), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(self.port),
-                   "TRAINBOOK_CACHE": str(local / "cache")}
+            env = {
+                **os.environ,
+                **SAFE_PATH_ENV,
+                "NODE_RANK": str(k),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(self.port),
+                "TRAINBOOK_CACHE": str(local / "cache"),
+            }
             with open(self.logs[k], "wb") as log:
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "toolkit.runs.job", str((node_run_dirs or {}).get(k, run_dir)),
-                     "--config", str(config), "--nnodes", str(nodes), "--max-restarts", str(max_restarts),
-                     "--lost-after", str(lost_after_s), *flags],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=local,
-                    start_new_session=True))
+                self.processes.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "toolkit.runs.job",
+                            str((node_run_dirs or {}).get(k, run_dir)),
+                            "--config",
+                            str(config),
+                            "--nnodes",
+                            str(nodes),
+                            "--max-restarts",
+                            str(max_restarts),
+                            "--lost-after",
+                            str(lost_after_s),
+                            *flags,
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        cwd=local,
+                        start_new_session=True,
+                    )
+                )
 
     def wait(self, timeout: float | None = None) -> list[int]:
         """Every node's exit code, once all have ended."""

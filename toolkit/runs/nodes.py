@@ -52,13 +52,20 @@ class NodeGroup:
         self.spec, self.lost_after_s = spec, lost_after_s
         try:
             # node 0 serves the store; the others connect, retrying until it is up (nodes start minutes apart)
-            self.store = dist.TCPStore(spec.addr, spec.port, is_master=spec.rank == 0, wait_for_workers=False,
-                                       timeout=timedelta(seconds=join_timeout_s))
-            self._beat_store = dist.TCPStore(spec.addr, spec.port, is_master=False, wait_for_workers=False,
-                                             timeout=timedelta(seconds=lost_after_s))
+            self.store = dist.TCPStore(
+                spec.addr,
+                spec.port,
+                is_master=spec.rank == 0,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=join_timeout_s),
+            )
+            self._beat_store = dist.TCPStore(
+                spec.addr, spec.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=lost_after_s)
+            )
         except Exception as exc:  # noqa: BLE001 - the store's own error says little; say who and where
-            raise NodeLost(f"cannot reach node 0's store at {spec.addr}:{spec.port} within {join_timeout_s:.0f} s "
-                           f"({exc})") from None
+            raise NodeLost(
+                f"cannot reach node 0's store at {spec.addr}:{spec.port} within {join_timeout_s:.0f} s ({exc})"
+            ) from None
         self.store.set_timeout(timedelta(seconds=POLL_S))
         self._seen: dict[int, tuple[int, float]] = {}  # node -> (its heartbeat count, when it last moved)
         self._steps: dict[str, int] = {}
@@ -113,8 +120,9 @@ class NodeGroup:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001
             if self.spec.rank != 0 and not _is_timeout(exc):
-                raise NodeLost(f"node 0 is lost: its store at {self.spec.addr}:{self.spec.port} is gone ({exc})") \
-                    from None
+                raise NodeLost(
+                    f"node 0 is lost: its store at {self.spec.addr}:{self.spec.port} is gone ({exc})"
+                ) from None
             raise
 
     # --- steps all nodes take together ------------------------------------------------------------------------

@@ -55,8 +55,7 @@ def may_be_runs(pid, token: str | None, run_dir) -> bool:
         command = process.cmdline()
     except psutil.Error:
         return True  # cannot tell: assume it is (starting a second supervisor would corrupt the run)
-    return SUPERVISOR_MODULE in command and any(os.path.abspath(arg) == os.path.abspath(run_dir)
-                                                   for arg in command)
+    return SUPERVISOR_MODULE in command and any(os.path.abspath(arg) == os.path.abspath(run_dir) for arg in command)
 
 
 def group_members(pgid: int) -> list[int]:

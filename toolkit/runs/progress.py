@@ -11,8 +11,18 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from toolkit.runs import debugging
-from toolkit.events import (CheckpointEvent, CompileEvent, DebuggerEvent, ErrorEvent, EvalEvent, Event, HangEvent,
-                                 NonFiniteEvent, StatusEvent, TrainEvent)
+from toolkit.events import (
+    CheckpointEvent,
+    CompileEvent,
+    DebuggerEvent,
+    ErrorEvent,
+    EvalEvent,
+    Event,
+    HangEvent,
+    NonFiniteEvent,
+    StatusEvent,
+    TrainEvent,
+)
 
 WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come
 
@@ -76,8 +86,9 @@ def _figures(progress: RunProgress) -> dict:
     return postfix
 
 
-def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress | None = None,
-                       plain_every_s: float = PLAIN_EVERY_S) -> StatusEvent | None:
+def follow_in_terminal(
+    handle, max_steps: int, file=None, progress: RunProgress | None = None, plain_every_s: float = PLAIN_EVERY_S
+) -> StatusEvent | None:
     """Show step, loss, tokens/s and ETA while the run goes; return the last status event. ``progress`` (folded
     as events arrive) lets the caller see how far the run got, should the follow be interrupted. On a terminal,
     a progress bar; otherwise (a log file, CI, a pipe) a plain line every ``plain_every_s`` seconds, instead of a
@@ -86,8 +97,13 @@ def follow_in_terminal(handle, max_steps: int, file=None, progress: RunProgress 
     progress = progress or RunProgress(max_steps)
     if not (hasattr(file, "isatty") and file.isatty()):
         return _follow_plain(handle, file, progress, plain_every_s)
-    with tqdm(total=max_steps, unit="step", file=file, dynamic_ncols=True,
-              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
+    with tqdm(
+        total=max_steps,
+        unit="step",
+        file=file,
+        dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}",
+    ) as bar:
         for event in handle.follow():
             progress.apply(event)
             if notice := _notice(event, progress):

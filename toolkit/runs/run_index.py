@@ -13,11 +13,19 @@ def index_run(run: RunDir, config: config_mod.Config) -> None:
     from toolkit.catalogue.workspace import Workspace
 
     with Workspace.open(config.data.workspace or None).transaction() as conn:
-        conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (str(run.path.resolve()), config.name, time.time(), config.fingerprint(),
-                      config.data.asset or (f"path:{config.data.path}" if config.data.path
-                                            else f"builtin:{config.data.dataset}"),
-                      config.engine.name, config.engine.nproc))
+        conn.execute(
+            "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                str(run.path.resolve()),
+                config.name,
+                time.time(),
+                config.fingerprint(),
+                config.data.asset
+                or (f"path:{config.data.path}" if config.data.path else f"builtin:{config.data.dataset}"),
+                config.engine.name,
+                config.engine.nproc,
+            ),
+        )
 
 
 def list_runs(workspace=None, data: str | None = None) -> list[dict]:

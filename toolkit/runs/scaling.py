@@ -53,8 +53,11 @@ SIDE_BY_SIDE_POLL_S = 0.2
 RESTARTS = 1
 # collectives as the profiler names them: gloo:all_reduce, nccl:all_reduce, c10d::allreduce_, record_param_comms,
 # and NCCL's kernels on a GPU (ncclKernel_AllReduce...); aten:: ops are never communication (aten::broadcast_to)
-COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc):|^c10d::|^record_param_comms|^nccl|all_?reduce|all_?gather|"
-                        r"reduce_?scatter|all_?to_?all|broadcast", re.IGNORECASE)
+COLLECTIVE = re.compile(
+    r"^(gloo|nccl|mpi|ucc):|^c10d::|^record_param_comms|^nccl|all_?reduce|all_?gather|"
+    r"reduce_?scatter|all_?to_?all|broadcast",
+    re.IGNORECASE,
+)
 
 
 class ScalingError(RuntimeError):
@@ -62,6 +65,7 @@ class ScalingError(RuntimeError):
 
 
 # --- the plan: pure arithmetic, refused before anything starts ------------------------------------------------------
+
 
 def parse_counts(text: str) -> list[int]:
     """``"1,2,4"`` -> [1, 2, 4] (sorted, distinct); the baseline 1 is always part of the series."""
@@ -77,6 +81,7 @@ def parse_counts(text: str) -> list[int]:
 @dataclass(frozen=True)
 class Capacity:
     """How many processes a machine can give a device each, and why."""
+
     processes: int
     why: str
     gpus: bool
@@ -85,8 +90,9 @@ class Capacity:
 def capacity(cuda_devices: int, cores: int) -> Capacity:
     """One process per GPU, else one per usable core."""
     if cuda_devices:
-        return Capacity(cuda_devices, f"{cuda_devices} GPU{'s' if cuda_devices != 1 else ''}: one process per GPU",
-                        gpus=True)
+        return Capacity(
+            cuda_devices, f"{cuda_devices} GPU{'s' if cuda_devices != 1 else ''}: one process per GPU", gpus=True
+        )
     return Capacity(cores, f"{cores} usable core{'s' if cores != 1 else ''}: one process per core", gpus=False)
 
 
@@ -100,8 +106,14 @@ def machine_capacity() -> Capacity:
 
 def check_capacity(counts: list[int], machine: Capacity) -> None:
     if max(counts) > machine.processes:
-        raise ConfigError(not_allowed("--nproc", max(counts), f"1 to {machine.processes} here ({machine.why})",
-                                      problem="is more processes than this machine can run"))
+        raise ConfigError(
+            not_allowed(
+                "--nproc",
+                max(counts),
+                f"1 to {machine.processes} here ({machine.why})",
+                problem="is more processes than this machine can run",
+            )
+        )
 
 
 def per_process_batch(batch: int, nproc: int, mode: str) -> int:
@@ -110,17 +122,23 @@ def per_process_batch(batch: int, nproc: int, mode: str) -> int:
         return batch
     if batch % nproc:
         divisors = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
-        raise ConfigError(not_allowed(
-            "--nproc", nproc, f"with --strong, counts that divide the global batch ({divisors}), or "
-            f"--set train.batch_size to a multiple of {nproc}",
-            problem=f"does not split train.batch_size={batch} evenly ({batch} / {nproc} = {batch / nproc:g} "
-                    "sequences per process)"))
+        raise ConfigError(
+            not_allowed(
+                "--nproc",
+                nproc,
+                f"with --strong, counts that divide the global batch ({divisors}), or "
+                f"--set train.batch_size to a multiple of {nproc}",
+                problem=f"does not split train.batch_size={batch} evenly ({batch} / {nproc} = {batch / nproc:g} "
+                "sequences per process)",
+            )
+        )
     return batch // nproc
 
 
 @dataclass(frozen=True)
 class Layout:
     """Where a run's measured window lies: steps (warmup_steps, last_measured], logged every log_every steps."""
+
     measured_steps: int
     log_every: int
     warmup_steps: int
@@ -136,8 +154,9 @@ def layout(steps: int) -> Layout:
     if steps < 1:
         raise ConfigError(not_allowed("--steps", steps, "1 or more"))
     every = math.ceil(steps / INTERVALS)
-    return Layout(measured_steps=every * INTERVALS, log_every=every,
-                  warmup_steps=every * math.ceil(WARMUP_MIN_STEPS / every))
+    return Layout(
+        measured_steps=every * INTERVALS, log_every=every, warmup_steps=every * math.ceil(WARMUP_MIN_STEPS / every)
+    )
 
 
 def efficiency(tokens_per_s: float, nproc: int, baseline: float) -> float:
@@ -145,15 +164,26 @@ def efficiency(tokens_per_s: float, nproc: int, baseline: float) -> float:
     return tokens_per_s / (nproc * baseline)
 
 
-def run_settings(nproc: int, batch: int, lay: Layout, threads: int, profiled: bool, max_steps: int | None = None,
-                 ) -> list[str]:
+def run_settings(
+    nproc: int, batch: int, lay: Layout, threads: int, profiled: bool, max_steps: int | None = None
+) -> list[str]:
     """The fields a run of the series sets on top of the user's: a step budget (no time budget), no checkpoints,
     one evaluation at the end, and the profiler on just after the measured window."""
     steps = max_steps or (lay.last_measured + (2 + PROFILED_STEPS if profiled else 0))
-    settings = [f"engine.nproc={nproc}", f"train.batch_size={batch}", f"train.max_steps={steps}",
-                "train.max_seconds=0", f"train.log_every={lay.log_every}", f"train.eval_every={steps}",
-                f"train.eval_batches={nproc}", "train.eval_at_start=false", "checkpoint.every_steps=0",
-                "checkpoint.every_seconds=0", "checkpoint.at_end=false", f"profile.enabled={str(profiled).lower()}"]
+    settings = [
+        f"engine.nproc={nproc}",
+        f"train.batch_size={batch}",
+        f"train.max_steps={steps}",
+        "train.max_seconds=0",
+        f"train.log_every={lay.log_every}",
+        f"train.eval_every={steps}",
+        f"train.eval_batches={nproc}",
+        "train.eval_at_start=false",
+        "checkpoint.every_steps=0",
+        "checkpoint.every_seconds=0",
+        "checkpoint.at_end=false",
+        f"profile.enabled={str(profiled).lower()}",
+    ]
     if profiled:
         # The profiler starts recording in the prof.step() that ends step `wait`: one step after the window, so
         # its start-up lands in an interval that is not measured
@@ -184,9 +214,17 @@ class Plan:
     side_by_side: dict[int, list[RunSpec]]  # N -> N copies of the 1-process run, started together
 
 
-def plan(config: str, overrides: list[str], counts: list[int] | None = None, mode: str = "weak", steps: int = 20,
-         out: str | Path | None = None, runs_root: str | Path | None = None, side_by_side: bool = False,
-         machine: Capacity | None = None) -> Plan:
+def plan(
+    config: str,
+    overrides: list[str],
+    counts: list[int] | None = None,
+    mode: str = "weak",
+    steps: int = 20,
+    out: str | Path | None = None,
+    runs_root: str | Path | None = None,
+    side_by_side: bool = False,
+    machine: Capacity | None = None,
+) -> Plan:
     """Every run's config, built and validated now: a bad field, an uneven strong split or a count the machine
     cannot run is refused here, before any folder exists. ``counts``: None for 1, 2, 4... up to the machine's
     capacity; ``machine``: this machine's when None."""
@@ -194,7 +232,7 @@ def plan(config: str, overrides: list[str], counts: list[int] | None = None, mod
         raise ConfigError(not_allowed("mode", mode, ", ".join(MODES)))
     base = config_mod.load(config, overrides)
     machine = machine or machine_capacity()
-    counts = counts or [2 ** i for i in range(machine.processes.bit_length())]
+    counts = counts or [2**i for i in range(machine.processes.bit_length())]
     batches = {n: per_process_batch(base.train.batch_size, n, mode) for n in counts}
     check_capacity(counts, machine)
     lay = layout(steps)
@@ -212,17 +250,38 @@ def plan(config: str, overrides: list[str], counts: list[int] | None = None, mod
     if side_by_side:
         # long enough to outlast the trials' start-up skew: stopped once they have overlapped (measure_side_by_side)
         long = lay.last_measured + 50 * lay.measured_steps
-        pairs = {n: [spec(f"{name}-n1-trial{i + 1}of{n}", 1, batches[1], profiled=False, max_steps=long)
-                     for i in range(n)] for n in counts if n > 1}
+        pairs = {
+            n: [spec(f"{name}-n1-trial{i + 1}of{n}", 1, batches[1], profiled=False, max_steps=long) for i in range(n)]
+            for n in counts
+            if n > 1
+        }
     _check_engines([r.config for r in runs])
     if out is not None:
-        taken = [s.label for s in [*runs, *(t for trials in pairs.values() for t in trials)]
-                 if (Path(out) / s.label).exists()]
+        taken = [
+            s.label
+            for s in [*runs, *(t for trials in pairs.values() for t in trials)]
+            if (Path(out) / s.label).exists()
+        ]
         if taken:
-            raise PathTaken(refused("--out", f"{out} already holds {taken[0]}", "a new folder, or one without "
-                                    "this series' run directories"))
-    return Plan(name, mode, base.train.batch_size, counts, lay, threads, Path(out) if out else None,
-                Path(runs_root) if runs_root else None, runs, pairs)
+            raise PathTaken(
+                refused(
+                    "--out",
+                    f"{out} already holds {taken[0]}",
+                    "a new folder, or one without this series' run directories",
+                )
+            )
+    return Plan(
+        name,
+        mode,
+        base.train.batch_size,
+        counts,
+        lay,
+        threads,
+        Path(out) if out else None,
+        Path(runs_root) if runs_root else None,
+        runs,
+        pairs,
+    )
 
 
 def _check_engines(configs: list[config_mod.Config]) -> None:
@@ -247,9 +306,11 @@ def series_folder(p: Plan) -> Path:
 
 # --- measuring a run: its events and rank 0's trace ----------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Window:
     """A run's speed over its measured window."""
+
     tokens_per_s: float
     """All ranks' tokens over the window / its time (the harmonic mean of intervals of equal steps)."""
     tokens_per_s_min: float
@@ -267,17 +328,23 @@ def measure_window(train: list[TrainEvent], first: int, last: int) -> Window:
     logged = sorted(by_step)
     intervals = [(by_step[a], by_step[b]) for a, b in zip(logged, logged[1:]) if first <= a and b <= last]
     if not intervals or intervals[0][0].step != first or intervals[-1][1].step != last:
-        raise ScalingError(f"the run logged no complete window from step {first} to {last} "
-                           f"(logged steps: {logged[:12]})")
+        raise ScalingError(
+            f"the run logged no complete window from step {first} to {last} (logged steps: {logged[:12]})"
+        )
     seconds = [b.elapsed_s - a.elapsed_s for a, b in intervals]
     steps = [b.step - a.step for a, b in intervals]
     rates = [b.tokens_per_s for _, b in intervals]
     total = sum(seconds)
     # tokens over time: an interval's tokens are proportional to its steps, its time to steps / rate
-    return Window(tokens_per_s=sum(steps) / sum(n / r for n, r in zip(steps, rates)), tokens_per_s_min=min(rates),
-                  tokens_per_s_max=max(rates), step_ms=1e3 * total / sum(steps),
-                  data_wait_pct=sum(b.data_wait_pct * s for (_, b), s in zip(intervals, seconds)) / total,
-                  first_step=first, last_step=last)
+    return Window(
+        tokens_per_s=sum(steps) / sum(n / r for n, r in zip(steps, rates)),
+        tokens_per_s_min=min(rates),
+        tokens_per_s_max=max(rates),
+        step_ms=1e3 * total / sum(steps),
+        data_wait_pct=sum(b.data_wait_pct * s for (_, b), s in zip(intervals, seconds)) / total,
+        first_step=first,
+        last_step=last,
+    )
 
 
 def _union(intervals) -> list[tuple[float, float]]:
@@ -311,6 +378,7 @@ def _length(intervals) -> float:
 @dataclass(frozen=True)
 class Communication:
     """Collectives over the profiled steps, per step."""
+
     exposed_ms: float
     """In flight while the training thread ran no tensor operation: the step waited for them."""
     in_flight_ms: float
@@ -336,13 +404,21 @@ def communication(trace: dict) -> Communication:
         return not name.startswith("aten::") and bool(COLLECTIVE.search(name))
 
     comm = _union(span(e) for e in events if is_collective(e))
-    busy = _union(span(e) for e in events if not is_collective(e) and (
-        (e.get("pid"), e.get("tid")) == main and str(e.get("name", "")).startswith("aten::")
-        or e.get("cat") == "kernel"))
+    busy = _union(
+        span(e)
+        for e in events
+        if not is_collective(e)
+        and (
+            (e.get("pid"), e.get("tid")) == main
+            and str(e.get("name", "")).startswith("aten::")
+            or e.get("cat") == "kernel"
+        )
+    )
     in_steps = _intersect(comm, _union(span(s) for s in steps))
     waited = _length(in_steps) - _length(_intersect(in_steps, busy))
-    return Communication(exposed_ms=waited / 1e3 / len(steps), in_flight_ms=_length(in_steps) / 1e3 / len(steps),
-                         steps=len(steps))
+    return Communication(
+        exposed_ms=waited / 1e3 / len(steps), in_flight_ms=_length(in_steps) / 1e3 / len(steps), steps=len(steps)
+    )
 
 
 def read_trace(run: RunDir) -> dict:
@@ -370,9 +446,11 @@ def split(step_ms: float, data_wait_pct: float, comm_ms: float) -> dict[str, flo
 
 # --- running the series ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     """One process count of the series (the JSON of `trainbook scale --json`, one entry of "runs")."""
+
     nproc: int
     batch_per_process: int
     global_batch: int
@@ -424,20 +502,34 @@ class ScalingResult:
             Column("batch", lambda r: f"{r.nproc}x{r.batch_per_process}", right=True),
             Column("tokens/s", "tokens_per_s", ",.0f", right=True),
             Column("range", lambda r: f"{r.tokens_per_s_min:,.0f}-{r.tokens_per_s_max:,.0f}", right=True),
-            Column("efficiency", "efficiency", ".0%", right=True), Column("step ms", "step_ms", ".1f", right=True),
-            Column("compute", "compute", ".0%", right=True), Column("comm", "communication", ".0%", right=True),
-            Column("data", "data_wait", ".0%", right=True)]
+            Column("efficiency", "efficiency", ".0%", right=True),
+            Column("step ms", "step_ms", ".1f", right=True),
+            Column("compute", "compute", ".0%", right=True),
+            Column("comm", "communication", ".0%", right=True),
+            Column("data", "data_wait", ".0%", right=True),
+        ]
         if any(r.side_by_side_tokens_per_s for r in self.rows):
-            columns.append(Column("side by side", lambda r: f"{r.side_by_side_tokens_per_s:,.0f} tokens/s "
-                                  f"({r.side_by_side_efficiency:.0%})" if r.side_by_side_tokens_per_s else ""))
-        return (f"{self.config}, {self.engine}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
-                f"{self.measured_steps} measured steps{threads}\n" + text_table(self.rows, columns))
+            columns.append(
+                Column(
+                    "side by side",
+                    lambda r: (
+                        f"{r.side_by_side_tokens_per_s:,.0f} tokens/s ({r.side_by_side_efficiency:.0%})"
+                        if r.side_by_side_tokens_per_s
+                        else ""
+                    ),
+                )
+            )
+        return (
+            f"{self.config}, {self.engine}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
+            f"{self.measured_steps} measured steps{threads}\n" + text_table(self.rows, columns)
+        )
 
 
 def measure_run(run_dir: str | Path, lay: Layout) -> tuple[Window, Communication]:
     run = RunDir(run_dir)
-    return measure_window(read_events(run, TrainEvent), lay.warmup_steps, lay.last_measured), \
-        communication(read_trace(run))
+    return measure_window(read_events(run, TrainEvent), lay.warmup_steps, lay.last_measured), communication(
+        read_trace(run)
+    )
 
 
 def row(spec: RunSpec, run_dir: Path, lay: Layout, baseline: float | None) -> Row:
@@ -445,15 +537,24 @@ def row(spec: RunSpec, run_dir: Path, lay: Layout, baseline: float | None) -> Ro
     window, comm = measure_run(run_dir, lay)
     parts = split(window.step_ms, window.data_wait_pct, comm.exposed_ms)
     t = spec.config.train
-    return Row(nproc=spec.nproc, batch_per_process=t.batch_size,
-               global_batch=t.batch_size * t.grad_accum_steps * spec.nproc, run_dir=str(run_dir),
-               state=RunDir(run_dir).read_status().get("state", "?"), tokens_per_s=window.tokens_per_s,
-               tokens_per_s_min=window.tokens_per_s_min, tokens_per_s_max=window.tokens_per_s_max,
-               efficiency=efficiency(window.tokens_per_s, spec.nproc, baseline or window.tokens_per_s),
-               step_ms=window.step_ms, **parts,
-               compute=parts["compute_ms"] / window.step_ms, communication=parts["communication_ms"] / window.step_ms,
-               data_wait=parts["data_wait_ms"] / window.step_ms, in_flight_ms=comm.in_flight_ms,
-               window_steps=[window.first_step, window.last_step])
+    return Row(
+        nproc=spec.nproc,
+        batch_per_process=t.batch_size,
+        global_batch=t.batch_size * t.grad_accum_steps * spec.nproc,
+        run_dir=str(run_dir),
+        state=RunDir(run_dir).read_status().get("state", "?"),
+        tokens_per_s=window.tokens_per_s,
+        tokens_per_s_min=window.tokens_per_s_min,
+        tokens_per_s_max=window.tokens_per_s_max,
+        efficiency=efficiency(window.tokens_per_s, spec.nproc, baseline or window.tokens_per_s),
+        step_ms=window.step_ms,
+        **parts,
+        compute=parts["compute_ms"] / window.step_ms,
+        communication=parts["communication_ms"] / window.step_ms,
+        data_wait=parts["data_wait_ms"] / window.step_ms,
+        in_flight_ms=comm.in_flight_ms,
+        window_steps=[window.first_step, window.last_step],
+    )
 
 
 def _wait(handle) -> None:
@@ -464,8 +565,10 @@ def _wait(handle) -> None:
     state = handle.run.read_status().get("state")
     if state != "completed":
         errors = [e.reason for e in read_events(handle.run, StatusEvent) if e.reason]
-        raise ScalingError(f"{handle.path.name} ended {state}{f' ({errors[-1]})' if errors else ''}; the series "
-                           f"stops here (log: {handle.path / LOG_NAME})")
+        raise ScalingError(
+            f"{handle.path.name} ended {state}{f' ({errors[-1]})' if errors else ''}; the series "
+            f"stops here (log: {handle.path / LOG_NAME})"
+        )
 
 
 @contextlib.contextmanager
@@ -510,7 +613,7 @@ def _own_device(index: int):
 def _last_attempt(train: list[TrainEvent]) -> list[TrainEvent]:
     """The events since a restart (the step goes back), if there was one."""
     restarts = [i for i in range(1, len(train)) if train[i].step <= train[i - 1].step]
-    return train[restarts[-1]:] if restarts else train
+    return train[restarts[-1] :] if restarts else train
 
 
 def overlapping_windows(trains: list[list[TrainEvent]], warmup: int, intervals: int) -> list[list[TrainEvent]] | None:
@@ -552,8 +655,10 @@ def measure_side_by_side(trials: list[RunSpec], folder: Path, lay: Layout) -> tu
                 break
             ended = [h for h in handles if h.poll() is not None]
             if ended:
-                raise ScalingError(f"{ended[0].path.name} ended ({ended[0].run.read_status().get('state')}) before "
-                                   "the trials had trained side by side for a whole window")
+                raise ScalingError(
+                    f"{ended[0].path.name} ended ({ended[0].run.read_status().get('state')}) before "
+                    "the trials had trained side by side for a whole window"
+                )
             time.sleep(SIDE_BY_SIDE_POLL_S)
         _stop_all(handles)
     total = sum(len(w) / sum(1 / e.tokens_per_s for e in w) for w in windows)
@@ -566,9 +671,18 @@ def run_series(p: Plan, on_line: Callable[[str], None] = lambda line: None) -> S
 
     folder = series_folder(p)
     first = p.runs[0].config
-    result = ScalingResult(config=p.config_name, mode=p.mode, engine=first.engine.name, batch=p.batch,
-                           measured_steps=p.layout.measured_steps, warmup_steps=p.layout.warmup_steps,
-                           log_every=p.layout.log_every, threads_per_process=p.threads, out=str(folder), rows=[])
+    result = ScalingResult(
+        config=p.config_name,
+        mode=p.mode,
+        engine=first.engine.name,
+        batch=p.batch,
+        measured_steps=p.layout.measured_steps,
+        warmup_steps=p.layout.warmup_steps,
+        log_every=p.layout.log_every,
+        threads_per_process=p.threads,
+        out=str(folder),
+        rows=[],
+    )
     baseline = None
     for spec in p.runs:
         t = spec.config.train
@@ -582,14 +696,20 @@ def run_series(p: Plan, on_line: Callable[[str], None] = lambda line: None) -> S
         baseline = baseline or r.tokens_per_s
         if spec.nproc in p.side_by_side:
             trials = p.side_by_side[spec.nproc]
-            on_line(f"[scale] {len(trials)} independent 1-process runs side by side: "
-                    f"{', '.join(t.label for t in trials)}")
+            on_line(
+                f"[scale] {len(trials)} independent 1-process runs side by side: {', '.join(t.label for t in trials)}"
+            )
             r.side_by_side_tokens_per_s, r.side_by_side_runs = measure_side_by_side(trials, folder, p.layout)
             r.side_by_side_efficiency = efficiency(r.side_by_side_tokens_per_s, spec.nproc, baseline)
         result.rows.append(r)
-        side = (f", side by side {r.side_by_side_tokens_per_s:,.0f} tokens/s ({r.side_by_side_efficiency:.0%})"
-                if r.side_by_side_tokens_per_s else "")
-        on_line(f"[scale] {spec.nproc} process(es): {r.state}, {r.tokens_per_s:,.0f} tokens/s, efficiency "
-                f"{r.efficiency:.0%}, step {r.step_ms:.1f} ms = compute {r.compute:.0%} + communication "
-                f"{r.communication:.0%} + data wait {r.data_wait:.0%}{side}")
+        side = (
+            f", side by side {r.side_by_side_tokens_per_s:,.0f} tokens/s ({r.side_by_side_efficiency:.0%})"
+            if r.side_by_side_tokens_per_s
+            else ""
+        )
+        on_line(
+            f"[scale] {spec.nproc} process(es): {r.state}, {r.tokens_per_s:,.0f} tokens/s, efficiency "
+            f"{r.efficiency:.0%}, step {r.step_ms:.1f} ms = compute {r.compute:.0%} + communication "
+            f"{r.communication:.0%} + data wait {r.data_wait:.0%}{side}"
+        )
     return result

@@ -18,7 +18,7 @@ from toolkit.paths import SAFE_PATH_ENV
 from toolkit.runs.parent_watch import parent_env
 
 STOP_GRACE_S = 10.0  # SIGTERM, then this long to exit, then SIGKILL
-POLL_S = 0.1         # between two readiness requests; the wait ends early when the process exits
+POLL_S = 0.1  # between two readiness requests; the wait ends early when the process exits
 
 
 class ServiceError(RuntimeError):
@@ -47,19 +47,26 @@ class ServiceProcess:
             return "(no log)"
 
 
-def start_service(cmd: list[str], log_path: Path, env: dict[str, str] | None = None,
-                  fresh_log: bool = False) -> ServiceProcess:
+def start_service(
+    cmd: list[str], log_path: Path, env: dict[str, str] | None = None, fresh_log: bool = False
+) -> ServiceProcess:
     """Start ``cmd`` with its output appended to ``log_path`` (or replacing it: ``fresh_log``); ``env`` is added
     to this process's environment."""
     with open_log(Path(log_path), fresh=fresh_log) as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True,
-                                   env={**os.environ, **SAFE_PATH_ENV, **(env or {}), **parent_env()})
+        process = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **SAFE_PATH_ENV, **(env or {}), **parent_env()},
+        )
     return ServiceProcess(process, Path(log_path))
 
 
-def wait_until_answers(service: ServiceProcess, url: str, timeout: float, what: str,
-                       error: type[Exception] = ServiceError) -> None:
+def wait_until_answers(
+    service: ServiceProcess, url: str, timeout: float, what: str, error: type[Exception] = ServiceError
+) -> None:
     """Until GET ``url`` answers 200, or the service exits, or ``timeout`` seconds pass (it is then stopped);
     the error names ``what`` and carries the end of the log."""
     deadline = time.monotonic() + timeout

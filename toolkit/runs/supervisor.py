@@ -41,10 +41,19 @@ def decide(outcomes: list[dict], restarts: int, max_restarts: int) -> dict:
     exit code is the first node's that failed."""
     code = next((o["code"] for o in outcomes if o["code"] != 0), 0)
     # completed, then died (in teardown): the training is done, another attempt would add nothing
-    end = (code == 0 or any(o["stopping"] for o in outcomes) or outcomes[0]["completed"]
-           or bool(outcomes[0].get("no_restart")) or restarts >= max_restarts)
-    return {"code": code, "end": end, "stopping": any(o["stopping"] for o in outcomes),
-            "node": next((i for i, o in enumerate(outcomes) if o["code"] != 0), None)}
+    end = (
+        code == 0
+        or any(o["stopping"] for o in outcomes)
+        or outcomes[0]["completed"]
+        or bool(outcomes[0].get("no_restart"))
+        or restarts >= max_restarts
+    )
+    return {
+        "code": code,
+        "end": end,
+        "stopping": any(o["stopping"] for o in outcomes),
+        "node": next((i for i, o in enumerate(outcomes) if o["code"] != 0), None),
+    }
 
 
 class Supervisor:
@@ -63,15 +72,21 @@ class Supervisor:
         self._forward: threading.Timer | None = None  # passes a stop signal on if the ranks have not ended
 
     def _start_worker(self, attempt: int) -> subprocess.Popen:
-        cmd, extra_env = worker_command(self.run.read_config(), self.run.path,
-                                        nodes=self.nodes.spec if self.nodes else None)
+        cmd, extra_env = worker_command(
+            self.run.read_config(), self.run.path, nodes=self.nodes.spec if self.nodes else None
+        )
         with open_log(self.run.path / self.log_name) as log:
             log.write(f"\n===== attempt {attempt}: {' '.join(cmd)}\n".encode())
             log.flush()
-            worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env={**os.environ, **extra_env, ATTEMPT_ENV: str(attempt)},
-                                      start_new_session=True,  # its own group: killpg reaches every rank
-                                      pass_fds=() if self.lock_fd is None else (self.lock_fd,))
+            worker = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **extra_env, ATTEMPT_ENV: str(attempt)},
+                start_new_session=True,  # its own group: killpg reaches every rank
+                pass_fds=() if self.lock_fd is None else (self.lock_fd,),
+            )
         if self.writes_run:
             run_status.update(self.run, worker_pgid=worker.pid, attempt=attempt, command=cmd)
         return worker
@@ -126,8 +141,11 @@ class Supervisor:
         try:
             return self._attempts()
         except NodeLost as exc:
-            print(f"[supervisor] {exc}: this node ends the job; resubmit it to resume from the last checkpoint",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[supervisor] {exc}: this node ends the job; resubmit it to resume from the last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
             if self.writes_run:  # the ranks may have recorded their own failure first (a closed connection)
                 self.run.append_event(ErrorEvent(message=str(exc)))
                 if self.run.read_status().get("state") in FINAL_STATES:
@@ -159,16 +177,25 @@ class Supervisor:
             code = self._wait_for_worker()
             status = self.run.read_status() if self.writes_run else {}
             no_restart = run_status.restart_forbidden(status, attempt) if code != 0 else None
-            outcome = self._agree("attempt-end", {"code": code, "stopping": self.stopping,
-                                                  "completed": status.get("state") == "completed",
-                                                  "no_restart": no_restart},
-                                  lambda values, restarts=restarts: decide(values, restarts, self.max_restarts))
+            outcome = self._agree(
+                "attempt-end",
+                {
+                    "code": code,
+                    "stopping": self.stopping,
+                    "completed": status.get("state") == "completed",
+                    "no_restart": no_restart,
+                },
+                lambda values, restarts=restarts: decide(values, restarts, self.max_restarts),
+            )
             code = outcome["code"]
             self.stopping = self.stopping or outcome["stopping"]
             if outcome["end"]:
                 if no_restart and restarts < self.max_restarts:
-                    print(f"[supervisor] training failed ({describe_exit(code)}), not restarted: {no_restart}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[supervisor] training failed ({describe_exit(code)}), not restarted: {no_restart}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 break
             restarts += 1
             attempt += 1
@@ -177,16 +204,27 @@ class Supervisor:
             info, skipped = CheckpointStore(self.run.path).find_resume_point()
             from_step = info.step if info else 0
             reason = describe_exit(code) + ("" if self.nodes is None else f" on node {outcome['node']}")
-            print(f"[supervisor] training died ({reason}); restart {restarts}/{self.max_restarts} "
-                  f"from step {from_step}", file=sys.stderr, flush=True)
-            self.run.append_event(RestartEvent(restart=restarts, attempt=attempt, reason=reason, from_step=from_step,
-                                               checkpoint=info.name if info else None,
-                                               skipped=[s.name for s in skipped]))
+            print(
+                f"[supervisor] training died ({reason}); restart {restarts}/{self.max_restarts} from step {from_step}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.run.append_event(
+                RestartEvent(
+                    restart=restarts,
+                    attempt=attempt,
+                    reason=reason,
+                    from_step=from_step,
+                    checkpoint=info.name if info else None,
+                    skipped=[s.name for s in skipped],
+                )
+            )
             run_status.transition(self.run, "restart", last_failure=reason, last_failure_time=time.time())
         state = self.run.read_status().get("state") if self.writes_run else None
         if self.writes_run and code != 0 and (state not in FINAL_STATES or state == "completed"):
-            final, name = ("stopped", "stop") if self.stopping else ("killed", "kill") if code < 0 else \
-                ("failed", "fail")
+            final, name = (
+                ("stopped", "stop") if self.stopping else ("killed", "kill") if code < 0 else ("failed", "fail")
+            )
             self.run.append_event(StatusEvent(state=final, exit_code=code, reason=describe_exit(code)))
             run_status.transition(self.run, name, exit_code=code, error=describe_exit(code))
         return 0 if code == 0 else 1

@@ -45,9 +45,22 @@ def start_tensorboard(run_dir: str | Path, port: int | None = None) -> TensorBoa
     if port is not None and port_in_use("127.0.0.1", port):
         raise TensorBoardError(busy_port_message("--port", port))
     port = port or free_port()
-    service = start_service([sys.executable, "-m", "toolkit.runs.tensorboard_main", "--logdir", str(logdir),
-                             "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"],
-                            logdir / "tensorboard.log")
+    service = start_service(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.runs.tensorboard_main",
+            "--logdir",
+            str(logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--reload_interval",
+            "5",
+        ],
+        logdir / "tensorboard.log",
+    )
     server = TensorBoardServer(url=f"http://127.0.0.1:{port}/", logdir=logdir, service=service)
     wait_until_answers(service, server.url + "data/logdir", READY_TIMEOUT_S, "TensorBoard", TensorBoardError)
     return server

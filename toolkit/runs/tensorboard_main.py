@@ -1,6 +1,6 @@
 """TensorBoard, stopping when the process that started it dies (see toolkit.runs.parent_watch).
 
-    python -m toolkit.runs.tensorboard_main --logdir RUN_DIR --host 127.0.0.1 --port P   # tensorboard's own arguments
+python -m toolkit.runs.tensorboard_main --logdir RUN_DIR --host 127.0.0.1 --port P   # tensorboard's own arguments
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ from toolkit.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.runs.worker", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit.runs.worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     run = RunDir(args.run_dir)

@@ -26,15 +26,25 @@ def check(cfg, cuda: bool) -> None:
         return
     if cuda:
         if importlib.util.find_spec("triton") is None:
-            raise RefusedValue(not_allowed("train.compile", True, "false where Triton is not installed (torch's CUDA "
-                                           "wheels bring it)", problem="needs Triton to generate GPU kernels"))
+            raise RefusedValue(
+                not_allowed(
+                    "train.compile",
+                    True,
+                    "false where Triton is not installed (torch's CUDA wheels bring it)",
+                    problem="needs Triton to generate GPU kernels",
+                )
+            )
         return
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
-        raise RefusedValue(not_allowed("train.compile", True, "false on a machine without a C++ compiler (install "
-                                       "g++, or name yours in CXX)",
-                                       problem=f"needs a C++ compiler for the CPU code it generates; {compiler} is not "
-                                               f"on PATH"))
+        raise RefusedValue(
+            not_allowed(
+                "train.compile",
+                True,
+                "false on a machine without a C++ compiler (install g++, or name yours in CXX)",
+                problem=f"needs a C++ compiler for the CPU code it generates; {compiler} is not on PATH",
+            )
+        )
 
 
 def compile_in_place(module: torch.nn.Module) -> None:
@@ -58,13 +68,20 @@ class CompileWatch:
             return None
         self._seen.update(_record_id(m) for m in new)
         forward = [m for m in new if m.co_name is not None]
-        seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in forward) + \
-            sum(m.backward_cumulative_compile_time_us or 0 for m in new) / 1e6
+        seconds = (
+            sum(m.entire_frame_compile_time_s or 0.0 for m in forward)
+            + sum(m.backward_cumulative_compile_time_us or 0 for m in new) / 1e6
+        )
         reasons = [f"{m.co_name}: {m.recompile_reason.strip()}" for m in forward if m.recompile_reason]
         reasons += [f"{m.co_name or 'backward'} failed, ran eagerly: {m.fail_reason}" for m in new if m.fail_reason]
-        return {"step": step, "seconds": round(seconds, 3), "graphs": len(forward),
-                "recompiles": sum(1 for m in forward if m.recompile_reason), "reasons": reasons,
-                "graph_breaks": sum(m.num_graph_breaks or 0 for m in forward)}
+        return {
+            "step": step,
+            "seconds": round(seconds, 3),
+            "graphs": len(forward),
+            "recompiles": sum(1 for m in forward if m.recompile_reason),
+            "reasons": reasons,
+            "graph_breaks": sum(m.num_graph_breaks or 0 for m in forward),
+        }
 
 
 def _records() -> list:

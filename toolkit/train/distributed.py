@@ -26,8 +26,14 @@ class Topology:
 
 def single_process_env() -> dict[str, str]:
     """The variables a launcher would set, for a world of one (DeepSpeed needs a process group even then)."""
-    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
 
 
 def resolve_backend(requested: str) -> str:
@@ -79,8 +85,10 @@ def _unlink_deepspeed_shm_buffer(rank: int) -> None:
     have mapped all buffers (DeepSpeed's init waits for each peer's file), so dropping the name keeps the mappings
     and lets the kernel free the memory when the processes end, however they end.
     """
-    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    name = (
+        f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+        f"{os.environ.get('MASTER_PORT', '')}_{rank}"
+    )
     buffer = Path("/dev/shm") / name
     if not buffer.exists():  # no shm allreduce in this world (torchrun sets no LOCAL_SIZE; GPUs use NCCL)
         return

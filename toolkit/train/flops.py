@@ -107,20 +107,42 @@ def store_peak(flops: float) -> float:
 # (torch.cuda.get_device_name) in this order, so that a PCIe or NVL part is never taken for the SXM one:
 #   (pattern, peak, the datasheet and what it prints)
 DATASHEET_PEAKS: tuple[tuple[str, float, str], ...] = (
-    (r"\bgh200\b", 989e12, "NVIDIA GH200 Grace Hopper Superchip datasheet: BF16 Tensor Core 1,979 TFLOPS with "
-                          "sparsity, 989 dense"),
-    (r"\bh200\b.*\bnvl\b", 835e12, "NVIDIA H200 Tensor Core GPU datasheet, H200 NVL: BF16 Tensor Core 1,671 TFLOPS "
-                                  "with sparsity, 835 dense"),
-    (r"\bh200\b", 989e12, "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 Tensor Core 1,979 TFLOPS with "
-                         "sparsity, 989 dense"),
-    (r"\bh100\b.*\bpcie\b", 756e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe: BF16 Tensor Core 1,513 "
-                                   "TFLOPS with sparsity, 756 dense"),
-    (r"\bh100\b.*\bnvl\b", 835e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL: BF16 Tensor Core 1,671 TFLOPS "
-                                  "with sparsity, 835 dense"),
-    (r"\bh100\b", 989e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 Tensor Core 1,979 TFLOPS with "
-                         "sparsity, 989 dense"),
-    (r"\ba100\b", 312e12, "NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe, 40 and 80 GB): BF16 Tensor Core "
-                         "312 TFLOPS dense (624 with sparsity)"),
+    (
+        r"\bgh200\b",
+        989e12,
+        "NVIDIA GH200 Grace Hopper Superchip datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, 989 dense",
+    ),
+    (
+        r"\bh200\b.*\bnvl\b",
+        835e12,
+        "NVIDIA H200 Tensor Core GPU datasheet, H200 NVL: BF16 Tensor Core 1,671 TFLOPS with sparsity, 835 dense",
+    ),
+    (
+        r"\bh200\b",
+        989e12,
+        "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 Tensor Core 1,979 TFLOPS with sparsity, 989 dense",
+    ),
+    (
+        r"\bh100\b.*\bpcie\b",
+        756e12,
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe: BF16 Tensor Core 1,513 TFLOPS with sparsity, 756 dense",
+    ),
+    (
+        r"\bh100\b.*\bnvl\b",
+        835e12,
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL: BF16 Tensor Core 1,671 TFLOPS with sparsity, 835 dense",
+    ),
+    (
+        r"\bh100\b",
+        989e12,
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 Tensor Core 1,979 TFLOPS with sparsity, 989 dense",
+    ),
+    (
+        r"\ba100\b",
+        312e12,
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe, 40 and 80 GB): BF16 Tensor Core "
+        "312 TFLOPS dense (624 with sparsity)",
+    ),
 )
 HALF_PRECISIONS = ("bf16", "fp16")  # what the table's tensor-core figure is for (fp16 and bf16 peaks are equal)
 
@@ -134,8 +156,13 @@ def datasheet_peak(device_name: str, precision: str) -> dict | None:
     name = device_name.lower()
     for pattern, flops, reference in DATASHEET_PEAKS:
         if re.search(pattern, name):
-            return {"flops": flops, "source": "datasheet", "device": device_name, "precision": precision,
-                    "reference": reference}
+            return {
+                "flops": flops,
+                "source": "datasheet",
+                "device": device_name,
+                "precision": precision,
+                "reference": reference,
+            }
     return None
 
 
@@ -179,8 +206,13 @@ def mfu_peak(device: torch.device, precision: str) -> dict:
         record = datasheet_peak(name, precision)
         if record is not None:
             return record
-        return {"flops": measure_device_matmul_peak(device, precision), "source": "measured", "device": name,
-                "precision": precision, "measured": time.time(),
-                "reference": f"a {precision} matmul measured on the device at the start (no datasheet figure for "
-                             f"{name!r} in {precision} in toolkit.train.flops.DATASHEET_PEAKS)"}
+        return {
+            "flops": measure_device_matmul_peak(device, precision),
+            "source": "measured",
+            "device": name,
+            "precision": precision,
+            "measured": time.time(),
+            "reference": f"a {precision} matmul measured on the device at the start (no datasheet figure for "
+            f"{name!r} in {precision} in toolkit.train.flops.DATASHEET_PEAKS)",
+        }
     return {**cached_peak_record(), "source": "measured"}

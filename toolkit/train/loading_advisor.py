@@ -47,18 +47,29 @@ class TuneReport:
     warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        lines = [f"data loading for {self.asset} (target: wait < {self.target_pct:g}% of step time)",
-                 text_table(self.trials, [
-                     Column("workers", "num_workers", right=True), Column("prefetch", "prefetch_factor", right=True),
-                     Column("wait %", "wait_pct", ".2f", right=True), Column("step ms", "step_ms", ".1f", right=True),
-                     Column("loader batch/s", "loader_batches_per_s", ",.0f", right=True),
-                     Column("headroom", lambda t: f"{t.headroom:,.0f}x", right=True),
-                     Column("", lambda t: "<- recommended" if t is self.recommended else "")], indent="  ")]
+        lines = [
+            f"data loading for {self.asset} (target: wait < {self.target_pct:g}% of step time)",
+            text_table(
+                self.trials,
+                [
+                    Column("workers", "num_workers", right=True),
+                    Column("prefetch", "prefetch_factor", right=True),
+                    Column("wait %", "wait_pct", ".2f", right=True),
+                    Column("step ms", "step_ms", ".1f", right=True),
+                    Column("loader batch/s", "loader_batches_per_s", ",.0f", right=True),
+                    Column("headroom", lambda t: f"{t.headroom:,.0f}x", right=True),
+                    Column("", lambda t: "<- recommended" if t is self.recommended else ""),
+                ],
+                indent="  ",
+            ),
+        ]
         if self.recommended is None:
             lines.append("  no setting met the target: the data path, not the loader, is the bottleneck")
         else:
-            lines.append(f"  set data.num_workers={self.recommended.num_workers} "
-                         f"data.prefetch_factor={self.recommended.prefetch_factor}")
+            lines.append(
+                f"  set data.num_workers={self.recommended.num_workers} "
+                f"data.prefetch_factor={self.recommended.prefetch_factor}"
+            )
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -68,13 +79,17 @@ def layout_warnings(path: Path, num_workers: int, batch_bytes: int, prefetch: in
     files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")] if path.is_dir() else [path]
     small = [p for p in files if p.stat().st_size < SMALL_FILE_BYTES]
     if len(small) >= SMALL_FILES_WARN:
-        warnings.append(f"{len(small):,} of {len(files):,} files are under 4 MB: per-file overhead will dominate "
-                        "reads from network storage; pack them (one token file, tar shards or Parquet)")
+        warnings.append(
+            f"{len(small):,} of {len(files):,} files are under 4 MB: per-file overhead will dominate "
+            "reads from network storage; pack them (one token file, tar shards or Parquet)"
+        )
     if path.is_dir():
         depth = max((len(p.relative_to(path).parts) for p in files), default=0)
         if depth > DEEP_TREE_LEVELS:
-            warnings.append(f"files sit {depth} folders deep: listing a deep tree is slow on blob storage; "
-                            "flatten it or keep an index file")
+            warnings.append(
+                f"files sit {depth} folders deep: listing a deep tree is slow on blob storage; "
+                "flatten it or keep an index file"
+            )
     shortfall = shm_shortfall(num_workers, prefetch, batch_bytes)
     return warnings + ([shortfall] if shortfall else [])
 
@@ -90,8 +105,7 @@ def _measure(cfg, corpus, steps: int) -> Trial:
     from toolkit.train.trainer import train_step
 
     torch.manual_seed(cfg.train.seed)
-    engine = TorchEngine(build_model(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")),
-                         loss_function(cfg.model))
+    engine = TorchEngine(build_model(cfg.model), cfg, Topology(0, 0, 1, torch.device("cpu")), loss_function(cfg.model))
     loader = iter(data_mod.train_loader(corpus, cfg, rank=0, first_step=0))
     waits, totals = [], []
     for i in range(steps + 3):
@@ -110,8 +124,13 @@ def _measure(cfg, corpus, steps: int) -> Trial:
         next(alone)
     loader_rate = steps / (time.perf_counter() - t0)
     del alone
-    return Trial(cfg.data.num_workers, cfg.data.prefetch_factor, 100 * sum(waits) / sum(totals),
-                 1e3 * statistics.median(totals), loader_rate)
+    return Trial(
+        cfg.data.num_workers,
+        cfg.data.prefetch_factor,
+        100 * sum(waits) / sum(totals),
+        1e3 * statistics.median(totals),
+        loader_rate,
+    )
 
 
 def tune(cfg, grid=DEFAULT_GRID, steps: int = 20, target_pct: float = 2.0) -> TuneReport:
@@ -123,9 +142,11 @@ def tune(cfg, grid=DEFAULT_GRID, steps: int = 20, target_pct: float = 2.0) -> Tu
     corpus = data_mod.load_corpus(cfg)
     trials = []
     for workers, prefetch in grid:
-        trial_cfg = dataclasses.replace(cfg, data=dataclasses.replace(
-            cfg.data, num_workers=workers, prefetch_factor=prefetch),
-            train=dataclasses.replace(cfg.train, max_steps=2 * steps + 4))
+        trial_cfg = dataclasses.replace(
+            cfg,
+            data=dataclasses.replace(cfg.data, num_workers=workers, prefetch_factor=prefetch),
+            train=dataclasses.replace(cfg.train, max_steps=2 * steps + 4),
+        )
         trials.append(_measure(trial_cfg, corpus, steps))
     passing = [t for t in trials if t.wait_pct < target_pct]
     recommended = min(passing, key=lambda t: (t.num_workers, t.prefetch_factor)) if passing else None
@@ -140,4 +161,3 @@ def tune(cfg, grid=DEFAULT_GRID, steps: int = 20, target_pct: float = 2.0) -> Tu
         chosen = recommended or trials[-1]
         warnings = layout_warnings(asset.path, chosen.num_workers, batch_bytes, chosen.prefetch_factor)
     return TuneReport(cfg.data.asset or cfg.data.dataset, trials, recommended, target_pct, warnings)
-

@@ -57,9 +57,16 @@ class LogWindow:
         memory = [0.0] * self.world_size
         memory[self.rank] = peak_memory_mb
         total_loss, seconds_sum, stop_votes, *memory = distributed.all_reduce_sum(
-            [self.loss_sum.item(), self.train_seconds, float(stop_asked), *memory], self.device)
+            [self.loss_sum.item(), self.train_seconds, float(stop_asked), *memory], self.device
+        )
         self.agreed_seconds = seconds_sum / self.world_size
         loss = total_loss / self.loss_steps / self.world_size if self.loss_steps else math.nan
-        return ClosedWindow(loss=loss, seconds=elapsed, steps=self.steps,
-                            data_wait_pct=100.0 * self.data_wait / elapsed,
-                            agreed_seconds=self.agreed_seconds, stop_votes=int(stop_votes), peak_memory_mb=memory)
+        return ClosedWindow(
+            loss=loss,
+            seconds=elapsed,
+            steps=self.steps,
+            data_wait_pct=100.0 * self.data_wait / elapsed,
+            agreed_seconds=self.agreed_seconds,
+            stop_votes=int(stop_votes),
+            peak_memory_mb=memory,
+        )

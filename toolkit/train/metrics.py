@@ -13,13 +13,23 @@ from dataclasses import dataclass
 
 from toolkit.fsio import atomic_write_text
 from toolkit import status as run_status
-from toolkit.events import (CheckpointErrorEvent, CheckpointEvent, CompileEvent, ErrorEvent, EvalEvent,
-                                 EventLog, ProfileEvent, StatusEvent, TrainEvent)
+from toolkit.events import (
+    CheckpointErrorEvent,
+    CheckpointEvent,
+    CompileEvent,
+    ErrorEvent,
+    EvalEvent,
+    EventLog,
+    ProfileEvent,
+    StatusEvent,
+    TrainEvent,
+)
 from toolkit.rundir import RunDir
 from toolkit.train import tracking
 from toolkit.train.scalars import scalars
 
 STATUS_EVERY_S = 2.0  # status.json is for people and supervisors: refreshing it faster buys nothing
+
 
 class MetricsSink:
     def __init__(self, run: RunDir, cfg):
@@ -35,8 +45,14 @@ class MetricsSink:
     def start(self, lineage: dict, **facts) -> None:
         atomic_write_text(self.run.lineage_path, json.dumps(lineage, indent=1))
         # the MFU peak too: it is the run's denominator, and the machine's cached figure may change later
-        run_status.transition(self.run, "start", pid=os.getpid(), started=time.time(),
-                              peak_flops=facts.get("peak_flops"), peak_source=facts.get("peak_source"))
+        run_status.transition(
+            self.run,
+            "start",
+            pid=os.getpid(),
+            started=time.time(),
+            peak_flops=facts.get("peak_flops"),
+            peak_source=facts.get("peak_source"),
+        )
         self.events.write(StatusEvent(state="running", **facts))
 
     def _write_scalars(self, event) -> None:
@@ -103,6 +119,7 @@ def _round(value):
 @dataclass(frozen=True)
 class SteadyState:
     """A run's speed once start-up is behind it."""
+
     tokens_per_s: float
     """Mean of the logged intervals' tokens per second."""
     mfu: float
@@ -116,9 +133,12 @@ class SteadyState:
 def steady_state(train: list[TrainEvent]) -> SteadyState | None:
     """The figures of the second half of a run's logged intervals: the first half holds start-up (the first
     steps' allocations and warm-up, the first checkpoint) and would understate a long run's speed."""
-    tail = train[len(train) // 2:]
+    tail = train[len(train) // 2 :]
     if not tail:
         return None
-    return SteadyState(tokens_per_s=sum(e.tokens_per_s for e in tail) / len(tail),
-                       mfu=sum(e.mfu for e in tail) / len(tail),
-                       data_wait_pct_max=max(e.data_wait_pct for e in tail), intervals=len(tail))
+    return SteadyState(
+        tokens_per_s=sum(e.tokens_per_s for e in tail) / len(tail),
+        mfu=sum(e.mfu for e in tail) / len(tail),
+        data_wait_pct_max=max(e.data_wait_pct for e in tail),
+        intervals=len(tail),
+    )

@@ -49,18 +49,29 @@ class StepProfiler:
         self.summary_path.write_text(table + "\n")
         ranked = sorted(averages, key=lambda e: getattr(e, sort_key), reverse=True)[:SUMMARY_ROWS]
         total_us = sum(e.self_cpu_time_total for e in averages) or 1.0
-        rows = [{"name": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3),
-                 "self_cpu_pct": round(100 * e.self_cpu_time_total / total_us, 2),
-                 "cpu_total_ms": round(e.cpu_time_total / 1e3, 3), "calls": e.count} for e in ranked]
+        rows = [
+            {
+                "name": e.key,
+                "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3),
+                "self_cpu_pct": round(100 * e.self_cpu_time_total / total_us, 2),
+                "cpu_total_ms": round(e.cpu_time_total / 1e3, 3),
+                "calls": e.count,
+            }
+            for e in ranked
+        ]
         atomic_write_text(self.out_dir / OPERATORS_FILE, json.dumps(rows, indent=1) + "\n")  # never through a link
         top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:5]
         if self.on_summary:
-            self.on_summary({
-                "summary": str(self.summary_path),
-                "traces": sorted(p.name for p in self.out_dir.glob("*.pt.trace.json*")),
-                "top_ops": [{"name": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3),
-                             "calls": e.count} for e in top],
-            })
+            self.on_summary(
+                {
+                    "summary": str(self.summary_path),
+                    "traces": sorted(p.name for p in self.out_dir.glob("*.pt.trace.json*")),
+                    "top_ops": [
+                        {"name": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
+                        for e in top
+                    ],
+                }
+            )
 
     def step(self):
         if self._open:

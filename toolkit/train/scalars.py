@@ -8,22 +8,34 @@ from __future__ import annotations
 from toolkit.events import CheckpointEvent, EvalEvent, TrainEvent
 
 # event field -> TensorBoard tag
-TRAIN_SCALARS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "perf/tokens_per_s",
-                 "mfu": "perf/mfu", "data_wait_pct": "perf/data_wait_pct"}
-OPTIONAL_TRAIN_SCALARS = {"loss_scale": "train/loss_scale", "skipped_steps": "train/skipped_steps",  # fp16
-                          "nonfinite_skipped": "train/nonfinite_skipped"}  # watchdog.nonfinite=skip
+TRAIN_SCALARS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "tokens_per_s": "perf/tokens_per_s",
+    "mfu": "perf/mfu",
+    "data_wait_pct": "perf/data_wait_pct",
+}
+OPTIONAL_TRAIN_SCALARS = {
+    "loss_scale": "train/loss_scale",
+    "skipped_steps": "train/skipped_steps",  # fp16
+    "nonfinite_skipped": "train/nonfinite_skipped",
+}  # watchdog.nonfinite=skip
 MEMORY_TAG = "memory/peak_mb"  # one scalar per rank: memory/peak_mb/rank0, ...
 EVAL_SCALARS = {"val_loss": "eval/val_loss", "val_bpb": "eval/val_bpb"}
 CHECKPOINT_SCALARS = {key: f"checkpoint/{key}" for key in ("lost_ms", "blocking_ms", "persist_ms", "bytes")}
-SCALARS = {TrainEvent: {**TRAIN_SCALARS, **OPTIONAL_TRAIN_SCALARS}, EvalEvent: EVAL_SCALARS,
-           CheckpointEvent: CHECKPOINT_SCALARS}
+SCALARS = {
+    TrainEvent: {**TRAIN_SCALARS, **OPTIONAL_TRAIN_SCALARS},
+    EvalEvent: EVAL_SCALARS,
+    CheckpointEvent: CHECKPOINT_SCALARS,
+}
 
 
 def scalars(event) -> dict[str, float]:
     """An event's scalars by name, as TensorBoard and MLflow show them: the fields it holds of its kind's table
     (SCALARS), and a train event's peak memory per rank. {} for an event that has none."""
-    found = {tag: getattr(event, key) for key, tag in SCALARS.get(type(event), {}).items()
-             if getattr(event, key) is not None}
+    found = {
+        tag: getattr(event, key) for key, tag in SCALARS.get(type(event), {}).items() if getattr(event, key) is not None
+    }
     if isinstance(event, TrainEvent):
         found.update({f"{MEMORY_TAG}/rank{rank}": mb for rank, mb in enumerate(event.peak_memory_mb or ())})
     return found

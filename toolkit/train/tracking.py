@@ -68,6 +68,7 @@ END_STATUS = {"completed": "FINISHED", "stopped": "KILLED", "failed": "FAILED", 
 @dataclass(frozen=True)
 class Destination:
     """Where one attempt's MLflow logging goes."""
+
     uri: str
     """The tracking URI."""
     experiment: str
@@ -118,8 +119,9 @@ def read_record(run_path: Path) -> dict:
     return record
 
 
-def destination(cfg, run_path: Path, env: Mapping[str, str], record: dict,
-                workspace: Path | None = None) -> Destination | None:
+def destination(
+    cfg, run_path: Path, env: Mapping[str, str], record: dict, workspace: Path | None = None
+) -> Destination | None:
     """Where this attempt logs (see the module's table), or None when tracking.mlflow leaves MLflow out. ``record`` is
     :func:`read_record`'s; ``workspace`` the local store's (default: data.workspace, else the default workspace)."""
     t = cfg.tracking
@@ -141,8 +143,9 @@ def destination(cfg, run_path: Path, env: Mapping[str, str], record: dict,
     if record.get("tracking_uri") == redact(uri) and (job_run is None or record.get("run_id") == job_run):
         offset = record.get("events_offset")
         offset = offset if isinstance(offset, int) and offset >= 0 else 0
-        return Destination(uri, experiment, run_id=record.get("run_id"), job_run=job_run is not None,
-                           events_offset=offset)
+        return Destination(
+            uri, experiment, run_id=record.get("run_id"), job_run=job_run is not None, events_offset=offset
+        )
     return Destination(uri, experiment, run_id=job_run, job_run=job_run is not None)
 
 
@@ -158,7 +161,7 @@ def config_params(config: dict, limit: int) -> dict[str, str]:
         text = value if isinstance(value, str) else json.dumps(value)
         if len(text) > limit:
             note = f"... ({len(text):,} characters: see config.yaml)"
-            text = text[:limit - len(note)] + note
+            text = text[: limit - len(note)] + note
         params[_PARAM_KEY.sub("_", key)] = text
     return params
 
@@ -177,6 +180,7 @@ def describe(exc: BaseException) -> str:
 
 # --- rank 0's side -----------------------------------------------------------------------------------------------
 
+
 class MlflowFollower:
     """The follower process of one attempt, seen from rank 0: started, told where to log (its stdin's first line),
     told that the attempt is over (an END line: not the pipe's end, which DataLoader workers forked later hold open
@@ -185,9 +189,13 @@ class MlflowFollower:
 
     def __init__(self, run_path: Path, where: Destination, events: EventLog):
         self.where, self.events = where, events
-        self.proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.tracking", str(run_path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **SAFE_PATH_ENV, **FOLLOWER_ENV})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toolkit.train.tracking", str(run_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **SAFE_PATH_ENV, **FOLLOWER_ENV},
+        )
         # the destination goes through the pipe, not the command line: a URI from the environment may hold a password
         self.proc.stdin.write(json.dumps(dataclasses.asdict(where)) + "\n")
         self.proc.stdin.flush()
@@ -254,6 +262,7 @@ def _report_here(where: Destination, events: EventLog, reason: str) -> None:
 
 # --- the follower process ------------------------------------------------------------------------------------------
 
+
 class Mirror:
     """Sends what a run directory says to one MLflow run (the follower process's work)."""
 
@@ -287,11 +296,14 @@ class Mirror:
         self._save_record()
         # params are write-once in MLflow: a resume logs only those the run lacks (train.max_steps may have grown; the
         # config.yaml artifact holds the values each attempt ran with)
-        self.config = yaml.safe_load(read_regular_file(self.run.config_path, field="config.yaml", error=ValueError,
-                                                       limit=RESOLVED_CONFIG_MAX_BYTES))
+        self.config = yaml.safe_load(
+            read_regular_file(
+                self.run.config_path, field="config.yaml", error=ValueError, limit=RESOLVED_CONFIG_MAX_BYTES
+            )
+        )
         new = [Param(k, v) for k, v in config_params(self.config, MAX_PARAM_VAL_LENGTH).items() if k not in logged]
         for i in range(0, len(new), PARAMS_PER_BATCH):
-            client.log_batch(self.run_id, params=new[i:i + PARAMS_PER_BATCH])
+            client.log_batch(self.run_id, params=new[i : i + PARAMS_PER_BATCH])
         hint = f"mlflow ui --backend-store-uri {self.where.shown_uri}" if self.where.artifact_root else None
         report({"state": "logging", "run_id": self.run_id, "message": hint})
 
@@ -303,8 +315,9 @@ class Mirror:
             return found.experiment_id
         root = self.where.artifact_root
         try:
-            return self.client.create_experiment(self.where.experiment,
-                                                 artifact_location=root.as_uri() if root else None)
+            return self.client.create_experiment(
+                self.where.experiment, artifact_location=root.as_uri() if root else None
+            )
         except MlflowException:  # another run created it meanwhile
             found = self.client.get_experiment_by_name(self.where.experiment)
             if found is None:
@@ -312,9 +325,17 @@ class Mirror:
             return found.experiment_id
 
     def _save_record(self) -> None:
-        atomic_write_text(self.run.path / RECORD_FILE, json.dumps(
-            {"tracking_uri": self.where.shown_uri, "run_id": self.run_id, "run_dir": str(self.run.path.resolve()),
-             "events_offset": self.offset}))
+        atomic_write_text(
+            self.run.path / RECORD_FILE,
+            json.dumps(
+                {
+                    "tracking_uri": self.where.shown_uri,
+                    "run_id": self.run_id,
+                    "run_dir": str(self.run.path.resolve()),
+                    "events_offset": self.offset,
+                }
+            ),
+        )
 
     def send_new_events(self) -> None:
         """Every event appended since the last call: its scalars as metrics (the names TensorBoard shows them by),
@@ -334,7 +355,7 @@ class Mirror:
             elif isinstance(event, ErrorEvent):
                 self.ended_as = "failed"
         for i in range(0, len(metrics), BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + BATCH])
         if end != self.offset:
             self.offset = end
             self._save_record()
@@ -343,10 +364,13 @@ class Mirror:
         from mlflow.entities import RunTag
 
         lineage = self.run.read_lineage()
-        tags = {"trainbook.run_dir": str(self.run.path.resolve()), "trainbook.attempt": event.attempt or 0,
-                "trainbook.config_sha256": lineage.get("config_sha256"),
-                "trainbook.world_size": lineage.get("world_size"),
-                "trainbook.engine": (self.config.get("engine") or {}).get("name")}
+        tags = {
+            "trainbook.run_dir": str(self.run.path.resolve()),
+            "trainbook.attempt": event.attempt or 0,
+            "trainbook.config_sha256": lineage.get("config_sha256"),
+            "trainbook.world_size": lineage.get("world_size"),
+            "trainbook.engine": (self.config.get("engine") or {}).get("name"),
+        }
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
 
     def finish(self) -> None:

@@ -41,19 +41,23 @@ from toolkit.rundir import RunDir
 from toolkit.fsio import atomic_write_text
 from toolkit.machine import usable_cores
 
+
 def _print_checkpoint_error(step: int, message: str) -> None:
     print(f"checkpoint at step {step} failed: {message}", file=sys.stderr)
 
 
-def train_step(engine, micro_batches: list[dict], weights: list[float] | None = None,
-               before_update=None) -> torch.Tensor:
+def train_step(
+    engine, micro_batches: list[dict], weights: list[float] | None = None, before_update=None
+) -> torch.Tensor:
     """One optimizer step, whatever the engine: forward and backward over each micro-batch (train.grad_accum_steps of
     them: their gradients add up, each loss weighted by its share of the step's targets, ``weights``;
     toolkit.train.engines.accumulation), then the update. ``before_update`` runs when the gradients are whole and the
     weights still the previous step's (a checkpoint's staging copy must be done by then). Returns the step's loss."""
     n = len(micro_batches)
-    losses = [engine.forward_backward(batch, None if weights is None else weights[i], n, last=i == n - 1)
-              for i, batch in enumerate(micro_batches)]
+    losses = [
+        engine.forward_backward(batch, None if weights is None else weights[i], n, last=i == n - 1)
+        for i, batch in enumerate(micro_batches)
+    ]
     engine.optimizer_step(before_update)  # clip, check (watchdog.nonfinite), update or leave it out, clear gradients
     return weighted_mean(losses, weights)
 
@@ -148,16 +152,23 @@ class Trainer:
         self.train_seconds = 0.0  # training time so far, agreed between ranks (evaluation excluded)
         self.sink = MetricsSink(run, cfg) if self.topo.is_main else None
         self.checkpointer = Checkpointer(
-            cfg, run.path, self.topo.rank, self.topo.world_size, self.engine, device=self.topo.device,
+            cfg,
+            run.path,
+            self.topo.rank,
+            self.topo.world_size,
+            self.engine,
+            device=self.topo.device,
             on_event=self.sink.checkpoint if self.sink else None,
-            on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error)
+            on_error=self.sink.checkpoint_error if self.sink else _print_checkpoint_error,
+        )
         self.saved_step: int | None = None  # the step of the last checkpoint started (or resumed from)
         self.guard = NonFiniteGuard(cfg.watchdog)
         self.compile_watch = CompileWatch() if cfg.train.compile else None
         self.attempt = attempt_number()  # 0 first, +1 per restart or resume
         self.faults = FaultPlan(cfg.fault, self.topo.rank, self.topo.world_size, self.attempt)
-        self.watchdog = HangWatchdog(cfg, run, self.topo.rank, self.topo.world_size, self.attempt,
-                                     events=self.sink.events if self.sink else None)
+        self.watchdog = HangWatchdog(
+            cfg, run, self.topo.rank, self.topo.world_size, self.attempt, events=self.sink.events if self.sink else None
+        )
         self.resumed_from = self._resume()
 
     # --- the loop -------------------------------------------------------------------------------------------
@@ -168,8 +179,11 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         self._announce_start()
         profiler = self._profiler()
-        batches = iter(data_mod.train_loader(self.corpus, cfg, self.topo.rank, first_step=self.step,
-                                             world_size=self.topo.world_size))
+        batches = iter(
+            data_mod.train_loader(
+                self.corpus, cfg, self.topo.rank, first_step=self.step, world_size=self.topo.world_size
+            )
+        )
         self.watchdog.start(self.step)
         if cfg.train.eval_at_start and self.step == 0:
             self._evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
@@ -184,8 +198,12 @@ class Trainer:
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
             micro_batches = self._micro_batches(batch)
             with self.faults.nan_loss(self.step + 1, engine):
-                loss = train_step(engine, [self._to_device(b) for b in micro_batches],
-                                  micro_batch_weights(micro_batches), before_update=self.checkpointer.before_update)
+                loss = train_step(
+                    engine,
+                    [self._to_device(b) for b in micro_batches],
+                    micro_batch_weights(micro_batches),
+                    before_update=self.checkpointer.before_update,
+                )
             if action := self.guard.judge(engine.update_skipped):
                 self._nonfinite(loss, action, window.agreed_seconds)  # raises when the run stops here
             else:
@@ -235,12 +253,24 @@ class Trainer:
         """Rank 0: lineage.json and the run's `running` event, with everything MFU and a resume are read against."""
         if not self.sink:
             return
-        lineage = {**collect_lineage(self.cfg, self.corpus, self.topo.world_size), "mfu_peak": self.peak,
-                   "model": self._model_lineage(), "allocator": self.allocator, "device": self._device_lineage()}
-        self.sink.start(lineage=lineage, n_params=self.n_params, n_trainable=self.n_trainable,
-                        flops_per_item=self.flops_per_item, flops_source=self.flops_source,
-                        peak_flops=self.peak_flops, peak_source=self.peak["source"],
-                        attempt=self.attempt, **self.resumed_from)
+        lineage = {
+            **collect_lineage(self.cfg, self.corpus, self.topo.world_size),
+            "mfu_peak": self.peak,
+            "model": self._model_lineage(),
+            "allocator": self.allocator,
+            "device": self._device_lineage(),
+        }
+        self.sink.start(
+            lineage=lineage,
+            n_params=self.n_params,
+            n_trainable=self.n_trainable,
+            flops_per_item=self.flops_per_item,
+            flops_source=self.flops_source,
+            peak_flops=self.peak_flops,
+            peak_source=self.peak["source"],
+            attempt=self.attempt,
+            **self.resumed_from,
+        )
 
     def _log(self, window: LogWindow, last: bool) -> tuple[bool, bool]:
         """The log interval: its one collective, its train event, and the time budget. Returns (stopping, last):
@@ -249,11 +279,19 @@ class Trainer:
         closed = window.close(self._stop_asked(), peak_memory_mb(self.topo.device))
         items_per_s = self.items_per_step * closed.steps / closed.seconds
         if self.sink:
-            self.sink.train(step=self.step, loss=closed.loss, lr=lr_at(self.step - 1, self.cfg.optim, self.horizon),
-                            tokens_per_s=items_per_s, data_wait_pct=closed.data_wait_pct,
-                            mfu=items_per_s * self.flops_per_item / self.peak_flops, elapsed_s=closed.agreed_seconds,
-                            horizon=self.horizon, peak_memory_mb=[round(m, 1) for m in closed.peak_memory_mb],
-                            **self._loss_scaling(), **self.guard.train_fields())
+            self.sink.train(
+                step=self.step,
+                loss=closed.loss,
+                lr=lr_at(self.step - 1, self.cfg.optim, self.horizon),
+                tokens_per_s=items_per_s,
+                data_wait_pct=closed.data_wait_pct,
+                mfu=items_per_s * self.flops_per_item / self.peak_flops,
+                elapsed_s=closed.agreed_seconds,
+                horizon=self.horizon,
+                peak_memory_mb=[round(m, 1) for m in closed.peak_memory_mb],
+                **self._loss_scaling(),
+                **self.guard.train_fields(),
+            )
         stopping = closed.stop_votes > 0 and not last
         if self.cfg.train.max_seconds:
             last = last or closed.agreed_seconds >= self.cfg.train.max_seconds
@@ -273,8 +311,12 @@ class Trainer:
         with self.watchdog.phase("final checkpoint"):
             self.checkpointer.close()  # the last checkpoint is published before the run says it is complete
         self.watchdog.close()
-        result = {"step": self.step, "train_seconds": round(agreed_seconds, 3), **(last_val or {}),
-                  "peak_memory_mb": round(peak_memory_mb(self.topo.device), 1)}
+        result = {
+            "step": self.step,
+            "train_seconds": round(agreed_seconds, 3),
+            **(last_val or {}),
+            "peak_memory_mb": round(peak_memory_mb(self.topo.device), 1),
+        }
         if self.sink:
             self.sink.finish(result, stopped=stopped)
         return result
@@ -288,7 +330,7 @@ class Trainer:
         size = self.cfg.train.batch_size
         if self.cfg.train.grad_accum_steps == 1:
             return [batch]
-        return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(next(iter(batch.values()))), size)]
+        return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, len(next(iter(batch.values()))), size)]
 
     def _eval_batch(self, batch: dict) -> float:
         """A validation batch's loss, in micro-batches as training runs them (their memory), weighted as one batch
@@ -314,9 +356,15 @@ class Trainer:
     def _save(self, agreed_seconds: float) -> None:
         self.train_seconds, self.saved_step = agreed_seconds, self.step
         with self.watchdog.phase("checkpoint"):
-            self.checkpointer.save(self.step, {"step": self.step, "horizon": self.horizon,
-                                               "train_seconds": agreed_seconds,
-                                               "nonfinite_skipped": self.guard.skipped})
+            self.checkpointer.save(
+                self.step,
+                {
+                    "step": self.step,
+                    "horizon": self.horizon,
+                    "train_seconds": agreed_seconds,
+                    "nonfinite_skipped": self.guard.skipped,
+                },
+            )
 
     def _nonfinite(self, loss: torch.Tensor, action: str, agreed_seconds: float) -> None:
         """The engine left the update of step self.step + 1 out: its loss or gradients were not finite on some rank.
@@ -341,8 +389,9 @@ class Trainer:
             print(f"watchdog: {event.summary}", file=sys.stderr, flush=True)
         if action == "stopped":
             if self.sink:
-                run_status.forbid_restart(self.run, self.attempt, "a non-finite step: a restart from the checkpoint "
-                                                             "before it would repeat it")
+                run_status.forbid_restart(
+                    self.run, self.attempt, "a non-finite step: a restart from the checkpoint before it would repeat it"
+                )
             raise NonFiniteLossError(event.summary)
 
     # --- resuming -------------------------------------------------------------------------------------------
@@ -395,16 +444,18 @@ class Trainer:
             out["lora"] = {"rank": m.lora.rank, "alpha": m.lora.alpha, "trainable_parameters": self.n_trainable}
         return out
 
-
     def _device_lineage(self) -> dict:
         """What rank 0 trained on: the device (a GPU by the name torch gives it), the precision, and the collective
         backend where there is a process group (nccl on GPUs, gloo on CPUs; a lone torch-engine process has none)."""
         device = self.topo.device
         import torch.distributed as dist
 
-        return {"type": device.type, "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "precision": self.cfg.engine.precision,
-                "backend": dist.get_backend() if dist.is_initialized() else None}
+        return {
+            "type": device.type,
+            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "precision": self.cfg.engine.precision,
+            "backend": dist.get_backend() if dist.is_initialized() else None,
+        }
 
     def evaluate(self) -> dict:
         """Mean validation loss over the fixed validation batches, each rank taking its share."""
@@ -436,8 +487,9 @@ class Trainer:
         from toolkit.train.profiling import StepProfiler
 
         self.run.profile_dir.mkdir(exist_ok=True)
-        return StepProfiler(self.cfg.profile, self.run.profile_dir, worker_name=f"rank{self.topo.rank}",
-                            on_summary=self.sink.profile)
+        return StepProfiler(
+            self.cfg.profile, self.run.profile_dir, worker_name=f"rank{self.topo.rank}", on_summary=self.sink.profile
+        )
 
     def close(self):
         self.watchdog.close()

@@ -57,6 +57,7 @@ class NonFiniteLossError(RuntimeError):
 
 # --- non-finite steps -------------------------------------------------------------------------------------------------
 
+
 def gradients_finite(parameters, norm: torch.Tensor | None = None) -> bool:
     """Whether a step's gradients are all finite, from their global norm: ``norm`` if clipping computed it, else
     computed here (one pass over the gradients). Call it on the all-reduced gradients, which every rank holds alike."""
@@ -94,12 +95,19 @@ class NonFiniteGuard:
 
     def event(self, step: int, losses: list[float], action: str, checkpoint: str | None = None) -> NonFiniteEvent:
         """The event of step ``step`` whose ranks had ``losses`` (in rank order)."""
-        return NonFiniteEvent(step=step, loss=f"{sum(losses) / len(losses):.6g}",
-                              ranks=[rank for rank, loss in enumerate(losses) if not math.isfinite(loss)],
-                              action=action, skipped=self.skipped, in_a_row=self.in_a_row, checkpoint=checkpoint)
+        return NonFiniteEvent(
+            step=step,
+            loss=f"{sum(losses) / len(losses):.6g}",
+            ranks=[rank for rank, loss in enumerate(losses) if not math.isfinite(loss)],
+            action=action,
+            skipped=self.skipped,
+            in_a_row=self.in_a_row,
+            checkpoint=checkpoint,
+        )
 
 
 # --- hangs ------------------------------------------------------------------------------------------------------------
+
 
 class HangClock:
     """When a rank is overdue. Pure bookkeeping, the time passed in (monotonic seconds); the loop's thread writes it,
@@ -172,8 +180,7 @@ class HangWatchdog:
     ``events``: rank 0's event log, where the hang is recorded (None on the other ranks). ``end``: what ends the
     training once the stacks are dumped."""
 
-    def __init__(self, cfg, run, rank: int, world_size: int, attempt: int, events=None,
-                 end=end_training_processes):
+    def __init__(self, cfg, run, rank: int, world_size: int, attempt: int, events=None, end=end_training_processes):
         self.enabled = cfg.watchdog.hang and not cfg.debug.enabled
         self.clock = HangClock(cfg.watchdog)
         self.run, self.rank, self.world_size, self.attempt = run, rank, world_size, attempt
@@ -218,17 +225,27 @@ class HangWatchdog:
     def _fire(self, now: float) -> None:
         since, phase = self.clock.mark
         limit = self.clock.limit(phase)
-        event = HangEvent(step=self.clock.step, phase=phase, waited_s=round(now - since, 3), limit_s=round(limit, 3),
-                          stacks=str(self.folder), attempt=self.attempt)
+        event = HangEvent(
+            step=self.clock.step,
+            phase=phase,
+            waited_s=round(now - since, 3),
+            limit_s=round(limit, 3),
+            stacks=str(self.folder),
+            attempt=self.attempt,
+        )
         notice = f"[watchdog rank {self.rank}] {event.summary}"
         try:
-            dump_stacks(self.folder / f"rank_{self.rank}.txt", f"rank {self.rank} of {self.world_size}: "
-                                                               f"{event.summary}")
+            dump_stacks(
+                self.folder / f"rank_{self.rank}.txt", f"rank {self.rank} of {self.world_size}: {event.summary}"
+            )
         except OSError as exc:  # the run directory is unwritable: the job log gets the stacks instead
             notice += f" (cannot write {self.folder}: {exc}; stacks follow)"
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        print(f"{notice}; ending the training processes for the supervisor to restart them from the last "
-              "checkpoint", file=sys.stderr, flush=True)
+        print(
+            f"{notice}; ending the training processes for the supervisor to restart them from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.events is not None:
             try:
                 self.events.write(event)

@@ -53,9 +53,12 @@ class _Job:
 
     def finish(self, result: dict) -> None:
         now = time.perf_counter()
-        result["timing_ms"] = {"queue": round(1000 * (self.started - self.submitted), 3),
-                               "compute": round(1000 * (now - self.started), 3),
-                               "total": round(1000 * (now - self.submitted), 3), "steps": self.steps}
+        result["timing_ms"] = {
+            "queue": round(1000 * (self.started - self.submitted), 3),
+            "compute": round(1000 * (now - self.started), 3),
+            "total": round(1000 * (now - self.submitted), 3),
+            "steps": self.steps,
+        }
         self.settle(result)
 
     def settle(self, result: dict | None = None, error: BaseException | None = None) -> None:
@@ -90,7 +93,7 @@ class _Generate(_Job):
         self.rng = np.random.default_rng(request.seed)
 
     def rows(self, count: int) -> list[list[int]]:
-        return [self.ids[-self.block_size:]]
+        return [self.ids[-self.block_size :]]
 
     def consume(self, logits: list[np.ndarray]) -> None:
         (row,) = logits
@@ -101,9 +104,15 @@ class _Generate(_Job):
         self.new.append(_sample(logits, self.request, self.rng))
         self.ids.append(self.new[-1])
         if len(self.new) == self.request.max_new_tokens or self.new[-1] in self.tokenizer.eos_ids:
-            self.finish({"task": "generate", "text": self.tokenizer.decode(self.new),
-                         "prompt_bytes": len(self.request.prompt), "prompt_tokens": self.prompt_tokens,
-                         "new_tokens": len(self.new)})
+            self.finish(
+                {
+                    "task": "generate",
+                    "text": self.tokenizer.decode(self.new),
+                    "prompt_bytes": len(self.request.prompt),
+                    "prompt_tokens": self.prompt_tokens,
+                    "new_tokens": len(self.new),
+                }
+            )
 
 
 class _CachedGenerate(_Generate):
@@ -116,13 +125,23 @@ class _CachedGenerate(_Generate):
         super().__init__(request, runtime, deadline)
         context = self.block_size
         if self.prompt_tokens >= context:
-            raise RequestError(refused("prompt", f"{self.prompt_tokens:,} tokens is over the model's context",
-                                       f"up to {context - 1:,} tokens"))
+            raise RequestError(
+                refused(
+                    "prompt",
+                    f"{self.prompt_tokens:,} tokens is over the model's context",
+                    f"up to {context - 1:,} tokens",
+                )
+            )
         if self.prompt_tokens + request.max_new_tokens > context:
-            raise RequestError(not_allowed(
-                "max_new_tokens", request.max_new_tokens, f"up to {context - self.prompt_tokens:,}",
-                problem=f"does not fit the model's context of {context:,} tokens after a prompt of "
-                        f"{self.prompt_tokens:,}"))
+            raise RequestError(
+                not_allowed(
+                    "max_new_tokens",
+                    request.max_new_tokens,
+                    f"up to {context - self.prompt_tokens:,}",
+                    problem=f"does not fit the model's context of {context:,} tokens after a prompt of "
+                    f"{self.prompt_tokens:,}",
+                )
+            )
 
 
 class _Score(_Job):
@@ -134,7 +153,7 @@ class _Score(_Job):
         ids = self.tokenizer.encode(request.text)
         block_size = self.block_size
         # windows overlap by one token, so every token after the first is predicted exactly once
-        self.windows = [ids[i:i + block_size] for i in range(0, max(len(ids) - 1, 1), block_size - 1)]
+        self.windows = [ids[i : i + block_size] for i in range(0, max(len(ids) - 1, 1), block_size - 1)]
         # what the first token spells is given, not predicted (nothing, for a tokenizer that starts with a BOS)
         self.predicted_bytes = len(request.text) - len(self.tokenizer.decode(ids[:1]).encode("utf-8"))
         self.next = 0  # windows before this one are scored
@@ -144,10 +163,10 @@ class _Score(_Job):
         return len(self.windows) - self.next
 
     def rows(self, count: int) -> list[list[int]]:
-        return self.windows[self.next:self.next + count]
+        return self.windows[self.next : self.next + count]
 
     def consume(self, logits: list[np.ndarray]) -> None:
-        for row, window in zip(logits, self.windows[self.next:self.next + len(logits)]):
+        for row, window in zip(logits, self.windows[self.next : self.next + len(logits)]):
             log_probs = _log_softmax(row[: len(window) - 1])
             targets = np.asarray(window[1:])
             self.total += float(log_probs[np.arange(len(targets)), targets].sum())
@@ -155,9 +174,15 @@ class _Score(_Job):
         self.next += len(logits)
         if self.next == len(self.windows):
             predicted = self.predicted_bytes if self.count else 0
-            self.finish({"task": "score", "log_likelihood": self.total, "predicted_tokens": self.count,
-                         "predicted_bytes": predicted,
-                         "bits_per_byte": -self.total / np.log(2) / predicted if predicted else None})
+            self.finish(
+                {
+                    "task": "score",
+                    "log_likelihood": self.total,
+                    "predicted_tokens": self.count,
+                    "predicted_bytes": predicted,
+                    "bits_per_byte": -self.total / np.log(2) / predicted if predicted else None,
+                }
+            )
 
 
 class _Classify(_Job):
@@ -170,8 +195,13 @@ class _Classify(_Job):
         super().__init__(request, runtime, deadline)
         self.ids = self.tokenizer.encode(request.text)
         if not self.ids or len(self.ids) > self.block_size:
-            raise RequestError(refused("text", f"{len(self.ids):,} tokens is not allowed",
-                                       f"1 to {self.block_size:,} tokens (the model's context)"))
+            raise RequestError(
+                refused(
+                    "text",
+                    f"{len(self.ids):,} tokens is not allowed",
+                    f"1 to {self.block_size:,} tokens (the model's context)",
+                )
+            )
         self.labels = runtime.labels
 
     def rows(self, count: int) -> list[list[int]]:
@@ -181,8 +211,14 @@ class _Classify(_Job):
         (row,) = logits
         probabilities = np.exp(_log_softmax(row.astype(np.float64)))
         best = int(np.argmax(probabilities))
-        self.finish({"task": "classify", "label": self.labels[best], "label_id": best,
-                     "probabilities": {label: float(p) for label, p in zip(self.labels, probabilities)}})
+        self.finish(
+            {
+                "task": "classify",
+                "label": self.labels[best],
+                "label_id": best,
+                "probabilities": {label: float(p) for label, p in zip(self.labels, probabilities)},
+            }
+        )
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -229,8 +265,14 @@ class Batcher:
     """Owns the runtime; :meth:`submit` returns a Future with the response dict. A runtime that offers a KV cache
     (``decoder()``) generates with it unless ``kv_cache`` is False (the benchmark's baseline)."""
 
-    def __init__(self, runtime, max_batch: int = 16, max_wait_ms: float = 5.0,
-                 max_rows: int = MAX_ROWS_PER_FORWARD, kv_cache: bool = True):
+    def __init__(
+        self,
+        runtime,
+        max_batch: int = 16,
+        max_wait_ms: float = 5.0,
+        max_rows: int = MAX_ROWS_PER_FORWARD,
+        kv_cache: bool = True,
+    ):
         # max_batch and max_wait_ms come checked (toolkit.deploy.serving.options owns their bounds)
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise RefusedValue(not_allowed("max_rows", max_rows, "an integer from 1"))
@@ -348,6 +390,7 @@ class Batcher:
         for job, job_rows in plan:
             job.steps += 1
             # a padded row's logits stop at its own length; an unpadded row's are whole (a classifier's: per label)
-            job.consume([logits[first + i, : len(row)] if job.padded else logits[first + i]
-                         for i, row in enumerate(job_rows)])
+            job.consume(
+                [logits[first + i, : len(row)] if job.padded else logits[first + i] for i, row in enumerate(job_rows)]
+            )
             first += len(job_rows)

@@ -53,9 +53,11 @@ def plain_http_warning(host: str) -> str | None:
         loopback = False  # a host name may resolve to any interface
     if loopback:
         return None
-    return (f"--host {host}: the endpoint is reachable from other machines over plain HTTP, so its key and every "
-            "request and answer can be read on the network. Keep the default 127.0.0.1, or put the endpoint "
-            "behind a TLS proxy on a network you trust.")
+    return (
+        f"--host {host}: the endpoint is reachable from other machines over plain HTTP, so its key and every "
+        "request and answer can be read on the network. Keep the default 127.0.0.1, or put the endpoint "
+        "behind a TLS proxy on a network you trust."
+    )
 
 
 def _run_name(model_dir: Path) -> str:
@@ -65,16 +67,20 @@ def _run_name(model_dir: Path) -> str:
     from toolkit.fsio import read_regular_file
     from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
 
-    text = read_regular_file(model_dir / "config.yaml", field="config.yaml", error=EndpointError,
-                             limit=RESOLVED_CONFIG_MAX_BYTES)
+    text = read_regular_file(
+        model_dir / "config.yaml", field="config.yaml", error=EndpointError, limit=RESOLVED_CONFIG_MAX_BYTES
+    )
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
         data = None
     name = data.get("name") if isinstance(data, dict) else None
     if not isinstance(name, str) or not name:
-        raise EndpointError(not_allowed("config.yaml", str(model_dir / "config.yaml"), "a run config with a name",
-                                        problem="names no run"))
+        raise EndpointError(
+            not_allowed(
+                "config.yaml", str(model_dir / "config.yaml"), "a run config with a name", problem="names no run"
+            )
+        )
     return name
 
 
@@ -119,8 +125,9 @@ class LocalEndpoint:
         """POST ``body`` as JSON to the scoring URL with this endpoint's key (or exactly ``headers``, to see what a
         request without the key gets): (HTTP status, JSON answer). A refusal is an answer here, not an exception:
         its ``error`` names the field, the value and what is allowed."""
-        request = urllib.request.Request(self.scoring_url, data=json.dumps(body).encode(),
-                                         headers=self.headers() if headers is None else headers)
+        request = urllib.request.Request(
+            self.scoring_url, data=json.dumps(body).encode(), headers=self.headers() if headers is None else headers
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
@@ -132,8 +139,10 @@ class LocalEndpoint:
                 return error.code, {"error": text.strip() or error.reason}
 
     def describe(self) -> str:
-        return (f"endpoint {self.name}: {self.scoring_url} (key {mask_key(self.key)}, {self.runtime}, "
-                f"model {self.model_dir})")
+        return (
+            f"endpoint {self.name}: {self.scoring_url} (key {mask_key(self.key)}, {self.runtime}, "
+            f"model {self.model_dir})"
+        )
 
     def stop(self) -> None:
         self.service.stop()  # gunicorn's master and its workers
@@ -145,9 +154,16 @@ class LocalEndpoint:
         self.stop()
 
 
-def serve(model: str | Path, port: int | None = None, runtime: str | None = None, host: str = "127.0.0.1",
-          name: str | None = None, workspace: str | Path | None = None, ready_timeout: float = READY_TIMEOUT_S,
-          **options) -> LocalEndpoint:
+def serve(
+    model: str | Path,
+    port: int | None = None,
+    runtime: str | None = None,
+    host: str = "127.0.0.1",
+    name: str | None = None,
+    workspace: str | Path | None = None,
+    ready_timeout: float = READY_TIMEOUT_S,
+    **options,
+) -> LocalEndpoint:
     """Start a local endpoint for ``model`` (a model folder or a registered NAME[:VERSION]) and wait until it
     answers; returns its handle. ``runtime`` None: the folder's default (torch for a transformers model, which
     generates with a KV cache; onnx for the built-ins). ``options`` are ServingOptions' fields (max_batch,
@@ -182,15 +198,35 @@ def serve(model: str | Path, port: int | None = None, runtime: str | None = None
     # one process, many request threads, so concurrent requests can share a batch (server_main adds the worker
     # class that gives threads only whole requests, and turns gunicorn's control socket off)
     env = {"PYTHONUNBUFFERED": "1", **serving.environment(), KEY_FILE_ENV: str(folder / "key")}
-    cmd = [sys.executable, "-m", "toolkit.deploy.serving.server_main", "--host", host,
-           "--entry_script", str(SCORE_SCRIPT),
-           "--model_dir", str(model_dir), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.deploy.serving.server_main",
+        "--host",
+        host,
+        "--entry_script",
+        str(SCORE_SCRIPT),
+        "--model_dir",
+        str(model_dir),
+        "--port",
+        str(port),
+    ]
     service = start_service(cmd, folder / "server.log", env, fresh_log=True)
-    endpoint = LocalEndpoint(name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks,
-                             key_file=key_file)
+    endpoint = LocalEndpoint(
+        name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks, key_file=key_file
+    )
     # GET /score answers once the model is loaded
     wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
-    running.record(folder, running.RunningEndpoint(
-        name=name, url=endpoint.url, pid=service.process.pid, runtime=serving.runtime, model_dir=str(model_dir),
-        key_file=str(folder / "key"), started=time.time()))
+    running.record(
+        folder,
+        running.RunningEndpoint(
+            name=name,
+            url=endpoint.url,
+            pid=service.process.pid,
+            runtime=serving.runtime,
+            model_dir=str(model_dir),
+            key_file=str(folder / "key"),
+            started=time.time(),
+        ),
+    )
     return endpoint

@@ -36,13 +36,23 @@ from gunicorn import util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from toolkit.deploy.serving.options import ServingOptions
-from toolkit.deploy.serving.protocol import (BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES,
-                                             body_too_large)
+from toolkit.deploy.serving.protocol import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_HEAD_BYTES,
+    body_too_large,
+)
 from toolkit.errors import not_allowed, refused
 
 WORKER_CONNECTIONS = 1000  # gunicorn's default: open connections (reading, waiting or kept alive) at once
-GUNICORN_ARGS = ["--no-control-socket", "--worker-class", "toolkit.deploy.serving.http_worker.WholeRequestWorker",
-                 "--worker-connections", str(WORKER_CONNECTIONS)]
+GUNICORN_ARGS = [
+    "--no-control-socket",
+    "--worker-class",
+    "toolkit.deploy.serving.http_worker.WholeRequestWorker",
+    "--worker-connections",
+    str(WORKER_CONNECTIONS),
+]
 READ_CHUNK = 64 * 1024
 MAX_CHUNK_LINE = 1024  # a chunk-size line with extensions; gunicorn's own limit is larger
 MAX_CHUNKED_BYTES = 2 * MAX_BODY_BYTES  # a chunked body as sent, framing included
@@ -97,10 +107,15 @@ class RequestScan:
     def timed_out(self) -> tuple[int, str]:
         if self.head_end is None:
             return 408, refused(
-                "request", f"the request line and headers did not arrive within {self.header_timeout:g} s",
-                f"a whole request head within {self.header_timeout:g} s of connecting")
-        return 408, refused("body", f"{len(self.buf) - self.head_end:,} bytes arrived in {self.body_timeout:g} s",
-                              f"the whole body within {self.body_timeout:g} s of the headers")
+                "request",
+                f"the request line and headers did not arrive within {self.header_timeout:g} s",
+                f"a whole request head within {self.header_timeout:g} s of connecting",
+            )
+        return 408, refused(
+            "body",
+            f"{len(self.buf) - self.head_end:,} bytes arrived in {self.body_timeout:g} s",
+            f"the whole body within {self.body_timeout:g} s of the headers",
+        )
 
     def _find_head(self, now: float):
         """Only the bytes new since the last call are searched: a client trickling its head byte by byte must
@@ -112,8 +127,11 @@ class RequestScan:
             # gunicorn refuses a bare LF at once; waiting here for a CRLF CRLF that never comes would hang
             return 400, refused("request", "a line ends with a bare LF", "lines that end with CRLF (RFC 9112)")
         if (len(self.buf) if end < 0 else end + 4) - start > MAX_HEAD_BYTES:
-            return 431, refused("request", f"headers over {MAX_HEAD_BYTES:,} bytes",
-                                  f"a request line and headers of up to {MAX_HEAD_BYTES:,} bytes")
+            return 431, refused(
+                "request",
+                f"headers over {MAX_HEAD_BYTES:,} bytes",
+                f"a request line and headers of up to {MAX_HEAD_BYTES:,} bytes",
+            )
         if end < 0:
             return None
         self.head_end = end + 4
@@ -131,8 +149,9 @@ class RequestScan:
             names = [c.strip(b" \t").lower() for c in b",".join(codings).split(b",")]
             unknown = [n for n in names if n not in TRANSFER_CODINGS]
             if unknown:  # gunicorn would answer 501: this is the client's error, and a 4xx says so
-                return 400, not_allowed("Transfer-Encoding", unknown[0].decode("latin-1")[:40], "chunked",
-                                          problem="is not supported")
+                return 400, not_allowed(
+                    "Transfer-Encoding", unknown[0].decode("latin-1")[:40], "chunked", problem="is not supported"
+                )
             if names[-1] == b"chunked" and names.count(b"chunked") == 1 and not lengths:
                 self.chunk_at = self.head_end
         elif len(lengths) == 1 and lengths[0].isdigit():  # anything else: no body, or gunicorn's 400
@@ -150,14 +169,20 @@ class RequestScan:
         while True:
             line_end = self.buf.find(b"\r\n", self.chunk_at)
             if line_end < 0:
-                return (400, refused("body", f"a chunk-size line over {MAX_CHUNK_LINE} bytes", "a hexadecimal size")) \
-                    if len(self.buf) - self.chunk_at > MAX_CHUNK_LINE else None
-            size_text, *extension = bytes(self.buf[self.chunk_at:line_end]).split(b";", 1)
+                return (
+                    (400, refused("body", f"a chunk-size line over {MAX_CHUNK_LINE} bytes", "a hexadecimal size"))
+                    if len(self.buf) - self.chunk_at > MAX_CHUNK_LINE
+                    else None
+                )
+            size_text, *extension = bytes(self.buf[self.chunk_at : line_end]).split(b";", 1)
             if extension:
                 size_text = size_text.rstrip(b" \t")  # whitespace only before an extension, as gunicorn reads it
             if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
-                return 400, refused("body", f"chunk size {size_text[:20].decode('latin-1')!r} is not hexadecimal",
-                                      "a chunked body (RFC 9112 section 7.1)")
+                return 400, refused(
+                    "body",
+                    f"chunk size {size_text[:20].decode('latin-1')!r} is not hexadecimal",
+                    "a chunked body (RFC 9112 section 7.1)",
+                )
             size = int(size_text, 16)  # at most MAX_CHUNK_LINE hex digits: linear to convert
             if self.chunked_bytes + size > MAX_BODY_BYTES or line_end - self.head_end > MAX_CHUNKED_BYTES:
                 return 413, str(body_too_large(self.chunked_bytes + size))
@@ -166,13 +191,13 @@ class RequestScan:
             data_end = line_end + 2 + size
             if len(self.buf) < data_end + 2:
                 return None
-            if self.buf[data_end:data_end + 2] != b"\r\n":
+            if self.buf[data_end : data_end + 2] != b"\r\n":
                 return 400, refused("body", "a chunk is longer than its size says", "a chunked body (RFC 9112 7.1)")
             self.chunked_bytes += size
             self.chunk_at = data_end + 2
 
     def _trailers(self, start: int):
-        if self.buf[start:start + 2] == b"\r\n" or self.buf.find(b"\r\n\r\n", start) >= 0:
+        if self.buf[start : start + 2] == b"\r\n" or self.buf.find(b"\r\n\r\n", start) >= 0:
             return self.READY
         if len(self.buf) - start > MAX_HEAD_BYTES:
             return 431, refused("body", f"trailer fields over {MAX_HEAD_BYTES:,} bytes", f"up to {MAX_HEAD_BYTES:,}")
@@ -254,10 +279,15 @@ class WholeRequestWorker(ThreadWorker):
         self.lingering: dict[socket.socket, list] = {}  # socket -> [deadline, bytes drained], oldest first
         self.max_lingering = max(1, self.worker_connections // LINGER_SHARE)
         self.accept_paused_until = 0.0
-        self.refusals_log = LogThrottle(self.log.info, LOG_WINDOW_S, REFUSALS_LOGGED,
-                                        "%d more requests refused before they reached the application in %g s")
-        self.accept_log = LogThrottle(self.log.warning, LOG_WINDOW_S, 1,
-                                      "cannot accept a connection (out of descriptors) %d more times in %g s")
+        self.refusals_log = LogThrottle(
+            self.log.info,
+            LOG_WINDOW_S,
+            REFUSALS_LOGGED,
+            "%d more requests refused before they reached the application in %g s",
+        )
+        self.accept_log = LogThrottle(
+            self.log.warning, LOG_WINDOW_S, 1, "cannot accept a connection (out of descriptors) %d more times in %g s"
+        )
 
     def run(self):
         """Serve, with no more connections than the open-file limit has room for: measured now, when the
@@ -266,8 +296,14 @@ class WholeRequestWorker(ThreadWorker):
         open_now = open_descriptors()
         limit = connection_limit(self.cfg.worker_connections, soft, open_now)
         if limit < self.cfg.worker_connections:
-            self.log.warning("at most %d connections at once, not %d: the open-file limit is %d and %d files are "
-                             "open (raise it with `ulimit -n`)", limit, self.cfg.worker_connections, soft, open_now)
+            self.log.warning(
+                "at most %d connections at once, not %d: the open-file limit is %d and %d files are "
+                "open (raise it with `ulimit -n`)",
+                limit,
+                self.cfg.worker_connections,
+                soft,
+                open_now,
+            )
         self.worker_connections = limit
         self.max_keepalived = limit - self.cfg.threads
         self.max_lingering = max(1, limit // LINGER_SHARE)
@@ -283,8 +319,9 @@ class WholeRequestWorker(ThreadWorker):
             sock, address = listener.accept()
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: wait for one to close, do not crash
-                self.accept_log(time.monotonic(), "cannot accept a connection: %s (%d connections open)", e,
-                                self.nr_conns)
+                self.accept_log(
+                    time.monotonic(), "cannot accept a connection: %s (%d connections open)", e, self.nr_conns
+                )
                 self.set_accept_enabled(False)
                 self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
             elif e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
@@ -352,9 +389,15 @@ class WholeRequestWorker(ThreadWorker):
         """Answer a request that never reaches the application, then close."""
         body = json.dumps({"error": message}).encode()
         self.refusals_log(time.monotonic(), "%s: %s %s", conn.client, status, message)
-        self._send(conn.sock, (f"HTTP/1.1 {status} {http_status.HTTPStatus(status).phrase}\r\n"
-                               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                               "Connection: close\r\n\r\n").encode() + body)
+        self._send(
+            conn.sock,
+            (
+                f"HTTP/1.1 {status} {http_status.HTTPStatus(status).phrase}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            + body,
+        )
         self.nr_conns -= 1  # the connection ends here; its socket counts again while it lingers
         self._linger(conn.sock)
 
@@ -427,5 +470,6 @@ def enough_descriptors(needed: int = WORKER_CONNECTIONS + 100) -> None:
     Where the hard limit is lower, the worker takes fewer connections (WholeRequestWorker.run)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard),
-                                                    hard))
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard), hard)
+        )

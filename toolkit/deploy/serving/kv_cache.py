@@ -86,8 +86,9 @@ class CachedDecoder:
         width = max(self.mask.shape[1], len(ids))
         if self.members:
             self.keys = [torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)]) for a, b in zip(self.keys, keys)]
-            self.values = [torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)])
-                           for a, b in zip(self.values, values)]
+            self.values = [
+                torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)]) for a, b in zip(self.values, values)
+            ]
         else:
             self.keys, self.values = keys, values
         self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(torch.ones_like(x), width, 1)])
@@ -102,9 +103,13 @@ class CachedDecoder:
 
         cache = DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))
         self.mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long, device=self.device)], dim=1)
-        out = self.model(input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None],
-                         attention_mask=self.mask,
-                         position_ids=self.positions[:, None], use_cache=True, **{self.cache_argument: cache})
+        out = self.model(
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None],
+            attention_mask=self.mask,
+            position_ids=self.positions[:, None],
+            use_cache=True,
+            **{self.cache_argument: cache},
+        )
         self.keys, self.values = _layers(_cache_of(out))
         self.positions = self.positions + 1
         return out.logits[:, -1]

@@ -54,6 +54,7 @@ def latencies_s(call: Callable[[bytes], float], n: int, body: Callable[[int], by
 def throughput(endpoint, clients: int, per_client: int, body: Callable[[int], bytes]) -> float:
     """Requests per second with ``clients`` threads, each with its own connection, sending ``per_client``
     requests back to back (client c's request i is ``body(c * 1000 + i)``)."""
+
     def client(c: int) -> None:
         call = Client(endpoint)
         try:
@@ -88,14 +89,18 @@ class LoadTestResult:
         return percentile_ms(self.latencies_s, 50)
 
     def summary(self) -> str:
-        return (f"one at a time: p50 {self.p50_ms:.1f} ms; {self.clients} concurrent clients: "
-                f"{self.requests_per_s:.1f} requests/s")
+        return (
+            f"one at a time: p50 {self.p50_ms:.1f} ms; {self.clients} concurrent clients: "
+            f"{self.requests_per_s:.1f} requests/s"
+        )
 
 
-def measure_endpoint(endpoint, prompt: str, max_new_tokens: int, requests: int, clients: int = 16,
-                     per_client: int = 2) -> LoadTestResult:
+def measure_endpoint(
+    endpoint, prompt: str, max_new_tokens: int, requests: int, clients: int = 16, per_client: int = 2
+) -> LoadTestResult:
     """``requests`` generation requests one after another on one kept-alive connection, then ``clients``
     concurrent clients sending ``per_client`` each; request i asks for ``max_new_tokens`` with seed i."""
+
     def body(i: int) -> bytes:
         return request_body(prompt, max_new_tokens, seed=i)
 

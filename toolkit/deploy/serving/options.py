@@ -72,9 +72,15 @@ class ServingOptions:
         return cls(**given)
 
 
-ENV = {"runtime": "TRAINBOOK_RUNTIME", "max_batch": "TRAINBOOK_MAX_BATCH", "max_wait_ms": "TRAINBOOK_MAX_WAIT_MS",
-       "threads": "TRAINBOOK_THREADS", "header_timeout": "TRAINBOOK_HEADER_TIMEOUT_S",
-       "body_timeout": "TRAINBOOK_BODY_TIMEOUT_S", "request_timeout": "TRAINBOOK_REQUEST_TIMEOUT_S"}
+ENV = {
+    "runtime": "TRAINBOOK_RUNTIME",
+    "max_batch": "TRAINBOOK_MAX_BATCH",
+    "max_wait_ms": "TRAINBOOK_MAX_WAIT_MS",
+    "threads": "TRAINBOOK_THREADS",
+    "header_timeout": "TRAINBOOK_HEADER_TIMEOUT_S",
+    "body_timeout": "TRAINBOOK_BODY_TIMEOUT_S",
+    "request_timeout": "TRAINBOOK_REQUEST_TIMEOUT_S",
+}
 KEY_FILE_ENV = "TRAINBOOK_KEY_FILE"  # local endpoint only (Azure ML checks keys itself): the file holding the key
 # gunicorn takes its threads from GUNICORN_CMD_ARGS; TRAINBOOK_THREADS says the same to our own code
 
@@ -104,8 +110,11 @@ def _problem(name: str, value) -> str | None:
 # --- what a folder serves -----------------------------------------------------------------------------------------
 
 # (model, task) -> the requests an endpoint over it answers (toolkit.deploy.serving.protocol's task names)
-SERVED_TASKS = {("gpt", None): TEXT_TASKS, ("hf", "causal_lm"): TEXT_TASKS,
-                ("hf", "sequence_classification"): ("classify",)}
+SERVED_TASKS = {
+    ("gpt", None): TEXT_TASKS,
+    ("hf", "causal_lm"): TEXT_TASKS,
+    ("hf", "sequence_classification"): ("classify",),
+}
 
 
 def served_tasks(manifest: dict) -> tuple[str, ...]:
@@ -136,7 +145,13 @@ def check_runtime(folder: str | Path, manifest: dict, runtime: str | None) -> st
     if not (Path(folder) / weights).is_file():  # whether the manifest lists it is verify_model_folder's to say
         other = next(r for r in WEIGHTS if r != runtime)
         why = manifest.get("onnx_not_exported") if runtime == "onnx" else None
-        raise ExportError(not_allowed("model", folder, f"a folder with {weights}, or --runtime {other}",
-                                      problem=f"has no {weights}, which --runtime {runtime} loads"
-                                              + (f" (the export could not write it: {str(why)[:300]})" if why else "")))
+        raise ExportError(
+            not_allowed(
+                "model",
+                folder,
+                f"a folder with {weights}, or --runtime {other}",
+                problem=f"has no {weights}, which --runtime {runtime} loads"
+                + (f" (the export could not write it: {str(why)[:300]})" if why else ""),
+            )
+        )
     return runtime

@@ -113,8 +113,11 @@ def _text(body: dict, name: str, limit: int) -> bytes:
     try:
         data = value.encode("utf-8")
     except UnicodeEncodeError as exc:  # JSON can spell a lone surrogate ("\ud800"), which is no character
-        raise RequestError(not_allowed(name, value[exc.start], allowed,
-                                       problem=f"at character {exc.start:,} is a lone surrogate, not text")) from None
+        raise RequestError(
+            not_allowed(
+                name, value[exc.start], allowed, problem=f"at character {exc.start:,} is a lone surrogate, not text"
+            )
+        ) from None
     if not data:
         raise RequestError(refused(name, "empty", allowed))
     if len(data) > limit:
@@ -124,14 +127,25 @@ def _text(body: dict, name: str, limit: int) -> bytes:
 
 def _generate(body: dict) -> GenerateRequest:
     temperature = body.get("temperature", 1.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
-            not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise RequestError(refused("temperature", f"{shown(temperature)} is not allowed",
-                                   f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}"))
-    return GenerateRequest(prompt=_text(body, "prompt", MAX_PROMPT_BYTES),
-                           max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
-                           temperature=float(temperature), top_k=_int(body, "top_k", 0, 0, 256),
-                           seed=_int(body, "seed", None, 0, 2**63 - 1))
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0.0 <= temperature <= MAX_TEMPERATURE
+    ):
+        raise RequestError(
+            refused(
+                "temperature",
+                f"{shown(temperature)} is not allowed",
+                f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}",
+            )
+        )
+    return GenerateRequest(
+        prompt=_text(body, "prompt", MAX_PROMPT_BYTES),
+        max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
+        temperature=float(temperature),
+        top_k=_int(body, "top_k", 0, 0, 256),
+        seed=_int(body, "seed", None, 0, 2**63 - 1),
+    )
 
 
 def _score(body: dict) -> ScoreRequest:
@@ -142,9 +156,11 @@ def _classify(body: dict) -> ClassifyRequest:
     return ClassifyRequest(text=_text(body, "text", MAX_TEXT_BYTES))
 
 
-TASKS = {"generate": (_generate, {"task", "prompt", "max_new_tokens", "temperature", "top_k", "seed"}),
-         "score": (_score, {"task", "text"}),
-         "classify": (_classify, {"task", "text"})}
+TASKS = {
+    "generate": (_generate, {"task", "prompt", "max_new_tokens", "temperature", "top_k", "seed"}),
+    "score": (_score, {"task", "text"}),
+    "classify": (_classify, {"task", "text"}),
+}
 TEXT_TASKS = ("generate", "score")  # what a language model answers, generate being the default
 
 
@@ -164,8 +180,9 @@ def _json(body: bytes):
     try:
         return json.loads(text, parse_int=_number, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
-        raise RequestError(refused("body", f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-                                   "a JSON object")) from None
+        raise RequestError(
+            refused("body", f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", "a JSON object")
+        ) from None
     except RecursionError:
         raise RequestError(refused("body", "JSON nested too deeply", "a JSON object of strings and numbers")) from None
 
@@ -178,14 +195,16 @@ def parse(body: bytes, tasks: tuple[str, ...] = TEXT_TASKS) -> GenerateRequest |
     data = _json(body)
     if not isinstance(data, dict):
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
-        raise RequestError(refused("body", f"a JSON {kind}",
-                                   'a JSON object such as {"prompt": "def ", "max_new_tokens": 32}'))
+        raise RequestError(
+            refused("body", f"a JSON {kind}", 'a JSON object such as {"prompt": "def ", "max_new_tokens": 32}')
+        )
     task = data.get("task", tasks[0])
     if not isinstance(task, str) or task not in tasks:
         raise RequestError(refused("task", f"{shown(task)} is not allowed", ", ".join(tasks)))
     build, fields = TASKS[task]
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise RequestError(refused(shown(unknown[0], quote=False), f"unknown field for task {task!r}",
-                                   ", ".join(sorted(fields))))
+        raise RequestError(
+            refused(shown(unknown[0], quote=False), f"unknown field for task {task!r}", ", ".join(sorted(fields)))
+        )
     return build(data)

@@ -54,8 +54,11 @@ def _read(folder: Path) -> RunningEndpoint | None:
         endpoint = RunningEndpoint(**json.loads((folder / RECORD_NAME).read_text()))
     except (OSError, ValueError, TypeError):  # none, half-written by hand, or another version's: not listed
         return None
-    typed = all(isinstance(getattr(endpoint, f), str) for f in ("name", "url", "runtime", "model_dir", "key_file")) \
-        and isinstance(endpoint.pid, int) and isinstance(endpoint.started, (int, float))
+    typed = (
+        all(isinstance(getattr(endpoint, f), str) for f in ("name", "url", "runtime", "model_dir", "key_file"))
+        and isinstance(endpoint.pid, int)
+        and isinstance(endpoint.started, (int, float))
+    )
     return endpoint if typed and endpoint.name == folder.name else None
 
 
@@ -64,8 +67,7 @@ def _is_its_server(endpoint: RunningEndpoint, folder: Path) -> bool:
 
     try:
         process = psutil.Process(endpoint.pid)
-        return (process.status() != psutil.STATUS_ZOMBIE
-                and process.environ().get(KEY_FILE_ENV) == str(folder / "key"))
+        return process.status() != psutil.STATUS_ZOMBIE and process.environ().get(KEY_FILE_ENV) == str(folder / "key")
     except (psutil.Error, OSError, ValueError):
         return False
 
@@ -91,8 +93,9 @@ def stop_endpoint(name: str, workspace=None, grace_s: float = STOP_GRACE_S) -> R
 
     running = {e.name: e for e in running_endpoints(workspace)}
     if name not in running:
-        raise RefusedValue(not_allowed("name", name, ", ".join(running) or "none are running",
-                                       problem="is not a running endpoint"))
+        raise RefusedValue(
+            not_allowed("name", name, ", ".join(running) or "none are running", problem="is not a running endpoint")
+        )
     endpoint = running[name]
     try:
         os.killpg(endpoint.pid, signal.SIGTERM)  # checked just above to be this endpoint's own server

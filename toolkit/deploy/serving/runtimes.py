@@ -43,8 +43,9 @@ class OnnxRuntime:
         # ORT's worker threads spin after each run waiting for the next; in a server the request threads need
         # those cycles (on 2 cores spinning halved the endpoint's throughput), so they sleep instead.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(model_dir / WEIGHTS[self.name]), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(model_dir / WEIGHTS[self.name]), options, providers=["CPUExecutionProvider"]
+        )
         self.input_name = self.session.get_inputs()[0].name
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
@@ -68,9 +69,14 @@ class TorchRuntime:
         # An export from elsewhere is data: its config.yaml may only name the built-in it was exported as (a
         # custom model's factory would be imported and run; an hf source fetched), whatever its manifest says.
         if cfg.model.name not in BUILT_IN:
-            raise RefusedValue(not_allowed("model", cfg.model.name, ", ".join(BUILT_IN),
-                                           problem=f"in {model_dir / 'config.yaml'} is not a built-in model this "
-                                                   "runtime builds"))
+            raise RefusedValue(
+                not_allowed(
+                    "model",
+                    cfg.model.name,
+                    ", ".join(BUILT_IN),
+                    problem=f"in {model_dir / 'config.yaml'} is not a built-in model this runtime builds",
+                )
+            )
         self.model = build_model(cfg.model)
         load_model(self.model, str(model_dir / WEIGHTS[self.name]), strict=False)  # the tied lm_head is shared
         self.device = serving_device()
@@ -162,8 +168,16 @@ def find_model_dir(root: str | Path) -> Path:
 
 def describe(runtime) -> dict:
     m = runtime.manifest
-    return {"runtime": runtime.name, "model": m["model"], "tasks": list(runtime.tasks),
-            "parameters": m["parameters"], "step": m["step"], "block_size": runtime.block_size,
-            "tokenizer": runtime.tokenizer.name, "kv_cache": getattr(runtime, "kv_cache", False),
-            "device": str(getattr(runtime, "device", "cpu")),
-            "run": Path(m["run_dir"]).name, "data": (m.get("data") or {}).get("name")}
+    return {
+        "runtime": runtime.name,
+        "model": m["model"],
+        "tasks": list(runtime.tasks),
+        "parameters": m["parameters"],
+        "step": m["step"],
+        "block_size": runtime.block_size,
+        "tokenizer": runtime.tokenizer.name,
+        "kv_cache": getattr(runtime, "kv_cache", False),
+        "device": str(getattr(runtime, "device", "cpu")),
+        "run": Path(m["run_dir"]).name,
+        "data": (m.get("data") or {}).get("name"),
+    }

@@ -37,8 +37,11 @@ service: ScoringService | None = None
 def init() -> None:
     global service
     key_file = os.environ.get(KEY_FILE_ENV)
-    service = ScoringService(find_model_dir(os.environ["AZUREML_MODEL_DIR"]), ServingOptions.from_environment(),
-                             key=key_files.read(Path(key_file), "the endpoint key") if key_file else None)
+    service = ScoringService(
+        find_model_dir(os.environ["AZUREML_MODEL_DIR"]),
+        ServingOptions.from_environment(),
+        key=key_files.read(Path(key_file), "the endpoint key") if key_file else None,
+    )
 
 
 @rawhttp
@@ -50,13 +53,22 @@ def run(request):
                 chunks.append(chunk)
                 size += len(chunk)
         except Exception as exc:  # the server decodes the framing (chunks, trailers) as we read: the client's error
-            raise RequestError(refused("body", f"could not be read ({str(exc)[:80] or type(exc).__name__})",
-                                       "a body framed by Content-Length or valid chunked encoding (RFC 9112)")) \
-                from None
+            raise RequestError(
+                refused(
+                    "body",
+                    f"could not be read ({str(exc)[:80] or type(exc).__name__})",
+                    "a body framed by Content-Length or valid chunked encoding (RFC 9112)",
+                )
+            ) from None
         return b"".join(chunks)
 
-    status, payload = service.handle(request.method, request.headers.get("Authorization"), request.content_length,
-                                     read_body, hung_up(request.environ.get("gunicorn.socket")))
+    status, payload = service.handle(
+        request.method,
+        request.headers.get("Authorization"),
+        request.content_length,
+        read_body,
+        hung_up(request.environ.get("gunicorn.socket")),
+    )
     return AMLResponse(payload, status, json_str=True)
 
 

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     if "--host" in argv:
         i = argv.index("--host")
         host = argv[i + 1]
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     stop_with_parent()
     enough_descriptors()
     from azureml_inference_server_http import amlserver

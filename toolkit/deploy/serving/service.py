@@ -39,12 +39,21 @@ class ScoringService:
         self.batcher = Batcher(self.runtime, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms)
         self.key = key
         self.request_timeout = options.request_timeout
-        self.info = {**describe(self.runtime), "max_batch": options.max_batch, "max_wait_ms": options.max_wait_ms,
-                     "max_rows_per_forward": self.batcher.max_rows}
+        self.info = {
+            **describe(self.runtime),
+            "max_batch": options.max_batch,
+            "max_wait_ms": options.max_wait_ms,
+            "max_rows_per_forward": self.batcher.max_rows,
+        }
 
-    def handle(self, method: str, authorization: str | None, content_length: int | None,
-               read_body: Callable[[int], bytes], client_gone: Callable[[], bool] | None = None
-               ) -> tuple[int, dict]:
+    def handle(
+        self,
+        method: str,
+        authorization: str | None,
+        content_length: int | None,
+        read_body: Callable[[int], bytes],
+        client_gone: Callable[[], bool] | None = None,
+    ) -> tuple[int, dict]:
         """One request. ``read_body(n)`` reads at most n bytes, so an oversized body is never held in memory;
         ``client_gone()`` says whether the client has hung up (its work is then dropped)."""
         started = time.perf_counter()
@@ -55,8 +64,7 @@ class ScoringService:
             return 405, {"error": refused("method", f"{method} is not allowed", "GET (readiness), POST (score)")}
         if not key_ok:
             reason = "missing" if not authorization else "not valid"
-            return 401, {"error": refused("Authorization", f"key {reason}",
-                                              "'Authorization: Bearer <endpoint key>'")}
+            return 401, {"error": refused("Authorization", f"key {reason}", "'Authorization: Bearer <endpoint key>'")}
         try:
             if content_length is not None and content_length > MAX_BODY_BYTES:
                 raise body_too_large(content_length)
@@ -68,8 +76,9 @@ class ScoringService:
         try:
             result = self._wait(future, deadline, client_gone)
         except TimeoutError:
-            return 503, {"error": f"no answer within {self.request_timeout:g} s: the endpoint is overloaded; "
-                                  "try again later"}
+            return 503, {
+                "error": f"no answer within {self.request_timeout:g} s: the endpoint is overloaded; try again later"
+            }
         except Exception:  # the model failed: logged with its traceback here, a plain message to the client
             log.exception("scoring failed")
             return 500, {"error": "the model failed on this request; see the endpoint log"}

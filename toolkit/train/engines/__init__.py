@@ -103,6 +103,12 @@ def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
 
         merged = deepspeed_config.check(cfg, world, cuda)
     if cfg.engine.precision == "fp16" and not cuda:
-        raise RefusedValue(not_allowed("engine.precision", "fp16", "'bf16' or 'fp32' on a machine without a GPU",
-                                       problem="needs a GPU (fp16 compute and its dynamic loss scaling)"))
+        raise RefusedValue(
+            not_allowed(
+                "engine.precision",
+                "fp16",
+                "'bf16' or 'fp32' on a machine without a GPU",
+                problem="needs a GPU (fp16 compute and its dynamic loss scaling)",
+            )
+        )
     return merged

@@ -84,8 +84,11 @@ class DeepSpeedEngine:
         self.deepspeed_config = merged(cfg, topo.world_size, cuda=topo.device.type == "cuda")  # the trainer writes it
         if topo.device.type == "cuda" and (why := fall_back_to_torch_adam(self.deepspeed_config)):
             if topo.is_main:
-                print(f"DeepSpeed steps with torch's AdamW (optimizer.params.torch_adam), not FusedAdam: {why}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"DeepSpeed steps with torch's AdamW (optimizer.params.torch_adam), not FusedAdam: {why}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=adamw_param_groups(model, cfg.optim.weight_decay),
@@ -163,8 +166,9 @@ class DeepSpeedEngine:
         capture = _CapturingCheckpointEngine()
         default, self.engine.checkpoint_engine = self.engine.checkpoint_engine, capture
         try:
-            self.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False,
-                                        exclude_frozen_parameters=self.trainable_only)
+            self.engine.save_checkpoint(
+                str(folder), tag=DS_TAG, save_latest=False, exclude_frozen_parameters=self.trainable_only
+            )
         finally:
             self.engine.checkpoint_engine = default
         return {str(Path(path).relative_to(folder)): state for path, state in capture.files.items()}
@@ -176,9 +180,13 @@ class DeepSpeedEngine:
         try:
             with safe_load.weights_only_everywhere():
                 # without the frozen base in the file, its (rebuilt) weights must stay as they are
-                path, _ = self.engine.load_checkpoint(str(folder), tag=DS_TAG, load_optimizer_states=True,
-                                                      load_lr_scheduler_states=False,
-                                                      load_module_strict=not self.trainable_only)
+                path, _ = self.engine.load_checkpoint(
+                    str(folder),
+                    tag=DS_TAG,
+                    load_optimizer_states=True,
+                    load_lr_scheduler_states=False,
+                    load_module_strict=not self.trainable_only,
+                )
         finally:
             self.engine.checkpoint_engine = default
         if path is None:

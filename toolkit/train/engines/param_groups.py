@@ -39,5 +39,7 @@ def load_trainable_state(model: torch.nn.Module, state: dict, where) -> None:
     frozen |= {name for name, _ in model.named_buffers()}
     missing = [k for k in result.missing_keys if k not in frozen]
     if missing or result.unexpected_keys:
-        raise RuntimeError(f"{where}: the saved trainable weights do not fit this model (missing {missing[:3]}, "
-                           f"unexpected {result.unexpected_keys[:3]})")
+        raise RuntimeError(
+            f"{where}: the saved trainable weights do not fit this model (missing {missing[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]})"
+        )

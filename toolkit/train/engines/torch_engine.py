@@ -9,8 +9,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
 from toolkit.train.compilation import compile_in_place
-from toolkit.train.engines.param_groups import (HALF, adamw_param_groups, load_trainable_state, trainable_only,
-                                                trainable_state)
+from toolkit.train.engines.param_groups import (
+    HALF,
+    adamw_param_groups,
+    load_trainable_state,
+    trainable_only,
+    trainable_state,
+)
 from toolkit.train.watchdog import gradients_finite
 
 SCALER_FILE = "scaler.pt"  # fp16 runs only
@@ -35,8 +40,11 @@ class TorchEngine:
             compile_in_place(self.model)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            adamw_param_groups(self.module, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
-            **adamw_implementation(topo.device))
+            adamw_param_groups(self.module, o.weight_decay),
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            **adamw_implementation(topo.device),
+        )
         self.grad_clip = o.grad_clip
         self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
         self.device = topo.device

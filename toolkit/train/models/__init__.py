@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Callable
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable  # (ModelConfig) -> torch.nn.Module
@@ -174,12 +175,28 @@ def model_overrides(text: str) -> list[str]:
     if not text:
         return []
     if Path(text).expanduser().is_dir():
-        return ["model.name=hf", f"model.hf.source={Path(text).expanduser()}", "model.hf.architecture=",
-                "model.hf.config={}", "model.factory=", "model.loss="]
+        return [
+            "model.name=hf",
+            f"model.hf.source={Path(text).expanduser()}",
+            "model.hf.architecture=",
+            "model.hf.config={}",
+            "model.factory=",
+            "model.loss=",
+        ]
     where, sep, attr = text.rpartition(":")
     if sep and where and attr.isidentifier():
-        return ["model.name=custom", f"model.factory={text}", "model.hf.architecture=", "model.hf.config={}",
-                "model.hf.source="]
-    raise RefusedValue(not_allowed("model", text, "'package.module:function', 'path/to/file.py:function' or a "
-                                                  "folder in save_pretrained layout",
-                                   problem="is neither an import path nor a folder"))
+        return [
+            "model.name=custom",
+            f"model.factory={text}",
+            "model.hf.architecture=",
+            "model.hf.config={}",
+            "model.hf.source=",
+        ]
+    raise RefusedValue(
+        not_allowed(
+            "model",
+            text,
+            "'package.module:function', 'path/to/file.py:function' or a folder in save_pretrained layout",
+            problem="is neither an import path nor a folder",
+        )
+    )

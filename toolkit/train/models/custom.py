@@ -67,12 +67,19 @@ def source_file(field: str, spec: str, code_path: str = "") -> Path | None:
     try:
         found = importlib.util.find_spec(where)
     except (ImportError, ValueError) as exc:
-        raise ModelImportError(not_allowed(field, spec, FACTORY_ALLOWED,
-                                           problem=f"does not import ({type(exc).__name__}: {exc})")) from None
+        raise ModelImportError(
+            not_allowed(field, spec, FACTORY_ALLOWED, problem=f"does not import ({type(exc).__name__}: {exc})")
+        ) from None
     if found is None:
-        raise ModelImportError(not_allowed(field, spec, FACTORY_ALLOWED,
-                                           problem=f"does not import (no module named {where!r} on sys.path; "
-                                                   "run from the folder that holds it, or set PYTHONPATH)"))
+        raise ModelImportError(
+            not_allowed(
+                field,
+                spec,
+                FACTORY_ALLOWED,
+                problem=f"does not import (no module named {where!r} on sys.path; "
+                "run from the folder that holds it, or set PYTHONPATH)",
+            )
+        )
     return Path(found.origin) if found.origin and found.origin.endswith(".py") else None
 
 
@@ -85,8 +92,9 @@ def resolve(field: str, spec: str, code_path: str = "") -> Callable:
         if is_file_path(where):
             path = _file(where, code_path)
             if not path.is_file():
-                raise ModelImportError(not_allowed(field, spec, FACTORY_ALLOWED, problem=f"names {str(path)!r}, "
-                                                                                         "which is not a file"))
+                raise ModelImportError(
+                    not_allowed(field, spec, FACTORY_ALLOWED, problem=f"names {str(path)!r}, which is not a file")
+                )
             name = f"trainbook_user_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
             module = sys.modules.get(name)
             if module is None:
@@ -100,12 +108,19 @@ def resolve(field: str, spec: str, code_path: str = "") -> Callable:
         raise
     except Exception as exc:  # the user's module may raise anything while it imports
         sys.modules.pop(locals().get("name", ""), None)
-        raise ModelImportError(not_allowed(field, spec, FACTORY_ALLOWED,
-                                           problem=f"does not import ({type(exc).__name__}: {exc})")) from None
+        raise ModelImportError(
+            not_allowed(field, spec, FACTORY_ALLOWED, problem=f"does not import ({type(exc).__name__}: {exc})")
+        ) from None
     if not hasattr(module, attr):
         public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise ModelImportError(not_allowed(field, spec, f"a name it defines: {', '.join(public[:20]) or 'none'}",
-                                           problem=f"has no attribute {attr!r}"))
+        raise ModelImportError(
+            not_allowed(
+                field,
+                spec,
+                f"a name it defines: {', '.join(public[:20]) or 'none'}",
+                problem=f"has no attribute {attr!r}",
+            )
+        )
     return getattr(module, attr)
 
 
@@ -116,11 +131,22 @@ def build(cfg):
     try:
         model = factory()
     except Exception as exc:
-        raise ModelImportError(refused("model.factory", f"{cfg.factory} raised {type(exc).__name__}: {exc}",
-                                       "a function that takes no arguments and returns an nn.Module")) from None
+        raise ModelImportError(
+            refused(
+                "model.factory",
+                f"{cfg.factory} raised {type(exc).__name__}: {exc}",
+                "a function that takes no arguments and returns an nn.Module",
+            )
+        ) from None
     if not isinstance(model, nn.Module):
-        raise ModelImportError(not_allowed("model.factory", cfg.factory, "a function returning an nn.Module",
-                                           problem=f"returned {bounded_repr(type(model).__name__)}"))
+        raise ModelImportError(
+            not_allowed(
+                "model.factory",
+                cfg.factory,
+                "a function returning an nn.Module",
+                problem=f"returned {bounded_repr(type(model).__name__)}",
+            )
+        )
     return model
 
 
@@ -131,9 +157,15 @@ def check_activation_checkpointing(cfg, model) -> None:
     """model.activation_checkpointing on the user's module needs its own gradient_checkpointing_enable(): which parts
     to recompute is the module's to say."""
     if cfg.activation_checkpointing and not callable(getattr(model, "gradient_checkpointing_enable", None)):
-        raise ModelImportError(not_allowed("model.activation_checkpointing", True, AC_ALLOWED,
-                                           problem=f"needs the module to have gradient_checkpointing_enable(), "
-                                                   f"and {type(model).__name__} from {cfg.factory} has none"))
+        raise ModelImportError(
+            not_allowed(
+                "model.activation_checkpointing",
+                True,
+                AC_ALLOWED,
+                problem=f"needs the module to have gradient_checkpointing_enable(), "
+                f"and {type(model).__name__} from {cfg.factory} has none",
+            )
+        )
 
 
 def enable_activation_checkpointing(cfg, model) -> None:
@@ -168,9 +200,14 @@ def loss_of(out, call: str):
         out = out.loss
     if not torch.is_tensor(out) or out.numel() != 1:
         shown = f"a tensor of shape {tuple(out.shape)}" if torch.is_tensor(out) else type(out).__name__
-        raise ModelImportError(refused("model.loss", f"{call} returned {shown}, which holds no loss",
-                                       "a scalar tensor, an object with .loss, a dict with 'loss', or model.loss set "
-                                       "to 'module:function' taking (model, batch)"))
+        raise ModelImportError(
+            refused(
+                "model.loss",
+                f"{call} returned {shown}, which holds no loss",
+                "a scalar tensor, an object with .loss, a dict with 'loss', or model.loss set "
+                "to 'module:function' taking (model, batch)",
+            )
+        )
     return out.reshape(())
 
 
@@ -187,6 +224,7 @@ def loss_function(cfg) -> Callable:
 
 
 # --- launch: pin the import paths; lineage: what was imported ---------------------------------------------------
+
 
 def specs(cfg) -> list[tuple[str, str]]:
     """(field, import spec) of the user's code a ModelConfig names: the factory, and the loss when set."""
@@ -248,6 +286,9 @@ def code_lineage(cfg) -> dict:
         except TypeError:  # a callable instance or a built-in: the module's file is what there is
             defined = None
         path = Path(defined) if defined else source_file(field, spec, cfg.code_path)
-        out[field.split(".")[1]] = {"import": spec, "file": str(path) if path else None,
-                                    "sha256": sha256_file(path) if path and path.is_file() else None}
+        out[field.split(".")[1]] = {
+            "import": spec,
+            "file": str(path) if path else None,
+            "sha256": sha256_file(path) if path and path.is_file() else None,
+        }
     return out

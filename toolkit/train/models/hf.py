@@ -69,8 +69,9 @@ def build(cfg):
     config = hf_config(cfg)
     if cfg.hf.source:
         # float32 whatever the folder's dtype: the engines keep fp32 weights (bf16 is autocast or DeepSpeed's own)
-        return cls.from_pretrained(cfg.hf.source, config=config, use_safetensors=True, dtype=torch.float32,
-                                    **HF_NO_REMOTE_CODE)
+        return cls.from_pretrained(
+            cfg.hf.source, config=config, use_safetensors=True, dtype=torch.float32, **HF_NO_REMOTE_CODE
+        )
     return cls.from_config(config)
 
 
@@ -91,8 +92,10 @@ EXAMPLES = ("llama", "gpt2", "gpt_neox", "mistral", "qwen2", "bert")
 def _task_models(task: str) -> dict:
     from transformers.models.auto import modeling_auto
 
-    return {"causal_lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-            "sequence_classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES}[task]
+    return {
+        "causal_lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "sequence_classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    }[task]
 
 
 def check_architecture(cfg) -> None:
@@ -104,13 +107,23 @@ def check_architecture(cfg) -> None:
     examples = ", ".join(e for e in EXAMPLES if e in fits)
     if arch not in CONFIG_MAPPING:
         close = difflib.get_close_matches(arch, list(CONFIG_MAPPING.keys()), n=3)
-        raise RefusedValue(not_allowed("model.hf.architecture", arch,
-                                       f"a transformers model type such as {examples} ({len(fits)} fit {task})",
-                                       problem="is not a transformers architecture" +
-                                               (f" (close: {', '.join(close)})" if close else "")))
+        raise RefusedValue(
+            not_allowed(
+                "model.hf.architecture",
+                arch,
+                f"a transformers model type such as {examples} ({len(fits)} fit {task})",
+                problem="is not a transformers architecture" + (f" (close: {', '.join(close)})" if close else ""),
+            )
+        )
     if arch not in fits:
-        raise RefusedValue(not_allowed("model.hf.architecture", arch, f"one with a {task} model, such as {examples}",
-                                       problem=f"has no {task} model in transformers"))
+        raise RefusedValue(
+            not_allowed(
+                "model.hf.architecture",
+                arch,
+                f"one with a {task} model, such as {examples}",
+                problem=f"has no {task} model in transformers",
+            )
+        )
 
 
 def _looks_like_path(source: str) -> bool:
@@ -126,32 +139,48 @@ def check_source(cfg) -> None:
     folder = source_folder(cfg)
     if folder is not None:
         if not (folder / "config.json").is_file():
-            raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder (config.json and "
-                                                                         "safetensors weights)",
-                                              problem="has no config.json"))
+            raise PretrainedError(
+                not_allowed(
+                    "model.hf.source",
+                    source,
+                    "a save_pretrained folder (config.json and safetensors weights)",
+                    problem="has no config.json",
+                )
+            )
         weight_files(folder, "model.hf.source")
         return
     if _looks_like_path(source):
-        raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder, or a hub id",
-                                          problem="is not a folder"))
+        raise PretrainedError(
+            not_allowed("model.hf.source", source, "a save_pretrained folder, or a hub id", problem="is not a folder")
+        )
     from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(source, **HF_NO_REMOTE_CODE)
     except Exception as exc:  # offline, unknown id, gated repository: transformers' own wording, first line
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PretrainedError(not_allowed("model.hf.source", source, "a save_pretrained folder on this machine, or "
-                                                                     "a hub id where the machine has a network",
-                                          problem=f"is not a folder, and as a hub id it cannot be read ({reason})")
-                              ) from None
+        raise PretrainedError(
+            not_allowed(
+                "model.hf.source",
+                source,
+                "a save_pretrained folder on this machine, or a hub id where the machine has a network",
+                problem=f"is not a folder, and as a hub id it cannot be read ({reason})",
+            )
+        ) from None
 
 
 def check_context(cfg, model) -> None:
     """model.block_size (the training sequence length) fits the model's position table."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and cfg.block_size > limit:
-        raise RefusedValue(not_allowed("model.block_size", cfg.block_size, f"<= {limit}",
-                                       problem=f"is longer than the model's max_position_embeddings={limit}"))
+        raise RefusedValue(
+            not_allowed(
+                "model.block_size",
+                cfg.block_size,
+                f"<= {limit}",
+                problem=f"is longer than the model's max_position_embeddings={limit}",
+            )
+        )
 
 
 def pin(cfg):
@@ -172,10 +201,19 @@ def training_flops_per_token(model, cfg) -> float | None:
     layers, width = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
     if not (isinstance(layers, int) and isinstance(width, int)):
         return None
-    matmul = {id(p): p.numel() for m in model.modules() if not isinstance(m, nn.Embedding)
-              for p in m.parameters(recurse=False)}
-    lookup = {id(p): p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
-              for p in m.parameters(recurse=False) if id(p) not in matmul}
+    matmul = {
+        id(p): p.numel()
+        for m in model.modules()
+        if not isinstance(m, nn.Embedding)
+        for p in m.parameters(recurse=False)
+    }
+    lookup = {
+        id(p): p.numel()
+        for m in model.modules()
+        if isinstance(m, nn.Embedding)
+        for p in m.parameters(recurse=False)
+        if id(p) not in matmul
+    }
     n_params = sum(p.numel() for p in model.parameters()) - sum(lookup.values())
     return 6 * n_params + 12 * layers * width * cfg.block_size
 
@@ -198,9 +236,14 @@ def enable_activation_checkpointing(model) -> None:
 def check_activation_checkpointing(cfg, model) -> None:
     """model.activation_checkpointing needs an architecture transformers can checkpoint (``model`` may be on meta)."""
     if cfg.activation_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
-        raise RefusedValue(not_allowed("model.activation_checkpointing", True,
-                                       "false for this model, or an architecture that supports it (llama, gpt2, ...)",
-                                       problem=f"is not supported by transformers' {type(model).__name__}"))
+        raise RefusedValue(
+            not_allowed(
+                "model.activation_checkpointing",
+                True,
+                "false for this model, or an architecture that supports it (llama, gpt2, ...)",
+                problem=f"is not supported by transformers' {type(model).__name__}",
+            )
+        )
 
 
 def causal_lm_loss(model, batch):
@@ -210,13 +253,13 @@ def causal_lm_loss(model, batch):
 
     out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False)
     logits = out.logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1), ignore_index=IGNORE_INDEX
+    )
 
 
 def classification_loss(model, batch):
-    return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                 labels=batch["labels"]).loss
+    return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"]).loss
 
 
 def loss_function(cfg):

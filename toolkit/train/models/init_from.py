@@ -37,28 +37,49 @@ def check_fits(model, shapes: dict[str, tuple], cfg) -> None:
     where = cfg.init_from
     for name, shape in mine.items():
         if name in shapes and tuple(shapes[name]) != shape:
-            raise PretrainedError(not_allowed(
-                "model.init_from", where, f"weights of this architecture with these sizes (model.name={cfg.name!r})",
-                problem=f"does not fit: its tensor {name} has shape {list(shapes[name])}, this model's has "
-                        f"{list(shape)}"))
+            raise PretrainedError(
+                not_allowed(
+                    "model.init_from",
+                    where,
+                    f"weights of this architecture with these sizes (model.name={cfg.name!r})",
+                    problem=f"does not fit: its tensor {name} has shape {list(shapes[name])}, this model's has "
+                    f"{list(shape)}",
+                )
+            )
     if not set(mine) & set(shapes):
-        raise PretrainedError(not_allowed(
-            "model.init_from", where, f"weights saved from this kind of model (model.name={cfg.name!r})",
-            problem=f"shares no tensor name with this model (there: {', '.join(sorted(shapes)[:3])}; here: "
-                    f"{', '.join(list(mine)[:3])})"))
+        raise PretrainedError(
+            not_allowed(
+                "model.init_from",
+                where,
+                f"weights saved from this kind of model (model.name={cfg.name!r})",
+                problem=f"shares no tensor name with this model (there: {', '.join(sorted(shapes)[:3])}; here: "
+                f"{', '.join(list(mine)[:3])})",
+            )
+        )
     tied, head = aliases(model), _head_free(cfg, model)
     missing = [n for n in mine if n not in shapes and not (tied.get(n, set()) & set(shapes)) and not head(n)]
     if missing:
-        raise PretrainedError(not_allowed(
-            "model.init_from", where, "weights holding every tensor of this model",
-            problem=f"lacks {len(missing)} of this model's tensors, first {missing[0]} (shape {list(mine[missing[0]])})"
-                    + (f"; also {', '.join(missing[1:SHOWN])}" if len(missing) > 1 else "")))
+        raise PretrainedError(
+            not_allowed(
+                "model.init_from",
+                where,
+                "weights holding every tensor of this model",
+                problem=f"lacks {len(missing)} of this model's tensors, "
+                f"first {missing[0]} (shape {list(mine[missing[0]])})"
+                + (f"; also {', '.join(missing[1:SHOWN])}" if len(missing) > 1 else ""),
+            )
+        )
     extra = [n for n in shapes if n not in mine and not head(n)]
     if extra:
-        raise PretrainedError(not_allowed(
-            "model.init_from", where, "weights of this model only (another architecture or more layers?)",
-            problem=f"holds {len(extra)} tensors this model does not have, first {extra[0]} (shape "
-                    f"{list(shapes[extra[0]])})"))
+        raise PretrainedError(
+            not_allowed(
+                "model.init_from",
+                where,
+                "weights of this model only (another architecture or more layers?)",
+                problem=f"holds {len(extra)} tensors this model does not have, first {extra[0]} (shape "
+                f"{list(shapes[extra[0]])})",
+            )
+        )
 
 
 def apply(model, cfg) -> dict:
@@ -69,6 +90,7 @@ def apply(model, cfg) -> dict:
     mine = set(model.state_dict())
     result = model.load_state_dict({k: v for k, v in state.items() if k in mine}, strict=False)
     if result.unexpected_keys:  # check_fits refuses these first; a second guard costs nothing
-        raise PretrainedError(refused("model.init_from", f"{cfg.init_from} holds {result.unexpected_keys[0]}",
-                                      "the model's own tensors"))
+        raise PretrainedError(
+            refused("model.init_from", f"{cfg.init_from} holds {result.unexpected_keys[0]}", "the model's own tensors")
+        )
     return {"init_from": cfg.init_from, **weights.lineage()}

@@ -48,8 +48,13 @@ def targets(model, cfg) -> list[str]:
     found = default_targets(model)
     if found is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise RefusedValue(refused("model.lora.target_modules", f"is empty and peft has no default for {model_type!r}",
-                                   f"names of modules to adapt, e.g. {', '.join(adaptable_names(model)[:8])}"))
+        raise RefusedValue(
+            refused(
+                "model.lora.target_modules",
+                f"is empty and peft has no default for {model_type!r}",
+                f"names of modules to adapt, e.g. {', '.join(adaptable_names(model)[:8])}",
+            )
+        )
     return found
 
 
@@ -61,14 +66,23 @@ def check_targets(model, cfg) -> None:
     for target in targets(model, cfg):
         kinds = {kind for name, kind in names.items() if _matches(name, target)}
         if not kinds:
-            raise RefusedValue(not_allowed("model.lora.target_modules", target,
-                                           f"names (or name suffixes) of this model's modules: {listed}",
-                                           problem="matches no module of the model"))
+            raise RefusedValue(
+                not_allowed(
+                    "model.lora.target_modules",
+                    target,
+                    f"names (or name suffixes) of this model's modules: {listed}",
+                    problem="matches no module of the model",
+                )
+            )
         if not kinds & set(ADAPTABLE):
-            raise RefusedValue(not_allowed("model.lora.target_modules", target,
-                                           f"Linear, Embedding or Conv modules: {listed}",
-                                           problem=f"names {', '.join(sorted(kinds))} modules, which LoRA cannot "
-                                                   "adapt"))
+            raise RefusedValue(
+                not_allowed(
+                    "model.lora.target_modules",
+                    target,
+                    f"Linear, Embedding or Conv modules: {listed}",
+                    problem=f"names {', '.join(sorted(kinds))} modules, which LoRA cannot adapt",
+                )
+            )
 
 
 def wrap(model, cfg):
@@ -78,8 +92,13 @@ def wrap(model, cfg):
     from peft import LoraConfig, get_peft_model
 
     task = TASK_TYPES[cfg.hf.task] if cfg.name == "hf" else None
-    config = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                        target_modules=targets(model, cfg), task_type=task)
+    config = LoraConfig(
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=targets(model, cfg),
+        task_type=task,
+    )
     with warnings.catch_warnings():  # peft 0.21 asks transformers 5 with a name it deprecates: noise in every log
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
         return get_peft_model(model, config)

@@ -34,8 +34,7 @@ def needs_checks(cfg) -> bool:
     """Built-in models have nothing to check that the config's own validation missed, unless they start from
     pretrained weights, get adapters or read another tokenizer than bytes."""
     m = cfg.model
-    return m.name not in BUILT_IN or bool(m.init_from) or m.lora.rank > 0 or \
-        cfg.data.tokenizer not in ("auto", "bytes")
+    return m.name not in BUILT_IN or bool(m.init_from) or m.lora.rank > 0 or cfg.data.tokenizer not in ("auto", "bytes")
 
 
 @contextlib.contextmanager
@@ -75,6 +74,7 @@ def _pinned(cfg):
 
 # --- the checks ---------------------------------------------------------------------------------------------------
 
+
 def _is_meta(model) -> bool:
     return any(p.is_meta for p in model.parameters())
 
@@ -92,11 +92,17 @@ def forward_gives_loss(cfg, model) -> None:
     if not cfg.model.loss and type(model).__name__.endswith("ForCausalLM") and hasattr(model, "config"):
         # a transformers causal LM shifts its labels itself, and the batch's are already shifted: model(**batch)
         # would train every position on the token after next, with a finite, plausible loss
-        raise ModelCheckError(_one_line(refused(
-            "model.factory", f"{cfg.model.factory} returned a transformers {type(model).__name__}, whose own loss "
-                             "shifts the already shifted labels",
-            "model.name=hf (model.hf.source: its save_pretrained folder), or model.loss set to 'module:function' "
-            "taking (model, batch)")))
+        raise ModelCheckError(
+            _one_line(
+                refused(
+                    "model.factory",
+                    f"{cfg.model.factory} returned a transformers {type(model).__name__}, whose own loss "
+                    "shifts the already shifted labels",
+                    "model.name=hf (model.hf.source: its save_pretrained folder), "
+                    "or model.loss set to 'module:function' taking (model, batch)",
+                )
+            )
+        )
     batch = load_corpus(cfg).batch("val", 2, torch.Generator().manual_seed(0))
     adapter = custom.loss_function(cfg.model)
     call = cfg.model.loss or "model(**batch)"
@@ -107,14 +113,24 @@ def forward_gives_loss(cfg, model) -> None:
         raise
     except Exception as exc:  # the user's forward may raise anything
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
-        raise ModelCheckError(_one_line(refused(
-            "model.loss" if cfg.model.loss else "model.factory",
-            f"{call} raised {type(exc).__name__}: {exc} on a batch of {shapes}",
-            "a model whose forward takes the batch's keys (toolkit.data.batch) and returns a loss, or model.loss "
-            "set to 'module:function' taking (model, batch)"))) from None
+        raise ModelCheckError(
+            _one_line(
+                refused(
+                    "model.loss" if cfg.model.loss else "model.factory",
+                    f"{call} raised {type(exc).__name__}: {exc} on a batch of {shapes}",
+                    "a model whose forward takes the batch's keys (toolkit.data.batch) and returns a loss, "
+                    "or model.loss set to 'module:function' taking (model, batch)",
+                )
+            )
+        ) from None
     if not torch.isfinite(loss):
-        raise ModelCheckError(refused("model.loss" if cfg.model.loss else "model.factory",
-                                      f"{call} gave a loss of {loss.item()} on a first batch", "a finite loss"))
+        raise ModelCheckError(
+            refused(
+                "model.loss" if cfg.model.loss else "model.factory",
+                f"{call} gave a loss of {loss.item()} on a first batch",
+                "a finite loss",
+            )
+        )
 
 
 def context_fits(cfg, model) -> None:
@@ -145,8 +161,11 @@ def lora_targets_exist(cfg, model) -> None:
         # peft's own checks, on a copy: it adds the adapters in place, and the checks after this one see the model
         lora.wrap(copy.deepcopy(model), cfg.model)
     except ValueError as exc:
-        raise ModelCheckError(_one_line(refused("model.lora", f"peft refuses it: {exc}",
-                                                "a LoRA configuration peft accepts for this model"))) from None
+        raise ModelCheckError(
+            _one_line(
+                refused("model.lora", f"peft refuses it: {exc}", "a LoRA configuration peft accepts for this model")
+            )
+        ) from None
 
 
 def activation_checkpointing_supported(cfg, model) -> None:
@@ -172,8 +191,14 @@ def tokenizer_fits(cfg, model) -> None:
     check_tokenizer_fits(cfg, model)
 
 
-CHECKS: list[Callable] = [forward_gives_loss, context_fits, pretrained_weights_fit, lora_targets_exist,
-                          activation_checkpointing_supported, tokenizer_fits]
+CHECKS: list[Callable] = [
+    forward_gives_loss,
+    context_fits,
+    pretrained_weights_fit,
+    lora_targets_exist,
+    activation_checkpointing_supported,
+    tokenizer_fits,
+]
 
 
 def register_check(check: Callable) -> Callable:
@@ -208,8 +233,15 @@ def _build_for_checks(cfg):
         except Exception as exc:  # transformers' own checks of a config (e.g. heads that do not divide the width)
             field = "model.hf.source" if m.hf.source else "model.hf.config"
             problem = f"transformers cannot build it ({type(exc).__name__}: {exc})"
-            raise ModelCheckError(_one_line(refused(field, problem, "a configuration transformers can build (see the "
-                                                                    "architecture's config documentation)"))) from None
+            raise ModelCheckError(
+                _one_line(
+                    refused(
+                        field,
+                        problem,
+                        "a configuration transformers can build (see the architecture's config documentation)",
+                    )
+                )
+            ) from None
     import torch
 
     from toolkit.train.models import build_model
