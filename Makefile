@@ -41,11 +41,18 @@ $(STAMP): pyproject.toml constraints.txt
 	wait $$shm || { tail -20 $(VENV)/shm_op.log; exit 1; }
 	touch $(STAMP)
 
+# The checkout's own packages, compiled as the installs compile theirs (see above), before every demo and test run:
+# each process those start imports them again (the CLI, the supervisor, every rank, every kernel). Only what changed
+# since the last run is compiled again.
+BYTECODE := $(PY) -m compileall -q toolkit widgets
+
 demo: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m toolkit.report.demo
 
 # One pytest worker per core (pytest-xdist), each pinned to its core by tests/conftest.py.
 test: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -n auto
 
 # Pure logic only (no subprocess, no training): seconds.

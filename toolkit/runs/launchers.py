@@ -5,6 +5,8 @@ Imports no torch: the supervisor and the doctor build these commands without loa
 
 from __future__ import annotations
 
+import base64
+import json
 import sys
 from pathlib import Path
 
@@ -35,15 +37,21 @@ def _torchrun(cfg, run_dir, port):
 
 
 def _deepspeed(cfg, run_dir, port):
-    # The DeepSpeed launcher's own entry, run with this interpreter so the venv's packages are used.
+    # The DeepSpeed launcher's per-node half, deepspeed.launcher.launch, run with this interpreter so the venv's
+    # packages are used. Its front, deepspeed.launcher.runner (the `deepspeed` command), only works out this world
+    # (one node, ranks 0..nproc-1: what it makes of --num_gpus) and starts this same command, at the cost of a
+    # process that imports torch and DeepSpeed (seconds of CPU) per attempt.
+    world = {"localhost": list(range(cfg.engine.nproc))}
     return [
         sys.executable,
+        "-u",
         "-m",
-        "deepspeed.launcher.runner",
-        f"--num_gpus={cfg.engine.nproc}",
+        "deepspeed.launcher.launch",
+        f"--world_info={base64.urlsafe_b64encode(json.dumps(world).encode()).decode()}",
+        "--master_addr=127.0.0.1",
         f"--master_port={port}",
-        "--no_local_rank",
         "--module",
+        "--no_local_rank",
         "toolkit.runs.worker",
         str(run_dir),
     ]
@@ -80,6 +88,4 @@ def worker_command(cfg, run_dir: Path, nodes=None) -> tuple[list[str], dict[str,
     launcher = resolve_launcher(cfg.engine)
     if launcher is None:
         return [sys.executable, "-m", "toolkit.runs.worker", str(run_dir)], env
-    if launcher == "deepspeed":
-        env["LOCAL_SIZE"] = str(cfg.engine.nproc)  # on CPU the launcher counts "accelerators" from this
     return LAUNCHERS[launcher](cfg, run_dir, free_port()), env
