@@ -23,6 +23,7 @@ from toolkit.azure import AzureError, code_upload, connection
 from toolkit.azure import submit as submit_mod
 from toolkit.azure.plan import build_plan, write_plan
 from toolkit.azure.skus import SKUS, get_sku
+from toolkit.errors import UserError
 from toolkit.resources import drift
 from toolkit.runs import job as job_entry
 
@@ -522,8 +523,11 @@ def test_an_upload_filtered_by_gitignore_is_checked_for_secrets_too(tmp_path):
 
 
 # --- the code upload: secrets by content and by name, links out of the project --------------------------------------
-# These run `python -m toolkit azure plan` from a copy of this project, as a user runs it there: that copy's toolkit
-# plans, and that copy is what it would upload. What a test plants is removed after it (the copy is shared).
+# These plan from a copy of this project (build_plan with the copy as project_root, what `trainbook azure plan` run
+# there calls), in this process: azure-ai-ml, which the scan uses, takes seconds to import in a new one. The CLI runs
+# it as a user does, from the copy (that copy's toolkit plans, and that copy is what it would upload), in
+# test_the_cli_refuses_an_upload_in_one_line_and_writes_no_plan and test_ordinary_files_and_links_inside_the_project_still_upload.
+# What a test plants is removed after it (the copy is shared).
 
 STORAGE_KEY = base64.b64encode(bytes(range(64))).decode()  # a storage account key's shape: 88 base64 characters
 CLIENT_SECRET = "Xy8Q~" + "abcDEF123_" * 3 + "z.-"  # an Entra ID client secret's shape
@@ -625,14 +629,23 @@ def _plan_cli(root: Path, out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def _upload_refused(root: Path, out: Path) -> str:
-    """The one-line refusal of planning from ``root``; nothing written."""
-    proc = _plan_cli(root, out)
+def _upload_refused(root: Path) -> str:
+    """The one-line refusal of planning from ``root`` (the CLI prints it after "error: ")."""
+    with pytest.raises(AzureError) as refused:
+        build_plan(config.load("tiny"), compute="cpu-a", sku="Standard_D4s_v3", instance_count=1, project_root=root)
+    err = str(refused.value)
+    assert err.startswith(f"code: '{root}' would upload secret-looking files: ") and "\n" not in err, err
+    return err
+
+
+def test_the_cli_refuses_an_upload_in_one_line_and_writes_no_plan(project, tmp_path):
+    _plant(project, "keys/id_ed25519")
+    proc = _plan_cli(project, tmp_path / "plan")
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     err = proc.stderr
-    assert err.startswith(f"error: code: '{root}' would upload secret-looking files: ") and err.count("\n") == 1, err
-    assert not out.exists()
-    return err
+    assert err.startswith(f"error: code: '{project}' would upload secret-looking files: ") and err.count("\n") == 1
+    assert " keys/id_ed25519 (" in err, err
+    assert not (tmp_path / "plan").exists()
 
 
 @pytest.mark.parametrize("case", SECRET_CONTENTS)
@@ -640,7 +653,7 @@ def test_files_holding_secrets_are_refused_by_content_whatever_their_name(projec
     rel, make, what = SECRET_CONTENTS[case]
     content = make(tmp_path)
     _plant(project, rel, content)
-    err = _upload_refused(project, tmp_path / "plan")
+    err = _upload_refused(project)
     assert f"{rel} (holds {what})" in err and f"(add '/{rel}';" in err, err
     assert not [line for line in content.splitlines() if len(line) > 16 and line in err], "never repeats the secret"
     for secret in (STORAGE_KEY, CLIENT_SECRET, AWS_SECRET, GITHUB_TOKEN):
@@ -650,7 +663,7 @@ def test_files_holding_secrets_are_refused_by_content_whatever_their_name(projec
 @pytest.mark.parametrize("rel", SECRET_NAMES)
 def test_secret_file_names_are_refused_in_any_case_and_with_any_suffix(project, tmp_path, rel):
     _plant(project, rel)
-    err = _upload_refused(project, tmp_path / "plan")
+    err = _upload_refused(project)
     name = rel.rpartition("/")[2]
     assert f" {rel} (" in err and f"(add '{name}';" in err, err
 
@@ -679,7 +692,7 @@ def test_links_out_of_the_project_are_refused_naming_where_they_lead(project, tm
         with (project / ".amlignore").open("a") as ignore:
             ignore.write(ignore_line + "\n")
     _plant(project, link, link_to=home / target)
-    err = _upload_refused(project, tmp_path / "plan")
+    err = _upload_refused(project)
     assert f"{shown} (a link to {home / target}, outside the project" in err, err
     assert "readme.txt (" not in err.replace(f"{link} (", ""), "a linked folder is never walked"
     if shown.endswith("/"):  # Azure ML follows it whatever the ignore file says: no ignore line helps
@@ -694,7 +707,7 @@ def test_a_link_inside_the_project_is_judged_by_what_it_leads_to(project, tmp_pa
 
     endpoint_key(Workspace.open(project / "notebooks" / ".trainbook").root / "endpoints" / "demo")  # .amlignore'd
     _plant(project, "notes/endpoint.txt", link_to=Path("../notebooks/.trainbook/endpoints/demo/key"))
-    err = _upload_refused(project, tmp_path / "plan")
+    err = _upload_refused(project)
     assert ("notes/endpoint.txt (a link to notebooks/.trainbook/endpoints/demo/key, a Trainbook workspace" in err
             and "(add '/notes/endpoint.txt';" in err), err
 
@@ -725,11 +738,10 @@ def test_the_users_model_code_is_judged_like_the_project(tmp_path, case):
     if case == "a key in the package":
         _plant(code, "leaky/__init__.py", BIGRAM_MODEL)
     plant(code, tmp_path)
-    proc = cli("azure", "plan", "tiny", "--set", "model.name=custom", "--set", "model.factory=leaky:build", "--set",
-               f"model.code_path={code}", "--compute", "cpu-a", "--sku", "Standard_D4s_v3", "--instance-count", "1",
-               "--out", str(tmp_path / "plan"), timeout=120)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert STORAGE_KEY not in proc.stderr and not (tmp_path / "plan").exists()
+    cfg = config.load("tiny", ["model.name=custom", "model.factory=leaky:build", f"model.code_path={code}"])
+    with pytest.raises(UserError) as refused:
+        build_plan(cfg, compute="cpu-a", sku="Standard_D4s_v3", instance_count=1)
+    assert message in str(refused.value) and STORAGE_KEY not in str(refused.value), refused.value
 
 
 # --- plan folders ----------------------------------------------------------------------------------------------
