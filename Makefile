@@ -22,7 +22,6 @@ setup: $(STAMP)
 UV := $(VENV)/bin/uv
 PIP_SOURCES := $(PY) -c "from pip._internal.commands import create_command; o, _ = create_command('install').parse_args([]); \
   print(*['--index-url=' + o.index_url], *['--extra-index-url=' + u for u in o.extra_index_urls], *['--find-links=' + f for f in o.find_links])"
-# (the .[all] install below spells this out: tests/e2e/test_packaging.py reads that command in this file)
 UV_INSTALL := $(UV) pip install --quiet --python $(PY) --index-strategy unsafe-best-match $$($(PIP_SOURCES)) --compile-bytecode -c constraints.txt
 # DeepSpeed compiles its shared-memory comm op on first use (~35 s on an idle machine, kept in .venv/torch_extensions):
 # it is built here, so the first DeepSpeed run (the doctor's, in the demo) does not pay for it; with the checkout's
@@ -35,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  || { grep -v "is ignored: it is neither" $(VENV)/pip.log | tail -40; exit 1; }
 	$(UV_INSTALL) torch deepspeed > $(VENV)/uv.log 2>&1 || { tail -40 $(VENV)/uv.log; exit 1; }
 	$(PY) -c "$(SHM_OP)" > $(VENV)/shm_op.log 2>&1 & shm=$$!; \
-	$(UV) pip install --quiet --python $(PY) --index-strategy unsafe-best-match $$($(PIP_SOURCES)) --compile-bytecode -c constraints.txt -e ".[all]" >> $(VENV)/uv.log 2>&1 \
+	$(UV_INSTALL) -e ".[all]" >> $(VENV)/uv.log 2>&1 \
 	  || { tail -40 $(VENV)/uv.log; kill $$shm; exit 1; }; \
 	$(PY) -c "import torch, deepspeed, papermill, toolkit" || { kill $$shm; exit 1; }; \
 	wait $$shm || { tail -20 $(VENV)/shm_op.log; exit 1; }

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import importlib.metadata
-import importlib.util
 import json
 import math
 import os
@@ -29,6 +27,8 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from toolkit.tables import markdown_cell, markdown_code
 
 BENCH = Path(__file__).resolve().parent
 PROJECT = BENCH.parent
@@ -208,19 +208,9 @@ def makefile_benches(makefile: Path = PROJECT / "Makefile") -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------- the page
 
-@functools.cache
-def _generate():
-    """docs/generate.py: the page's cells are escaped as the generated reference pages escape theirs."""
-    spec = importlib.util.spec_from_file_location("docs_generate", PROJECT / "docs" / "generate.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _cell(text: str) -> str:
     """Text in a table cell: a pipe would end the cell, < and * would be read as HTML and emphasis; `code` kept."""
-    return _generate()._escape(text)
+    return markdown_cell(text)
 
 
 def _num(value: float) -> str:
@@ -309,7 +299,7 @@ def _row(r: dict[str, Any], machine_label: str) -> list[str]:
     args = r["command"].split(f"bench/{r['bench']}", 1)[-1].strip()
     figure = _cell(r["figure"]) + (f" ({_cell(r['note'])})" if r["note"] else "")
     return [figure, _cell(r["compared"]), target_text, measured, str(r["n"]), met,
-            _generate()._code(args) if args else "defaults",
+            markdown_code(args) if args else "defaults",
             f"{r['date'][:10]} {r['date'][11:16]}, {machine_label}" + _load(r["machine"])]
 
 

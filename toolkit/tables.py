@@ -1,6 +1,7 @@
 """The two table writers: ``text_table`` for a terminal or a log, ``html_table`` for a notebook's output area (where
 a text table wraps badly). Both take the same rows (dicts or objects) and the same ``Column`` list, so a listing has
-one definition of its columns and each verb or panel only picks the writer.
+one definition of its columns and each verb or panel only picks the writer. ``markdown_cell`` and ``markdown_code``
+escape the cells of the docs' Markdown tables (docs/generate.py, bench/figures.py).
 
 Text tables size each column to its widest cell (header included) and never pad the last column, so no line ends in
 spaces; numbers align right. HTML cells are escaped unless the value is ``Markup`` (a badge, a ``<code>`` name);
@@ -10,6 +11,7 @@ every cell says its alignment (JupyterLab's stylesheet would put text on the rig
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,3 +101,22 @@ def _align(column: Column) -> str:
 
 def _html(text: str) -> str:
     return text if isinstance(text, Markup) else html.escape(text)
+
+
+def markdown_cell(text: str) -> str:
+    """Text for a Markdown table cell: pipes escaped everywhere; outside `code spans`, angle brackets and
+    asterisks escaped so that runs/<name> and 6 x N read as written."""
+    parts = re.split(r"(`[^`]*`)", text)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", r"\*")
+        out.append(part.replace("|", r"\|"))
+    return "".join(out)
+
+
+def markdown_code(value: str) -> str:
+    """A code span that survives a Markdown table cell (pipes escaped, backticks fenced by longer runs)."""
+    fence = "``" if "`" in value else "`"
+    pad = " " if value.startswith("`") or value.endswith("`") else ""
+    return f"{fence}{pad}{value}{pad}{fence}".replace("|", r"\|")
