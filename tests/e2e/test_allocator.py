@@ -22,9 +22,11 @@ applied = allocator.keep_freed_memory() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
 MIB = 2**20
+blocks = [0] * 200  # sized once: a list grown among the blocks would lie above them and keep the heap from shrinking
 for round in range(3):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [libc.malloc(MIB) for _ in range(200)]
+    for i in range(200):
+        blocks[i] = libc.malloc(MIB)
     for b in blocks:
         ctypes.memset(b, 1, MIB)
     for b in blocks:
