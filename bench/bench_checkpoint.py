@@ -171,14 +171,14 @@ def lost_time_comparison(rounds: int, layers: int, width: int, workdir: Path) ->
     lost: dict[str, list[float]] = {k: [] for k in methods}
     blocked_c, ratios, overlap_ratios = [], [], []
     for r in range(rounds):
-        figures = {}
+        measured = {}
         for key, method in methods.items():
-            figures[key] = lost_by(method, r)
-            lost[key].append(figures[key][0])
-        blocked_c.append(figures["C"][1])
-        ratios.append(figures["C"][0] / figures["A"][0])
-        overlap_ratios.append(figures["D"][0] / figures["A"][0])
-        print("  " + " ".join(f"{figures[k][0]:>17.3f}" for k in methods) + f"{1e3 * figures['C'][1]:>14.1f}"
+            measured[key] = lost_by(method, r)
+            lost[key].append(measured[key][0])
+        blocked_c.append(measured["C"][1])
+        ratios.append(measured["C"][0] / measured["A"][0])
+        overlap_ratios.append(measured["D"][0] / measured["A"][0])
+        print("  " + " ".join(f"{measured[k][0]:>17.3f}" for k in methods) + f"{1e3 * measured['C'][1]:>14.1f}"
               f"{ratios[-1]:>9.3f}{overlap_ratios[-1]:>13.3f}{step():>8.2f}", flush=True)
     for c in checkpointers.values():
         c.close()
