@@ -97,6 +97,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_memory.py
 	$(PY) bench/bench_mlflow.py
 	$(PY) bench/bench_watchdog.py
+	$(PY) bench/bench_startup.py
 	$(PY) bench/figures.py --page docs/pages/figures.md
 
 # The GPU machine's prepared check (docs/pages/gpu.md, "The prepared GPU check"). gpu-wheels, here (PyPI reachable):

@@ -15,7 +15,7 @@ TOOLKIT = PROJECT / "toolkit"
 # what every chapter shares (the config, files, names, the run directory and its events); the chapters follow in the
 # order their code depends on each other, so the resources chapter (the doctor and the memory estimate run
 # training) comes after runs although notebook 01 opens with it.
-FOUNDATION = ("toolkit", "toolkit.errors", "toolkit.paths", "toolkit.ports", "toolkit.third_party", "toolkit.extras",
+FOUNDATION = ("toolkit", "toolkit.errors", "toolkit.paths", "toolkit.ports", "toolkit.startup", "toolkit.third_party", "toolkit.extras",
               "toolkit.names", "toolkit.fsio", "toolkit.safe_load", "toolkit.plain_data", "toolkit.key_files",
               "toolkit.machine", "toolkit.deepspeed_config", "toolkit.config", "toolkit.run_lock", "toolkit.status",
               "toolkit.events", "toolkit.trust", "toolkit.rundir", "toolkit.tables")

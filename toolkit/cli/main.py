@@ -29,6 +29,7 @@ from toolkit.cli import (
 )
 from toolkit.cli.conventions import VerbParser, add_verbs
 from toolkit.errors import UserError
+from toolkit.startup import short_lived
 
 # Each module adds its verbs (parser and command): in this order in `trainbook --help`; azure's come last.
 VERBS = (
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    short_lived()  # a verb that imported torch ends without the collector walking it
     return dispatch(build_parser().parse_args(argv))
 
 

@@ -1,6 +1,7 @@
 """The command lines that start a run's training processes: one process, torchrun, or the DeepSpeed launcher.
 
-Imports no torch: the supervisor and the doctor build these commands without loading a framework.
+Imports no torch: the supervisor and the doctor build these commands without loading a framework. A launcher runs
+as ``python -m toolkit.runs.launchers LAUNCHER ARGS`` (see :func:`main`), not as its own module.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ def resolve_launcher(engine_cfg) -> str | None:
     return "deepspeed" if engine_cfg.name == "deepspeed" else "torchrun"
 
 
+def _launcher(name: str) -> list[str]:
+    return [sys.executable, "-u", "-m", "toolkit.runs.launchers", name]  # this module's main()
+
+
 def _torchrun(cfg, run_dir, port):
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        *_launcher("torchrun"),
         "--nnodes=1",
         f"--nproc_per_node={cfg.engine.nproc}",
         "--master_addr=127.0.0.1",
@@ -43,10 +46,7 @@ def _deepspeed(cfg, run_dir, port):
     # process that imports torch and DeepSpeed (seconds of CPU) per attempt.
     world = {"localhost": list(range(cfg.engine.nproc))}
     return [
-        sys.executable,
-        "-u",
-        "-m",
-        "deepspeed.launcher.launch",
+        *_launcher("deepspeed"),
         f"--world_info={base64.urlsafe_b64encode(json.dumps(world).encode()).decode()}",
         "--master_addr=127.0.0.1",
         f"--master_port={port}",
@@ -60,14 +60,41 @@ def _deepspeed(cfg, run_dir, port):
 LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
 
 
+def _torchrun_main():
+    from torch.distributed.run import main
+
+    return main
+
+
+def _deepspeed_main():
+    from toolkit.third_party import import_deepspeed
+
+    import_deepspeed()  # its accelerator named and the autotuner's mlflow import held off, as in the ranks
+    from deepspeed.launcher.launch import main
+
+    return main
+
+
+LAUNCHER_MAINS = {"torchrun": _torchrun_main, "deepspeed": _deepspeed_main}
+
+
+def main() -> None:
+    """``python -m toolkit.runs.launchers LAUNCHER ARGS``: torchrun (torch.distributed.run) or DeepSpeed's per-node
+    launcher (deepspeed.launcher.launch) with its own ARGS, loaded as a rank loads (toolkit.startup). It lives as long
+    as the training processes it starts."""
+    from toolkit.startup import long_lived
+
+    with long_lived():
+        launcher_main = LAUNCHER_MAINS[sys.argv.pop(1)]()
+    launcher_main()
+
+
 def _torchrun_nodes(cfg, run_dir, nodes) -> list[str]:
     """One node of a multi-node job (toolkit.runs.job): torchrun's static rendezvous on node 0, one port above the
     nodes' own store. Both engines: deepspeed.init_distributed reads the same variables, and the DeepSpeed launcher
     would need SSH between nodes."""
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        *_launcher("torchrun"),
         f"--nnodes={nodes.count}",
         f"--node_rank={nodes.rank}",
         f"--nproc_per_node={cfg.engine.nproc}",
@@ -89,3 +116,7 @@ def worker_command(cfg, run_dir: Path, nodes=None) -> tuple[list[str], dict[str,
     if launcher is None:
         return [sys.executable, "-m", "toolkit.runs.worker", str(run_dir)], env
     return LAUNCHERS[launcher](cfg, run_dir, free_port()), env
+
+
+if __name__ == "__main__":
+    main()

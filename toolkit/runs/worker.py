@@ -14,6 +14,7 @@ import traceback
 
 from toolkit.runs import debugging
 from toolkit import status as run_status
+from toolkit.startup import long_lived
 from toolkit.events import ErrorEvent
 from toolkit.rundir import RunDir
 
@@ -27,13 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(args.run_dir)
     trainer = None
     try:
-        from toolkit.train.trainer import Trainer
+        with long_lived():  # torch, the model and the engine: built once, kept to the end
+            from toolkit.train.trainer import Trainer
 
-        # debug.enabled: rank 0 holds until a debugger attaches (after the imports, which run twice as fast untraced)
-        stopped_exit = debugging.wait_for_debugger(run)
-        if stopped_exit is not None:  # the run was stopped meanwhile (recorded): nothing to train
-            return stopped_exit
-        trainer = Trainer(run)
+            # debug.enabled: rank 0 holds until a debugger attaches (after the imports: twice as fast untraced)
+            stopped_exit = debugging.wait_for_debugger(run)
+            if stopped_exit is not None:  # the run was stopped meanwhile (recorded): nothing to train
+                return stopped_exit
+            trainer = Trainer(run)
         trainer.train()
         return 0
     except Exception as exc:
