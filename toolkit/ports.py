@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import errno
+import random
 import socket
+from pathlib import Path
+
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST = 1024  # below: privileged ports
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives an outgoing connection as its own (Linux's default: 32768)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port no server listens on now, for a server that binds it a little later (torch's TCPStore in a rank,
+    TensorBoard, an endpoint). Chosen at random below the kernel's ephemeral range: the kernel's own free port (bind
+    to 0) is one it may give an outgoing connection meanwhile as that connection's local port, and the server's
+    bind then fails with EADDRINUSE."""
+    low = _ephemeral_low()
+    chooser = random.SystemRandom()
+    for _ in range(1000):
+        port = chooser.randrange(LOWEST, low - 1)  # low - 1: room for free_port_pair's second port
+        if not port_in_use("127.0.0.1", port):
+            return port
+    with socket.socket() as s:  # all taken: whatever the kernel has
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

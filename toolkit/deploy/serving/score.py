@@ -30,6 +30,7 @@ from toolkit.deploy.serving.runtimes import find_model_dir  # noqa: E402
 from toolkit.deploy.serving.service import ScoringService  # noqa: E402
 from toolkit import key_files  # noqa: E402
 from toolkit.errors import refused  # noqa: E402
+from toolkit.startup import long_lived  # noqa: E402
 
 service: ScoringService | None = None
 
@@ -37,11 +38,12 @@ service: ScoringService | None = None
 def init() -> None:
     global service
     key_file = os.environ.get(KEY_FILE_ENV)
-    service = ScoringService(
-        find_model_dir(os.environ["AZUREML_MODEL_DIR"]),
-        ServingOptions.from_environment(),
-        key=key_files.read(Path(key_file), "the endpoint key") if key_file else None,
-    )
+    with long_lived():  # torch and the model, loaded once for the server's life
+        service = ScoringService(
+            find_model_dir(os.environ["AZUREML_MODEL_DIR"]),
+            ServingOptions.from_environment(),
+            key=key_files.read(Path(key_file), "the endpoint key") if key_file else None,
+        )
 
 
 @rawhttp
