@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import os
 import random
@@ -238,3 +239,9 @@ def assert_server_dies_with_its_starter(start_code: str) -> None:
         if pid is not None:  # a failed check must not leave the server running either
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pid), signal.SIGKILL)
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, the toolkit) lives as long as the session: frozen
+    (toolkit.startup), the collector's passes during the tests skip it."""
+    gc.freeze()
