@@ -241,6 +241,15 @@ def assert_server_dies_with_its_starter(start_code: str) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
 
 
+# Tests that use work `make test` starts beside the session (the CPU Adam build: see the Makefile) run last, when that
+# work has had the session's idle cycles.
+RUN_LAST = {"test_cpu_adam.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name in RUN_LAST)  # a stable sort: the others keep their order
+
+
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, the toolkit) lives as long as the session: frozen
     (toolkit.startup), the collector's passes during the tests skip it."""

@@ -24,6 +24,8 @@ import os
 import re
 import sys
 
+from toolkit.startup import long_lived
+
 _ARCH_SUFFIX = re.compile(r"^(\d+\.\d+)[af](\+PTX)?$")
 
 
@@ -73,7 +75,8 @@ def import_deepspeed():
     if hold_off:
         sys.modules["mlflow"] = None  # `import mlflow` raises ImportError; the autotuner's try/except records "absent"
     try:
-        import deepspeed
+        with long_lived():  # torch and DeepSpeed stay loaded for the process's life (toolkit.startup)
+            import deepspeed
     finally:
         if hold_off and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
             del sys.modules["mlflow"]
