@@ -29,7 +29,7 @@ from toolkit.cli import (
 )
 from toolkit.cli.conventions import VerbParser, add_verbs
 from toolkit.errors import UserError
-from toolkit.startup import short_lived
+from toolkit.startup import command_process
 
 # Each module adds its verbs (parser and command): in this order in `trainbook --help`; azure's come last.
 VERBS = (
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    short_lived()  # a verb that imported torch ends without the collector walking it
+    command_process()  # fewer collections while a verb loads torch, none at its exit (toolkit.startup)
     return dispatch(build_parser().parse_args(argv))
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from toolkit.errors import not_allowed
 from toolkit.runs.nodes import NodeGroup, NodeLost, NodeSpec
+from toolkit.startup import command_process
 
 PROBE_BYTES = 1 << 20  # written and fsynced to the run storage by every node: proves it writable, timed
 JOIN_TIMEOUT_S = 600.0  # nodes of one job start minutes apart (image pulls, mounts)
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds without a heartbeat before a node counts as lost",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    command_process()  # its pre-flight loads torch (toolkit.startup)
     if args.nnodes < 1:
         raise SystemExit(not_allowed("--nnodes", args.nnodes, "1 or more"))
     if args.max_restarts < 0:
