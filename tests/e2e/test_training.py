@@ -156,14 +156,13 @@ def test_killing_the_training_processes_marks_the_run_killed(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [
-    ["--nproc", "2"],  # DDP through torchrun
-    ["--engine", "deepspeed"],
-    ["--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3", "--set", "engine.precision=bf16"],
-    ["--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=1", "--set", "engine.launcher=torchrun"],
+    TORCH_DDP_2,  # DDP through torchrun
+    DEEPSPEED_1,
+    ("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3", "--set", "engine.precision=bf16"),
+    ("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=1", "--set", "engine.launcher=torchrun"),
 ], ids=["torch-ddp-2", "deepspeed-1", "deepspeed-zero3-bf16-2-dslauncher", "deepspeed-zero1-2-torchrun"])
-def test_engines_and_process_counts(train_tiny, flags):
-    proc, run = train_tiny(*flags)
-    assert proc.returncode == 0, proc.stderr + (run.path / launch.LOG_NAME).read_text()
+def test_engines_and_process_counts(reference_runs, flags):
+    run = reference_runs(flags)  # the first two: the golden tests' uninterrupted runs, trained once for both
     train = assert_run_contract(run, steps=40)
     assert train[-1]["loss"] < train[0]["loss"] - 1.0
     nproc = run.read_config().engine.nproc

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import select
 import sys
+import time
 from pathlib import Path
 
 from toolkit.ports import free_port
@@ -66,13 +69,42 @@ def _torchrun_main():
     return main
 
 
+class ChildWatch:
+    """Stands in for the ``time`` module inside ``deepspeed.launcher.launch``. That launcher looks at its ranks, then
+    calls ``time.sleep(1)``, also after the last one has ended: a launch ended up to two seconds after its ranks, and a
+    killed rank was noticed up to a second late. ``sleep`` here ends as soon as a child of this process ends (a pidfd
+    turns readable when its process exits), or when none is left, and at the latest after ``seconds``; everything
+    else is the ``time`` module's."""
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        import psutil
+
+        fds = []
+        try:
+            for child in psutil.Process().children():
+                try:
+                    fds.append(os.pidfd_open(child.pid))
+                except ProcessLookupError:  # reaped since it was listed: the caller has news already
+                    return
+            if fds:
+                select.select(fds, [], [], seconds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
 def _deepspeed_main():
     from toolkit.third_party import import_deepspeed
 
     import_deepspeed()  # its accelerator named and the autotuner's mlflow import held off, as in the ranks
-    from deepspeed.launcher.launch import main
+    from deepspeed.launcher import launch
 
-    return main
+    launch.time = ChildWatch()
+    return launch.main
 
 
 LAUNCHER_MAINS = {"torchrun": _torchrun_main, "deepspeed": _deepspeed_main}
