@@ -25,7 +25,7 @@ from toolkit.runs import launch
 from toolkit.checkpoint.store import SUPERSEDED_PREFIX, CheckpointStore
 from toolkit.events import CheckpointEvent, read_events
 from toolkit.rundir import RunDir
-from widgets.panel import Panel, ok_html, plot_png, png_html, pre_html
+from widgets.panel import Panel, hint_html, ok_html, plot_png, png_html, pre_html
 from toolkit.tables import html_table
 from widgets.run_progress import follow_run
 
@@ -53,6 +53,8 @@ class CheckpointsPanel(Panel):
         self.resume_button = self.button(
             "Resume", self.resume, "primary", "continue the run from the chosen checkpoint"
         )
+        self.resume_hint = w.HTML()  # why Resume is greyed out
+        self.resume_from.observe(lambda _: self._allow_resume(), names="value")
         self.card = w.HTML()
         self.gpus = w.SelectionSlider(
             options=sorted({*GPU_COUNTS, gpus}),
@@ -80,12 +82,14 @@ class CheckpointsPanel(Panel):
             [
                 w.HTML(f"<b>Checkpoints of {html.escape(self.run.path.name)}</b>"),
                 self.table,
-                w.HBox([self.verify, self.refresh_button, self.busy]),
-                w.HBox([self.resume_from, self.resume_button]),
-                self.message,
+                w.HBox([self.verify, self.refresh_button]),
+                self.outcome_of(self.refresh_button).view,
+                w.HBox([self.resume_from, self.resume_button, self.resume_hint]),
+                self.outcome_of(self.resume_button).view,
                 self.card,
                 w.HTML("<b>Interval advisor</b> (Young/Daly: T = sqrt(2 C M) - C)"),
                 w.HBox([self.gpus, self.restart_s]),
+                self.message,
                 self.advice_text,
                 self.advice_plot,
             ]
@@ -125,11 +129,31 @@ class CheckpointsPanel(Panel):
         valid = [i.name for i in self.infos if i.valid]
         self.resume_from.options = [(f"{n} (LATEST)" if n == latest else n, n) for n in valid]
         self.resume_from.value = latest if latest in valid else (valid[-1] if valid else None)
+        self._allow_resume()
         self.update_static()
         return self.infos
 
+    def _allow_resume(self) -> None:
+        """Resume is for a run that stopped short (killed, failed, stopped) and has a checkpoint; while it trains
+        again, it is greyed out: a second click cannot queue a second resume."""
+        state = self.run.read_status().get("state")
+        running = self.handle is not None and self.handle.poll() is None
+        why = (
+            "training again: wait for it to end"
+            if running
+            else "no valid checkpoint to resume from"
+            if self.resume_from.value is None
+            else f"the run is {state}: nothing left to train (pick an older checkpoint to roll back)"
+            if state == "completed" and self.resume_from.value == self.store.latest_name()
+            else ""
+        )
+        self.allow(self.resume_button, why)
+        self.resume_hint.value = hint_html(why) if why and not running else ""
+
     def refresh_in_background(self) -> None:
-        self.in_background("verifying checkpoints", self.refresh, [self.refresh_button])
+        self.in_background(
+            "verifying checkpoints", self.refresh, [self.refresh_button], self.outcome_of(self.refresh_button)
+        )
 
     # --- resuming -------------------------------------------------------------------------------------------------
 
@@ -140,8 +164,8 @@ class CheckpointsPanel(Panel):
         if chosen is None:
             raise ValueError(refused("resume from", "no valid checkpoint", "a run that saved at least one"))
         self.handle = handle = launch.resume(self.run.path, from_checkpoint=None if chosen == latest else chosen)
-        self.message.value = ok_html(
-            f"resumed from {chosen}" + ("" if chosen == latest else " (newer checkpoints set aside as superseded-*)")
+        resumed = f"resumed from {chosen}" + (
+            "" if chosen == latest else " (newer checkpoints set aside as superseded-*)"
         )
 
         def follow():
@@ -150,10 +174,21 @@ class CheckpointsPanel(Panel):
             )
             self.refresh()
             self.advise()
+            self.outcome_of(self.resume_button).say(
+                ok_html(f"{resumed}: {status.get('state')} at step {status.get('step')}")
+            )
             return status
 
-        self.in_background(f"training from {chosen}", follow, [self.resume_button, self.refresh_button])
+        self.in_background(
+            resumed + ", training",
+            follow,
+            [self.resume_button, self.refresh_button],
+            self.outcome_of(self.resume_button),
+        )
         return handle
+
+    def after_task(self) -> None:
+        self._allow_resume()
 
     # --- how often ------------------------------------------------------------------------------------------------
 
@@ -174,6 +209,8 @@ class CheckpointsPanel(Panel):
 
     def static_html(self) -> str:
         return (
-            f"<div><b>Checkpoints of {html.escape(self.run.path.name)}</b>{self.table.value}{self.message.value}"
-            f"{self.card.value}{self.advice_text.value}{png_html(self._advice_png, 760)}</div>"
+            f"<div><b>Checkpoints of {html.escape(self.run.path.name)}</b>{self.table.value}"
+            f"{self.outcome_of(self.refresh_button).value}{self.resume_hint.value}"
+            f"{self.outcome_of(self.resume_button).value}"
+            f"{self.card.value}{self.message.value}{self.advice_text.value}{png_html(self._advice_png, 760)}</div>"
         )

@@ -21,7 +21,7 @@ from toolkit.catalogue import data_assets
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import refused
 from toolkit.tables import html_table
-from widgets.panel import Panel, error_html, ok_html, plot_png, png_html, pre_html
+from widgets.panel import Confirm, Panel, error_html, hint_html, ok_html, plot_png, png_html, pre_html
 
 PICKER_ENTRIES = 200  # suggestions shown by the path box: enough to browse, few enough to stay responsive
 
@@ -75,7 +75,17 @@ class DataPanel(Panel):
         self.show_archived = w.Checkbox(value=False, description="show archived")
         self.show_archived.observe(lambda _: self.refresh_versions(), names="value")
         self.archive_choice = w.Dropdown(description="version")
-        self.archive_button = self.button("Archive", self.archive, tooltip="hide from listings; name:N still resolves")
+        # archiving hides a version from listings and from its name's latest: asked before it is done
+        self.archive_confirm = Confirm(
+            lambda: (
+                f"Archive {self.archive_choice.value}? It leaves the listings and '{self._name_of_choice()}' "
+                f"(latest); '{self.archive_choice.value}' still resolves."
+            ),
+            yes="Yes, archive",
+        )
+        self.archive_button = self.button(
+            "Archive", self.archive, tooltip="hide from listings; name:N still resolves", confirm=self.archive_confirm
+        )
 
         self.advisor_asset = w.Dropdown(description="asset")
         self.measure_button = self.button(
@@ -84,7 +94,8 @@ class DataPanel(Panel):
             "info",
             "time real training steps for a few DataLoader settings",
         )
-        self.advice_text, self.advice_plot = w.HTML(), w.Image(format="png", layout=w.Layout(max_width="760px"))
+        self.advice_text = w.HTML()
+        self.advice_plot = w.Image(format="png", layout=w.Layout(max_width="760px", display="none"))
         self._advice_png = b""
         self.registered: data_assets.DataAsset | None = None
         self.report = None
@@ -96,13 +107,16 @@ class DataPanel(Panel):
                 self.path,
                 w.HBox([self.type, self.description]),
                 self.problems,
-                w.HBox([self.register_button, self.busy]),
-                self.message,
+                self.register_button,
+                self.outcome_of(self.register_button).view,
                 w.HTML("<b>Catalogue</b>"),
                 self.versions,
                 w.HBox([self.show_archived, self.archive_choice, self.archive_button]),
+                self.archive_confirm.view,
+                self.outcome_of(self.archive_button).view,
                 w.HTML("<b>Loading advisor</b>"),
                 w.HBox([self.advisor_asset, self.measure_button]),
+                self.outcome_of(self.measure_button).view,
                 self.advice_text,
                 self.advice_plot,
             ]
@@ -119,9 +133,9 @@ class DataPanel(Panel):
         empty = [f for f in ("name", "path") if not getattr(self, f).value.strip()]
         shown = [error_html(m) for f, m in problems.items() if f not in empty]
         if empty:
-            shown.append(f"<span style='color:#888'>fill in: {', '.join(empty)}</span>")
+            shown.append(hint_html(f"fill in: {', '.join(empty)}"))
         self.problems.value = "<br>".join(shown)
-        self.register_button.disabled = bool(problems)
+        self.allow(self.register_button, "the form above says what to fix first" if problems else "")
         return problems
 
     def register(self) -> data_assets.DataAsset:
@@ -131,9 +145,11 @@ class DataPanel(Panel):
             self.ws, self.name.value, self.path.value, type=self.type.value, description=self.description.value
         )
         news = "registered" if asset.ref not in before else "unchanged content, already"
-        self.message.value = ok_html(
-            f"{news} {asset.ref}: {asset.file_count:,} file(s), "
-            f"{asset.size_bytes / 2**20:,.2f} MB, sha256 {asset.sha256[:12]}"
+        self.outcome_of(self.register_button).say(
+            ok_html(
+                f"{news} {asset.ref}: {asset.file_count:,} file(s), "
+                f"{asset.size_bytes / 2**20:,.2f} MB, sha256 {asset.sha256[:12]}"
+            )
         )
         self.registered = asset
         self.refresh_versions()
@@ -144,12 +160,17 @@ class DataPanel(Panel):
         a scripted demo, so that a person's own registration inherits none of its values."""
         for field, value in self._form_start.items():
             getattr(self, field).value = value
-        self.message.value = ""
+        self.outcome_of(self.register_button).say("")
         self.check_form()
         self.update_static()
 
     def register_in_background(self) -> None:
-        self.in_background(f"snapshotting {self.path.value}", self.register, [self.register_button])
+        self.in_background(
+            f"snapshotting {self.path.value}",
+            self.register,
+            [self.register_button],
+            self.outcome_of(self.register_button),
+        )
 
     # --- the catalogue ---------------------------------------------------------------------------------------
 
@@ -176,6 +197,7 @@ class DataPanel(Panel):
         live = [a.ref for a in assets if not a.archived]
         self.archive_choice.options = live
         self.archive_choice.value = live[-1] if live else None
+        self.allow(self.archive_button, "" if live else "no version to archive")
         names = sorted({a.name for a in assets if not a.archived})
         current = self.advisor_asset.value
         self.advisor_asset.options = names
@@ -189,11 +211,17 @@ class DataPanel(Panel):
         if not ref:
             raise ValueError(refused("version", "none chosen", "one of the catalogue's versions"))
         asset = data_assets.archive(self.ws, ref)
-        self.message.value = ok_html(
-            f"archived {asset.ref}: hidden from listings and from '{asset.name}' (latest); '{asset.ref}' still resolves"
+        self.outcome_of(self.archive_button).say(
+            ok_html(
+                f"archived {asset.ref}: hidden from listings and from '{asset.name}' (latest); "
+                f"'{asset.ref}' still resolves"
+            )
         )
         self.refresh_versions()
         return asset
+
+    def _name_of_choice(self) -> str:
+        return str(self.archive_choice.value or "").rsplit(":", 1)[0]
 
     # --- the loading advisor -----------------------------------------------------------------------------------
 
@@ -206,26 +234,36 @@ class DataPanel(Panel):
 
         if not self.advisor_asset.value:
             raise ValueError(refused("asset", "none chosen", "a registered asset (register one above)"))
+        self._show_advice(None)  # a new measurement: the last one's table and plot go, whatever this one ends in
         cfg = pin_data_asset(
             config_mod.load(
                 self.config_name, [f"data.asset={self.advisor_asset.value}", f"data.workspace={self.ws.root}"]
             )
         )
-        self.report = report = tune(cfg, steps=self.tune_steps)
-        self.advice_text.value = pre_html(report.summary())
-        self._advice_png = plot_png(plots.loader_trials, report)
-        self.advice_plot.value = self._advice_png
-        self.update_static()
+        report = tune(cfg, steps=self.tune_steps)
+        self._show_advice(report, plot_png(plots.loader_trials, report))
+        self.outcome_of(self.measure_button).say(ok_html(f"measured {self.advisor_asset.value}"))
         return report
+
+    def _show_advice(self, report, png: bytes = b"") -> None:
+        self.report, self._advice_png = report, png
+        self.advice_text.value = pre_html(report.summary()) if report else ""
+        self.advice_plot.value = png
+        self.advice_plot.layout.display = "" if png else "none"
+        self.update_static()
 
     def measure_loading_in_background(self) -> None:
         self.in_background(
-            f"measuring loading of {self.advisor_asset.value}", self.measure_loading, [self.measure_button]
+            f"measuring loading of {self.advisor_asset.value} ({self.tune_steps} training steps per setting)",
+            self.measure_loading,
+            [self.measure_button],
+            self.outcome_of(self.measure_button),
         )
 
     def static_html(self) -> str:
         return (
-            f"<div><b>Catalogue</b>{self.versions.value}{self.message.value}"
-            f"{'<b>Loading advisor</b>' + self.advice_text.value if self.report else ''}"
+            f"<div>{self.outcome_of(self.register_button).value}<b>Catalogue</b>{self.versions.value}"
+            f"{self.outcome_of(self.archive_button).value}"
+            f"<b>Loading advisor</b>{self.outcome_of(self.measure_button).value}{self.advice_text.value}"
             f"{png_html(self._advice_png, 760)}</div>"
         )

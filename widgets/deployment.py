@@ -8,11 +8,12 @@
 
 Every button is one toolkit call (export_run + register_model / serve / LocalEndpoint.request / stop /
 build_deployment_plan + write_deployment_plan); the panel holds no deployment logic. A button runs its method in a
-background thread, so the kernel stays free during an export (seconds) or an endpoint start; meanwhile a status
-line says what is happening and the buttons are disabled. ``wait()`` blocks until that work ends (scripts, tests);
-the methods themselves are synchronous and raise, so a headless notebook fails loudly. Bad input comes back as the
-toolkit's or the server's own message, shown inline in red. Everything the live view shows is also rendered as
-static HTML through ``display_id``, so a papermill-executed notebook keeps the final state.
+background thread, so the kernel stays free during an export (seconds) or an endpoint start; meanwhile the line
+beside that button's row says what is happening (then how it ended, or its error) and the buttons are disabled.
+``wait()`` blocks until that work ends (scripts, tests); the methods themselves are synchronous and raise, so a
+headless notebook fails loudly. Bad input comes back as the toolkit's or the server's own message (its field named
+by this form's label), shown inline in red. Everything the live view shows is also rendered as static HTML through
+``display_id``, so a papermill-executed notebook keeps the final state.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from toolkit.deploy.serving.runtimes import RUNTIMES
 from toolkit.catalogue.workspace import Workspace
 from toolkit.errors import refused
 from toolkit.events import EvalEvent, read_events
-from widgets.panel import Panel, error_html, field_row, ok_html, warn_html
+from widgets.panel import Outcome, Panel, busy_html, error_html, field_row, hint_html, ok_html, warn_html
 from toolkit.tables import html_table
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all
@@ -70,6 +71,8 @@ def _short(text: str, limit: int = 32) -> str:
 
 class DeploymentPanel(Panel):
     title = "Deployment"
+    # the toolkit's names (the command line's flags, the server's fields) as this form labels them
+    field_labels = {"--sku": "VM size", "--endpoint": "endpoint", "name": "endpoint", "run_dir": "run"}
 
     def __init__(
         self,
@@ -102,38 +105,42 @@ class DeploymentPanel(Panel):
             description="plan folder",
             layout=wide,
         )
-        # The form leaves range checks to the toolkit and the server, so their own messages are what you see.
+        # The form leaves range checks to the toolkit and the server, so their own messages are what you see, on
+        # the line under the row of the button that was clicked (one per section: a second error elsewhere does not
+        # overwrite the first).
+        self.outcomes = {section: Outcome() for section in ("export", "endpoint", "answer", "plan")}
         self.buttons = {
-            label: self.button(label, self._in_background(method), style)
-            for label, method, style in (
-                ("Export", self.export, "primary"),
-                ("Start endpoint", self.start_endpoint, "success"),
-                ("Stop endpoint", self.stop_endpoint, ""),
-                ("Send", self.send, "info"),
-                ("Write Azure ML plan", self.write_plan, ""),
+            label: self.button(label, self._in_background(method, section), style, outcome=self.outcomes[section])
+            for label, method, style, section in (
+                ("Export", self.export, "primary", "export"),
+                ("Start endpoint", self.start_endpoint, "success", "endpoint"),
+                ("Stop endpoint", self.stop_endpoint, "", "endpoint"),
+                ("Send", self.send, "info", "answer"),
+                ("Write Azure ML plan", self.write_plan, "", "plan"),
             )
         }
-        self.status = w.HTML()
         self.sections = {name: w.HTML() for name in HEADINGS}
-        b, s = self.buttons, self.sections
+        b, s, o = self.buttons, self.sections, self.outcomes
         self.view = w.VBox(
             [
                 w.HTML(_heading("export")),
                 field_row([self.run_dir, self.register, b["Export"]]),
+                o["export"].view,
                 s["export"],
                 w.HTML(_heading("endpoint")),
                 field_row([self.runtime, self.endpoint_name, b["Start endpoint"], b["Stop endpoint"]]),
+                o["endpoint"].view,
                 s["endpoint"],
                 w.HTML(_heading("answer")),
                 self.prompt,
                 field_row([self.max_new_tokens, self.temperature, b["Send"]]),
+                o["answer"].view,
                 s["answer"],
                 s["history"],
                 w.HTML(_heading("plan")),
                 field_row([self.sku, self.plan_dir, b["Write Azure ML plan"]]),
+                o["plan"].view,
                 s["plan"],
-                self.status,
-                self.message,
             ]
         )
         self.result: ExportResult | None = None
@@ -152,7 +159,7 @@ class DeploymentPanel(Panel):
 
     def export(self) -> ExportResult:
         """Export the run (safetensors, ONNX, parity) and, with "register" ticked, register it as a model."""
-        with self._working("exporting…", "exported"):
+        with self._working("export", "exporting", "exported"):
             self.result, self.model = export_run(self.run_dir.value), None
             # the quality of the checkpoint exported (the newest valid one, maybe older than the last evaluation)
             step = self.result.manifest.get("step")
@@ -160,7 +167,7 @@ class DeploymentPanel(Panel):
                 e for e in read_events(self.run_dir.value, EvalEvent) if isinstance(step, int) and e.step <= step
             ][-1:]
             if self.register.value:
-                self.status.value = "<i>registering…</i>"
+                self.outcomes["export"].doing.value = busy_html("registering")
                 self.model = register_model(Workspace.open(), self.result.path)
         return self.result
 
@@ -169,7 +176,7 @@ class DeploymentPanel(Panel):
         if self.running:
             raise RuntimeError(refused("endpoint", f"{self.endpoint.name} is running", "stop it first"))
         model = self._model()
-        with self._working("starting the endpoint…", "endpoint started"):
+        with self._working("endpoint", "starting the endpoint", "endpoint started"):
             self.endpoint = serve(model, runtime=self.runtime.value, name=self.endpoint_name.value)
             # The server runs in its own session and would outlive a kernel that exits without close().
             atexit.register(self.endpoint.stop)
@@ -178,7 +185,7 @@ class DeploymentPanel(Panel):
     def stop_endpoint(self) -> None:
         if self.endpoint is None:
             return
-        with self._working("stopping the endpoint…", "endpoint stopped"):
+        with self._working("endpoint", "stopping the endpoint", "endpoint stopped"):
             self.endpoint.stop()
             atexit.unregister(self.endpoint.stop)
 
@@ -192,7 +199,7 @@ class DeploymentPanel(Panel):
             "max_new_tokens": self.max_new_tokens.value,
             "temperature": self.temperature.value,
         }
-        with self._working("sending…", "answered"):
+        with self._working("answer", "sending", "answered"):
             started = time.perf_counter()
             status, answer = self.endpoint.request(body)
             answer = {
@@ -208,7 +215,7 @@ class DeploymentPanel(Panel):
         """Write the Azure ML managed online endpoint and deployment for the model (endpoint name, VM size and
         runtime from the form); the toolkit checks them before anything is written."""
         model = self._model()
-        with self._working("writing the Azure ML plan…", "plan written"):
+        with self._working("plan", "writing the Azure ML plan", "plan written"):
             self.plan = build_deployment_plan(
                 model, endpoint=self.endpoint_name.value, sku=self.sku.value, runtime=self.runtime.value
             )
@@ -237,38 +244,40 @@ class DeploymentPanel(Panel):
 
     # --- background work --------------------------------------------------------------------------------------
 
-    def _in_background(self, method: Callable[[], object]) -> Callable[[], None]:
-        """What a button does: ``method`` in a background thread (the status line says what it does), every
+    def _in_background(self, method: Callable[[], object], section: str) -> Callable[[], None]:
+        """What a button does: ``method`` in a background thread (the line under its row says what it does), every
         button disabled until it ends, then only the ones that make sense."""
-        return lambda: self.in_background("", method, self.buttons.values())
+        return lambda: self.in_background("", method, self.buttons.values(), self.outcomes[section])
 
     def after_task(self) -> None:
         self._set_buttons()  # also when the method refused before it started working
 
     @contextlib.contextmanager
-    def _working(self, doing: str, done: str):
-        """The status line and disabled buttons while a step runs; the view redrawn after it, whatever happened."""
+    def _working(self, section: str, doing: str, done: str):
+        """What a step is doing, on its section's line, and the buttons disabled while it runs; then how long it
+        took, in place of what it said before; the view redrawn after it, whatever happened."""
+        line = self.outcomes[section]
         self._doing, started = doing, time.monotonic()
-        self.status.value = f"<i>{html.escape(doing)}</i>"
+        line.say("")
+        line.doing.value = busy_html(doing)
         self._set_buttons()
         try:
             yield
-            self.status.value = (
-                f"<span style='color:#666'>{html.escape(done)} in {time.monotonic() - started:.1f} s</span>"
-            )
-        except BaseException:
-            self.status.value = ""  # the error itself is shown by guarded() or raised to the caller
-            raise
-        finally:
+            line.say(hint_html(f"{done} in {time.monotonic() - started:.1f} s"))
+        finally:  # an error itself is shown by guarded() on the same line, or raised to the caller
+            line.doing.value = ""
             self._doing = None
             self.refresh()
 
     def _set_buttons(self) -> None:
-        busy, exported, running = self._doing is not None, self.result is not None, self.running
-        self.buttons["Export"].disabled = busy
-        self.buttons["Start endpoint"].disabled = busy or not exported or running
-        self.buttons["Stop endpoint"].disabled = self.buttons["Send"].disabled = busy or not running
-        self.buttons["Write Azure ML plan"].disabled = busy or not exported
+        busy = f"busy {self._doing}" if self._doing is not None else ""
+        not_exported = "" if self.result is not None else "Export first"
+        b = self.buttons
+        self.allow(b["Export"], busy)
+        self.allow(b["Start endpoint"], busy or not_exported or ("the endpoint is running" if self.running else ""))
+        for label in ("Stop endpoint", "Send"):
+            self.allow(b[label], busy or ("" if self.running else "no endpoint is running"))
+        self.allow(b["Write Azure ML plan"], busy or not_exported)
 
     # --- drawing: one HTML string per section, for the live view and the static twin alike -------------------------
 
@@ -407,5 +416,6 @@ class DeploymentPanel(Panel):
 
     def static_html(self) -> str:
         """The same sections as plain HTML: what a notebook shows without a live kernel."""
-        body = "".join(_heading(name) + text for name, text in self._sections_html().items())
-        return f"<div><b>{self.title}</b>{body}<div>{self.status.value}</div>{self.message.value}</div>"
+        said = {name: f"<div>{line.value}</div>" for name, line in self.outcomes.items() if line.value}
+        body = "".join(_heading(name) + said.get(name, "") + text for name, text in self._sections_html().items())
+        return f"<div><b>{self.title}</b>{body}</div>"

@@ -24,7 +24,7 @@ import ipywidgets as w
 from toolkit.events import ProfileEvent, StatusEvent, read_events
 from toolkit.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
-from widgets.panel import Panel, badge_html
+from widgets.panel import Panel, badge_html, hint_html
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class JourneyPanel(Panel):
         self.ws = Workspace.open(workspace)
         self.table = w.HTML()
         self.refresh_button = self.button("Refresh", self.refresh, tooltip="read the workspace again")
-        self.view = w.VBox([self.table, self.refresh_button, self.message])
+        self.view = w.VBox([self.table, self.refresh_button, self.outcome_of(self.refresh_button).view])
         self.statuses: list[tuple[bool, str]] = []
         self.refresh()
 
@@ -218,8 +218,12 @@ class JourneyPanel(Panel):
             "</code><table style='border-collapse:collapse'><tr><th>notebook</th><th>step</th>"
             f"<th>status</th><th style='text-align:left'>so far</th></tr>{''.join(rows)}</table></div>"
         )
+        done = sum(d for d, _ in self.statuses)
+        self.outcome_of(self.refresh_button).say(
+            hint_html(f"read at {time.strftime('%H:%M:%S')}: {done} of {len(STEPS)} steps done")
+        )
         self.update_static()
         return self.statuses
 
     def static_html(self) -> str:
-        return self.table.value + self.message.value
+        return self.table.value + self.outcome_of(self.refresh_button).value

@@ -7,6 +7,7 @@ and a static twin (see widgets/panel.py), so a papermill-executed notebook keeps
 from __future__ import annotations
 
 import html
+import time
 from pathlib import Path
 
 import ipywidgets as w
@@ -14,7 +15,7 @@ from IPython.display import HTML, display
 
 from toolkit.resources.doctor import CHECKS, Check, run_doctor, status_counts
 from toolkit.tables import Column, Markup, html_table
-from widgets.panel import Panel, badge_html, plot_png, png_html, pre_html
+from widgets.panel import Panel, badge_html, hint_html, plot_png, png_html, pre_html
 
 STATUS_COLOURS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", "running": "#1f77b4", "waiting": "#aaa"}
 
@@ -102,6 +103,8 @@ class MemoryPanel(Panel):
     "Write this setting" writes the recommendation as a config that trains (write_recommended_config); given a run
     directory, the panel puts the run's measured peak per rank next to the prediction for its config (compare_run)."""
 
+    field_labels = {"--write-config": "config file", "run_dir": "run dir"}
+
     def __init__(
         self,
         model_size: str = "7B",
@@ -140,12 +143,12 @@ class MemoryPanel(Panel):
             style="primary",
             tooltip="the recommended stage, GPUs and precision as a config that trains",
         )
-        self.written = w.HTML()
+        self.written = self.outcome_of(self.write_button)  # the file written, or why not
         self.run_dir = w.Text(value=str(run_dir or ""), description="run dir", layout=w.Layout(width="480px"))
         self.compare_button = self.button(
             "Compare with this run", self.compare, tooltip="the run's measured peak per rank next to the prediction"
         )
-        self.measured = w.HTML()
+        self.measured = self.outcome_of(self.compare_button)  # the comparison, or why not
         self.view = w.VBox(
             [
                 self.model_size,
@@ -156,17 +159,17 @@ class MemoryPanel(Panel):
                 self.headline,
                 self.formula,
                 self.plot,
+                self.message,  # the sliders' own errors
                 w.HBox([self.write_path, self.write_button]),
-                self.written,
+                self.written.view,
                 w.HBox([self.run_dir, self.compare_button]),
-                self.measured,
-                self.message,
+                self.measured.view,
             ]
         )
         self.advice = self.comparison = None
         self.refresh()
         if run_dir is not None:
-            self.guarded(self.compare)
+            self.guarded(self.compare, self.measured)
 
     def refresh(self):
         from toolkit.report import plots
@@ -211,7 +214,7 @@ class MemoryPanel(Panel):
             gpu_memory_gib=self.gpu_memory.value,
             precision=self.precision.value,
         )
-        self.written.value = pre_html(written.summary())
+        self.written.say(pre_html(written.summary()))
         return written
 
     def compare(self):
@@ -222,7 +225,7 @@ class MemoryPanel(Panel):
         if not self.run_dir.value.strip():
             raise ValueError(refused("run dir", "is empty", "a run directory (runs/NAME-TIME)"))
         self.comparison = comparison = compare_run(self.run_dir.value.strip())
-        self.measured.value = (
+        self.measured.say(
             f"<b>{html.escape(comparison.prediction.describe())}</b>: measured peak per rank "
             f"(step {comparison.step}) against predicted, stated accuracy ±{TOLERANCE:.0%}"
             + html_table(comparison.rows())
@@ -249,7 +252,7 @@ class AzureStatusPanel(Panel):
         self.config, self.config_field = config, config_field
         self.status_html = w.HTML()
         self.check_button = self.button("Check again", self.check, tooltip="look for config.json and a login again")
-        self.view = w.VBox([self.status_html, w.HBox([self.check_button, self.busy]), self.message])
+        self.view = w.VBox([self.status_html, self.check_button, self.outcome_of(self.check_button).view])
         self.status = None
 
     def check(self):
@@ -262,8 +265,12 @@ class AzureStatusPanel(Panel):
         self.status_html.value = (
             f"<div><b>Azure ML</b> {badge} {where}<div style='color:#555'>{html.escape(status.reason)}</div></div>"
         )
+        # said even when nothing changed: a check that finds the same answer still shows it looked again
+        self.outcome_of(self.check_button).say(
+            hint_html(f"checked at {time.strftime('%H:%M:%S')}: {'connected' if status.connected else 'offline'}")
+        )
         self.update_static()
         return status
 
     def static_html(self) -> str:
-        return self.status_html.value + self.message.value
+        return self.status_html.value + self.outcome_of(self.check_button).value

@@ -32,10 +32,12 @@ def render_card(
     started: float,
     message: str = "",
     watchdog: str = "",
+    recovered: str = "",
 ) -> str:
     """The progress card as an HTML string (pure: also used for the final, static rendering). ``message``: an
     error, in red; on a completed run it is history (an earlier attempt's end, recovered from), in grey.
-    ``watchdog``: the latest watchdog notice (a skipped non-finite step, a hang), behind an amber badge."""
+    ``watchdog``: the latest watchdog notice (a skipped non-finite step, a hang), behind an amber badge.
+    ``recovered``: how an earlier attempt ended, once a later one runs (RunProgress.recovered), in grey."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
     cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
@@ -62,10 +64,12 @@ def render_card(
         for k, v in cells
     )
     if message and state == "completed":
-        message, note_colour = f"recovered from an earlier attempt's end ({message})", "#666"
-    else:
-        note_colour = "#d62728"
-    note = f"<div style='color:{note_colour};margin-top:4px'>{html.escape(message)}</div>" if message else ""
+        message, recovered = "", message
+    note = f"<div style='color:#d62728;margin-top:4px'>{html.escape(message)}</div>" if message else ""
+    if recovered:
+        said = "recovered from" if state == "completed" else "resumed after"
+        earlier = f"{said} an earlier attempt's end ({recovered})"
+        note += f"<div style='color:#666;margin-top:4px'>{html.escape(earlier)}</div>"
     if watchdog:
         note += (
             f"<div style='margin-top:4px'>{badge_html('watchdog', WATCHDOG_COLOUR)} "
@@ -97,6 +101,7 @@ def follow_run(handle, max_steps: int, show=None) -> dict:
             started,
             message if message is not None else p.message,
             p.watchdog,
+            p.recovered,
         )
 
     if show is None:

@@ -28,11 +28,19 @@ from toolkit.events import read_events
 from toolkit.runs.progress import RunProgress
 from toolkit.rundir import RunDir
 from toolkit.status import FINAL_STATES, RESUMABLE_STATES
-from widgets.panel import Panel, plot_png, png_html, warn_html
+from widgets.panel import Outcome, Panel, plot_png, png_html, warn_html
 from widgets.run_progress import render_card
 
 
 class TrainingPanel(Panel):
+    # the config keys the form sets, as its labels say them (the key kept: it is what `--set` and YAML take)
+    field_labels = {
+        "train.max_steps": "steps (train.max_steps)",
+        "checkpoint.every_steps": "ckpt every (checkpoint.every_steps)",
+        "engine.nproc": "processes (engine.nproc)",
+        "train.grad_accum_steps": "grad accum (train.grad_accum_steps)",
+    }
+
     def __init__(
         self,
         config: str = "demo",
@@ -60,9 +68,14 @@ class TrainingPanel(Panel):
         self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
         self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
-        self.steps = w.IntText(value=steps or 0, description="steps", tooltip="0 keeps the config's max_steps")
+        # 0 means "the config's own value": said in the label, where a bare 0 would read as zero steps
+        self.steps = w.IntText(
+            value=steps or 0, description="steps (0: config's)", tooltip="0 keeps the config's max_steps"
+        )
         self.checkpoint_every = w.IntText(
-            value=checkpoint_every, description="ckpt every", tooltip="checkpoint every N steps; 0 only at the end"
+            value=checkpoint_every,
+            description="ckpt every (0: at end)",
+            tooltip="checkpoint every N steps; 0 only at the end",
         )
         self.profile = w.Checkbox(value=profile, description="profile")
         # Your own model in one string (toolkit.train.models.model_overrides): an import path or an HF folder.
@@ -103,8 +116,9 @@ class TrainingPanel(Panel):
         )
         self.activation_checkpointing = w.Checkbox(value=activation_checkpointing, description="act. checkpointing")
         self.deepspeed_view = w.HTML()
+        self.actions = Outcome()  # beside the buttons: what the last one started says, or its error
         self.buttons = {
-            name: self.button(name, getattr(self, name.lower()), style)
+            name: self.button(name, getattr(self, name.lower()), style, outcome=self.actions)
             for name, style in (
                 ("Start", "primary"),
                 ("Stop", ""),
@@ -135,6 +149,7 @@ class TrainingPanel(Panel):
             [
                 form,
                 w.HBox([*self.buttons.values(), self.trust_run]),
+                self.actions.view,
                 self.message,
                 self.progress,
                 self.card,
@@ -189,10 +204,21 @@ class TrainingPanel(Panel):
     def _set_buttons(self) -> None:
         running = self.handle is not None and self.handle.poll() is None
         state = self.run.read_status().get("state") if self.run else None
-        self.buttons["Start"].disabled = running
-        self.buttons["Stop"].disabled = self.buttons["Kill"].disabled = not running
-        self.buttons["Resume"].disabled = running or state not in RESUMABLE_STATES  # a completed run has no more to do
-        self.buttons["TensorBoard"].disabled = self.run is None
+        no_run = "start or open a run first"
+        self.allow(self.buttons["Start"], "a run is training: Stop or Kill it first" if running else "")
+        for name in ("Stop", "Kill"):
+            self.allow(self.buttons[name], "" if running else "no run is training")
+        self.allow(
+            self.buttons["Resume"],
+            "the run is training"
+            if running
+            else no_run
+            if self.run is None
+            else f"the run is {state}: nothing left to train"
+            if state not in RESUMABLE_STATES
+            else "",
+        )
+        self.allow(self.buttons["TensorBoard"], no_run if self.run is None else "")
 
     # --- the toolkit calls behind the buttons -----------------------------------------------------------------
 
@@ -329,6 +355,7 @@ class TrainingPanel(Panel):
             self._started,
             p.message,
             p.watchdog,
+            p.recovered,
         ) + (f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
         now = time.monotonic()
         if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):
@@ -363,7 +390,7 @@ class TrainingPanel(Panel):
         pct = self.progress.description
         return (
             f"<div><div style='font-size:0.8em;color:#666'>progress {pct}</div>{self.card.value}"
-            f"{png_html(self._png)}{self.deepspeed_view.value}{self.message.value}</div>"
+            f"{png_html(self._png)}{self.deepspeed_view.value}{self.actions.value}{self.message.value}</div>"
         )
 
     @property

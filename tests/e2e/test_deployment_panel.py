@@ -64,12 +64,12 @@ def panel(module_workspace, tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(panel):
     panel.buttons["Start endpoint"].click()
-    assert panel.wait() is panel.endpoint and panel.running, panel.message.value
+    assert panel.wait() is panel.endpoint and panel.running, panel.outcomes["endpoint"].value
     return panel
 
 
 def test_export_writes_and_registers_the_model_and_shows_parity(panel):
-    assert panel.message.value == "" and "exported in" in panel.status.value
+    assert "exported in" in panel.outcomes["export"].value and "#d62728" not in panel.outcomes["export"].value
     manifest = read_manifest(panel.result.path)  # the model folder with its manifest
     assert manifest["files"]["model.onnx"]["size"] > 0
     parity = json.loads((panel.result.path / "parity.json").read_text())
@@ -87,7 +87,7 @@ def test_export_writes_and_registers_the_model_and_shows_parity(panel):
 
 def test_bad_endpoint_name_is_refused_inline_and_starts_nothing(panel):
     assert click_with(panel, "endpoint_name", "../elsewhere", "Start endpoint") is None
-    assert "name: '../elsewhere' is not allowed" in shown(panel.message)
+    assert "endpoint: '../elsewhere' is not allowed" in shown(panel.outcomes["endpoint"])
     assert panel.endpoint is None and not panel.running
 
 
@@ -120,10 +120,14 @@ def test_a_bad_request_shows_the_servers_400_inline(served, field, value, says):
 
 def test_the_plan_button_checks_the_vm_size_then_writes_and_lists_the_files(panel):
     assert click_with(panel, "sku", "Standard_Tiny_v9", "Write Azure ML plan") is None
-    assert "--sku: 'Standard_Tiny_v9'" in shown(panel.message)
+    # beside the button, under the label the form shows (not the command line's --sku)
+    said = shown(panel.outcomes["plan"])
+    assert "VM size: 'Standard_Tiny_v9' is not a known VM size" in said and "--sku" not in said, said
+    assert "exported in" in panel.outcomes["export"].value, "another section's line keeps what it said"
     # served locally under any folder-safe name, but Azure ML's endpoint names are stricter
     assert click_with(panel, "endpoint_name", "tb_test", "Write Azure ML plan") is None
-    assert "--endpoint: 'tb_test' is not allowed" in shown(panel.message)
+    said = shown(panel.outcomes["plan"])
+    assert "endpoint: 'tb_test' is not allowed" in said and "VM size" not in said, "the new error replaces the old"
     assert not Path(panel.plan_dir.value).exists(), "nothing is written before everything is checked"
     panel.buttons["Write Azure ML plan"].click()
     folder = panel.wait()
@@ -155,10 +159,11 @@ def test_buttons_explain_what_comes_first(tmp_path):
     panel = DeploymentPanel(tmp_path / "no-run", plan_dir=tmp_path / "plan")
     assert panel.buttons["Start endpoint"].disabled and panel.buttons["Send"].disabled
     assert "no endpoint yet: Export, then Start endpoint" in shown(panel.sections["answer"])
-    panel.buttons["Start endpoint"].click()  # disabled in a browser; called anyway, it explains
+    assert panel.buttons["Start endpoint"].tooltip == "Export first"
+    panel.buttons["Start endpoint"].click()  # greyed out in a browser; a click that reaches the kernel does nothing
     panel.wait()
-    assert "Export first" in shown(panel.message)
+    assert panel.endpoint is None and panel.outcomes["endpoint"].value == ""
     panel.buttons["Export"].click()
     panel.wait()
-    assert "is not a run directory" in shown(panel.message) and panel.result is None
+    assert "is not a run directory" in shown(panel.outcomes["export"]) and panel.result is None
     assert not panel.buttons["Export"].disabled, "buttons come back after a refusal"

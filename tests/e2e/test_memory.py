@@ -87,13 +87,15 @@ def test_the_panel_writes_its_recommended_setting(tmp_path):
     panel = MemoryPanel(model_size="1.3B", gpus=8, gpu_memory_gib=16, write_to=tmp_path / "rec.yaml").show()
     panel.write_button.click()
     cfg = config_mod.load(tmp_path / "rec.yaml")
-    assert cfg.engine.zero_stage == panel.advice.stage and cfg.engine.nproc == 8 and not panel.message.value
+    assert cfg.engine.zero_stage == panel.advice.stage and cfg.engine.nproc == 8 and "#d62728" not in panel.written.value
     assert str(tmp_path / "rec.yaml") in panel.written.value and panel.written.value in panel.static_html()
     panel.write_path.value = str(tmp_path / "rec.txt")
     panel.write_button.click()
-    assert "--write-config: " in panel.message.value and "a .yaml or .yml file" in panel.message.value
+    # beside the button, in the label the panel shows, and in place of the file it had written
+    assert "config file: " in panel.written.value and "a .yaml or .yml file" in panel.written.value
+    assert "--write-config" not in panel.written.value and "rec.yaml" not in panel.written.value
     panel.compare_button.click()
-    assert "run dir: is empty; allowed: a run directory" in panel.message.value
+    assert "run dir: is empty; allowed: a run directory" in panel.measured.value
     panel.run_dir.value = str(tmp_path / "nowhere")
     panel.compare_button.click()
-    assert "run_dir: " in panel.message.value and "is not a folder" in panel.message.value
+    assert "run dir: " in panel.measured.value and "is not a folder" in panel.measured.value

@@ -46,7 +46,7 @@ def test_the_form_names_each_bad_field_before_anything_is_written(data_panel, tm
     assert panel.problems.value == "" and not panel.register_button.disabled
     panel.register_button.click()
     panel.wait()
-    assert "is an empty folder" in panel.message.value
+    assert "is an empty folder" in panel.outcome_of(panel.register_button).value
     assert data_assets.list_assets(panel.ws) == [], "nothing registered"
 
 
@@ -56,10 +56,14 @@ def test_register_versions_archive_and_clear_the_form_from_the_buttons(data_pane
     notes.write_text("version one")
     panel.name.value, panel.type.value, panel.path.value = "notes", "uri_file", str(notes)
     panel.description.value = "a scratch file"
+    registered = panel.outcome_of(panel.register_button)
     panel.register_button.click()
-    assert panel.wait().ref == "notes:1" and "registered notes:1" in panel.message.value
+    panel.register_button.click()  # a double click: the second reaches a disabled button and is dropped
+    assert panel.wait().ref == "notes:1" and "registered notes:1" in registered.value
+    assert "busy" not in registered.value and "unchanged" not in registered.value
     panel.register_button.click()
-    assert panel.wait().ref == "notes:1" and "unchanged content, already notes:1" in panel.message.value
+    assert panel.wait().ref == "notes:1" and "unchanged content, already notes:1" in registered.value
+    assert "registered notes:1" not in registered.value, "each result replaces the last"
     notes.write_text("version two")
     panel.register_button.click()
     assert panel.wait().ref == "notes:2"
@@ -67,8 +71,16 @@ def test_register_versions_archive_and_clear_the_form_from_the_buttons(data_pane
     assert data_assets.get(panel.ws, "notes:1").path.read_text() == "version one"
 
     panel.archive_choice.value = "notes:2"
+    panel.archive_button.click()  # asks first: nothing is archived yet
+    assert panel.archive_confirm.open and "Archive notes:2?" in panel.archive_confirm.text.value
+    assert data_assets.get(panel.ws, "notes").ref == "notes:2"
+    panel.archive_confirm.cancel.click()
+    assert not panel.archive_confirm.open and data_assets.get(panel.ws, "notes").ref == "notes:2"
     panel.archive_button.click()
+    panel.archive_confirm.yes.click()
+    panel.archive_confirm.yes.click()  # a double click on Yes: the question is closed, nothing more is done
     assert data_assets.get(panel.ws, "notes").ref == "notes:1", "latest skips the archived version"
+    assert "archived notes:2" in panel.outcome_of(panel.archive_button).value
     assert "notes:2" not in panel.versions.value
     panel.show_archived.value = True
     assert "notes:2" in panel.versions.value
@@ -80,7 +92,7 @@ def test_register_versions_archive_and_clear_the_form_from_the_buttons(data_pane
     assert "is not allowed" in panel.problems.value
     panel.clear_form()
     assert (panel.name.value, panel.path.value, panel.description.value, panel.type.value) == ("", "", "", "uri_folder")
-    assert panel.message.value == "" and "is not allowed" not in panel.problems.value
+    assert panel.outcome_of(panel.register_button).value == "" and "is not allowed" not in panel.problems.value
     assert "fill in: name, path" in panel.problems.value and panel.register_button.disabled
     assert "notes:1" in panel.static_html()
 
@@ -106,6 +118,27 @@ def test_the_loading_advisor_measures_the_chosen_asset(data_panel):
     assert "data loading for pydoc:1" in panel.advice_text.value
     assert panel.advice_plot.value[:4] == b"\x89PNG" and "data:image/png" in panel.static_html()
     assert not panel.measure_button.disabled
+
+
+def test_a_measurement_that_fails_says_so_beside_its_button_and_takes_the_old_advice_away(data_panel, tmp_path):
+    panel = data_panel
+    register_pydoc(panel.ws)
+    panel.refresh_versions()
+    panel.measure_button.click()
+    panel.wait()
+    assert "data loading for pydoc:1" in panel.advice_text.value
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("too short")  # fewer bytes than one block of the tiny model
+    data_assets.register(panel.ws, "notes", tiny, type="uri_file")
+    panel.refresh_versions()
+    panel.advisor_asset.value = "notes"
+    panel.measure_button.click()
+    panel.wait()
+    measured = panel.outcome_of(panel.measure_button).value
+    assert "is too long for the train split of notes:1" in measured, measured
+    assert panel.outcome_of(panel.register_button).value == "", "not under another button"
+    assert panel.advice_text.value == "" and panel.advice_plot.value == b"", "pydoc's advice is gone"
+    assert "data loading for pydoc" not in panel.static_html() and measured in panel.static_html()
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------------
@@ -140,13 +173,21 @@ def test_checkpoints_panel_lists_verifies_and_rolls_back(finished_run):
     assert "fails its xxh3_128 check" in panel.table.value
     assert [v for _, v in panel.resume_from.options] == ["step_00000020", "step_00000060"]
 
-    panel.resume_from.value = "step_00000020"
+    assert panel.resume_button.disabled and "the run is completed: nothing left to train" in panel.resume_hint.value
+    panel.resume_from.value = "step_00000020"  # a roll-back: Resume is offered
+    assert not panel.resume_button.disabled and panel.resume_hint.value == ""
     panel.resume_button.click()
+    panel.resume_button.click()  # a double click: dropped, not a second resume queued behind the first
+    assert panel.resume_button.disabled
     status = panel.wait()
     assert status["state"] == "completed" and status["step"] == 60, status
     replayed = {e["step"]: e["loss"] for e in RunDir(finished_run.path).events("train")}
     assert replayed == original, "steps 21..60 replayed from step 20 give the same losses"
-    assert "resumed from step_00000020" in panel.message.value and "completed" in panel.card.value
+    resumed = panel.outcome_of(panel.resume_button).value
+    assert "resumed from step_00000020" in resumed and "completed at step 60" in resumed, resumed
+    assert "completed" in panel.card.value
+    assert len([e for e in RunDir(finished_run.path).events("status") if e.get("resumed_step")]) == 1, "one resume"
+    assert panel.resume_button.disabled, "completed again: nothing left to resume"
     assert sum(i.name.startswith("superseded-") for i in panel.infos) == 2, "set aside, never deleted"
     assert "superseded by a roll-back" in panel.static_html()
 
@@ -173,8 +214,9 @@ def test_a_run_without_checkpoints_explains_inline(tmp_path):
     assert handle.wait(120) == 0
     panel = CheckpointsPanel(handle.path)
     assert "no checkpoints yet" in panel.table.value and "has no checkpoint events" in panel.message.value
-    panel.resume_button.click()
-    assert "resume from: no valid checkpoint" in panel.message.value and panel.handle is None
+    assert panel.resume_button.disabled and "no valid checkpoint to resume from" in panel.resume_hint.value
+    panel.resume_button.click()  # greyed out in a browser; a click that reaches the kernel anyway does nothing
+    assert panel.handle is None
     assert CheckpointStore(handle.path).list() == []
 
 

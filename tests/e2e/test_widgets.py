@@ -26,7 +26,7 @@ def panel(tmp_path):
 
 def test_start_kill_and_resume_from_the_buttons(panel):
     panel.buttons["Start"].click()
-    assert panel.message.value == "" and panel.handle is not None
+    assert panel.actions.value == "" and panel.handle is not None
     assert panel.buttons["Start"].disabled and not panel.buttons["Kill"].disabled
     assert panel.wait_until(lambda p: p.step >= 60)
     panel.buttons["Kill"].click()  # a lost node
@@ -36,8 +36,14 @@ def test_start_kill_and_resume_from_the_buttons(panel):
     assert killed_at < 400
 
     panel.buttons["Resume"].click()
+    panel.buttons["Resume"].click()  # a double click: dropped, where it once blocked the kernel for the whole run
+    assert panel.buttons["Resume"].disabled and panel.buttons["Resume"].tooltip == "the run is training"
+    assert panel.wait_until(lambda p: p.state == "running" and p.step > killed_at)
+    assert "signal SIGKILL" in panel.card.value and "#d62728" not in panel.card.value, "the kill is history now"
     status = panel.wait()
     assert status["state"] == "completed" and status["step"] == 400
+    assert panel.actions.value == "", panel.actions.value
+    assert panel.buttons["Resume"].disabled and "nothing left to train" in panel.buttons["Resume"].tooltip
     assert panel.progress.value == 1.0 and panel.progress.description == "100%"
     assert "completed" in panel.card.value and "400 / 400" in panel.card.value
     assert panel.plot.value[:8] == b"\x89PNG\r\n\x1a\n", "the loss curve is drawn"
@@ -59,10 +65,11 @@ def test_a_past_run_opens_with_the_same_dashboard(panel, tmp_path):
 def test_bad_form_input_is_shown_inline_and_starts_nothing(panel, tmp_path):
     panel.steps.value = -5
     panel.buttons["Start"].click()
-    assert "train.max_steps: -5" in panel.message.value
+    assert "steps (train.max_steps): -5" in panel.actions.value, panel.actions.value
     assert panel.handle is None and list(tmp_path.iterdir()) == []
-    panel.buttons["TensorBoard"].click()  # disabled in a browser; called anyway, it explains
-    assert "run: none yet" in panel.message.value
+    assert panel.buttons["TensorBoard"].disabled and panel.buttons["TensorBoard"].tooltip == "start or open a run first"
+    panel.buttons["TensorBoard"].click()  # greyed out in a browser; a click that reaches the kernel does nothing
+    assert panel.tb_server is None and "steps (train.max_steps): -5" in panel.actions.value
 
 
 def test_the_tensorboard_button_serves_the_run(panel):
@@ -81,12 +88,12 @@ def test_the_form_trains_your_own_model_and_refuses_one_that_is_not(panel, tmp_p
     panel.steps.value = 20
     panel.model.value = "not a model"
     panel.buttons["Start"].click()
-    assert "model: &#x27;not a model&#x27; is neither an import path nor a folder" in panel.message.value
+    assert "model: &#x27;not a model&#x27; is neither an import path nor a folder" in panel.actions.value
     assert panel.handle is None
 
     panel.model.value = f"{source}:build"
     panel.buttons["Start"].click()
-    assert panel.message.value == "", panel.message.value
+    assert panel.actions.value == "", panel.actions.value
     assert panel.wait()["state"] == "completed"
     cfg = panel.run.read_config()
     assert (cfg.model.name, cfg.model.factory) == ("custom", f"{source}:build")
@@ -108,7 +115,7 @@ def test_the_form_takes_your_deepspeed_config_and_shows_what_deepspeed_got(tmp_p
     panel.show()
     try:
         panel.buttons["Start"].click()
-        assert panel.message.value == "", panel.message.value
+        assert panel.actions.value == "", panel.actions.value
         assert panel.wait()["state"] == "completed"
         config = panel.run.read_config()
         assert (config.engine.zero_stage, config.train.grad_accum_steps, config.engine.precision) == (2, 2, "bf16")
@@ -118,7 +125,7 @@ def test_the_form_takes_your_deepspeed_config_and_shows_what_deepspeed_got(tmp_p
         ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_com": True}}))
         before = sorted((tmp_path / "runs").iterdir())
         panel.buttons["Start"].click()
-        assert "zero_optimization.overlap_com" in panel.message.value
+        assert "zero_optimization.overlap_com" in panel.actions.value
         assert sorted((tmp_path / "runs").iterdir()) == before
     finally:
         panel.close()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from toolkit.runs import debugging
+from toolkit.status import RESUMABLE_STATES
 from toolkit.events import (
     CheckpointEvent,
     CompileEvent,
@@ -25,6 +26,7 @@ from toolkit.events import (
 )
 
 WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come
+ENDED_SHORT = RESUMABLE_STATES  # an attempt that ended before the run's end: a later one resumes from it
 
 
 @dataclass
@@ -38,8 +40,16 @@ class RunProgress:
     final: StatusEvent | None = None  # the latest status event
     watchdog: str = ""  # the latest watchdog notice: a skipped non-finite step, a hang
     checkpoint_notice: str = ""  # the first checkpoint that waited for the previous one's write (told once)
+    recovered: str = ""  # how an earlier attempt ended, once a later one (a restart, a resume) runs: history
 
     def apply(self, event: Event) -> None:
+        if isinstance(event, StatusEvent) and event.state == "running" and self.state in ENDED_SHORT:
+            # a new attempt: the last one's end (a kill, a failure) is history now, not the state of this one
+            ended = self.final.reason if self.final is not None and self.final.reason else self.state
+            self.recovered, self.message = self.message or ended, ""
+        self._apply(event)
+
+    def _apply(self, event: Event) -> None:
         if isinstance(event, TrainEvent):
             self.train, self.step, self.state = event, event.step, "running"
             if event.horizon is not None:  # a time budget moves the finish line
