@@ -84,6 +84,12 @@ def test_recovery_notebook_kills_resumes_and_shows_identical_losses(tmp_path):
     # the resumed run's card: completed, and the kill it recovered from in grey, not as a red error
     (card,) = {h[h.index("<b>", h.index("border-radius:6px")):] for h in html if "recovered from" in h}
     assert "completed" in card and "signal SIGKILL" in card and "#d62728" not in card, card
+    # what survived the kill is printed before the resume, where the learner reads it before the panel moves on
+    assert "survived the kill: step_00000010" in text and text.index("survived the kill") < text.index("state: completed")
+    # one checkpoint cost: the cell's C is the advisor's
+    cell_c = re.search(r"C = ([\d.,]+) ms, the median training time lost per checkpoint", text)
+    advisor_c = re.search(r"training time lost ([\d.,]+) ms per checkpoint", text)
+    assert cell_c and advisor_c and cell_c[1] == advisor_c[1], text
     assert pngs
     assert len(list(runs.iterdir())) == 2  # the reference and the killed-then-resumed run
     nbval(executed, tmp_path)

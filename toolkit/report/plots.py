@@ -78,15 +78,17 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
     # The reference as a line, the resumed run as markers: where the resumed run is exact its markers sit on the
     # line, and neither hides the other (two lines of the same values would draw as one).
     ax.plot([e.step for e in ref], [e.loss for e in ref], color="black", lw=1.2, label="uninterrupted (line)")
-    attempts, current = [[]], None
+    # each attempt's train events, with the checkpoint step it resumed from (None for the first)
+    attempts: list[tuple[list[TrainEvent], int | None]] = [([], None)]
+    current = None
     for event in read_events(resumed):
         if isinstance(event, StatusEvent) and event.state == "running" and current is not None:
-            attempts.append([])
+            attempts.append(([], event.resumed_step))
         if isinstance(event, TrainEvent):
-            attempts[-1].append(event)
+            attempts[-1][0].append(event)
             current = event
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
-    for i, events in enumerate(a for a in attempts if a):
+    for i, (events, start) in enumerate(a for a in attempts if a[0]):
         label = "first attempt (killed)" if i == 0 and len(attempts) > 1 else f"after resume {i}" if i else "run"
         ax.plot(
             [e.step for e in events],
@@ -97,8 +99,9 @@ def resume_comparison(reference_dir: str | Path, resumed_dir: str | Path, out: s
             color=colours[i % len(colours)],
             label=f"{label} (markers)",
         )
-        if i:
-            ax.axvline(events[0].step - 1, color=colours[i % len(colours)], ls="--", lw=0.8)
+        if i and start is not None:  # where this attempt started: the checkpoint it loaded, not its first log line
+            colour = colours[i % len(colours)]
+            ax.axvline(start, color=colour, ls="--", lw=0.8, label=f"checkpoint resumed from (step {start})")
     ax.set(xlabel="step", ylabel="training loss (nats)", title="Killed, resumed from the last checkpoint")
     ax.grid(alpha=0.3)
     ax.legend()
