@@ -28,18 +28,24 @@ def _save(fig, out: str | Path) -> Path:
     return out
 
 
-def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Loss (train and validation, in bits per byte where the data is bytes) and throughput against step."""
-    import math
+def loss_scale(evals) -> tuple[float, str]:
+    """(factor, unit) that turn a loss in nats per token into what a run's card shows: bits per byte where the data
+    is text (its evaluations have val_bpb), the loss in nats otherwise. The factor is the data's own, 1 / (ln 2 x
+    bytes per token), read off an evaluation (val_bpb / val_loss): for a byte-level model it is 1 / ln 2, for a BPE
+    tokenizer smaller, so bits per token are never drawn as bits per byte."""
+    first = next((e for e in evals if e.val_bpb is not None and e.val_loss > 0), None)
+    return (first.val_bpb / first.val_loss, "bits per byte") if first else (1.0, "loss (nats)")
 
+
+def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Loss (train and validation, in bits per byte where the data is text) and throughput against step."""
     plt = _pyplot()
 
     run = RunDir(run_dir)
     train, evals = read_events(run, TrainEvent), read_events(run, EvalEvent)
     if not train:
         raise RefusedValue(not_allowed("run_dir", run_dir, "a run that has logged", problem="has no train events yet"))
-    in_bits = bool(evals) and evals[0].val_bpb is not None
-    scale, unit = (1 / math.log(2), "bits per byte") if in_bits else (1.0, "loss (nats)")
+    scale, unit = loss_scale(evals)
 
     fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(11, 3.8))
     ax_loss.plot([e.step for e in train], [e.loss * scale for e in train], label="train", lw=1.2)
