@@ -9,6 +9,8 @@ from IPython.display import HTML, display
 
 from toolkit.events import EvalEvent, TrainEvent
 from toolkit.runs.progress import RunProgress
+from toolkit.status import FINAL_STATES
+from toolkit.train.metrics import SteadyState, steady_state
 from widgets.panel import badge_html
 
 STATE_COLOURS = {
@@ -33,18 +35,30 @@ def render_card(
     message: str = "",
     watchdog: str = "",
     recovered: str = "",
+    budget_s: float = 0.0,
+    estimated: bool = False,
+    steady: SteadyState | None = None,
 ) -> str:
     """The progress card as an HTML string (pure: also used for the final, static rendering). ``message``: an
     error, in red; on a completed run it is history (an earlier attempt's end, recovered from), in grey.
     ``watchdog``: the latest watchdog notice (a skipped non-finite step, a hang), behind an amber badge.
-    ``recovered``: how an earlier attempt ended, once a later one runs (RunProgress.recovered), in grey."""
+    ``recovered``: how an earlier attempt ended, once a later one runs (RunProgress.recovered), in grey.
+    ``budget_s``: the run's time budget, named beside the step count it moves (``estimated``: max_steps is the
+    budget's estimate so far; before it, only the step). ``steady``: the figures a notebook's cells print for the
+    finished run (toolkit.train.metrics.steady_state), shown in place of the last interval's."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
-    cells = [("step", f"{step:,} / {max_steps:,}")]
+    if budget_s and state not in FINAL_STATES:
+        cells = [(f"step ({budget_s:g} s budget)", f"{step:,} / ~{max_steps:,}" if estimated else f"{step:,}")]
+    else:
+        cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
+        speed, mfu, over = (
+            (steady.tokens_per_s, steady.mfu, ", 2nd half") if steady else (train.tokens_per_s, train.mfu, "")
+        )
         cells += [
             ("loss", f"{train.loss:.4f}"),
-            ("tokens/s", f"{train.tokens_per_s:,.0f}"),
-            ("MFU", f"{100 * train.mfu:.1f}%"),
+            (f"tokens/s{over}", f"{speed:,.0f}"),
+            (f"MFU{over}", f"{100 * mfu:.1f}%"),
             ("data wait", f"{train.data_wait_pct:.2f}%"),
             ("lr", f"{train.lr:.2e}"),
         ]
@@ -84,25 +98,34 @@ def render_card(
     )
 
 
+def progress_card(name: str, p: RunProgress, started: float, state: str | None = None, message: str | None = None):
+    """The card of a run as ``p`` has folded its events (``state``, ``message``: the final status's, at the end)."""
+    state = state or p.state
+    return render_card(
+        name,
+        state,
+        p.step,
+        p.max_steps,
+        p.train,
+        p.val,
+        started,
+        p.message if message is None else message,
+        p.watchdog,
+        p.recovered,
+        budget_s=p.budget_s,
+        estimated=p.estimated,
+        steady=steady_state(p.trains) if state in FINAL_STATES else None,
+    )
+
+
 def follow_run(handle, max_steps: int, show=None) -> dict:
     """Update the card until the run ends; return the run's final status.json. ``show(html)`` receives each
     card (a panel's widget); without it the card is displayed here and updated through ``display_id``."""
-    started, progress = time.time(), RunProgress(max_steps)
+    started = time.time()
+    progress = RunProgress(max_steps, budget_s=handle.run.read_config().train.max_seconds)
 
     def card_html(state=None, message=None) -> str:
-        p = progress
-        return render_card(
-            handle.path.name,
-            state or p.state,
-            p.step,
-            p.max_steps,
-            p.train,
-            p.val,
-            started,
-            message if message is not None else p.message,
-            p.watchdog,
-            p.recovered,
-        )
+        return progress_card(handle.path.name, progress, started, state, message)
 
     if show is None:
         card = display(HTML(card_html()), display_id=True)

@@ -29,7 +29,7 @@ from toolkit.runs.progress import RunProgress
 from toolkit.rundir import RunDir
 from toolkit.status import FINAL_STATES, RESUMABLE_STATES
 from widgets.panel import Outcome, Panel, plot_png, png_html, warn_html
-from widgets.run_progress import render_card
+from widgets.run_progress import progress_card
 
 
 class TrainingPanel(Panel):
@@ -224,7 +224,7 @@ class TrainingPanel(Panel):
 
     def start(self):
         cfg = config_mod.load(self.config.value, self.settings())  # a ConfigError names the field
-        self._follow(launch.start(cfg, runs_root=self.runs_root), cfg.train.max_steps)
+        self._follow(launch.start(cfg, runs_root=self.runs_root), cfg.train)
         return self.handle
 
     def stop(self) -> None:
@@ -243,7 +243,7 @@ class TrainingPanel(Panel):
         self.wait()
         self._follow(
             launch.resume(self.run.path, trust_run=self.trust_run.value),
-            self.run.read_config().train.max_steps,
+            self.run.read_config().train,
             keep_history=True,
         )
         return self.handle
@@ -283,7 +283,8 @@ class TrainingPanel(Panel):
                 f"not your run's settings: {describe(untrusted)}. Read its config.yaml; "
                 "Resume honours them only with the trust box ticked."
             )
-        self._progress = RunProgress(self.run.read_config().train.max_steps)
+        train = self.run.read_config().train
+        self._progress = RunProgress(train.max_steps, budget_s=train.max_seconds)
         for event in read_events(self.run):
             self._progress.apply(event)
         self._finish_progress()
@@ -292,11 +293,12 @@ class TrainingPanel(Panel):
 
     # --- following a run ------------------------------------------------------------------------------------
 
-    def _follow(self, handle, max_steps: int, keep_history: bool = False) -> None:
+    def _follow(self, handle, train, keep_history: bool = False) -> None:
+        """Follow ``handle``'s run; ``train``: its config's train section (the step cap and the time budget)."""
         self.handle, self.run = handle, handle.run
         self.deepspeed_view.value = ""
         if not keep_history:
-            self._progress, self._started = RunProgress(max_steps), time.time()
+            self._progress, self._started = RunProgress(train.max_steps, budget_s=train.max_seconds), time.time()
         self._set_buttons()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="trainbook-panel")
         self._watcher.start()
@@ -345,18 +347,9 @@ class TrainingPanel(Panel):
         if p.state == "running" and p.step and p.train:
             elapsed = time.time() - self._started
             eta = f" · ETA {max(elapsed / p.step * (p.max_steps - p.step), 0):,.0f} s"
-        self.card.value = render_card(
-            self.run.path.name if self.run else "no run",
-            p.state,
-            p.step,
-            p.max_steps,
-            p.train,
-            p.val,
-            self._started,
-            p.message,
-            p.watchdog,
-            p.recovered,
-        ) + (f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
+        self.card.value = progress_card(self.run.path.name if self.run else "no run", p, self._started) + (
+            f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else ""
+        )
         now = time.monotonic()
         if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):
             self._plotted_at = now

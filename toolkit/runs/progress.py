@@ -6,7 +6,7 @@ The notebook card (widgets/run_progress.py) folds the same events through :class
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -41,6 +41,9 @@ class RunProgress:
     watchdog: str = ""  # the latest watchdog notice: a skipped non-finite step, a hang
     checkpoint_notice: str = ""  # the first checkpoint that waited for the previous one's write (told once)
     recovered: str = ""  # how an earlier attempt ended, once a later one (a restart, a resume) runs: history
+    budget_s: float = 0.0  # train.max_seconds: a time budget ends the run; max_steps is then an estimate
+    estimated: bool = False  # max_steps is the time budget's estimate (TrainEvent.horizon), not the config's cap
+    trains: list[TrainEvent] = field(default_factory=list)  # every train event: the steady-state figures at the end
 
     def apply(self, event: Event) -> None:
         if isinstance(event, StatusEvent) and event.state == "running" and self.state in ENDED_SHORT:
@@ -52,8 +55,9 @@ class RunProgress:
     def _apply(self, event: Event) -> None:
         if isinstance(event, TrainEvent):
             self.train, self.step, self.state = event, event.step, "running"
+            self.trains.append(event)
             if event.horizon is not None:  # a time budget moves the finish line
-                self.max_steps = event.horizon
+                self.max_steps, self.estimated = event.horizon, True
         elif isinstance(event, EvalEvent):
             self.val = event
         elif isinstance(event, StatusEvent):
