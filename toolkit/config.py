@@ -173,6 +173,9 @@ class TrainConfig:
     """Optimizer steps to run (also the horizon of the cosine schedule)."""
     max_seconds: float = bounded(0.0, ge=0.0)
     """Stop after this much training time even if max_steps is not reached; 0 means no limit."""
+    min_steps: int = bounded(0, ge=0)
+    """With a time budget (max_seconds): train at least this many steps (never past max_steps), so a slower machine
+    takes longer instead of stopping short of where a normal one gets in the budget; 0: no floor."""
     eval_every: int = bounded(100, ge=1)
     """Run validation every this many steps (and always at the last step)."""
     eval_at_start: bool = False

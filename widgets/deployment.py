@@ -40,7 +40,7 @@ from widgets.panel import Outcome, Panel, busy_html, error_html, field_row, hint
 from toolkit.tables import html_table
 
 HISTORY_ROWS = 10  # the latest requests shown; the p50 covers them all
-# Above this validation loss a byte-level model writes mostly gibberish; the demo config reaches 1.75 (notebook 03).
+# Above this validation loss (bits per byte) a byte-level model writes mostly gibberish.
 GIBBERISH_BPB = 2.0
 # The view's sections, in order, with their headings (the history sits under the prompt's answer).
 HEADINGS = {
@@ -320,8 +320,8 @@ class DeploymentPanel(Panel):
         if e.val_bpb <= GIBBERISH_BPB:
             return f"<div style='color:#666'>{said}</div>"
         return warn_html(
-            f"{said}, above {GIBBERISH_BPB:g}: expect mostly gibberish. Notebook 03 trains the demo "
-            "config to 1.75 or less; export that run for answers that read as text."
+            f"{said}, above {GIBBERISH_BPB:g}: expect mostly gibberish. Below about {GIBBERISH_BPB:g} a byte-level "
+            "model's answers start to read as text: train longer (notebook 03, or more steps) and export that run."
         )
 
     def _endpoint_html(self) -> str:

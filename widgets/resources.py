@@ -95,6 +95,9 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GPU_MEMORY_GIB = (16, 24, 40, 48, 80, 94, 141, 192)
 
 
+RECOMMENDED = -1  # the stage buttons' "recommended": the stage recommend_stage picks
+
+
 class MemoryPanel(Panel):
     """Sliders for model size, precision, ZeRO stage, GPUs and GPU memory; the estimate follows every move.
 
@@ -127,9 +130,12 @@ class MemoryPanel(Panel):
             options=sorted({*GPU_MEMORY_GIB, gpu_memory_gib}), value=gpu_memory_gib, description="GiB / GPU", **slider
         )
         self.precision = w.ToggleButtons(options=list(BYTES_PER_PARAM), value=precision, description="precision")
-        # None: follow the recommendation; a number pins the stage shown in the headline
+        # RECOMMENDED follows the recommendation; a number pins the stage shown in the headline. Not None: a
+        # ToggleButtons whose value is None has no button selected, and the headline's stage would show unlit.
         self.zero_stage = w.ToggleButtons(
-            options=[("recommended", None)] + [(f"ZeRO-{s}", s) for s in STAGES], value=zero_stage, description="stage"
+            options=[("recommended", RECOMMENDED)] + [(f"ZeRO-{s}", s) for s in STAGES],
+            value=RECOMMENDED if zero_stage is None else zero_stage,
+            description="stage",
         )
         self.headline, self.formula = w.HTML(), w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
@@ -179,7 +185,7 @@ class MemoryPanel(Panel):
         self.advice = advice = recommend_stage(
             parse_count(size), self.gpu_memory.value, self.gpus.value, self.precision.value
         )
-        stage = self.zero_stage.value if self.zero_stage.value is not None else advice.stage
+        stage = advice.stage if self.zero_stage.value == RECOMMENDED else self.zero_stage.value
         chosen = advice.estimates[stage if stage is not None else -1]
         budget = STATE_SHARE * self.gpu_memory.value
         fits = chosen.total_gib <= budget

@@ -226,6 +226,7 @@ def test_a_run_without_checkpoints_explains_inline(tmp_path):
 def test_memory_sliders_update_the_estimate():
     panel = MemoryPanel(model_size="7B", gpus=8, gpu_memory_gib=80).show()
     assert "Recommended: <b>ZeRO-1</b>" in panel.headline.value and "fits" in panel.headline.value
+    assert panel.zero_stage.label == "recommended", "the stage the headline follows is the one lit"
     panel.gpus.value = 1
     assert "does not fit" in panel.headline.value and "no stage fits" in panel.headline.value
     panel.model_size.value = "125M"

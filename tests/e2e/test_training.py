@@ -102,6 +102,18 @@ def test_time_budget_stops_the_run_and_finishes_the_schedule(train_tiny):
     assert last["lr"] < cfg.optim.min_lr + 0.25 * (cfg.optim.lr - cfg.optim.min_lr), last
 
 
+def test_a_step_floor_outlasts_a_spent_time_budget(train_tiny):
+    """train.min_steps: a machine too slow for the budget trains on to the floor, and its schedule ends there."""
+    proc, run = train_tiny("--set", "train.max_steps=1000", "--set", "train.max_seconds=0.001",
+                           "--set", "train.min_steps=15", "--set", "train.log_every=1", "--set", "train.eval_every=1000")
+    assert proc.returncode == 0, proc.stderr
+    train = run.events("train")
+    assert train[-1]["step"] == 15 and run.read_status()["state"] == "completed", train[-1]
+    assert [e["horizon"] for e in train[1:]] == [15] * (len(train) - 1), "the schedule ends at the floor"
+    cfg = run.read_config()
+    assert train[-1]["lr"] < cfg.optim.min_lr + 0.05 * (cfg.optim.lr - cfg.optim.min_lr), train[-1]
+
+
 def test_digits_classifier_through_the_same_loop(train_tiny):
     proc, run = train_tiny("--set", "model.name=digits_mlp", "--set", "data.dataset=digits",
                            "--set", "model.n_embd=64", "--set", "train.batch_size=64", "--set", "train.max_steps=60",

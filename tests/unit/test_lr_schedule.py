@@ -97,3 +97,11 @@ def test_schedule_under_a_time_budget_reaches_min_lr_when_the_budget_runs_out():
     horizon = time_budget_horizon(300, 45.0, TRAIN)
     assert lr_at(horizon, OPTIM, horizon) == pytest.approx(OPTIM.min_lr)
     assert lr_at(horizon // 2, OPTIM, horizon) > 4 * OPTIM.min_lr
+
+
+def test_a_step_floor_keeps_a_slow_machines_schedule_at_the_floor():
+    floor = replace(TRAIN, min_steps=540)
+    assert time_budget_horizon(100, 60.0, floor) == 540  # half as fast: 300 steps in the budget, 540 at least
+    assert time_budget_horizon(300, 45.0, floor) == 1200  # a normal pace is above the floor: unchanged
+    assert time_budget_horizon(300, 200.0, floor) == 540  # the budget spent, the floor not yet reached
+    assert time_budget_horizon(300, 1.0, replace(floor, min_steps=20_000)) == 10_000  # never past max_steps

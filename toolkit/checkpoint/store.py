@@ -53,6 +53,7 @@ RESUMABLE_CHANGES = (
     "name",
     "train.max_steps",
     "train.max_seconds",
+    "train.min_steps",
     "train.eval_every",
     "train.eval_batches",
     "train.eval_at_start",

@@ -78,8 +78,9 @@ def time_budget_horizon(step: int, seconds: float, train) -> int:
     """Project the step at which train.max_seconds runs out from the pace so far (``step`` steps in ``seconds``),
     so the cosine decay ends when the time budget does (a schedule cut off half-way leaves the loss well above
     what the budget allows). e.g. 300 steps in 45 s with a 180 s budget -> the schedule ends at step 1,200.
-    Never past train.max_steps, never at or before the step just taken."""
-    projected = round(step * train.max_seconds / seconds)
+    Never before train.min_steps (the floor a slow machine still trains to), never past train.max_steps, never at or
+    before the step just taken."""
+    projected = max(round(step * train.max_seconds / seconds), train.min_steps)
     return max(step + 1, min(train.max_steps, projected))
 
 
@@ -294,7 +295,8 @@ class Trainer:
             )
         stopping = closed.stop_votes > 0 and not last
         if self.cfg.train.max_seconds:
-            last = last or closed.agreed_seconds >= self.cfg.train.max_seconds
+            out_of_time = closed.agreed_seconds >= self.cfg.train.max_seconds
+            last = last or (out_of_time and self.step >= self.cfg.train.min_steps)
             self.horizon = time_budget_horizon(self.step, closed.agreed_seconds, self.cfg.train)
         return stopping, last
 
