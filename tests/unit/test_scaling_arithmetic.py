@@ -195,3 +195,9 @@ def test_the_table_shows_percentages_and_side_by_side_only_when_measured():
     assert f"{left}2 x 8 = 16</td>{right}1,600</td>" in html and f"{right}80%</td>" in html and f"{right}25%</td>" in html
     assert "1,900 (95%)" in html and "side by side" in html
     assert "side by side" not in scaling_html({**doc, "runs": [{**r, "side_by_side_tokens_per_s": None} for r in rows]})
+
+
+def test_an_efficiency_above_100_percent_is_explained_once_and_only_then():
+    assert scaling.above_linear_note([1.0, 0.93, None]) == ""
+    note = scaling.above_linear_note([1.0, 1.79, None, 1.2])
+    assert note.startswith("Above 100% (up to 179%)") and "low baseline" in note

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -124,9 +125,13 @@ def scaling_html(result: dict) -> str:
         headers["side_by_side"] = "side by side: tokens/s (efficiency)"
     texts = ("batch", "range", "side_by_side")
     columns = [Column(header, key, right=key not in texts) for key, header in headers.items()]
+    from toolkit.runs.scaling import above_linear_note
+
+    runs = result["runs"]
+    note = above_linear_note([r["efficiency"] for r in runs] + [r.get("side_by_side_efficiency") for r in runs])
     return html_table(
         rows,
         columns,
         caption=f"{result['config']}, {result['engine']}, {result['mode']} scaling, "
         f"{result['measured_steps']} measured steps per run",
-    )
+    ) + (f"<div style='color:#666;font-size:0.9em'>{html.escape(note)}</div>" if note else "")

@@ -164,6 +164,18 @@ def efficiency(tokens_per_s: float, nproc: int, baseline: float) -> float:
     return tokens_per_s / (nproc * baseline)
 
 
+def above_linear_note(efficiencies) -> str:
+    """What an efficiency above 100% means, said under a table that shows one; "" when none does."""
+    best = max((e for e in efficiencies if e is not None), default=0.0)
+    if best <= 1.0:
+        return ""
+    return (
+        f"Above 100% (up to {best:.0%}): N processes did more than N times what one process did. One process does "
+        "not keep this machine busy (its threads wait on each other, or share a core's caches badly), so its "
+        "tokens/s is a low baseline for the others, not a ceiling they beat."
+    )
+
+
 def run_settings(
     nproc: int, batch: int, lay: Layout, threads: int, profiled: bool, max_steps: int | None = None
 ) -> list[str]:
@@ -519,9 +531,12 @@ class ScalingResult:
                     ),
                 )
             )
+        note = above_linear_note([r.efficiency for r in self.rows] + [r.side_by_side_efficiency for r in self.rows])
         return (
             f"{self.config}, {self.engine}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
-            f"{self.measured_steps} measured steps{threads}\n" + text_table(self.rows, columns)
+            f"{self.measured_steps} measured steps{threads}\n"
+            + text_table(self.rows, columns)
+            + (f"\n{note}" if note else "")
         )
 
 
