@@ -355,6 +355,22 @@ def course_lab(tmp_path):
         server.stop()
 
 
+def check_the_data_panel_as_a_learner_clicks(page) -> None:
+    """After Run All: a bad value in the form is named beside the form, with Register greyed out; a double click
+    on Measure loading measures once, and what it says shows right under its button."""
+    name = page.locator(".widget-text", has=page.locator("label", has_text=re.compile(r"^name$"))).locator("input")
+    name.fill("bad name!")
+    expect(page.get_by_text("name: 'bad name!' is not allowed").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_role("button", name="Register")).to_be_disabled()
+    measure = page.get_by_role("button", name="Measure loading")
+    measure.dblclick()
+    said = page.locator(".jp-OutputArea .widget-html", has_text=re.compile(r"^measured "))
+    expect(said, "the measurement's result never showed").to_have_count(1, timeout=120_000)
+    expect(page.get_by_text("busy with")).to_have_count(0)  # the second click was dropped, not refused
+    below = said.bounding_box()["y"] - (measure.bounding_box()["y"] + measure.bounding_box()["height"])
+    assert 0 <= below < 80, f"the result is {below:.0f} px from the button that started it"
+
+
 def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(chromium, course_lab):
     """Run All in each notebook in turn: no failed cell, no widget that fails to display while the kernel lives,
     no label or button cut short; then 00's journey says which steps were done, 03 (skipped) left to do and 01
@@ -375,5 +391,7 @@ def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(c
                 if name == "00_overview":
                     badges = page.evaluate(JOURNEY_BADGES_JS)
                     assert badges == ["to do", "done", "to do", "done", "done", "done"], badges
+                if name == "02_data":
+                    check_the_data_panel_as_a_learner_clicks(page)
             finally:
                 page.screenshot(path=screenshot, full_page=True)
