@@ -26,7 +26,9 @@ UV_INSTALL := $(UV) pip install --quiet --python $(PY) --index-strategy unsafe-b
 # DeepSpeed compiles its shared-memory comm op on first use (~35 s on an idle machine, kept in .venv/torch_extensions):
 # it is built here, so the first DeepSpeed run (the doctor's, in the demo) does not pay for it; with the checkout's
 # toolkit, as soon as torch and DeepSpeed are in, while the rest installs and the imports are checked.
-SHM_OP := from toolkit.third_party import import_deepspeed; import_deepspeed(); from deepspeed.comm.torch import build_shm_op; build_shm_op()
+# DeepSpeed as every process here imports it: its accelerator named (no "Setting accelerator to CPU" guess)
+IMPORT_DEEPSPEED := from toolkit.third_party import import_deepspeed; import_deepspeed()
+SHM_OP := $(IMPORT_DEEPSPEED); from deepspeed.comm.torch import build_shm_op; build_shm_op()
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,7 +38,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -c "$(SHM_OP)" > $(VENV)/shm_op.log 2>&1 & shm=$$!; \
 	$(UV_INSTALL) -e ".[all]" >> $(VENV)/uv.log 2>&1 \
 	  || { tail -40 $(VENV)/uv.log; kill $$shm; exit 1; }; \
-	$(PY) -c "import torch, deepspeed, papermill, toolkit" || { kill $$shm; exit 1; }; \
+	$(PY) -c "import torch, papermill, toolkit; $(IMPORT_DEEPSPEED)" || { kill $$shm; exit 1; }; \
 	wait $$shm || { tail -20 $(VENV)/shm_op.log; exit 1; }
 	touch $(STAMP)
 
@@ -55,8 +57,7 @@ demo: $(STAMP)
 # lowest priority, so that it runs in the cycles the tests leave idle (waiting on servers, kills, restarts); the test
 # runs last (tests/conftest.py) and finds the op built, or waits for it on torch's build lock.
 CPU_ADAM_SO := $(VENV)/torch_extensions/cpu_adam/cpu_adam.so
-CPU_ADAM_OP := from toolkit.third_party import import_deepspeed; import_deepspeed(); \
-  from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()
+CPU_ADAM_OP := $(IMPORT_DEEPSPEED); from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()
 
 test: $(STAMP)
 	$(BYTECODE)
