@@ -59,6 +59,11 @@ class StatusEvent(Event):
         "'measured' (a matmul on this device)",
         optional=True,
     )
+    bytes_per_token: float | None = _field(
+        "running: bytes of text per token of the run's data (1 for bytes, more with a BPE tokenizer); a loss in nats "
+        "per token / (ln 2 x this) is bits per byte. Absent for data that is not text",
+        optional=True,
+    )
     attempt: int | None = _field("running: 0 for the first start, +1 per restart or resume", optional=True)
     resumed_from: str | None = _field("running: the checkpoint this attempt resumed from", optional=True)
     resumed_step: int | None = _field("running: the step that checkpoint was taken at", optional=True)

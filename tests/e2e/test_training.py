@@ -58,6 +58,8 @@ def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
     # the final status says how much memory training took: at least the weights, far less than the machine
     completed = run.events("status")[-1]
     assert completed["state"] == "completed" and 50 < completed["peak_memory_mb"] < 16 * 1024, completed
+    # bytes: one byte per token, said from the start, so a live loss plot is in bits per byte from its first point
+    assert run.events("status")[0]["bytes_per_token"] == 1.0
 
     # TensorBoard scalars, read back with TensorBoard's own reader
     acc = EventAccumulator(str(run.tb_dir))

@@ -27,3 +27,12 @@ def test_a_bpe_run_is_drawn_in_the_same_bits_per_byte_as_its_card_not_bits_per_t
 def test_without_bits_per_byte_the_loss_stays_in_nats():
     assert loss_scale([EvalEvent(step=10, val_loss=0.5)]) == (1.0, "loss (nats)")
     assert loss_scale([]) == (1.0, "loss (nats)")
+
+
+def test_from_the_runs_start_the_plot_is_in_bits_per_byte_before_any_evaluation():
+    from toolkit.events import StatusEvent
+
+    started = [StatusEvent(state="running", bytes_per_token=2.3)]
+    scale, unit = loss_scale([], started)
+    assert unit == "bits per byte" and 4.31 * scale == pytest.approx(2.71, abs=0.01)
+    assert loss_scale([], [StatusEvent(state="running")]) == (1.0, "loss (nats)"), "not text: nats"

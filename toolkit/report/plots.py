@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from toolkit.errors import RefusedValue, not_allowed
@@ -28,11 +29,15 @@ def _save(fig, out: str | Path) -> Path:
     return out
 
 
-def loss_scale(evals) -> tuple[float, str]:
+def loss_scale(evals, statuses=()) -> tuple[float, str]:
     """(factor, unit) that turn a loss in nats per token into what a run's card shows: bits per byte where the data
-    is text (its evaluations have val_bpb), the loss in nats otherwise. The factor is the data's own, 1 / (ln 2 x
-    bytes per token), read off an evaluation (val_bpb / val_loss): for a byte-level model it is 1 / ln 2, for a BPE
-    tokenizer smaller, so bits per token are never drawn as bits per byte."""
+    is text, the loss in nats otherwise. The factor is the data's own, 1 / (ln 2 x bytes per token): from the run's
+    start (StatusEvent.bytes_per_token), so a live plot is in bits per byte from its first point, or else read off
+    an evaluation (val_bpb / val_loss). For a byte-level model it is 1 / ln 2, for a BPE tokenizer smaller: bits per
+    token are never drawn as bits per byte."""
+    started = next((s for s in statuses if s.bytes_per_token), None)
+    if started is not None:
+        return 1 / (math.log(2) * started.bytes_per_token), "bits per byte"
     first = next((e for e in evals if e.val_bpb is not None and e.val_loss > 0), None)
     return (first.val_bpb / first.val_loss, "bits per byte") if first else (1.0, "loss (nats)")
 
@@ -45,7 +50,7 @@ def training_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     train, evals = read_events(run, TrainEvent), read_events(run, EvalEvent)
     if not train:
         raise RefusedValue(not_allowed("run_dir", run_dir, "a run that has logged", problem="has no train events yet"))
-    scale, unit = loss_scale(evals)
+    scale, unit = loss_scale(evals, read_events(run, StatusEvent))
 
     fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(11, 3.8))
     ax_loss.plot([e.step for e in train], [e.loss * scale for e in train], label="train", lw=1.2)

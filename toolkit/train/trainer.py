@@ -269,6 +269,7 @@ class Trainer:
             flops_source=self.flops_source,
             peak_flops=self.peak_flops,
             peak_source=self.peak["source"],
+            bytes_per_token=self.corpus.bytes_per_item,
             attempt=self.attempt,
             **self.resumed_from,
         )
