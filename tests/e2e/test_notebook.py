@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import nbformat
+import yaml
 import pytest
 
 from toolkit.report.demo import NOTEBOOKS, execute, guided_notebooks
@@ -127,6 +128,8 @@ def test_resources_notebook_runs_the_doctor_sizes_memory_and_writes_the_azure_pl
                                                       "environment.yml", "job.yaml", "submit.md",
                                                       "trainbook-config.yaml"]
     assert "python -m toolkit.runs.job ${{outputs.runs}}/" in (plan / "job.yaml").read_text()
+    # the cluster trains in the precision the memory section sized (the notebook's bf16), not the CPU config's fp32
+    assert yaml.safe_load((plan / "trainbook-config.yaml").read_text())["engine"]["precision"] == "bf16"
     # No nbval re-run: its checked cell is the doctor's verdict and the plan asserted above; a second doctor (an
     # all-reduce sweep, a training step) would add ~15 s of CPU to `make test` and nothing to check.
 
