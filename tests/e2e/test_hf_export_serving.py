@@ -44,6 +44,8 @@ def exported(finished_runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf-export") / "model"
     proc = cli("export", str(run.path), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    # save_pretrained imports DeepSpeed (through accelerate): its accelerator guess must not reach the person
+    assert "Setting accelerator" not in proc.stdout + proc.stderr, proc.stdout
     return types.SimpleNamespace(run=run, path=out, stdout=proc.stdout)
 
 

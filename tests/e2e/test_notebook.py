@@ -38,6 +38,9 @@ def outputs_of(path):
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     text = "".join(o.get("text", "") for o in outputs)
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    # third-party chatter stays out of the learner's cells: DeepSpeed's accelerator guess (imported through
+    # accelerate by save_pretrained) showed under 06's export
+    assert "Setting accelerator" not in text, text
     return html, text, pngs
 
 

@@ -141,6 +141,12 @@ def _save_model(model, tmp: Path) -> bool:
     from_pretrained on the folder loads the base and applies the adapter (transformers does when peft is installed)."""
     from peft import PeftModel
 
+    from toolkit.third_party import import_deepspeed
+
+    # save_pretrained unwraps the model through accelerate, which imports DeepSpeed where it is installed: imported
+    # first as the toolkit does, its accelerator named, so DeepSpeed's "Setting accelerator to CPU" guess never
+    # reaches a terminal or a notebook cell (06 printed it under its export)
+    import_deepspeed()
     with hf_folder.quiet_progress():
         model.save_pretrained(str(tmp))  # a peft model: adapter_config.json and adapter_model.safetensors
         if not isinstance(model, PeftModel):
