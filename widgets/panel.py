@@ -126,9 +126,12 @@ class Panel:
 
     One rule for every button (``button``): what its click starts, how it goes and how it ends show on its
     Outcome line, placed beside it by the subclass (``outcome_of(button).view``), each result replacing the last. A
-    button is disabled while its own work runs and while the panel's state forbids it (``allow``, with the reason
-    as its tooltip and, where the subclass shows it, beside it). A click that reaches the kernel on a disabled
-    button (a double click sent before the front end greyed it out) is dropped: it never queues a second run."""
+    button is disabled while the panel's state forbids it (``allow``, with the reason as its tooltip and, where the
+    subclass shows it, beside it), and while its work runs when that work runs in the background (``in_background``,
+    for anything slow). A click that reaches the kernel on a disabled button (a double click sent before the front
+    end greyed it out) is dropped: it never queues a second run. A quick action that runs in the click itself (Start,
+    Write this setting) holds the kernel until it is done; a second click then runs after it, on the state the
+    first left (a started run greys Start out)."""
 
     title = ""
     # The toolkit names a field as its config key or command-line flag; the panel shows it by the label the person
