@@ -7,7 +7,7 @@ import time
 
 from IPython.display import HTML, display
 
-from toolkit.events import EvalEvent, TrainEvent
+from toolkit.events import EvalEvent, TrainEvent, read_events
 from toolkit.runs.progress import RunProgress
 from toolkit.status import FINAL_STATES
 from toolkit.train.metrics import SteadyState, steady_state
@@ -98,9 +98,14 @@ def render_card(
     )
 
 
-def progress_card(name: str, p: RunProgress, started: float, state: str | None = None, message: str | None = None):
-    """The card of a run as ``p`` has folded its events (``state``, ``message``: the final status's, at the end)."""
+def progress_card(
+    name: str, p: RunProgress, started: float, state: str | None = None, message: str | None = None, run=None
+) -> str:
+    """The card of a run as ``p`` has folded its events (``state``, ``message``: the final status's, at the end).
+    Once the run has ended, the speed is its steady state, read from ``run``'s events (a RunDir): kept there, not in
+    ``p``, which a follower of a days-long run holds in memory."""
     state = state or p.state
+    final = state in FINAL_STATES and run is not None
     return render_card(
         name,
         state,
@@ -114,7 +119,7 @@ def progress_card(name: str, p: RunProgress, started: float, state: str | None =
         p.recovered,
         budget_s=p.budget_s,
         estimated=p.estimated,
-        steady=steady_state(p.trains) if state in FINAL_STATES else None,
+        steady=steady_state(read_events(run, TrainEvent)) if final else None,
     )
 
 
@@ -125,7 +130,7 @@ def follow_run(handle, max_steps: int, show=None) -> dict:
     progress = RunProgress(max_steps, budget_s=handle.run.read_config().train.max_seconds)
 
     def card_html(state=None, message=None) -> str:
-        return progress_card(handle.path.name, progress, started, state, message)
+        return progress_card(handle.path.name, progress, started, state, message, handle.run)
 
     if show is None:
         card = display(HTML(card_html()), display_id=True)

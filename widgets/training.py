@@ -347,9 +347,9 @@ class TrainingPanel(Panel):
         if p.state == "running" and p.step and p.train:
             elapsed = time.time() - self._started
             eta = f" · ETA {max(elapsed / p.step * (p.max_steps - p.step), 0):,.0f} s"
-        self.card.value = progress_card(self.run.path.name if self.run else "no run", p, self._started) + (
-            f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else ""
-        )
+        self.card.value = progress_card(
+            self.run.path.name if self.run else "no run", p, self._started, run=self.run
+        ) + (f"<div style='color:#666;font-size:0.8em'>{html.escape(eta)}</div>" if eta else "")
         now = time.monotonic()
         if self.run is not None and p.train and (force_plot or now - self._plotted_at >= self.plot_every_s):
             self._plotted_at = now

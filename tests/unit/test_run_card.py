@@ -3,7 +3,8 @@ step count it moves, the steady-state speed at the end, an earlier attempt's end
 
 from __future__ import annotations
 
-from toolkit.events import StatusEvent, TrainEvent
+from toolkit.events import StatusEvent, TrainEvent, read_events
+from toolkit.rundir import RunDir
 from toolkit.runs.progress import RunProgress
 from toolkit.train.metrics import steady_state
 from widgets.run_progress import progress_card
@@ -26,15 +27,15 @@ def test_a_time_budget_is_named_beside_the_step_count_it_moves():
     assert "540 / 540" in progress_card("demo", progress, 0.0)
 
 
-def test_the_finished_card_shows_the_steady_state_the_cells_print_not_the_last_interval():
-    progress = RunProgress(40)
+def test_the_finished_card_shows_the_steady_state_the_cells_print_not_the_last_interval(tmp_path):
+    run, progress = RunDir(tmp_path), RunProgress(40)
     for step, speed in ((10, 2_000.0), (20, 8_000.0), (30, 8_400.0), (40, 2_281.0)):
-        progress.apply(train(step, speed))
-    running = progress_card("run", progress, 0.0)
+        progress.apply(run.append_event(train(step, speed)))
+    running = progress_card("run", progress, 0.0, run=run)
     assert "2,281" in running and "2nd half" not in running
     progress.apply(StatusEvent(state="completed", step=40))
-    done = progress_card("run", progress, 0.0)
-    steady = steady_state(progress.trains)
+    done = progress_card("run", progress, 0.0, run=run)
+    steady = steady_state(read_events(run, TrainEvent))
     assert f"{steady.tokens_per_s:,.0f}" in done and "tokens/s, 2nd half" in done and "2,281" not in done, done
 
 

@@ -6,7 +6,7 @@ The notebook card (widgets/run_progress.py) folds the same events through :class
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -26,7 +26,6 @@ from toolkit.events import (
 )
 
 WATCHDOG_EVENTS = (NonFiniteEvent, HangEvent)  # toolkit.train.watchdog's: shown as they come
-ENDED_SHORT = RESUMABLE_STATES  # an attempt that ended before the run's end: a later one resumes from it
 
 
 @dataclass
@@ -43,10 +42,9 @@ class RunProgress:
     recovered: str = ""  # how an earlier attempt ended, once a later one (a restart, a resume) runs: history
     budget_s: float = 0.0  # train.max_seconds: a time budget ends the run; max_steps is then an estimate
     estimated: bool = False  # max_steps is the time budget's estimate (TrainEvent.horizon), not the config's cap
-    trains: list[TrainEvent] = field(default_factory=list)  # every train event: the steady-state figures at the end
 
     def apply(self, event: Event) -> None:
-        if isinstance(event, StatusEvent) and event.state == "running" and self.state in ENDED_SHORT:
+        if isinstance(event, StatusEvent) and event.state == "running" and self.state in RESUMABLE_STATES:
             # a new attempt: the last one's end (a kill, a failure) is history now, not the state of this one
             ended = self.final.reason if self.final is not None and self.final.reason else self.state
             self.recovered, self.message = self.message or ended, ""
@@ -55,7 +53,6 @@ class RunProgress:
     def _apply(self, event: Event) -> None:
         if isinstance(event, TrainEvent):
             self.train, self.step, self.state = event, event.step, "running"
-            self.trains.append(event)
             if event.horizon is not None:  # a time budget moves the finish line
                 self.max_steps, self.estimated = event.horizon, True
         elif isinstance(event, EvalEvent):
