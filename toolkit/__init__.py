@@ -56,6 +56,8 @@ PUBLIC_API = {
     "load_mltable": "toolkit.catalogue.mltable:load_mltable",
     "export_run": "toolkit.deploy.export:export_run",
     "register_model": "toolkit.catalogue.model_registry:register_model",
+    "token_bits": "toolkit.report.token_bits:token_bits",
+    "token_bits_html": "toolkit.report.token_bits:token_bits_html",
     "serve": "toolkit.deploy.serving.endpoint:serve",
     "measure_endpoint": "toolkit.deploy.serving.load_test:measure_endpoint",
     "plan_job": "toolkit.azure.plan:build_plan",

@@ -179,6 +179,10 @@ def test_your_model_notebook_trains_a_tokenizer_pretrains_fine_tunes_and_serves(
     assert "LoRA r=8" in table and "full fine-tune" in table, table
     assert pngs, "the fine-tuning picture"
     assert "the endpoint and plain transformers agree: True" in text, text
+    assert "class Stack:\n    def __init__(self|" in text, text  # the greedy answer, printed as code after its prompt
+    (shaded,) = [h for h in html if "trainbook-token-bits" in h]
+    before, after = map(float, re.search(r"pretrained on docs (\d+\.\d+), after LoRA r=8 (\d+\.\d+)", shaded).groups())
+    assert 0 < after < before, shaded  # fine-tuning on code made unseen code more expected
     assert any("completed" in h and "30 / 30" in h for h in html), "the pretraining panel's static twin"
     # No nbval re-run: the notebook's longest (~40 s of CPU: a tokenizer, three trainings, two exports, a server),
     # and its two checked cells are asserted above.
