@@ -45,7 +45,7 @@ def render_card(
     ``recovered``: how an earlier attempt ended, once a later one runs (RunProgress.recovered), in grey.
     ``budget_s``: the run's time budget, named beside the step count it moves (``estimated``: max_steps is the
     budget's estimate so far; before it, only the step). ``steady``: the figures a notebook's cells print for the
-    finished run (toolkit.train.metrics.steady_state), shown in place of the last interval's."""
+    finished run (toolkit.train.metrics.steady_state), shown in place of the last interval's (labelled "latest")."""
     pct = 100.0 * step / max_steps if max_steps else 0.0
     if budget_s and state not in FINAL_STATES:
         cells = [(f"step ({budget_s:g} s budget)", f"{step:,} / ~{max_steps:,}" if estimated else f"{step:,}")]
@@ -53,7 +53,7 @@ def render_card(
         cells = [("step", f"{step:,} / {max_steps:,}")]
     if train:
         speed, mfu, over = (
-            (steady.tokens_per_s, steady.mfu, ", 2nd half") if steady else (train.tokens_per_s, train.mfu, "")
+            (steady.tokens_per_s, steady.mfu, ", 2nd half") if steady else (train.tokens_per_s, train.mfu, ", latest")
         )
         cells += [
             ("loss", f"{train.loss:.4f}"),

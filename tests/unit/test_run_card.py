@@ -33,6 +33,7 @@ def test_the_finished_card_shows_the_steady_state_the_cells_print_not_the_last_i
         progress.apply(run.append_event(train(step, speed)))
     running = progress_card("run", progress, 0.0, run=run)
     assert "2,281" in running and "2nd half" not in running
+    assert "tokens/s, latest" in running and "MFU, latest" in running, "a live figure is named as one"
     progress.apply(StatusEvent(state="completed", step=40))
     done = progress_card("run", progress, 0.0, run=run)
     steady = steady_state(read_events(run, TrainEvent))
