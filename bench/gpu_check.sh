@@ -23,11 +23,13 @@ OUT=$(cd "$OUT" && pwd)
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
 WHEELS="${GPU_WHEELS:-$REPO/.whl}"
 LIST="${GPU_WHEELS_LIST:-$REPO/bench/gpu_wheels.txt}"
-# One or more paths or test ids, run in the order given. The default puts training and serving (the targets) before
-# DeepSpeed, whose op builds (FusedAdam, CPU Adam: ~40 s each) make it the slowest file: on an H200 the whole tier
-# needs ~9 minutes, so the budget's cut-off falls on DeepSpeed's last tests, which a second command reruns.
-DEFAULT_TIER="tests/gpu/test_gpu_training.py tests/gpu/test_gpu_serving.py tests/gpu/test_gpu_deepspeed.py"
-read -r -a TIER <<< "${GPU_TIER:-$DEFAULT_TIER}"
+# One or more paths or test ids, run in the order given. The default (every tests/gpu/test_gpu_*.py) puts training
+# and serving (the targets) before DeepSpeed, whose op builds (FusedAdam, CPU Adam: ~40 s each) make it the slowest
+# file: on an H200 the whole tier needs ~9 minutes, so the budget's cut-off falls on DeepSpeed's last tests, which a
+# second command reruns.
+DEFAULT_TIER=$(shopt -s nullglob; for f in tests/gpu/test_gpu_*.py; do [[ "$f" == */test_gpu_deepspeed.py ]] || echo "$f"
+  done; if [[ -e tests/gpu/test_gpu_deepspeed.py ]]; then echo tests/gpu/test_gpu_deepspeed.py; fi)
+read -r -a TIER <<< "${GPU_TIER:-$(echo ${DEFAULT_TIER:-tests/gpu})}"
 BUDGET="${GPU_CHECK_SECONDS:-480}"
 BENCH_SECONDS="${GPU_BENCH_SECONDS:-30}"
 JUNIT="$OUT/gpu_tests.xml"

@@ -9,8 +9,8 @@ red where it made it less.
     tokens = token_bits(pretrained_folder, fine_tuned_folder, "def f(x):\\n    return x\\n")
     HTML(token_bits_html(tokens, "pretrained", "fine-tuned"))
 
-Both folders are exports (``trainbook export``) with the same tokenizer; they are read as data (safetensors, no code
-from the folder: toolkit.deploy.hf_folder).
+Both folders are exports (``trainbook export``) of language models with the same tokenizer, loaded as an endpoint
+loads them (toolkit.deploy.serving.runtimes: checked against their manifests, read as data, no code from them).
 """
 
 from __future__ import annotations
@@ -40,25 +40,50 @@ class TokenBits:
         return 0.0 if self.before is None or self.after is None else self.before - self.after
 
 
-def _bits(model, ids: list[int]) -> list[float]:
+def _runtime(field: str, folder: str | Path):
+    """The export at ``folder`` as an endpoint loads it (every file checked against its manifest, safetensors only,
+    no code from the folder: toolkit.deploy.serving.runtimes), refused naming ``field`` unless it models text."""
+    from toolkit.deploy.serving.runtimes import load_runtime
+
+    try:
+        runtime = load_runtime(folder, "torch")
+    except (OSError, ValueError) as exc:  # a missing folder or manifest, a changed file, a model no endpoint serves
+        raise RefusedValue(f"{field}: {exc}") from None
+    if "score" not in runtime.tasks:
+        raise RefusedValue(not_allowed(field, str(folder), "an export of a language model", problem="is a classifier"))
+    return runtime
+
+
+def _bits(runtime, ids: list[int]) -> list[float]:
     """-log2 p(token i | tokens before i) for i = 1 .. len(ids) - 1."""
-    import torch
+    import numpy as np
 
-    from toolkit.deploy.hf_folder import model_logits
+    logits = runtime.forward(np.asarray([ids], dtype=np.int64))[0, :-1].astype(np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    return (-log_probs[np.arange(len(ids) - 1), ids[1:]] / math.log(2)).tolist()
 
-    with torch.no_grad():
-        logits = model_logits(model, "causal_lm", torch.tensor([ids]))[0, :-1].float()
-    chosen = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-    return (-chosen / math.log(2)).tolist()
+
+def _pieces(tokenizer, ids: list[int]) -> list[str]:
+    """What each token adds to the decoded text. A character split over tokens is shown with the token that
+    completes it (the tokens before it add ""), so the pieces join to the text and no piece holds half a character."""
+    pieces, shown = [], ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(ids[: i + 1])
+        if text.endswith("\ufffd") and i < len(ids) - 1:
+            pieces.append("")
+            continue
+        pieces.append(text[len(shown) :])
+        shown = text
+    return pieces
 
 
 def token_bits(before: str | Path, after: str | Path, text: str) -> list[TokenBits]:
-    """Each token of ``text`` with the bits the model in ``before`` and the one in ``after`` spend on it."""
-    from toolkit.deploy.hf_folder import context_length, load_model, load_tokenizer
-
-    tokenizer = load_tokenizer(after)
-    ids = tokenizer.encode(text.encode("utf-8"))
-    if load_tokenizer(before).encode(text.encode("utf-8")) != ids:
+    """Each token of ``text`` with the bits the model in ``before`` and the one in ``after`` spend on it (a
+    character split over tokens: one entry, the bits of its tokens summed)."""
+    runtimes = {"before": _runtime("before", before), "after": _runtime("after", after)}
+    ids = runtimes["after"].tokenizer.encode(text.encode("utf-8"))
+    if runtimes["before"].tokenizer.encode(text.encode("utf-8")) != ids:
         raise RefusedValue(
             not_allowed(
                 "before",
@@ -67,14 +92,20 @@ def token_bits(before: str | Path, after: str | Path, text: str) -> list[TokenBi
                 problem="splits the text into other tokens",
             )
         )
-    models = [load_model(folder, "causal_lm") for folder in (before, after)]
-    limit = min(filter(None, (context_length(m.config) for m in models)), default=None)
+    limits = [r.block_size for r in runtimes.values() if r.block_size]
+    limit = min(limits) if limits else None
     if len(ids) < 2 or (limit and len(ids) > limit):
         allowed = f"2 to {limit} tokens" if limit else "at least 2 tokens"
         raise RefusedValue(refused("text", f"{len(ids)} tokens is not a length both models read", allowed))
-    spent = [_bits(m, ids) for m in models]
-    first = TokenBits(tokenizer.decode(ids[:1]), None, None)
-    return [first] + [TokenBits(tokenizer.decode([i]), b, a) for i, b, a in zip(ids[1:], *spent)]
+    spent = {field: [0.0] + _bits(r, ids) for field, r in runtimes.items()}
+    tokens, held = [], [0.0, 0.0]
+    for i, piece in enumerate(_pieces(runtimes["after"].tokenizer, ids)):
+        held = [held[0] + spent["before"][i], held[1] + spent["after"][i]]
+        if piece or i == len(ids) - 1:
+            first = i == 0
+            tokens.append(TokenBits(piece, None if first else held[0], None if first else held[1]))
+            held = [0.0, 0.0]
+    return tokens
 
 
 def _shade(saved: float) -> str:

@@ -6,8 +6,8 @@ measure as ``peak_memory_mb``) adds what the guide leaves out: activations (the 
 tensor), DeepSpeed's buckets and, on a CPU, the process itself. The arithmetic is spelled out above
 :func:`predict_run`. On a GPU it is the guide's model state + activations + DeepSpeed's reduce bucket, checked
 on one H200 (tests/gpu, 86M parameters, 1 process, bf16: ZeRO-0 to 3 and ZeRO-2 with its optimizer offloaded
-measured 0.90 to 0.99 of the prediction; bench/results/). On a CPU the guide's rule is wrong in a way worth
-knowing, and corrected:
+measured 0.90 to 0.99 of the prediction, ZeRO-3 against the one-bucket formula that measurement led to;
+bench/results/). On a CPU the guide's rule is wrong in a way worth knowing, and corrected:
 
 1. The measured figure is the peak resident set of the whole process, so a *baseline* comes first: Python, torch,
    deepspeed, gloo, the data and TensorBoard (rank 0), about 320 MiB (torch) and 350 MiB (deepspeed) here, a third
@@ -78,7 +78,8 @@ from toolkit.resources.zero_stages import BYTES_PER_PARAM, check_value, estimate
 #                           (4 Ψ weights before flattening, 4 R bucket copy, 4 Ψ / N zeroed gradient partition, 4 Ψ / N
 #                           the step's gradient copy) stays in the heap; above it, it is unmapped and costs nothing
 #   GPU: the guide's model state (estimate() above) + DeepSpeed's reduce bucket (allocated whole: 5e8 x 2 bytes,
-#        twice for ZeRO-3) + activations; offloaded optimizer state or parameters live in host memory instead.
+#        one per communication dtype at every stage, ZeRO-3's too) + activations; offloaded optimizer state or
+#        parameters live in host memory instead. (The CPU rows' two ZeRO-3 buckets are fitted to CPU measurements.)
 #   checkpoints every N steps (async): + the staged copy of what the rank saves (torch: 12 Ψ on rank 0).
 #
 # e.g. 19.1M parameters, ZeRO-2 x 2, fp32, batch 8 x 128, width 512, 6 blocks: 351 MiB baseline + 26 x 19.1M bytes
