@@ -62,7 +62,7 @@ def test_a_character_split_over_tokens_is_one_entry_and_bits_per_byte_counts_its
     assert all(t.after > 8 for t in tokens if t.text in "é→")  # a random model: ~8 bits a byte, 2 and 3 bytes here
     bpb = sum(t.after for t in tokens[1:]) / (len(text.encode()) - 1)
     page = token_bits_html(tokens, "a", "b")
-    assert f"b {bpb:.2f}" in page.split("<pre")[0], (bpb, page[:300])
+    assert f"b {bpb:.3f}" in page.split("<pre")[0], (bpb, page[:300])
 
 
 def test_the_same_model_twice_saves_nothing_and_the_html_escapes_text_and_labels(exports):
@@ -71,7 +71,7 @@ def test_the_same_model_twice_saves_nothing_and_the_html_escapes_text_and_labels
     page = token_bits_html(tokens, "docs only", "after <LoRA>")
     assert ">&lt;</span>" in page and "&lt;LoRA&gt;" in page and "<LoRA>" not in page
     assert page.count("background:transparent") == len(tokens) - 1  # every predicted token unshaded
-    before, after = re.findall(r"(\d+\.\d\d)", page.split("<pre")[0])[:2]
+    before, after = re.findall(r"(\d+\.\d{3})", page.split("<pre")[0])[:2]
     assert before == after, page
 
 

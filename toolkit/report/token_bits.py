@@ -133,8 +133,8 @@ def token_bits_html(tokens: list[TokenBits], before_label: str, after_label: str
             f'<span style="background:{_shade(t.saved)}" title="{html.escape(title)}">{html.escape(t.text)}</span>'
         )
     legend = (
-        f"bits per byte on this text: {html.escape(before_label)} {before_bpb:.2f}, "
-        f"{html.escape(after_label)} {after_bpb:.2f}. "
+        f"bits per byte on this text: {html.escape(before_label)} {before_bpb:.3f}, "
+        f"{html.escape(after_label)} {after_bpb:.3f}. "
         f'<span style="background:{_shade(SHADE_FULL_BITS)}">green</span>: {html.escape(after_label)} finds the token '
         f'more expected; <span style="background:{_shade(-SHADE_FULL_BITS)}">red</span>: less (full colour at '
         f"{SHADE_FULL_BITS:g} bits; hover a token for both figures)"
