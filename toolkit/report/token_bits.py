@@ -58,9 +58,9 @@ def _bits(runtime, ids: list[int]) -> list[float]:
     """-log2 p(token i | tokens before i) for i = 1 .. len(ids) - 1."""
     import numpy as np
 
-    logits = runtime.forward(np.asarray([ids], dtype=np.int64))[0, :-1].astype(np.float64)
-    log_probs = logits - logits.max(-1, keepdims=True)
-    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    from toolkit.deploy.serving.batcher import log_softmax
+
+    log_probs = log_softmax(runtime.forward(np.asarray([ids], dtype=np.int64))[0, :-1].astype(np.float64))
     return (-log_probs[np.arange(len(ids) - 1), ids[1:]] / math.log(2)).tolist()
 
 

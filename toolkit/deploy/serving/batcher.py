@@ -167,7 +167,7 @@ class _Score(_Job):
 
     def consume(self, logits: list[np.ndarray]) -> None:
         for row, window in zip(logits, self.windows[self.next : self.next + len(logits)]):
-            log_probs = _log_softmax(row[: len(window) - 1])
+            log_probs = log_softmax(row[: len(window) - 1])
             targets = np.asarray(window[1:])
             self.total += float(log_probs[np.arange(len(targets)), targets].sum())
             self.count += len(targets)
@@ -209,7 +209,7 @@ class _Classify(_Job):
 
     def consume(self, logits: list[np.ndarray]) -> None:
         (row,) = logits
-        probabilities = np.exp(_log_softmax(row.astype(np.float64)))
+        probabilities = np.exp(log_softmax(row.astype(np.float64)))
         best = int(np.argmax(probabilities))
         self.finish(
             {
@@ -221,7 +221,9 @@ class _Classify(_Job):
         )
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis, shifted by the maximum so that no exp overflows (also
+    toolkit.report.token_bits's)."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
