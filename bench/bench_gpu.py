@@ -1,6 +1,6 @@
 """Training throughput and MFU of a GPT-2-small-shaped model on one GPU, eager, bf16: the GPU check's benchmark.
 
-    python bench/bench_gpu.py [--seconds 30] [--batch 16] [--json FILE] [--device cpu]
+    python bench/bench_gpu.py [--seconds 30] [--batch 64] [--json FILE] [--device cpu]
 
 Toolkit's built-in GPT (toolkit.train.models.gpt) at GPT-2 small's shape: 12 blocks x 768 wide, 12 heads, context
 1024, over bytes (vocabulary 256, so ~85M parameters, nearly all in the blocks). A bare loop (random bytes, bf16
@@ -182,7 +182,8 @@ def run(seconds: float, batch: int, device: str, compiled: bool = True) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="timed training, after the warm-up")
-    parser.add_argument("--batch", type=int, default=16, help="sequences of 1024 tokens per step")
+    # MFU rises with the batch (16 -> 64 on an H200: bench/results/2026-11-27T2205-h200/mfu_probe.jsonl); 64 fits 80 GB
+    parser.add_argument("--batch", type=int, default=64, help="sequences of 1024 tokens per step")
     parser.add_argument("--json", type=Path, help="write the result here too")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run at a tiny shape")
     parser.add_argument("--eager-only", action="store_true", help="leave out the compiled side (and its compile)")
