@@ -107,6 +107,9 @@ class ModelConfig:
     """Low-rank adapters (peft): train only small adapter matrices."""
 
 
+CHAT_SHAPES = ("messages", "sharegpt", "alpaca")  # data.chat: toolkit.data.documents.CHAT_SHAPES reads each
+
+
 @dataclass
 class DataConfig:
     dataset: Literal["pydoc", "stdlib", "digits"] = "pydoc"
@@ -132,6 +135,17 @@ class DataConfig:
     """JSON Lines instruction data: the prompt's field (with data.completion_field; loss on the completion only)."""
     completion_field: str = ""
     """JSON Lines instruction data: the completion's field (with data.prompt_field)."""
+    chat: str = ""
+    """JSON Lines conversations, in one of three shapes: 'messages' ({"messages": [{"role", "content"}, ...]}, as
+    OpenAI and transformers write them, tool calls included), 'sharegpt' ({"conversations": [{"from", "value"}]}) or
+    'alpaca' ({"instruction", "input", "output"}); rendered by the tokenizer's chat template (ChatML when it has
+    none), loss on the assistant's tokens. Empty: not chat data."""
+    assistant_loss: Literal["all", "last"] = "all"
+    """Chat data: the loss counts every assistant turn ('all') or only each conversation's last ('last')."""
+    pack: bool = False
+    """Instruction and chat data: fill each row with several examples, each attending only to itself (positions
+    restart at each), instead of one example a row padded to block_size: fewer wasted tokens, the same losses.
+    (Documents are always packed: this changes nothing for them.)"""
     label_field: str = "label"
     """Classification data (JSON Lines or a table): the field or column holding each example's label."""
     val_fraction: float = bounded(0.1, gt=0.0, le=0.5)
@@ -552,6 +566,23 @@ def _check_relations(cfg: Config) -> None:
         )
         raise ConfigError(
             refused(missing, f"is empty while {given} is set", "both fields set (instruction tuning) or neither")
+        )
+    if cfg.data.chat not in ("", *CHAT_SHAPES):
+        raise ConfigError(
+            not_allowed(
+                "data.chat",
+                cfg.data.chat,
+                f"one of {', '.join(map(repr, CHAT_SHAPES))}, or empty (the data is not conversations)",
+            )
+        )
+    if cfg.data.chat and cfg.data.prompt_field:
+        raise ConfigError(
+            not_allowed(
+                "data.chat",
+                cfg.data.chat,
+                "empty while data.prompt_field is set (prompt/completion pairs), or data.prompt_field empty",
+                problem="reads conversations, and data.prompt_field asks for prompt/completion pairs",
+            )
         )
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(

@@ -64,6 +64,11 @@ class StatusEvent(Event):
         "per token / (ln 2 x this) is bits per byte. Absent for data that is not text",
         optional=True,
     )
+    dropped_examples: str | None = _field(
+        "running: examples of the data left out, in words (conversations with no assistant token within the "
+        "context); absent when none were",
+        optional=True,
+    )
     attempt: int | None = _field("running: 0 for the first start, +1 per restart or resume", optional=True)
     resumed_from: str | None = _field("running: the checkpoint this attempt resumed from", optional=True)
     resumed_step: int | None = _field("running: the step that checkpoint was taken at", optional=True)

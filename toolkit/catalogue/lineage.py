@@ -40,6 +40,7 @@ def collect_lineage(cfg, corpus, world_size: int) -> dict:
             "asset": corpus.asset,
             "tokenizer": corpus.tokenizer,
             **({"label_names": corpus.label_names} if corpus.label_names else {}),
+            **({"dropped_examples": corpus.dropped} if corpus.dropped else {}),
         },
         "config_sha256": cfg.fingerprint(),
         "git_commit": git_commit(),

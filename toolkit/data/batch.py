@@ -3,7 +3,9 @@
 
     text     input_ids (B, T) int64; labels (B, T) int64, the next token of each position (already shifted), or
              IGNORE_INDEX where no loss counts (a prompt in instruction tuning, padding); attention_mask (B, T)
-             where some positions are padding
+             where some positions are padding; or position_ids (B, T) int64 instead of an attention_mask where a row
+             packs several examples: positions count from 0 at each example's first token, and a token attends
+             only to the tokens of its own example (a new example starts wherever the position is 0)
     tables   inputs (B, F) float32; labels (B,) int64
     labelled text (classification)   input_ids (B, T), attention_mask (B, T), labels (B,) int64
 """
@@ -12,3 +14,4 @@ from __future__ import annotations
 
 IGNORE_INDEX = -100  # a label that counts for no loss (torch's cross_entropy and Hugging Face's convention)
 INPUT_IDS, LABELS, ATTENTION_MASK, INPUTS = "input_ids", "labels", "attention_mask", "inputs"
+POSITION_IDS = "position_ids"

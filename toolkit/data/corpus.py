@@ -8,8 +8,9 @@ Three shapes of data, each a Corpus:
 
     PackedCorpus    documents packed into one token stream (EOS, or SEPARATOR for bytes, between documents); a row
                     is a random window of block_size + 1 tokens
-    ExampleCorpus   one example a row, padded to block_size with an attention_mask: instruction pairs (labels only
-                    on the completion) or labelled texts (one class per row)
+    ExampleCorpus   examples: instruction pairs (labels only on the completion), conversations (labels only on the
+                    assistant's tokens), one a row padded to block_size or packed several a row; or labelled texts
+                    (one class per row)
     TableCorpus     feature rows and class labels (digits)
 
 Text is tokenized once into memory-mapped token files (toolkit.data.token_files) from its source
@@ -18,16 +19,17 @@ Text is tokenized once into memory-mapped token files (toolkit.data.token_files)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from toolkit.data.batch import ATTENTION_MASK, IGNORE_INDEX, INPUT_IDS, INPUTS, LABELS
+from toolkit.data.batch import ATTENTION_MASK, IGNORE_INDEX, INPUT_IDS, INPUTS, LABELS, POSITION_IDS
 from toolkit.data.documents import SEPARATOR, DataFormat, DataFormatError, data_format
 from toolkit.data.shipped import pydoc_documents, pydoc_text, stdlib_documents, stdlib_files, stdlib_text  # noqa: F401
 from toolkit.data.token_files import TokenFiles, build_token_files, token_file  # noqa: F401 (token_file: public)
@@ -64,6 +66,7 @@ class Corpus:
     asset: dict | None = None  # the registered data asset it came from (ref, sha256, type), if any
     tokenizer: dict | None = None  # the tokenizer's key, sha256, source and vocab_size (text only)
     label_names: list[str] | None = None  # class names in id order, when the labels were names
+    dropped: int = 0  # examples left out: conversations with no assistant token within block_size of their start
 
     def batch(
         self, split: str, batch_size: int, generator: torch.Generator, shard: tuple[int, int] = (0, 1)
@@ -144,10 +147,23 @@ def fit_example(prompt_len: int, length: int, room: int) -> tuple[int, int]:
     return start, start + room
 
 
+def keep_start(length: int, room: int) -> tuple[int, int]:
+    """The slice [start, stop) of a conversation that fits a row of ``room`` tokens: its beginning (the system
+    prompt and the first turns), as TRL truncates; a conversation with no assistant token in it is dropped."""
+    return 0, min(length, room)
+
+
 class ExampleCorpus(Corpus):
-    """One example a row: instruction pairs (``labelled`` False: input_ids, labels on the completion only,
-    attention_mask; rows of block_size) or labelled texts (input_ids, attention_mask, one label a row). Examples are
-    shuffled once (a fixed order) and the tail is held out."""
+    """Examples, shuffled once (a fixed order) with the tail held out. ``mode``:
+
+        instruction   input_ids, labels on the completion only; rows of block_size
+        chat          input_ids, labels on the assistant's tokens; conversations that leave no assistant token in
+                      a row are dropped and counted (``self.dropped``)
+        labelled      input_ids, attention_mask, one class label a row
+
+    Instruction and chat rows are one example a row padded with pad_id (with an attention_mask), or with ``pack``
+    several examples a row, each with its own positions (position_ids restart at 0, which is also what keeps each
+    example's attention inside itself: toolkit.train.models) and no padding but at the row's end."""
 
     def __init__(
         self,
@@ -158,30 +174,59 @@ class ExampleCorpus(Corpus):
         val_fraction: float,
         pad_id: int,
         byte_lengths: np.ndarray,
-        labelled: bool,
+        mode: str,
+        pack: bool = False,
     ):
         self.name, self.sha256, self.size_bytes = name, sha256, files.meta["bytes"]
-        self.block_size, self.pad_id, self.labelled = block_size, pad_id, labelled
+        self.block_size, self.pad_id, self.mode, self.pack = block_size, pad_id, mode, pack
+        self.labelled = mode == "labelled"
         self.tokens, self.starts, self.mask, self.labels = files.tokens, files.starts, files.mask, files.labels
         self.label_names = files.meta.get("label_names")
         count = len(self.starts) - 1
         order = np.random.default_rng(EXAMPLE_ORDER_SEED).permutation(count)
-        cut = int(count * (1 - val_fraction))
-        if cut < 1 or cut == count:
+        if mode == "chat":
+            learnable = self._learnable(block_size + 1)
+            self.dropped = int(count - learnable.sum())
+            order = order[learnable[order]]
+            if not len(order):
+                raise RefusedValue(
+                    not_allowed(
+                        "model.block_size",
+                        block_size,
+                        "enough tokens to reach an assistant turn",
+                        problem=f"leaves no assistant token in any of the {count} conversations of {name} (each row "
+                        f"keeps a conversation's first {block_size} tokens)",
+                    )
+                )
+        cut = int(len(order) * (1 - val_fraction))
+        if cut < 1 or cut == len(order):
             raise RefusedValue(
                 not_allowed(
                     "data.val_fraction",
                     val_fraction,
                     "a share that leaves examples in both splits (or more examples)",
-                    problem=f"splits the {count} examples of {name} into {cut} and {count - cut}",
+                    problem=f"splits the {len(order)} examples of {name} into {cut} and {len(order) - cut}"
+                    + (
+                        f" ({self.dropped} more dropped: nothing to learn from in {block_size} tokens)"
+                        if self.dropped
+                        else ""
+                    ),
                 )
             )
         self.splits = {"train": order[:cut], "val": order[cut:]}
-        if not labelled:
+        if not self.labelled:
             in_val = np.zeros(count, dtype=bool)
             in_val[self.splits["val"]] = True
             counted = np.repeat(in_val, np.diff(self.starts)) & (self.mask == 1)
             self.bytes_per_item = bytes_per_token(byte_lengths, self.tokens[counted])
+
+    def _learnable(self, room: int) -> np.ndarray:
+        """Per example: does its row (its first ``room`` tokens) hold a token the loss counts? Labels are shifted
+        by one, so a counted first token teaches nothing."""
+        counted_at = np.flatnonzero(self.mask)
+        begin, end = self.starts[:-1], np.minimum(self.starts[1:], self.starts[:-1] + room)
+        first = np.searchsorted(counted_at, begin + 1)
+        return (first < len(counted_at)) & (counted_at[np.minimum(first, len(counted_at) - 1)] < end)
 
     def check_labels(self, num_labels: int) -> None:
         """Refuse labels the classifier has no output for."""
@@ -202,24 +247,67 @@ class ExampleCorpus(Corpus):
                 )
             )
 
+    def _slice(self, i: int, room: int) -> tuple[int, int]:
+        """Where example ``i``'s tokens that fit ``room`` lie in the token file."""
+        first, end = int(self.starts[i]), int(self.starts[i + 1])
+        if self.mode == "instruction":
+            prompt_len = int(np.argmax(self.mask[first:end]))  # the first counted token ends the prompt
+            start, stop = fit_example(prompt_len, end - first, room)
+        else:  # a text keeps its beginning, as does a conversation
+            start, stop = keep_start(end - first, room)
+        return first + start, first + stop
+
     def _rows(self, examples: np.ndarray, room: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids, counted, valid), each (B, room): the examples cut to fit, padded with pad_id at the end."""
         ids = np.full((len(examples), room), self.pad_id, dtype=np.int64)
         counted = np.zeros((len(examples), room), dtype=bool)
         valid = np.zeros((len(examples), room), dtype=bool)
         for row, i in enumerate(examples):
-            first, end = int(self.starts[i]), int(self.starts[i + 1])
-            if self.labelled:
-                start, stop = 0, min(end - first, room)  # a text keeps its beginning
-            else:
-                prompt_len = int(np.argmax(self.mask[first:end]))  # the first counted token ends the prompt
-                start, stop = fit_example(prompt_len, end - first, room)
-                counted[row, : stop - start] = self.mask[first + start : first + stop] == 1
-            ids[row, : stop - start] = self.tokens[first + start : first + stop]
-            valid[row, : stop - start] = True
+            begin, end = self._slice(int(i), room)
+            ids[row, : end - begin] = self.tokens[begin:end]
+            counted[row, : end - begin] = self.mask[begin:end] == 1 if not self.labelled else False
+            valid[row, : end - begin] = True
         return torch.from_numpy(ids), torch.from_numpy(counted), torch.from_numpy(valid)
 
+    def packed_rows(self, examples: Iterable[int], rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+        """(ids, counted, positions), each (rows, block_size + 1), and the examples placed: ``examples`` taken one
+        after another, each into the current row when it fits and else into the next (so a row wastes less than one
+        example); positions count from 0 within each example. Padding at a row's end is position 0 at every token:
+        each pad token is an example of its own, attending only to itself, and no label counts there."""
+        room = self.block_size + 1
+        ids = np.full((rows, room), self.pad_id, dtype=np.int64)
+        counted = np.zeros((rows, room), dtype=bool)
+        positions = np.zeros((rows, room), dtype=np.int64)
+        placed: list[int] = []
+        row, used = 0, 0
+        for i in examples:
+            begin, end = self._slice(i, room)
+            length = end - begin
+            if used + length > room:
+                row, used = row + 1, 0
+                if row == rows:
+                    break
+            ids[row, used : used + length] = self.tokens[begin:end]
+            counted[row, used + 1 : used + length] = self.mask[begin + 1 : end] == 1  # never across two examples
+            positions[row, used : used + length] = np.arange(length)
+            placed.append(i)
+            used += length
+        return torch.from_numpy(ids), torch.from_numpy(counted), torch.from_numpy(positions), placed
+
+    def _drawn(self, split: str, generator, shard, bulk: int) -> Iterator[int]:
+        """Examples of ``split`` drawn at random without end, ``bulk`` at a time (the same generator, the same
+        examples)."""
+        pool = self.splits[split]
+        while True:
+            yield from pool[_draw(len(pool), bulk, generator, shard).numpy()].tolist()
+
     def batch(self, split, batch_size, generator, shard=(0, 1)):
+        if self.pack:
+            ids, counted, positions, _ = self.packed_rows(
+                self._drawn(split, generator, shard, 4 * batch_size), batch_size
+            )
+            labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
+            return {INPUT_IDS: ids[:, :-1], LABELS: labels, POSITION_IDS: positions[:, :-1]}
         examples = self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()]
         if self.labelled:
             ids, _, valid = self._rows(examples, self.block_size)
@@ -254,6 +342,10 @@ class TableCorpus(Corpus):
 
 def _tokenized(cfg, fmt: DataFormat, source, tokenizer, name: str) -> Corpus:
     """A corpus from a source's token files (built on first use) for ``tokenizer``."""
+    if fmt.mode == "chat":  # the template is part of what the token files hold
+        from toolkit.data.chat import ChatTemplate
+
+        fmt = dataclasses.replace(fmt, template_sha256=ChatTemplate(tokenizer).sha256)
     files = build_token_files(
         source.sha256, tokenizer, fmt, fmt.tag(source.has_jsonl), source.batches(fmt), source.size_bytes, source.name
     )
@@ -276,7 +368,8 @@ def _tokenized(cfg, fmt: DataFormat, source, tokenizer, name: str) -> Corpus:
         cfg.data.val_fraction,
         tokenizer.pad_id,
         tokenizer.byte_lengths(),
-        labelled=fmt.mode == "labelled",
+        mode=fmt.mode,
+        pack=cfg.data.pack,
     )
     if fmt.mode == "labelled":
         corpus.check_labels(cfg.model.hf.num_labels)

@@ -1,6 +1,6 @@
 """What a data file holds, before any tokenizer: documents (plain text, JSON Lines with a text field), instruction
-examples (prompt and completion fields) or labelled examples (text and label). Parsing only: no torch, no files
-opened here, every bad line refused with its file and line number.
+examples (prompt and completion fields), conversations (toolkit.data.chat) or labelled examples (text and label).
+Parsing only: no torch, no files opened here, every bad line refused with its file and line number.
 
     data_format(cfg)                        which of the three a run trains on, and the fields it reads
     file_records(name, data, fmt, where)    one file's documents or examples
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from toolkit.errors import UserError, bounded_repr, refused
 
 SEPARATOR = b"\n\n"  # between two documents, for a tokenizer without an end-of-text token (bytes)
 FORMAT_VERSION = 1  # part of every cache tag: a change to what a token file holds gets new files
-MODES = ("text", "instruction", "labelled")
+MODES = ("text", "instruction", "chat", "labelled")
 
 
 class DataFormatError(UserError, ValueError):
@@ -34,11 +34,14 @@ class DataFormatError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class DataFormat:
-    mode: str  # text: documents to pack; instruction: prompt/completion pairs; labelled: text with a class
+    mode: str  # text: documents to pack; instruction: prompt/completion pairs; chat: conversations; labelled: text
     text_field: str = ""
     prompt_field: str = ""
     completion_field: str = ""
     label_field: str = ""
+    chat: str = ""  # chat: the shape conversations are kept in (toolkit.data.chat.SHAPES)
+    assistant_loss: str = ""  # chat: 'all' assistant turns count for the loss, or the 'last'
+    template_sha256: str = ""  # chat: the chat template's hash, set once the tokenizer is known
 
     def tag(self, has_jsonl: bool) -> str:
         """This format's part of a token file's name: empty for plain text (so byte-level text keeps its name),
@@ -50,6 +53,8 @@ class DataFormat:
 
     def allowed(self) -> str:
         """What a JSON Lines line must be, for messages."""
+        if self.mode == "chat":
+            return chat_allowed(self.chat)
         if self.mode == "instruction":
             return (
                 f"one JSON object per line with string fields {self.prompt_field!r} (data.prompt_field) and "
@@ -69,6 +74,8 @@ def data_format(cfg) -> DataFormat:
     data = cfg.data
     if cfg.model.name == "hf" and cfg.model.hf.task == "sequence_classification":
         return DataFormat("labelled", text_field=data.text_field, label_field=data.label_field)
+    if data.chat:
+        return DataFormat("chat", chat=data.chat, assistant_loss=data.assistant_loss)
     if data.prompt_field:
         return DataFormat("instruction", prompt_field=data.prompt_field, completion_field=data.completion_field)
     return DataFormat("text", text_field=data.text_field)
@@ -120,11 +127,12 @@ def label_value(value, field: str, place: str, allowed: str):
 
 def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
     """One file's records: text mode, documents (a plain file is one, bytes as read; a .jsonl file one per line);
-    instruction mode, (prompt, completion) pairs; labelled mode, (text, label, line number). ``where`` names the file in
+    instruction mode, (prompt, completion) pairs; chat mode, (messages, line number); labelled mode, (text, label,
+    line number). ``where`` names the file in
     messages (e.g. "'train.jsonl' of qa:1")."""
     if not is_jsonl(name):
         if fmt.mode != "text":
-            kind = "instruction" if fmt.mode == "instruction" else "labelled"
+            kind = fmt.mode
             raise DataFormatError(
                 refused(
                     "data",
@@ -135,6 +143,9 @@ def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
             )
         return [data]
     records = []
+    if fmt.mode == "chat":
+        read = CHAT_SHAPES[fmt.chat]
+        return [(read(obj, f"line {number} of {where}"), number) for number, obj in jsonl_objects(data, where, fmt)]
     for number, obj in jsonl_objects(data, where, fmt):
         if fmt.mode == "text":
             records.append(_string(obj, fmt.text_field, number, where, fmt))
@@ -227,3 +238,127 @@ class LabelKinds:
                     "all labels numbers (0, 1, ...) or all names",
                 )
             )
+
+
+# --- conversations (data.chat): each shape read into OpenAI-style messages, checked ------------------------------
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def chat_allowed(shape: str) -> str:
+    """What a line of ``shape`` must be, for messages."""
+    return {
+        "messages": 'one JSON object per line with "messages": a list of {"role": one of system, user, assistant, '
+        'tool; "content": text}, with at least one assistant turn (data.chat=messages)',
+        "sharegpt": 'one JSON object per line with "conversations": a list of {"from": one of system, human, gpt, '
+        'tool; "value": text}, with at least one gpt turn (data.chat=sharegpt)',
+        "alpaca": 'one JSON object per line with text fields "instruction" and "output", and optionally "input" '
+        "(data.chat=alpaca)",
+    }[shape]
+
+
+def _refuse(shape: str, place: str, problem: str) -> DataFormatError:
+    return DataFormatError(refused("data", f"{place} {problem}", chat_allowed(shape)))
+
+
+def _tool_calls(calls, shape: str, place: str, turn: int) -> list[dict]:
+    if not isinstance(calls, list) or not calls:
+        raise _refuse(shape, place, f"has tool_calls {bounded_repr(calls)} in turn {turn}, not a non-empty list")
+    checked = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str) or not name:
+            raise _refuse(shape, place, f"has a tool call {bounded_repr(call)} in turn {turn} without a function name")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):  # OpenAI sends a JSON string; templates (transformers' convention) an object
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass  # not JSON: rendered as the text it is
+        checked.append(
+            {**call, "type": call.get("type", "function"), "function": {"name": name, "arguments": arguments}}
+        )
+    return checked
+
+
+def check_messages(messages, shape: str, place: str) -> list[dict]:
+    """``messages`` checked: a list of turns with known roles and text content, assistant turns not empty, and at
+    least one assistant turn (else there is nothing to learn from)."""
+    if not isinstance(messages, list) or not messages:
+        raise _refuse(shape, place, f"has {bounded_repr(messages)}, not a non-empty list of turns")
+    checked = []
+    for turn, message in enumerate(messages, start=1):
+        if not isinstance(message, dict):
+            raise _refuse(shape, place, f"has turn {turn} {bounded_repr(message)}, not an object")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise _refuse(shape, place, f"has role {bounded_repr(role)} in turn {turn}, not one of {', '.join(ROLES)}")
+        if content is not None and not isinstance(content, str):
+            raise _refuse(shape, place, f"has content {bounded_repr(content)} in turn {turn}, not text")
+        turn_out = {"role": role, "content": content or ""}
+        if role == "assistant" and message.get("tool_calls") is not None:
+            turn_out["tool_calls"] = _tool_calls(message["tool_calls"], shape, place, turn)
+        elif role == "assistant" and not (content or "").strip():
+            raise _refuse(shape, place, f"has an empty assistant turn (turn {turn}): nothing to learn from")
+        if role == "tool" and isinstance(message.get("tool_call_id"), str):
+            turn_out["tool_call_id"] = message["tool_call_id"]
+        checked.append(turn_out)
+    if not any(m["role"] == "assistant" for m in checked):
+        raise _refuse(shape, place, "has no assistant turn: nothing to learn from")
+    return checked
+
+
+def _messages(obj: dict, place: str) -> list[dict]:
+    if "messages" not in obj:
+        raise _refuse("messages", place, "has no field 'messages'")
+    return check_messages(obj["messages"], "messages", place)
+
+
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function_call": "assistant",
+    "observation": "tool",
+}
+
+
+def _sharegpt(obj: dict, place: str) -> list[dict]:
+    turns = obj.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        raise _refuse("sharegpt", place, f"has {bounded_repr(turns)} in 'conversations', not a non-empty list")
+    messages = []
+    for turn, item in enumerate(turns, start=1):
+        speaker = item.get("from") if isinstance(item, dict) else None
+        if speaker not in SHAREGPT_ROLES:
+            raise _refuse(
+                "sharegpt",
+                place,
+                f"has 'from' {bounded_repr(speaker)} in turn {turn}, not one of system, human, gpt, tool",
+            )
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": item.get("value")})
+    return check_messages(messages, "sharegpt", place)
+
+
+def _alpaca(obj: dict, place: str) -> list[dict]:
+    for field in ("instruction", "output"):
+        if not isinstance(obj.get(field), str):
+            raise _refuse("alpaca", place, f"has {bounded_repr(obj.get(field))} in {field!r}, not text")
+    extra = obj.get("input") or ""
+    if not isinstance(extra, str):
+        raise _refuse("alpaca", place, f"has {bounded_repr(extra)} in 'input', not text")
+    prompt = obj["instruction"] + ("\n\n" + extra if extra.strip() else "")
+    return check_messages(
+        [{"role": "user", "content": prompt}, {"role": "assistant", "content": obj["output"]}], "alpaca", place
+    )
+
+
+CHAT_SHAPES: dict[str, Callable[[dict, str], list[dict]]] = {
+    "messages": _messages,
+    "sharegpt": _sharegpt,
+    "alpaca": _alpaca,
+}

@@ -4,7 +4,7 @@ user cache, never beside the data (not in a snapshot, not in the user's folder).
     <cache>/tokens/<sha256>-<tokenizer key><format tag>.<u8|u16|u32>    the token ids, in the narrowest dtype the
                                                                          vocabulary fits (bytes: u8)
                    ...same stem....starts.i64     example i is tokens[starts[i]:starts[i + 1]] (examples only)
-                   ...same stem....mask.u8        1 where a token counts for the loss (instruction data)
+                   ...same stem....mask.u8        1 where a token counts for the loss (instruction and chat data)
                    ...same stem....labels.i64     each example's class id (labelled data)
                    ...same stem....meta.json      what was tokenized: counts, class names, tokenizer, format
 
@@ -138,14 +138,26 @@ class _Writer:
         self.records = 0
         self.starts: list[int] = [0]
         self.labels: list = []
+        if fmt.mode == "chat":
+            from toolkit.data.chat import ChatTemplate
+
+            self.template = ChatTemplate(tokenizer)
 
     def _tokens(self, ids: np.ndarray) -> None:
         self.files["tokens"].write(np.ascontiguousarray(ids, dtype=self.dtype).tobytes())
         self.count += len(ids)
 
-    def add(self, chunk: list) -> None:
+    def add(self, chunk: list, where: str) -> None:
         encode = lambda texts: encode_texts(self.tokenizer, texts, self.dtype)  # noqa: E731
-        if self.fmt.mode == "text":
+        if self.fmt.mode == "chat":
+            last_only = self.fmt.assistant_loss == "last"
+            for messages, number in chunk:
+                ids, counted = self.template.tokens(messages, last_only, f"line {number} of {where}")
+                self._tokens(np.asarray(ids))
+                self.files["mask"].write(counted.tobytes())
+                self.starts.append(self.count)
+                self.records += 1
+        elif self.fmt.mode == "text":
             for ids in encode(chunk):
                 if self.records:
                     self._tokens(self.end)
@@ -168,7 +180,10 @@ class _Writer:
                 self.records += 1
 
 
-def _text_of(fmt: DataFormat):
+def record_text(fmt: DataFormat):
+    """A function from one of ``fmt``'s records to its text (for sizing batches and training tokenizers)."""
+    if fmt.mode == "chat":
+        return lambda record: "\n".join(m["content"] for m in record[0])
     if fmt.mode == "instruction":
         return lambda record: record[0] + record[1]
     return (lambda record: record[0]) if fmt.mode == "labelled" else (lambda record: record)
@@ -198,7 +213,9 @@ def build_token_files(
         return found
     path.parent.mkdir(parents=True, exist_ok=True)
     companions = _companions(path)
-    kept = [] if fmt.mode == "text" else ["starts", "mask"] if fmt.mode == "instruction" else ["starts", "labels"]
+    kept = {"text": [], "instruction": ["starts", "mask"], "chat": ["starts", "mask"]}.get(
+        fmt.mode, ["starts", "labels"]
+    )
     order = [*kept, "meta", "tokens"]  # renamed in this order: the token file last
     with (
         atomic_files([companions.get(k, path) for k in order]) as opened,
@@ -208,11 +225,11 @@ def build_token_files(
         writer = _Writer(tokenizer, fmt, dtype, files)
         kinds = LabelKinds()
         for records, size, (unit, where) in batches:
-            for chunk in _chunks(records, _text_of(fmt)):
+            for chunk in _chunks(records, record_text(fmt)):
                 if fmt.mode == "labelled":
                     for _, label, number in chunk:
                         kinds.see(label, number, where, unit)
-                writer.add(chunk)
+                writer.add(chunk, where)
             bar.update(size)
         if writer.count == 0:
             raise DataFormatError(refused("data", f"{shown} holds no text to train on", "data with some text"))
@@ -226,6 +243,8 @@ def build_token_files(
             "companions": kept,
             "label_names": None,
         }
+        if fmt.mode == "chat":
+            meta["chat_template"] = writer.template.source
         if "starts" in kept:
             files["starts"].write(np.asarray(writer.starts, dtype=np.int64).tobytes())
         if "labels" in kept:

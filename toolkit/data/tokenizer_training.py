@@ -49,11 +49,12 @@ def train_bpe(texts, vocab_size: int, progress: bool = False):
 
 
 def _texts(batches, fmt: DataFormat, bar):
-    from toolkit.data.token_files import pieces_of
+    from toolkit.data.token_files import pieces_of, record_text
 
+    text_of = record_text(fmt)
     for records, size, _ in batches:
         for record in records:
-            text = record[0] + record[1] if fmt.mode == "instruction" else record
+            text = text_of(record)
             yield from pieces_of(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)
         bar.update(size)
 

@@ -10,6 +10,7 @@ ask which one they have:
     tok.vocab_size, tok.eos_id      the ids it can produce; the document separator (None: bytes use SEPARATOR)
     tok.pad_id                      the id padded rows are filled with (masked out by attention_mask)
     tok.encode(text) -> list[int]   tok.decode(ids) -> str          (no special tokens added: add_special_tokens=False)
+    tok.encode_with_offsets(text)   (ids, the character each token starts at): what a chat's loss mask is cut by
     tok.save(folder)                files that ``transformers.AutoTokenizer.from_pretrained(folder)`` loads and that
                                     encode and decode exactly as ``tok`` does (the byte tokenizer included)
     tok.byte_lengths()              UTF-8 bytes each id stands for (special tokens: 0), for bits per byte
@@ -100,6 +101,11 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        ids = list(text.encode("utf-8"))
+        starts = [i for i, ch in enumerate(text) for _ in range(len(ch.encode("utf-8")))]
+        return ids, starts
+
     def byte_lengths(self) -> np.ndarray:
         return np.ones(256, dtype=np.int64)
 
@@ -141,6 +147,10 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self.hf.decode([int(i) for i in ids])
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
 
     def save(self, folder: Path) -> None:
         self.hf.save_pretrained(str(folder))

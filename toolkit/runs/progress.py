@@ -79,6 +79,8 @@ def _notice(event: Event, progress: RunProgress) -> str | None:
         return f"watchdog: {event.summary}"
     if isinstance(event, CompileEvent):
         return f"torch.compile: {event.summary}"
+    if isinstance(event, StatusEvent) and event.state == "running" and event.dropped_examples and not event.attempt:
+        return f"data: {event.dropped_examples}"
     if isinstance(event, CheckpointEvent) and event.waited_notice and event.waited_notice == progress.checkpoint_notice:
         return progress.checkpoint_notice
     return None

@@ -270,6 +270,12 @@ class Trainer:
             peak_flops=self.peak_flops,
             peak_source=self.peak["source"],
             bytes_per_token=self.corpus.bytes_per_item,
+            dropped_examples=(
+                f"{self.corpus.dropped} conversations of {self.corpus.name} dropped: no assistant token within "
+                f"model.block_size={self.cfg.model.block_size} tokens of their start"
+                if self.corpus.dropped
+                else None
+            ),
             attempt=self.attempt,
             **self.resumed_from,
         )

@@ -51,6 +51,8 @@ def matmul_flops(model, cfg=None) -> float:
 
 
 def _text_loss(model, batch):
+    if "position_ids" in batch:  # packed rows
+        return model(batch["input_ids"], batch["labels"], position_ids=batch["position_ids"])
     return model(batch["input_ids"], batch["labels"])
 
 

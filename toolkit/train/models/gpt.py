@@ -11,6 +11,17 @@ VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or download
 ACTIVATIONS = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
 
 
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool: token i may attend to token j when j <= i and both are in the same example, an example
+    starting wherever the position does not follow on from the one before (transformers' rule for packed rows)."""
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    example = starts.cumsum(dim=1)  # (B, T): which example each token belongs to
+    T = position_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
+    return ((example[:, :, None] == example[:, None, :]) & causal)[:, None]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -19,12 +30,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, heads, T, head_dim) for scaled_dot_product_attention
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        # mask: packed rows' block-diagonal causal mask (B, 1, T, T); else plain causal attention
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout)
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -41,8 +54,8 @@ class Block(nn.Module):
             nn.Dropout(cfg.dropout),
         )
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.ln1(x), mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -72,15 +85,22 @@ class GPT(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, position_ids=None):
+        """Logits, or the mean cross entropy against ``targets`` (IGNORE_INDEX positions left out). With
+        ``position_ids`` (packed rows, toolkit.data.batch), each example has its own positions and attends only
+        to itself."""
         T = idx.shape[1]
-        pos = torch.arange(T, device=idx.device)
+        mask = None
+        if position_ids is None:
+            pos = torch.arange(T, device=idx.device)
+        else:
+            pos, mask = position_ids, packed_causal_mask(position_ids)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         # only while training with autograd on: eval and no-grad forwards save nothing, so there is nothing to recompute
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
             # non-reentrant: gradients reach frozen-input blocks (LoRA), and the RNG state is replayed for dropout
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            x = checkpoint(block, x, mask, use_reentrant=False) if recompute else block(x, mask)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits

@@ -251,7 +251,13 @@ def causal_lm_loss(model, batch):
     losses compare with the built-in GPT's), computed from the logits in fp32."""
     import torch.nn.functional as F
 
-    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False)
+    # packed rows carry position_ids and no attention_mask: transformers then keeps attention inside each example
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch.get("attention_mask"),
+        position_ids=batch.get("position_ids"),
+        use_cache=False,
+    )
     logits = out.logits
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1), ignore_index=IGNORE_INDEX
