@@ -53,6 +53,8 @@ class ChatTemplate:
     """A tokenizer's chat template (ChatML when it has none), rendering conversations into ids and loss masks."""
 
     def __init__(self, tokenizer):
+        """``tokenizer``: a training tokenizer (toolkit.data.tokenizers) or an endpoint's (toolkit.deploy.hf_folder);
+        both are the byte tokenizer or hold a transformers tokenizer as ``hf``."""
         from toolkit.data.tokenizers import ByteTokenizer
 
         hf = tokenizer.hf() if isinstance(tokenizer, ByteTokenizer) else tokenizer.hf
@@ -65,6 +67,20 @@ class ChatTemplate:
         )
         self.template: str = own or CHATML
         self.sha256 = hashlib.sha256(self.template.encode()).hexdigest()
+
+    def turn_end(self) -> str:
+        """What the template writes after an assistant's text (ChatML: '<|im_end|>'), without surrounding
+        whitespace: where a generated turn ends. Empty when the template writes nothing there."""
+        mark = "\x00answer\x00"
+        through = self.render([{"role": "user", "content": "?"}, {"role": "assistant", "content": mark}], "a probe")
+        return through[through.index(mark) + len(mark) :].strip()
+
+    def prompt_ids(self, messages: list[dict], place: str) -> list[int]:
+        """The ids of a conversation rendered to be answered (the template's generation prompt at its end), as
+        training tokenized it: the template's own special tokens, none added."""
+        return list(
+            self.hf(self.render(messages, place, generation_prompt=True), add_special_tokens=False)["input_ids"]
+        )
 
     def render(self, messages: list[dict], place: str, generation_prompt: bool = False) -> str:
         try:

@@ -120,14 +120,14 @@ class HFTokenizer:
     def __init__(self, folder: Path, eos: frozenset[int]):
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), **HF_LOCAL_ONLY)
+        self.hf = AutoTokenizer.from_pretrained(str(folder), **HF_LOCAL_ONLY)
         self.eos_ids = eos
 
     def encode(self, text: bytes) -> list[int]:
-        return list(self.tokenizer(text.decode("utf-8"))["input_ids"])
+        return list(self.hf(text.decode("utf-8"))["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.hf.decode(ids, skip_special_tokens=True)
 
 
 def _describes_bytes(folder: Path) -> bool:

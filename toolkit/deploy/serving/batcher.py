@@ -23,6 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
 import numpy as np
@@ -83,13 +84,17 @@ class _Generate(_Job):
     """Generation that runs the model over the context window (the newest block_size tokens) for every new token:
     how ONNX Runtime and the built-in GPT generate."""
 
+    listener: Callable[[str], None] | None = None  # streaming: called with each new piece of text
+
     def __init__(self, request: GenerateRequest, runtime, deadline: float | None):
         super().__init__(request, runtime, deadline)
-        self.ids = self.tokenizer.encode(request.prompt)
+        given = request.prompt_ids
+        self.ids = list(given) if given is not None else self.tokenizer.encode(request.prompt)
         if not self.ids:
             raise RequestError(refused("prompt", "encodes to no tokens", "text the model's tokenizer encodes"))
         self.prompt_tokens = len(self.ids)
         self.new: list[int] = []
+        self.sent = 0  # characters of the text already given to the listener
         self.rng = np.random.default_rng(request.seed)
 
     def rows(self, count: int) -> list[list[int]]:
@@ -100,19 +105,47 @@ class _Generate(_Job):
         self.add(row[-1])
 
     def add(self, logits: np.ndarray) -> None:
-        """The next token from its logits; the answer once max_new_tokens are out or an end-of-sequence id came."""
+        """The next token from its logits; the answer once max_new_tokens are out, an end-of-sequence id came or
+        the text reached a stop string (finish_reason 'length' or 'stop')."""
         self.new.append(_sample(logits, self.request, self.rng))
         self.ids.append(self.new[-1])
-        if len(self.new) == self.request.max_new_tokens or self.new[-1] in self.tokenizer.eos_ids:
+        reason = "stop" if self.new[-1] in self.tokenizer.eos_ids else None
+        text = None
+        if self.request.stop or self.listener:
+            text = self.tokenizer.decode(self.new)
+            cut = min((i for stop in self.request.stop if (i := text.find(stop)) >= 0), default=-1)
+            if cut >= 0:
+                text, reason = text[:cut], "stop"
+        if reason is None and len(self.new) == self.request.max_new_tokens:
+            reason = "length"
+        if self.listener:
+            self._stream(text, final=reason is not None)
+        if reason:
             self.finish(
                 {
                     "task": "generate",
-                    "text": self.tokenizer.decode(self.new),
+                    "text": self.tokenizer.decode(self.new) if text is None else text,
                     "prompt_bytes": len(self.request.prompt),
                     "prompt_tokens": self.prompt_tokens,
                     "new_tokens": len(self.new),
+                    "finish_reason": reason,
                 }
             )
+
+    def _stream(self, text: str, final: bool) -> None:
+        """Give the listener the text not given yet, holding back (until the end) what may still become a stop
+        string or is half a character (a multi-byte character decodes to U+FFFD until its last byte)."""
+        safe = len(text)
+        if not final:
+            safe -= len(text) - len(text.rstrip("\ufffd"))
+            held = max(
+                (k for stop in self.request.stop for k in range(1, len(stop)) if text[:safe].endswith(stop[:k])),
+                default=0,
+            )
+            safe -= held
+        if safe > self.sent:
+            self.listener(text[self.sent : safe])
+            self.sent = safe
 
 
 class _CachedGenerate(_Generate):
@@ -235,6 +268,11 @@ def _sample(logits: np.ndarray, request: GenerateRequest, rng: np.random.Generat
     if request.top_k:
         cutoff = np.partition(logits, -request.top_k)[-request.top_k]
         logits = np.where(logits < cutoff, -np.inf, logits)
+    if request.top_p < 1.0:  # the most probable tokens whose probabilities add up to top_p, the first that reaches it
+        order = np.argsort(-logits)
+        probs = np.exp(logits[order] - logits[order[0]])
+        kept = order[: int(np.searchsorted(np.cumsum(probs) / probs.sum(), request.top_p)) + 1]
+        logits = np.where(np.isin(np.arange(len(logits)), kept), logits, -np.inf)
     cdf = np.cumsum(np.exp(logits - logits.max()))
     # inverse-CDF sampling: what rng.choice(p=...) does, without its per-call validation (10x slower here)
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
@@ -289,14 +327,17 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="trainbook-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, request, deadline: float | None = None) -> Future:
+    def submit(self, request, deadline: float | None = None, listener: Callable[[str], None] | None = None) -> Future:
         """Queue ``request``; the Future gets its answer. ``deadline`` (a time.perf_counter() value): past it the
         work is dropped and the Future fails with TimeoutError. Cancelling the Future drops the work too. A request
-        the model cannot take (a prompt beyond its context) is refused here, in the caller's thread: RequestError."""
+        the model cannot take (a prompt beyond its context) is refused here, in the caller's thread: RequestError.
+        ``listener`` (generation only): called in the batcher's thread with each new piece of text, for streaming."""
         kind = JOBS[type(request)]
         if kind is _Generate and self.decoder is not None:
             kind = _CachedGenerate
         job = kind(request, self.runtime, deadline)  # tokenizes: in the request's thread, not the model's
+        if listener is not None:
+            job.listener = listener
         self.queue.put(job)
         return job.future
 

@@ -115,6 +115,11 @@ class LocalEndpoint:
         return f"{self.url}/score"
 
     @property
+    def openai_url(self) -> str:
+        """OpenAI's API of a model that generates: ``openai.OpenAI(base_url=ep.openai_url, api_key=ep.key)``."""
+        return f"{self.url}/v1"
+
+    @property
     def log_path(self) -> Path:
         return self.folder / "server.log"
 

@@ -48,6 +48,9 @@ class GenerateRequest:
     temperature: float
     top_k: int
     seed: int | None
+    top_p: float = 1.0  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
+    stop: tuple[str, ...] = ()  # the text ends before the first of these (which is not returned)
+    prompt_ids: tuple[int, ...] | None = None  # the prompt already tokenized (a rendered chat template), else None
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ def body_too_large(size: int | str) -> RequestError:
     return RequestError(refused("body", f"{shown_size} is over the limit", f"up to {MAX_BODY_BYTES:,}"), 413)
 
 
-def _json(body: bytes):
+def json_body(body: bytes):
+    """A request body as JSON: UTF-8, one value per name, integers of sane length, not nested too deeply."""
     try:
         text = body.decode("utf-8")  # RFC 8259: JSON between systems is UTF-8 (json.loads would guess UTF-16/32)
     except UnicodeDecodeError:
@@ -192,7 +196,7 @@ def parse(body: bytes, tasks: tuple[str, ...] = TEXT_TASKS) -> GenerateRequest |
     for the first), or a RequestError saying what is wrong."""
     if len(body) > MAX_BODY_BYTES:
         raise body_too_large(len(body))
-    data = _json(body)
+    data = json_body(body)
     if not isinstance(data, dict):
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
         raise RequestError(

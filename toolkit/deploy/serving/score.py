@@ -4,6 +4,9 @@ The same file runs in Azure ML's managed online endpoint and in Trainbook's loca
 inference server, azureml-inference-server-http). It is decorated with ``@rawhttp`` so it sees the method,
 the headers and the raw body: that is what lets it answer 400/401/413 itself and never a 500 for bad input.
 
+A model that generates also answers OpenAI's API (/v1: toolkit.deploy.serving.openai_api), added to the server's
+Flask blueprint by :func:`add_openai_routes`.
+
 Settings come from environment variables (the deployment's environment_variables on Azure ML): the
 ServingOptions (toolkit.deploy.serving.options: TRAINBOOK_RUNTIME, TRAINBOOK_MAX_BATCH, TRAINBOOK_MAX_WAIT_MS,
 TRAINBOOK_REQUEST_TIMEOUT_S, ...), and TRAINBOOK_KEY_FILE, local endpoint only: the key requests must carry (on
@@ -12,10 +15,12 @@ Azure ML the endpoint checks keys before a request reaches this script).
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 
 # Azure ML runs this file from its code folder: make the project importable (the folder holding toolkit/).
@@ -24,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from azureml_inference_server_http.api.aml_request import rawhttp  # noqa: E402
 from azureml_inference_server_http.api.aml_response import AMLResponse  # noqa: E402
 
+from toolkit.deploy.serving.openai_api import OpenAIRoutes, error  # noqa: E402
 from toolkit.deploy.serving.options import KEY_FILE_ENV, ServingOptions  # noqa: E402
 from toolkit.deploy.serving.protocol import RequestError  # noqa: E402
 from toolkit.deploy.serving.runtimes import find_model_dir  # noqa: E402
@@ -33,10 +39,11 @@ from toolkit.errors import refused  # noqa: E402
 from toolkit.startup import long_lived  # noqa: E402
 
 service: ScoringService | None = None
+openai: OpenAIRoutes | None = None  # /v1, for a model that generates
 
 
 def init() -> None:
-    global service
+    global service, openai
     key_file = os.environ.get(KEY_FILE_ENV)
     with long_lived():  # torch and the model, loaded once for the server's life
         service = ScoringService(
@@ -44,10 +51,57 @@ def init() -> None:
             ServingOptions.from_environment(),
             key=key_files.read(Path(key_file), "the endpoint key") if key_file else None,
         )
+    openai = OpenAIRoutes(service) if "generate" in service.runtime.tasks else None
+    add_openai_routes()
 
 
-@rawhttp
-def run(request):
+def add_openai_routes() -> None:
+    """OpenAI's API (/v1: toolkit.deploy.serving.openai_api) beside /score, on the inference server's own Flask
+    blueprint, so its request ids, headers and logs apply. azmlinfsrv calls init() while it registers that blueprint
+    (AMLInferenceBlueprint.setup, before Blueprint.register), so the routes added here are registered with it."""
+    from azureml_inference_server_http.server import routes
+
+    blueprint = routes.main_blueprint
+    blueprint.add_url_rule("/v1/models", "openai_models", _openai_models, methods=["GET"])
+    for kind, path in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions")):
+        blueprint.add_url_rule(path, f"openai_{kind}", partial(_openai_answer, kind), methods=["POST"])
+
+
+def _openai_response(answer):
+    from flask import Response
+
+    if isinstance(answer, tuple):
+        status, payload = answer
+        return Response(json.dumps(payload), status, mimetype="application/json")
+    return Response(answer, 200, mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _openai_models():
+    from flask import request
+
+    if openai is None:
+        return _openai_response(error(404, "this endpoint's model does not generate text: POST /score classifies"))
+    return _openai_response(openai.models(request.headers.get("Authorization")))
+
+
+def _openai_answer(kind: str):
+    from flask import request
+
+    if openai is None:
+        return _openai_response(error(404, "this endpoint's model does not generate text: POST /score classifies"))
+    answer = openai.answer(
+        kind,
+        request.headers.get("Authorization"),
+        request.content_length,
+        body_reader(request),
+        hung_up(request.environ.get("gunicorn.socket")),
+    )
+    return _openai_response(answer)
+
+
+def body_reader(request):
+    """``read(limit)``: the request's body, at most ``limit`` bytes (framing errors are the client's: 400)."""
+
     def read_body(limit: int) -> bytes:
         chunks, size = [], 0
         try:
@@ -64,11 +118,16 @@ def run(request):
             ) from None
         return b"".join(chunks)
 
+    return read_body
+
+
+@rawhttp
+def run(request):
     status, payload = service.handle(
         request.method,
         request.headers.get("Authorization"),
         request.content_length,
-        read_body,
+        body_reader(request),
         hung_up(request.environ.get("gunicorn.socket")),
     )
     return AMLResponse(payload, status, json_str=True)

@@ -1,0 +1,123 @@
+"""The endpoint's OpenAI-compatible API, through the official `openai` client: a GPT fine-tuned here on chats (bytes,
+ChatML) answers its chat as it learned it, streaming included, stops at its end-of-turn marker, and refuses a wrong
+key and bad fields as OpenAI's API would; a client that leaves mid-stream leaves the server well."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")  # the test extra installs it
+
+from toolkit.deploy.export import export_run  # noqa: E402
+from toolkit.deploy.serving.endpoint import serve  # noqa: E402
+
+from conftest import cli  # noqa: E402
+
+ANSWERS = {"Say hi": "Hi there!", "Say bye": "Bye now."}
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """The tiny GPT fine-tuned on two short chats until it answers them by heart, exported."""
+    root = tmp_path_factory.mktemp("chat-model")
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            for q, a in ANSWERS.items()] * 40
+    (root / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = cli("train", "tiny", "--run-dir", str(root / "run"), "--set", f"data.path={root / 'chats.jsonl'}",
+               "--set", "data.chat=messages", "--set", "model.block_size=96", "--set", "train.max_steps=150",
+               "--set", "optim.lr=3e-3", "--set", "train.eval_every=150")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return export_run(root / "run").path
+
+
+@pytest.fixture(scope="module")
+def endpoint(chat_model, tmp_path_factory):
+    with serve(chat_model, workspace=tmp_path_factory.mktemp("ws"), max_batch=8, max_wait_ms=5) as ep:
+        yield ep
+
+
+@pytest.fixture
+def client(endpoint):
+    return openai.OpenAI(base_url=endpoint.openai_url, api_key=endpoint.key, max_retries=0, timeout=60)
+
+
+def ask(client, question: str, **options):
+    """One question, greedy unless ``options`` say otherwise."""
+    return client.chat.completions.create(model="any", messages=[{"role": "user", "content": question}],
+                                          **{"temperature": 0, **options})
+
+
+def test_the_model_is_listed_and_answers_its_chats_ending_at_its_turn_marker(client):
+    (model,) = client.models.list().data
+    for question, answer in ANSWERS.items():
+        reply = ask(client, question, max_tokens=40)
+        assert reply.choices[0].message.content == answer and reply.choices[0].finish_reason == "stop"
+        assert reply.model == model.id and reply.object == "chat.completion"
+        prompt = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"  # ChatML, in bytes
+        assert reply.usage.prompt_tokens == len(prompt.encode())
+        assert reply.usage.completion_tokens >= len(answer) + len("<|im_end|>")  # the marker is generated, not shown
+    cut = ask(client, "Say hi", max_tokens=3)
+    assert cut.choices[0].message.content == "Hi " and cut.choices[0].finish_reason == "length"
+
+
+def test_streaming_gives_the_same_answer_in_pieces_and_the_usage_last(client):
+    chunks = list(ask(client, "Say bye", max_tokens=40, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWERS["Say bye"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # pieces, not one block
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > len(ANSWERS["Say bye"])
+
+
+def test_completions_n_seed_and_stop(client):
+    prompt = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
+    done = client.completions.create(model="any", prompt=prompt, max_tokens=40, temperature=0, stop=["<|im_end|>"])
+    assert done.choices[0].text == "Hi there!" and done.choices[0].finish_reason == "stop"
+    assert client.completions.create(model="any", prompt=prompt, max_tokens=40, temperature=0,
+                                     stop=[" there"]).choices[0].text == "Hi"
+    several = ask(client, "Say hi", max_tokens=12, temperature=1.5, seed=7, n=3)
+    again = ask(client, "Say hi", max_tokens=12, temperature=1.5, seed=7, n=3)
+    assert len(several.choices) == 3 and [c.index for c in several.choices] == [0, 1, 2]
+    assert [c.message.content for c in several.choices] == [c.message.content for c in again.choices]
+
+
+def test_a_wrong_key_and_bad_fields_are_refused_as_openai_refuses_them(endpoint, client):
+    wrong = openai.OpenAI(base_url=endpoint.openai_url, api_key="not-the-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="Authorization: key not valid"):
+        wrong.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    with pytest.raises(openai.BadRequestError, match=r"temperature: 3 is not allowed; allowed: a number from 0 to 2"):
+        ask(client, "Say hi", temperature=3)
+    with pytest.raises(openai.BadRequestError, match=r"tools: not supported by this endpoint; allowed: max_completion_tokens, max_tokens, messages"):
+        ask(client, "Say hi", tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\].role: 'robot' is not allowed"):
+        client.chat.completions.create(model="any", messages=[{"role": "robot", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match=r"max_tokens: 513 is not allowed; allowed: an integer from 1 to 512"):
+        ask(client, "Say hi", max_tokens=513)
+    with pytest.raises(openai.BadRequestError, match=r"n: 2 is not allowed; allowed: an integer from 1 to 1"):
+        ask(client, "Say hi", n=2, stream=True)
+
+
+def test_a_client_that_leaves_mid_stream_has_its_generation_dropped(endpoint, client):
+    def dropped() -> int:
+        """The server's count of requests it dropped (readiness, with the key)."""
+        with urllib.request.urlopen(urllib.request.Request(endpoint.scoring_url, headers=endpoint.headers()),
+                                    timeout=30) as response:
+            return json.loads(response.read())["dropped"]
+
+    before = dropped()
+    stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hi"}],
+                                            temperature=1.5, max_tokens=45, stream=True)
+    next(iter(stream))
+    stream.close()  # the client hangs up after the first chunk
+    deadline = time.monotonic() + 30
+    while dropped() == before and time.monotonic() < deadline:
+        time.sleep(0.05)  # polls the server's own count; the drop happens in its thread, not ours
+    assert dropped() == before + 1
+    assert ask(client, "Say bye", max_tokens=40).choices[0].message.content == ANSWERS["Say bye"]

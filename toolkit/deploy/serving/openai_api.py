@@ -1,0 +1,332 @@
+"""OpenAI's API beside Azure ML's scoring contract: the same model, key, limits, batcher and KV cache.
+
+    GET  /v1/models              the one model this endpoint serves
+    POST /v1/chat/completions    messages rendered by the model's chat template (ChatML when it has none, as
+                                 training rendered them: toolkit.data.chat); the answer ends at the template's
+                                 end-of-turn marker, an end-of-sequence id, a `stop` string or max_tokens
+    POST /v1/completions         a prompt continued, as POST /score's generate task does
+
+Fields (both): max_tokens (chat: or max_completion_tokens; default: what fits the context, up to 512), temperature
+(0 to 2; default 1), top_p (0 to 1), stop (a string or up to 4), seed, n (1 to 4; 1 when streaming), stream (server-
+sent events, `data: [DONE]` last), stream_options.include_usage, and `model` (any name: the endpoint has one model,
+whose name every answer gives). Anything else is refused naming the field, as a 4xx in OpenAI's error shape, so the
+`openai` client raises its own exceptions (BadRequestError, AuthenticationError). HTTP-free: score.py adapts it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+from toolkit.deploy.serving.protocol import (
+    MAX_BODY_BYTES,
+    MAX_NEW_TOKENS,
+    GenerateRequest,
+    RequestError,
+    json_body,
+    body_too_large,
+    shown,
+)
+from toolkit.deploy.serving.service import ScoringService, authorised, log
+from toolkit.errors import refused
+
+MAX_N = 4
+MAX_STOPS = 4
+MAX_TEMPERATURE = 2.0  # OpenAI's range
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options", "user"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completions": COMMON | {"prompt"}}
+STREAM_POLL_S = 0.25  # how often a stream with nothing new looks at its deadline
+
+Answer = tuple[int, dict] | Iterator[bytes]  # (status, JSON body), or a stream of server-sent events
+
+
+def error(status: int, message: str, param: str | None = None) -> tuple[int, dict]:
+    kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error"
+    )
+    return status, {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise RequestError(refused(name, f"{shown(value)} is not allowed", f"a number from {low:g} to {high:g}"))
+    return float(value)
+
+
+def _integer(body: dict, name: str, default, low: int, high: int):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(refused(name, f"{shown(value)} is not allowed", f"an integer from {low} to {high:,}"))
+    return value
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    stops = [] if value is None else [value] if isinstance(value, str) else value
+    allowed = f"a non-empty string or a list of up to {MAX_STOPS}"
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(refused("stop", f"{shown(value)} is not allowed", allowed))
+    return tuple(stops)
+
+
+def _content(value, turn: int) -> str:
+    """A message's content: text, or OpenAI's list of parts of which only text parts are read."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        if all(isinstance(p.get("text"), str) for p in value):
+            return "".join(p["text"] for p in value)
+    raise RequestError(
+        refused(f"messages[{turn}].content", f"{shown(value)} is not allowed", "text, or a list of text parts")
+    )
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(refused("messages", f"{shown(messages)} is not allowed", "a non-empty list of messages"))
+    read = []
+    for turn, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise RequestError(refused(f"messages[{turn}].role", f"{shown(role)} is not allowed", ", ".join(ROLES)))
+        out = {"role": ROLES[role], "content": _content(message.get("content"), turn)}
+        for kept in ("tool_calls", "tool_call_id", "name"):
+            if kept in message:
+                out[kept] = message[kept]
+        read.append(out)
+    return read
+
+
+class OpenAIRoutes:
+    """The /v1 routes of one endpoint, over its :class:`ScoringService` (the model, the batcher, the key)."""
+
+    def __init__(self, service: ScoringService):
+        from toolkit.data.chat import ChatTemplate
+
+        self.service = service
+        self.model = service.info["run"]
+        self.template = ChatTemplate(service.runtime.tokenizer)
+        end = self.template.turn_end()
+        self.turn_end = (end,) if end else ()
+
+    def models(self, authorization: str | None) -> tuple[int, dict]:
+        if not authorised(self.service.key, authorization):
+            return self._unauthorised(authorization)
+        return 200, {
+            "object": "list",
+            "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "trainbook"}],
+        }
+
+    def answer(
+        self,
+        kind: str,
+        authorization: str | None,
+        content_length: int | None,
+        read_body: Callable[[int], bytes],
+        client_gone: Callable[[], bool] | None = None,
+    ) -> Answer:
+        """One POST to /v1/chat/completions (``kind`` 'chat') or /v1/completions ('completions')."""
+        if not authorised(self.service.key, authorization):
+            return self._unauthorised(authorization)
+        started = time.perf_counter()
+        try:
+            if content_length is not None and content_length > MAX_BODY_BYTES:
+                raise body_too_large(content_length)
+            body = read_body(MAX_BODY_BYTES + 1)
+            if len(body) > MAX_BODY_BYTES:
+                raise body_too_large(len(body))
+            data = json_body(body)
+            if not isinstance(data, dict):
+                raise RequestError(refused("body", "not a JSON object", "a JSON object"))
+            unknown = sorted(set(data) - FIELDS[kind])
+            if unknown:
+                raise RequestError(
+                    refused(
+                        shown(unknown[0], quote=False),
+                        "not supported by this endpoint",
+                        ", ".join(sorted(FIELDS[kind])),
+                    )
+                )
+            request, n, stream, usage = self._request(kind, data)
+            deadline = started + self.service.request_timeout
+            if stream:
+                return self._stream(kind, request, deadline, usage)
+            futures = [self.service.batcher.submit(self._seeded(request, i), deadline=deadline) for i in range(n)]
+        except RequestError as exc:
+            return error(exc.status, str(exc), str(exc).split(":", 1)[0])
+        try:
+            results = [ScoringService._wait(f, deadline, client_gone) for f in futures]
+        except TimeoutError:
+            return error(503, f"no answer within {self.service.request_timeout:g} s: the endpoint is overloaded")
+        except Exception:  # the model failed: logged by the service's logger, a plain message to the client
+            log.exception("generation failed")
+            return error(500, "the model failed on this request; see the endpoint log")
+        answered = [r for r in results if r is not None]
+        if len(answered) < len(results):
+            return error(499, "the client closed the connection before the answer")
+        return 200, self._completion(kind, answered)
+
+    # --- requests -------------------------------------------------------------------------------------------------
+
+    def _request(self, kind: str, data: dict) -> tuple[GenerateRequest, int, bool, bool]:
+        model = data.get("model")
+        if not isinstance(model, str) or not model:
+            raise RequestError(refused("model", f"{shown(model)} is not allowed", f"a model name ({self.model!r})"))
+        stream = data.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestError(refused("stream", f"{shown(stream)} is not allowed", "true or false"))
+        options = data.get("stream_options") or {}
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise RequestError(
+                refused("stream_options", f"{shown(options)} is not allowed", '{"include_usage": true or false}')
+            )
+        n = _integer(data, "n", 1, 1, 1 if stream else MAX_N)
+        stops = _stops(data)
+        context = self.service.runtime.block_size
+        if kind == "chat":
+            ids = self.template.prompt_ids(_messages(data), "messages")
+            prompt, stops = b"", stops + self.turn_end
+            limit_name = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
+            default = min(MAX_NEW_TOKENS, max(1, context - len(ids)))
+        else:
+            text = data.get("prompt")
+            if isinstance(text, list) and len(text) == 1:
+                text = text[0]
+            if not isinstance(text, str) or not text:
+                raise RequestError(refused("prompt", f"{shown(text)} is not allowed", "a non-empty string"))
+            prompt, ids, limit_name, default = text.encode("utf-8", "replace"), None, "max_tokens", 16
+        request = GenerateRequest(
+            prompt=prompt,
+            prompt_ids=tuple(ids) if ids is not None else None,
+            max_new_tokens=_integer(data, limit_name, default, 1, MAX_NEW_TOKENS),
+            temperature=_number(data, "temperature", 1.0, 0.0, MAX_TEMPERATURE),
+            top_k=0,
+            top_p=_number(data, "top_p", 1.0, 0.0, 1.0) or 1e-9,  # 0: the most probable token only
+            seed=_integer(data, "seed", None, 0, 2**63 - 1),
+            stop=stops,
+        )
+        return request, n, stream, bool(options.get("include_usage"))
+
+    @staticmethod
+    def _seeded(request: GenerateRequest, i: int) -> GenerateRequest:
+        """The i-th of n choices: its own seed (the request's plus i), so the choices differ and repeat."""
+        if i == 0 or request.seed is None:
+            return request
+        from dataclasses import replace
+
+        return replace(request, seed=request.seed + i)
+
+    def _unauthorised(self, authorization: str | None) -> tuple[int, dict]:
+        reason = "missing" if not authorization else "not valid"
+        return error(401, refused("Authorization", f"key {reason}", "'Authorization: Bearer <endpoint key>'"))
+
+    # --- answers --------------------------------------------------------------------------------------------------
+
+    def _head(self, kind: str, chunk: bool = False) -> dict:
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        obj = {"chat": "chat.completion", "completions": "text_completion"}[kind] + (".chunk" if chunk else "")
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": self.model}
+
+    def _completion(self, kind: str, results: list[dict]) -> dict:
+        choices = []
+        for i, r in enumerate(results):
+            if kind == "chat":
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": r["text"]},
+                        "finish_reason": r["finish_reason"],
+                        "logprobs": None,
+                    }
+                )
+            else:
+                choices.append({"index": i, "text": r["text"], "finish_reason": r["finish_reason"], "logprobs": None})
+        prompt = results[0]["prompt_tokens"]
+        completion = sum(r["new_tokens"] for r in results)
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {**self._head(kind), "choices": choices, "usage": usage}
+
+    def _stream(self, kind: str, request: GenerateRequest, deadline: float, usage: bool) -> Iterator[bytes]:
+        pieces: queue.Queue[str] = queue.Queue()
+        future = self.service.batcher.submit(request, deadline=deadline, listener=pieces.put)  # may refuse: 400
+        head = self._head(kind, chunk=True)
+
+        def event(payload: dict | str) -> bytes:
+            return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+        def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
+            if kind == "chat":
+                delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return event({**head, "choices": [choice]})
+
+        def events() -> Iterator[bytes]:
+            try:
+                if kind == "chat":
+                    yield chunk(None, role=True)
+                while True:
+                    try:
+                        yield chunk(pieces.get(timeout=STREAM_POLL_S))
+                        continue
+                    except queue.Empty:
+                        pass
+                    if future.done() and pieces.empty():
+                        break
+                    if time.perf_counter() > deadline:
+                        future.cancel()
+                        yield event(
+                            {
+                                "error": {
+                                    "message": "no answer within the request deadline",
+                                    "type": "server_error",
+                                    "param": None,
+                                    "code": None,
+                                }
+                            }
+                        )
+                        return
+                try:
+                    result = future.result()
+                except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last event
+                    yield event(
+                        {
+                            "error": {
+                                "message": f"generation failed ({type(exc).__name__})",
+                                "type": "server_error",
+                                "param": None,
+                                "code": None,
+                            }
+                        }
+                    )
+                    return
+                yield chunk(None, finish=result["finish_reason"])
+                if usage:
+                    tokens = result["prompt_tokens"], result["new_tokens"]
+                    yield event(
+                        {
+                            **head,
+                            "choices": [],
+                            "usage": {
+                                "prompt_tokens": tokens[0],
+                                "completion_tokens": tokens[1],
+                                "total_tokens": sum(tokens),
+                            },
+                        }
+                    )
+                yield event("[DONE]")
+            finally:
+                future.cancel()  # a client that went away mid-stream: its generation is dropped (done: no effect)
+
+        return events()
