@@ -11,6 +11,8 @@ round (A B A B ...), and ratios are medians of per-round ratios with their range
 2. requests/s at 1, 4 and 16 concurrent clients, per runtime
 3. the server's overhead: HTTP p50 minus an in-process call of the same service p50 (target < 5 ms)
 4. 16 clients, batched (max_batch 16) vs unbatched (max_batch 1) requests/s (target >= 2x)
+4b. OpenAI's route against Azure ML's: p50 of POST /v1/completions minus p50 of POST /score, the same generation on
+   one endpoint, in turns
 5. a transformers Llama (KV_MODEL, trained a few steps through the CLI and exported): generated tokens/s with the
    KV cache vs recomputing the context for every token, a 74-token prompt (KV_PROMPT) and 128 new tokens, one
    request at a time and 8 at once (target >= 3x), through the batcher that serves them (in-process: HTTP adds the
@@ -20,6 +22,7 @@ round (A B A B ...), and ratios are medians of per-round ratios with their range
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -168,7 +171,7 @@ def main() -> int:
             latencies(direct_call, 3, args.tokens)
             single = {k: [] for k in ("onnx", "torch", "direct")}
             rps = {(rt, c): [] for rt in ("onnx", "torch") for c in CLIENTS}
-            batched_pairs, overhead = [], []
+            batched_pairs, overhead, openai_overhead = [], [], []
             for r in range(args.rounds):
                 # fresh connections each round: the server closes idle kept-alive ones after 2 s (gunicorn's default)
                 callers = {key: Client(ep) for key, ep in endpoints.items()}
@@ -178,6 +181,17 @@ def main() -> int:
                 single["direct"] += inproc
                 overhead.append(1000 * (statistics.median(http) - statistics.median(inproc)))
                 single["torch"] += latencies(callers["torch", 16], args.singles, args.tokens)
+                # the same generation through OpenAI's route and Azure ML's, in turns on one endpoint
+                routes = {"score": Client(endpoints["onnx", 16]),
+                          "openai": Client(endpoints["onnx", 16], path="/v1/completions")}
+                bodies = {"score": lambda seed: request_body("def ", args.tokens, seed, temperature=0.8, top_k=0),
+                          "openai": lambda seed: json.dumps({"model": "m", "prompt": "def ", "max_tokens": args.tokens,
+                                                             "temperature": 0.8, "seed": seed}).encode()}
+                p50 = {name: [] for name in routes}
+                for turn in range(4):
+                    for name in (("score", "openai") if turn % 2 == 0 else ("openai", "score")):
+                        p50[name] += latencies_s(routes[name], args.singles // 4, bodies[name])
+                openai_overhead.append(1000 * (statistics.median(p50["openai"]) - statistics.median(p50["score"])))
                 for clients in CLIENTS:
                     for rt in ("onnx", "torch"):
                         rps[rt, clients].append(throughput(endpoints[rt, 16], clients, 4, body(args.tokens)))
@@ -206,6 +220,11 @@ def main() -> int:
     print(f"batched / unbatched requests/s at 16 clients (ONNX): {ratio_summary(batched_pairs)}; target >= 2")
     figures.record(__file__, "overhead", area="serving", figure="the HTTP server's overhead at p50",
                    compared="HTTP p50 - in-process p50, same service", values=overhead, target=("<", 5.0), unit="ms")
+    print(f"OpenAI's route over Azure ML's at p50 (/v1/completions - /score, the same generation): median "
+          f"{statistics.median(openai_overhead):.2f} ms (range {min(openai_overhead):.2f} to {max(openai_overhead):.2f})")
+    figures.record(__file__, "openai_overhead", area="serving", figure="OpenAI's route against /score at p50",
+                   compared="p50 of POST /v1/completions - p50 of POST /score, the same generation, ONNX",
+                   values=openai_overhead, unit="ms")
     figures.record(__file__, "batching", area="serving", figure="batching at 16 clients",
                    compared="requests/s batched (max_batch 16) / unbatched, ONNX",
                    values=[b / u for b, u in batched_pairs], target=(">=", 2.0))

@@ -28,10 +28,11 @@ class Client:
     """One client with a kept-alive connection, as a real client library (requests.Session) holds one: what is
     measured is the endpoint, not TCP set-up. Calling it sends one request and returns its seconds."""
 
-    def __init__(self, endpoint, timeout: float = 120.0):
+    def __init__(self, endpoint, timeout: float = 120.0, path: str | None = None):
+        """``path``: where it POSTs (default: the scoring route; '/v1/completions' for OpenAI's)."""
         url = urllib.parse.urlsplit(endpoint.scoring_url)
         self.connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-        self.path, self.headers = url.path, endpoint.headers()
+        self.path, self.headers = path or url.path, endpoint.headers()
 
     def __call__(self, data: bytes) -> float:
         t0 = time.perf_counter()
