@@ -16,22 +16,28 @@ from toolkit.deploy.export import export_run  # noqa: E402
 from toolkit.deploy.serving.endpoint import serve  # noqa: E402
 
 from conftest import cli  # noqa: E402
+from test_chat import chat_tokenizer  # noqa: E402, F401 (a fixture: a tokenizer trained here, its own template)
+from test_your_data import llama  # noqa: E402
 
 ANSWERS = {"Say hi": "Hi there!", "Say bye": "Bye now."}
 
 
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory):
-    """The tiny GPT fine-tuned on two short chats until it answers them by heart, exported."""
-    root = tmp_path_factory.mktemp("chat-model")
+def learned_by_heart(root, *flags: str):
+    """A model fine-tuned on two short chats until it answers them by heart, exported."""
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
             for q, a in ANSWERS.items()] * 40
     (root / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = cli("train", "tiny", "--run-dir", str(root / "run"), "--set", f"data.path={root / 'chats.jsonl'}",
                "--set", "data.chat=messages", "--set", "model.block_size=96", "--set", "train.max_steps=150",
-               "--set", "optim.lr=3e-3", "--set", "train.eval_every=150")
+               "--set", "optim.lr=3e-3", "--set", "train.eval_every=150", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return export_run(root / "run").path
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """The tiny GPT on bytes, so ChatML."""
+    return learned_by_heart(tmp_path_factory.mktemp("chat-model"))
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +118,8 @@ def test_a_client_that_leaves_mid_stream_has_its_generation_dropped(endpoint, cl
             return json.loads(response.read())["dropped"]
 
     before = dropped()
-    stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hi"}],
-                                            temperature=1.5, max_tokens=45, stream=True)
+    # a completion with no stop string: all 512 tokens, far longer than the hang-up takes to notice
+    stream = client.completions.create(model="any", prompt="Say", temperature=1.0, max_tokens=512, stream=True)
     next(iter(stream))
     stream.close()  # the client hangs up after the first chunk
     deadline = time.monotonic() + 30
@@ -121,3 +127,19 @@ def test_a_client_that_leaves_mid_stream_has_its_generation_dropped(endpoint, cl
         time.sleep(0.05)  # polls the server's own count; the drop happens in its thread, not ours
     assert dropped() == before + 1
     assert ask(client, "Say bye", max_tokens=40).choices[0].message.content == ANSWERS["Say bye"]
+
+
+def test_a_transformers_model_answers_with_its_own_template_and_kv_cache(tmp_path, chat_tokenizer):  # noqa: F811
+    """A Llama with the tokenizer trained here and its Zephyr-style template, whose turn ends at the special token
+    <|end|> (a decoder skipping special tokens never shows it: the id itself ends the answer)."""
+    model = learned_by_heart(tmp_path, *llama(320), "--set", f"data.tokenizer={chat_tokenizer}")
+    with serve(model, workspace=tmp_path / "ws", max_batch=4, max_wait_ms=5) as ep:
+        assert ep.runtime == "torch"
+        client = openai.OpenAI(base_url=ep.openai_url, api_key=ep.key, max_retries=0, timeout=60)
+        for question, answer in ANSWERS.items():
+            reply = ask(client, question, max_tokens=40)
+            assert reply.choices[0].message.content == answer, reply
+            assert reply.choices[0].finish_reason == "stop"
+        streamed = "".join(c.choices[0].delta.content or "" for c in ask(client, "Say hi", max_tokens=40,
+                                                                          stream=True))
+        assert streamed == ANSWERS["Say hi"]

@@ -75,6 +75,13 @@ class ChatTemplate:
         through = self.render([{"role": "user", "content": "?"}, {"role": "assistant", "content": mark}], "a probe")
         return through[through.index(mark) + len(mark) :].strip()
 
+    def turn_end_id(self) -> int | None:
+        """The id of :meth:`turn_end` when it is one special token (Zephyr's '<|end|>', Llama 3's '<|eot_id|>'),
+        which a decoder that skips special tokens never shows as text; None otherwise."""
+        end = self.turn_end()
+        ids = self.hf(end, add_special_tokens=False)["input_ids"] if end else []
+        return ids[0] if len(ids) == 1 and ids[0] in set(self.hf.all_special_ids) else None
+
     def prompt_ids(self, messages: list[dict], place: str) -> list[int]:
         """The ids of a conversation rendered to be answered (the template's generation prompt at its end), as
         training tokenized it: the template's own special tokens, none added."""

@@ -109,7 +109,8 @@ class _Generate(_Job):
         the text reached a stop string (finish_reason 'length' or 'stop')."""
         self.new.append(_sample(logits, self.request, self.rng))
         self.ids.append(self.new[-1])
-        reason = "stop" if self.new[-1] in self.tokenizer.eos_ids else None
+        last = self.new[-1]
+        reason = "stop" if last in self.tokenizer.eos_ids or last in self.request.stop_ids else None
         text = None
         if self.request.stop or self.listener:
             text = self.tokenizer.decode(self.new)

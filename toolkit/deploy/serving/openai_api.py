@@ -117,7 +117,9 @@ class OpenAIRoutes:
         self.model = service.info["run"]
         self.template = ChatTemplate(service.runtime.tokenizer)
         end = self.template.turn_end()
-        self.turn_end = (end,) if end else ()
+        self.turn_end = (end,) if end else ()  # as text (ChatML's '<|im_end|>' in bytes)
+        end_id = self.template.turn_end_id()
+        self.turn_end_ids = frozenset() if end_id is None else frozenset([end_id])  # as a special token
 
     def models(self, authorization: str | None) -> tuple[int, dict]:
         if not authorised(self.service.key, authorization):
@@ -214,6 +216,7 @@ class OpenAIRoutes:
             top_p=_number(data, "top_p", 1.0, 0.0, 1.0) or 1e-9,  # 0: the most probable token only
             seed=_integer(data, "seed", None, 0, 2**63 - 1),
             stop=stops,
+            stop_ids=self.turn_end_ids if kind == "chat" else frozenset(),
         )
         return request, n, stream, bool(options.get("include_usage"))
 

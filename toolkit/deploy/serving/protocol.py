@@ -51,6 +51,7 @@ class GenerateRequest:
     top_p: float = 1.0  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
     stop: tuple[str, ...] = ()  # the text ends before the first of these (which is not returned)
     prompt_ids: tuple[int, ...] | None = None  # the prompt already tokenized (a rendered chat template), else None
+    stop_ids: frozenset[int] = frozenset()  # ids that end the text as the tokenizer's eos_ids do (a chat's turn end)
 
 
 @dataclass(frozen=True)
