@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -143,3 +144,35 @@ def test_a_transformers_model_answers_with_its_own_template_and_kv_cache(tmp_pat
         streamed = "".join(c.choices[0].delta.content or "" for c in ask(client, "Say hi", max_tokens=40,
                                                                           stream=True))
         assert streamed == ANSWERS["Say hi"]
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("chat/completions", b"[1, 2]", 400, "body: not a JSON object"),
+    ("chat/completions", b'{"model": "m", "messages": [', 400, "body: not valid JSON"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "model: None is not allowed"),
+    ("chat/completions", {"model": "m", "messages": []}, 400, "messages: a JSON array of 0 items is not allowed"),
+    ("chat/completions", {"model": "m", "messages": ["hi"]}, 400, "messages[0].role: None is not allowed"),
+    ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content: a JSON array of 1 item is not allowed; allowed: text, or a list of text parts"),
+    ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400,
+     "stop: a JSON array of 5 items is not allowed"),
+    ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}, 400,
+     "n: 0 is not allowed; allowed: an integer from 1 to 4"),
+    ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400,
+     "stream: 'yes' is not allowed; allowed: true or false"),
+    ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                          "stream_options": {"x": 1}}, 400, "stream_options: a JSON object of 1 item is not allowed"),
+    ("completions", {"model": "m", "prompt": ["a", "b"]}, 400, "prompt: a JSON array of 2 items is not allowed"),
+    ("completions", {"model": "m", "prompt": "hi", "top_p": -1}, 400, "top_p: -1 is not allowed"),
+    ("completions", {"model": "m", "prompt": "x" * 70_000}, 413, "body: 70,"),
+])
+def test_a_bad_request_gets_a_4xx_naming_its_field_and_the_server_stays_well(endpoint, client, path, body, status,
+                                                                            message):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"{endpoint.openai_url}/{path}", data=data, headers=endpoint.headers())
+    with pytest.raises(urllib.error.HTTPError) as answered:
+        urllib.request.urlopen(request, timeout=30)
+    assert answered.value.code == status
+    problem = json.loads(answered.value.read())["error"]
+    assert message in problem["message"] and problem["type"] == "invalid_request_error", problem
+    assert ask(client, "Say hi", max_tokens=40).choices[0].message.content == ANSWERS["Say hi"]

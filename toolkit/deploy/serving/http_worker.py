@@ -42,6 +42,7 @@ from toolkit.deploy.serving.protocol import (
     MAX_BODY_BYTES,
     MAX_HEAD_BYTES,
     body_too_large,
+    error_body,
 )
 from toolkit.errors import not_allowed, refused
 
@@ -379,15 +380,18 @@ class WholeRequestWorker(ThreadWorker):
             conn.data_ready = conn.whole = True
             self.enqueue_req(conn)
         else:
-            self._refuse(conn, *outcome)
+            status, message = outcome
+            self._refuse(conn, status, message, head=bytes(scan.buf[:MAX_HEAD_BYTES]))
 
     def _stop_reading(self, conn: _Conn) -> None:
         del self.reading[conn]
         self.poller.unregister(conn.sock)
 
-    def _refuse(self, conn: _Conn, status: int, message: str) -> None:
-        """Answer a request that never reaches the application, then close."""
-        body = json.dumps({"error": message}).encode()
+    def _refuse(self, conn: _Conn, status: int, message: str, head: bytes = b"") -> None:
+        """Answer a request that never reaches the application, then close. ``head``: what arrived of the request,
+        whose target picks the error's shape (OpenAI's under /v1)."""
+        target = head.split(b"\r\n", 1)[0].split(b" ")[1:2]
+        body = json.dumps(error_body(target[0] if target else b"", message, status)).encode()
         self.refusals_log(time.monotonic(), "%s: %s %s", conn.client, status, message)
         self._send(
             conn.sock,
@@ -456,7 +460,8 @@ class WholeRequestWorker(ThreadWorker):
                 util.close(conn.sock)
             elif now >= scan.deadline:
                 self._stop_reading(conn)
-                self._refuse(conn, *scan.timed_out())
+                status, message = scan.timed_out()
+                self._refuse(conn, status, message, head=bytes(scan.buf[:MAX_HEAD_BYTES]))
         for sock, (deadline, _) in list(self.lingering.items()):
             if now >= deadline or not self.alive:
                 self._end_linger(sock)

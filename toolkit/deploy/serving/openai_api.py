@@ -26,8 +26,9 @@ from toolkit.deploy.serving.protocol import (
     MAX_NEW_TOKENS,
     GenerateRequest,
     RequestError,
-    json_body,
     body_too_large,
+    json_body,
+    openai_error,
     shown,
 )
 from toolkit.deploy.serving.service import ScoringService, authorised, log
@@ -45,10 +46,7 @@ Answer = tuple[int, dict] | Iterator[bytes]  # (status, JSON body), or a stream 
 
 
 def error(status: int, message: str, param: str | None = None) -> tuple[int, dict]:
-    kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
-        status, "invalid_request_error" if status < 500 else "server_error"
-    )
-    return status, {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return status, openai_error(status, message, param)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:

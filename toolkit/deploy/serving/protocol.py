@@ -168,6 +168,23 @@ TASKS = {
 TEXT_TASKS = ("generate", "score")  # what a language model answers, generate being the default
 
 
+OPENAI_PREFIX = "/v1/"  # OpenAI's API (toolkit.deploy.serving.openai_api): its errors have OpenAI's shape
+
+
+def openai_error(status: int, message: str, param: str | None = None) -> dict:
+    """An error as OpenAI's API writes it, which the `openai` client turns into its own exceptions."""
+    kind = {401: "authentication_error", 404: "not_found_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error"
+    )
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def error_body(target: bytes | str, message: str, status: int) -> dict:
+    """The JSON of a refusal of a request for ``target`` (its path): OpenAI's shape under /v1, else /score's."""
+    path = target.decode("latin-1") if isinstance(target, bytes) else target
+    return openai_error(status, message) if path.startswith(OPENAI_PREFIX) else {"error": message}
+
+
 def body_too_large(size: int | str) -> RequestError:
     """The one refusal of an oversized body, whoever notices it first (the HTTP layer or the service);
     ``size`` may be a Content-Length's digits, however many."""
