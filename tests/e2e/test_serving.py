@@ -182,6 +182,11 @@ def test_serve_from_the_command_line_and_stop_with_ctrl_c(model_dir, tmp_path):
     try:
         first = proc.stdout.readline()  # printed once the endpoint answers
         url = first.split(": ", 1)[1].split(" ")[0]
+        told = ""  # the rest of what it prints when ready, to its last line
+        while not told.endswith("stops it)\n"):
+            line = proc.stdout.readline()
+            assert line, f"serve stopped printing before its last line: {first + told}"
+            told += line
         key = (tmp_path / "ws" / "endpoints" / "tiny" / "key").read_text()
         assert key not in first and "key " in first
         status, answer = call(url, {"prompt": "def ", "max_new_tokens": 4}, {"Authorization": f"Bearer {key}"})
@@ -191,6 +196,7 @@ def test_serve_from_the_command_line_and_stop_with_ctrl_c(model_dir, tmp_path):
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert key not in out + err
+    assert f"OpenAI's API: openai.OpenAI(base_url='{url.removesuffix('/score')}/v1', api_key=<the key>)" in told
 
 
 def test_endpoints_lists_a_running_endpoint_and_stop_ends_it_and_its_serve_command(model_dir, tmp_path):

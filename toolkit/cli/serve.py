@@ -89,6 +89,11 @@ def cmd_serve(args) -> int:
         f"  log: {endpoint.log_path}\n"
         f"  try: curl -H \"Authorization: Bearer $(cat {key_file})\" -d '{example}' "
         + endpoint.scoring_url
+        + (
+            f"\n  OpenAI's API: openai.OpenAI(base_url={endpoint.openai_url!r}, api_key=<the key>)"
+            if "generate" in endpoint.tasks
+            else ""
+        )
         + f"\n(Ctrl-C or `trainbook endpoints stop {endpoint.name}` stops it)",
         flush=True,
     )
