@@ -20,6 +20,7 @@ import queue
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from toolkit.deploy.serving.protocol import (
     MAX_BODY_BYTES,
@@ -165,7 +166,7 @@ class OpenAIRoutes:
         except RequestError as exc:
             return error(exc.status, str(exc), str(exc).split(":", 1)[0])
         try:
-            results = [ScoringService._wait(f, deadline, client_gone) for f in futures]
+            results = [ScoringService.await_answer(f, deadline, client_gone) for f in futures]
         except TimeoutError:
             return error(503, f"no answer within {self.service.request_timeout:g} s: the endpoint is overloaded")
         except Exception:  # the model failed: logged by the service's logger, a plain message to the client
@@ -223,8 +224,6 @@ class OpenAIRoutes:
         """The i-th of n choices: its own seed (the request's plus i), so the choices differ and repeat."""
         if i == 0 or request.seed is None:
             return request
-        from dataclasses import replace
-
         return replace(request, seed=request.seed + i)
 
     def _unauthorised(self, authorization: str | None) -> tuple[int, dict]:

@@ -74,7 +74,7 @@ class ScoringService:
         except RequestError as exc:
             return exc.status, {"error": str(exc)}
         try:
-            result = self._wait(future, deadline, client_gone)
+            result = self.await_answer(future, deadline, client_gone)
         except TimeoutError:
             return 503, {
                 "error": f"no answer within {self.request_timeout:g} s: the endpoint is overloaded; try again later"
@@ -88,7 +88,7 @@ class ScoringService:
         return 200, result
 
     @staticmethod
-    def _wait(future, deadline: float, client_gone: Callable[[], bool] | None) -> dict | None:
+    def await_answer(future, deadline: float, client_gone: Callable[[], bool] | None) -> dict | None:
         """The answer; None if the client hung up first; TimeoutError once ``deadline`` (a time.perf_counter()
         value) has passed. The wait keeps the deadline itself: the batcher checks it only for work in the batch,
         and what is ahead in the queue may have none. Work nobody waits for is cancelled: the batcher drops it."""
