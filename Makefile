@@ -101,6 +101,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_hf.py
 	$(PY) bench/bench_lora.py
 	$(PY) bench/bench_packing.py
+	$(PY) bench/bench_dpo.py
 	$(PY) bench/bench_accumulation.py
 	$(PY) bench/bench_activation_checkpointing.py
 	$(PY) bench/bench_scaling.py

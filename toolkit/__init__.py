@@ -57,6 +57,7 @@ PUBLIC_API = {
     "export_run": "toolkit.deploy.export:export_run",
     "register_model": "toolkit.catalogue.model_registry:register_model",
     "token_bits": "toolkit.report.token_bits:token_bits",
+    "evaluate_run": "toolkit.report.evaluation:evaluate_run",
     "token_bits_html": "toolkit.report.token_bits:token_bits_html",
     "serve": "toolkit.deploy.serving.endpoint:serve",
     "measure_endpoint": "toolkit.deploy.serving.load_test:measure_endpoint",

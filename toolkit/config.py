@@ -202,6 +202,14 @@ class TrainConfig:
     """Seed for weights, batch sampling and dropout; a run is reproducible from it."""
     threads: int = bounded(0, ge=0, le=1024)
     """torch intra-op threads per process; 0 means CPU cores divided by the process count."""
+    objective: Literal["model", "dpo"] = "model"
+    """What training minimizes: 'model', the model's own loss (next-token cross entropy over the tokens that count,
+    or a classifier's); 'dpo', Direct Preference Optimization on preference pairs (JSON Lines with "prompt", "chosen"
+    and "rejected"; data.chat=messages where the prompt is a list of turns), against a reference that is the model
+    with its LoRA adapters switched off, or without LoRA a frozen copy of the starting weights."""
+    dpo_beta: float = bounded(0.1, gt=0.0, le=10.0)
+    """train.objective=dpo: DPO's beta, how strongly the policy is held to the reference (TRL's default 0.1); the
+    loss is -log sigmoid(beta x (the policy's chosen-minus-rejected log-probability - the reference's))."""
     compile: bool = False
     """torch.compile the model, in place (both engines; DeepSpeed's engine.compile()): kernels fused, Python overhead
     gone, after the first steps pay for compiling (a compile event says how long, and names each recompilation).
@@ -584,6 +592,8 @@ def _check_relations(cfg: Config) -> None:
                 problem="reads conversations, and data.prompt_field asks for prompt/completion pairs",
             )
         )
+    if cfg.train.objective == "dpo":
+        _check_dpo(cfg)
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             not_allowed(
@@ -673,6 +683,47 @@ def _check_relations(cfg: Config) -> None:
                 "you, debugpy asks for no key",
             )
         )
+
+
+def _check_dpo(cfg: Config) -> None:
+    """train.objective=dpo: a causal language model (the built-in GPT or a transformers one) on preference pairs."""
+    causal = cfg.model.name == "gpt" or (cfg.model.name == "hf" and cfg.model.hf.task == "causal_lm")
+    if not causal:
+        model = cfg.model.name if cfg.model.name != "hf" else f"hf (task {cfg.model.hf.task!r})"
+        raise ConfigError(
+            not_allowed(
+                "train.objective",
+                "dpo",
+                "'model' for this model, or model.name 'gpt' or 'hf' with model.hf.task='causal_lm'",
+                problem=f"needs a causal language model's per-token probabilities, and model.name={model} has none",
+            )
+        )
+    if not (cfg.data.asset or cfg.data.path):
+        raise ConfigError(
+            refused(
+                "data.asset",
+                "is empty, and train.objective=dpo needs preference pairs, which no built-in dataset holds",
+                'a registered asset or a data.path of JSON Lines with "prompt", "chosen" and "rejected"',
+            )
+        )
+    if cfg.data.chat not in ("", "messages"):
+        raise ConfigError(
+            not_allowed(
+                "data.chat",
+                cfg.data.chat,
+                "'messages' (each prompt a list of turns) or empty (prompts are text), with train.objective=dpo",
+            )
+        )
+    for path, value in (("data.prompt_field", cfg.data.prompt_field), ("data.pack", cfg.data.pack)):
+        if value:
+            raise ConfigError(
+                not_allowed(
+                    path,
+                    value,
+                    "its default with train.objective=dpo",
+                    problem='is not used by preference pairs (fields "prompt", "chosen", "rejected"; one pair a row)',
+                )
+            )
 
 
 def _ipv4_loopback(host: str) -> bool:

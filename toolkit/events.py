@@ -105,6 +105,15 @@ class TrainEvent(Event):
         "watchdog.nonfinite=skip: steps whose update was skipped so far for a non-finite loss or gradients",
         optional=True,
     )
+    # train.objective=dpo, means over the interval's pairs (TRL's rewards/* and logps/*)
+    chosen_reward: float | None = _field("DPO: beta x the chosen answers' log-ratio to the reference", optional=True)
+    rejected_reward: float | None = _field(
+        "DPO: beta x the rejected answers' log-ratio to the reference", optional=True
+    )
+    reward_margin: float | None = _field("DPO: chosen_reward - rejected_reward", optional=True)
+    reward_accuracy: float | None = _field("DPO: share of pairs whose chosen reward is the higher, 0..1", optional=True)
+    chosen_logps: float | None = _field("DPO: the policy's log-probability of the chosen answers", optional=True)
+    rejected_logps: float | None = _field("DPO: the policy's log-probability of the rejected answers", optional=True)
 
 
 @dataclass(kw_only=True)
@@ -115,6 +124,13 @@ class EvalEvent(Event):
     step: int = _field("the step it was evaluated at")
     val_loss: float = _field("mean validation loss (nats)")
     val_bpb: float | None = _field("validation bits per byte (byte data only)", optional=True)
+    # train.objective=dpo: the train event's figures over the validation pairs
+    val_chosen_reward: float | None = _field("DPO: see TrainEvent.chosen_reward", optional=True)
+    val_rejected_reward: float | None = _field("DPO: see TrainEvent.rejected_reward", optional=True)
+    val_reward_margin: float | None = _field("DPO: see TrainEvent.reward_margin", optional=True)
+    val_reward_accuracy: float | None = _field("DPO: see TrainEvent.reward_accuracy", optional=True)
+    val_chosen_logps: float | None = _field("DPO: see TrainEvent.chosen_logps", optional=True)
+    val_rejected_logps: float | None = _field("DPO: see TrainEvent.rejected_logps", optional=True)
 
     @property
     def headline(self) -> float:

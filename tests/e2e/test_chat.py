@@ -70,6 +70,15 @@ def test_a_chat_run_packs_learns_the_assistant_turns_and_resumes_exactly_after_s
     losses = {e["step"]: e["loss"] for e in ref.events("train")}
     assert np.mean([losses[s] for s in range(1, 6)]) > np.mean([losses[s] for s in range(36, 41)]) + 1.0, losses
 
+    # trainbook evaluate: the held-out loss the run's own last evaluation measured, against its starting weights
+    evaluated = cli("evaluate", str(ref.path), "--examples", "2", "--max-new-tokens", "8")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    before, after = (float(x) for x in evaluated.stdout.split("\nloss ")[1].split()[:2])
+    assert after == pytest.approx(ref.events("eval")[-1]["val_loss"], rel=1e-4) and after < before - 1
+    answers = [line.split(None, 1) for line in evaluated.stdout.splitlines() if line.startswith("  ")]
+    assert [label for label, _ in answers] == ["prompt", "expected", "before", "after"] * 2
+    assert all(text.endswith(".") and text[:-1].isdigit() for label, text in answers if label == "expected")
+
     kill_at = rng.randint(EVERY + 1, STEPS - 1)
     killed = cli("train", "tiny", "--run-dir", str(tmp_path / "killed"), *flags, "--set",
                  f"fault.kill_at_step={kill_at}", "--max-restarts", "1")

@@ -35,6 +35,7 @@ COMPANIONS = {
     "model.hf.architecture": {"model.name": "hf"},
     "data.prompt_field": {"data.completion_field": "completion"},
     "data.completion_field": {"data.prompt_field": "prompt"},
+    "train.objective": {"data.path": "pairs.jsonl"},  # dpo reads preference pairs, which no built-in data holds
 }
 # The fields of model.hf need model.name=hf and something to build (every path under it not listed above).
 HF_COMPANIONS = {"model.name": "hf", "model.hf.architecture": "llama", "data.path": "labelled.jsonl"}

@@ -8,6 +8,9 @@
              only to the tokens of its own example (a new example starts wherever the position is 0)
     tables   inputs (B, F) float32; labels (B,) int64
     labelled text (classification)   input_ids (B, T), attention_mask (B, T), labels (B,) int64
+    preference pairs (train.objective=dpo)   a text batch twice, its keys prefixed: chosen_input_ids, chosen_labels,
+             chosen_attention_mask, and rejected_...; row i of each holds one of the two answers to the same prompt,
+             labels on the answer only
 """
 
 from __future__ import annotations
@@ -15,3 +18,9 @@ from __future__ import annotations
 IGNORE_INDEX = -100  # a label that counts for no loss (torch's cross_entropy and Hugging Face's convention)
 INPUT_IDS, LABELS, ATTENTION_MASK, INPUTS = "input_ids", "labels", "attention_mask", "inputs"
 POSITION_IDS = "position_ids"
+CHOSEN, REJECTED = "chosen_", "rejected_"  # the prefixes of a preference batch's two halves
+
+
+def half(batch: dict, prefix: str) -> dict:
+    """One half of a preference batch (CHOSEN or REJECTED) as a text batch."""
+    return {key.removeprefix(prefix): value for key, value in batch.items() if key.startswith(prefix)}

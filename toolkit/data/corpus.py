@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from toolkit.data.batch import ATTENTION_MASK, IGNORE_INDEX, INPUT_IDS, INPUTS, LABELS, POSITION_IDS
+from toolkit.data.batch import ATTENTION_MASK, CHOSEN, IGNORE_INDEX, INPUT_IDS, INPUTS, LABELS, POSITION_IDS, REJECTED
 from toolkit.data.documents import SEPARATOR, DataFormat, DataFormatError, data_format
 from toolkit.data.shipped import pydoc_documents, pydoc_text, stdlib_documents, stdlib_files, stdlib_text  # noqa: F401
 from toolkit.data.token_files import TokenFiles, build_token_files, token_file  # noqa: F401 (token_file: public)
@@ -159,6 +159,8 @@ class ExampleCorpus(Corpus):
         instruction   input_ids, labels on the completion only; rows of block_size
         chat          input_ids, labels on the assistant's tokens; conversations that leave no assistant token in
                       a row are dropped and counted (``self.dropped``)
+        preference    pairs of examples (chosen, then rejected: two prompt/answer examples a pair, labels on the
+                      answer), drawn by pair into a batch's two halves (toolkit.data.batch CHOSEN, REJECTED)
         labelled      input_ids, attention_mask, one class label a row
 
     Instruction and chat rows are one example a row padded with pad_id (with an attention_mask), or with ``pack``
@@ -183,7 +185,8 @@ class ExampleCorpus(Corpus):
         self.tokens, self.starts, self.mask, self.labels = files.tokens, files.starts, files.mask, files.labels
         self.label_names = files.meta.get("label_names")
         count = len(self.starts) - 1
-        order = np.random.default_rng(EXAMPLE_ORDER_SEED).permutation(count)
+        self.pairs = mode == "preference"  # the unit drawn, split and counted is then a pair of examples
+        order = np.random.default_rng(EXAMPLE_ORDER_SEED).permutation(count // 2 if self.pairs else count)
         if mode == "chat":
             learnable = self._learnable(block_size + 1)
             self.dropped = int(count - learnable.sum())
@@ -205,7 +208,8 @@ class ExampleCorpus(Corpus):
                     "data.val_fraction",
                     val_fraction,
                     "a share that leaves examples in both splits (or more examples)",
-                    problem=f"splits the {len(order)} examples of {name} into {cut} and {len(order) - cut}"
+                    problem=f"splits the {len(order)} {'pairs' if self.pairs else 'examples'} of {name} into {cut} "
+                    f"and {len(order) - cut}"
                     + (
                         f" ({self.dropped} more dropped: nothing to learn from in {block_size} tokens)"
                         if self.dropped
@@ -216,7 +220,8 @@ class ExampleCorpus(Corpus):
         self.splits = {"train": order[:cut], "val": order[cut:]}
         if not self.labelled:
             in_val = np.zeros(count, dtype=bool)
-            in_val[self.splits["val"]] = True
+            val = self.splits["val"]
+            in_val[np.concatenate([2 * val, 2 * val + 1]) if self.pairs else val] = True
             counted = np.repeat(in_val, np.diff(self.starts)) & (self.mask == 1)
             self.bytes_per_item = bytes_per_token(byte_lengths, self.tokens[counted])
 
@@ -250,7 +255,7 @@ class ExampleCorpus(Corpus):
     def _slice(self, i: int, room: int) -> tuple[int, int]:
         """Where example ``i``'s tokens that fit ``room`` lie in the token file."""
         first, end = int(self.starts[i]), int(self.starts[i + 1])
-        if self.mode == "instruction":
+        if self.mode in ("instruction", "preference"):
             prompt_len = int(np.argmax(self.mask[first:end]))  # the first counted token ends the prompt
             start, stop = fit_example(prompt_len, end - first, room)
         else:  # a text keeps its beginning, as does a conversation
@@ -309,6 +314,11 @@ class ExampleCorpus(Corpus):
             labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
             return {INPUT_IDS: ids[:, :-1], LABELS: labels, POSITION_IDS: positions[:, :-1]}
         examples = self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()]
+        if self.pairs:  # the examples drawn are pairs: 2i chosen, 2i + 1 rejected
+            halves = (self._text_batch(2 * examples), self._text_batch(2 * examples + 1))
+            return {
+                prefix + key: value for prefix, half in zip((CHOSEN, REJECTED), halves) for key, value in half.items()
+            }
         if self.labelled:
             ids, _, valid = self._rows(examples, self.block_size)
             return {
@@ -316,6 +326,10 @@ class ExampleCorpus(Corpus):
                 ATTENTION_MASK: valid.long(),
                 LABELS: torch.from_numpy(np.asarray(self.labels[examples], dtype=np.int64)),
             }
+        return self._text_batch(examples)
+
+    def _text_batch(self, examples: np.ndarray) -> dict:
+        """``examples`` one a row, padded, labels where the loss counts."""
         ids, counted, valid = self._rows(examples, self.block_size + 1)
         labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
         return {INPUT_IDS: ids[:, :-1], LABELS: labels, ATTENTION_MASK: valid[:, :-1].long()}
@@ -342,7 +356,7 @@ class TableCorpus(Corpus):
 
 def _tokenized(cfg, fmt: DataFormat, source, tokenizer, name: str) -> Corpus:
     """A corpus from a source's token files (built on first use) for ``tokenizer``."""
-    if fmt.mode == "chat":  # the template is part of what the token files hold
+    if fmt.chat:  # conversations (or preference prompts' turns): the template is part of what the token files hold
         from toolkit.data.chat import ChatTemplate
 
         fmt = dataclasses.replace(fmt, template_sha256=ChatTemplate(tokenizer).sha256)

@@ -24,7 +24,7 @@ from toolkit.errors import UserError, bounded_repr, refused
 
 SEPARATOR = b"\n\n"  # between two documents, for a tokenizer without an end-of-text token (bytes)
 FORMAT_VERSION = 1  # part of every cache tag: a change to what a token file holds gets new files
-MODES = ("text", "instruction", "chat", "labelled")
+MODES = ("text", "instruction", "chat", "labelled", "preference")
 
 
 class DataFormatError(UserError, ValueError):
@@ -34,12 +34,14 @@ class DataFormatError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class DataFormat:
-    mode: str  # text: documents to pack; instruction: prompt/completion pairs; chat: conversations; labelled: text
+    mode: str  # text: documents to pack; instruction: prompt/completion pairs; chat: conversations; labelled: text;
+    # preference: prompts, each with a chosen and a rejected answer
     text_field: str = ""
     prompt_field: str = ""
     completion_field: str = ""
     label_field: str = ""
-    chat: str = ""  # chat: the shape conversations are kept in (toolkit.data.chat.SHAPES)
+    chat: str = ""  # chat: the shape conversations are kept in (toolkit.data.chat.SHAPES); preference: 'messages'
+    # when prompts are lists of turns
     assistant_loss: str = ""  # chat: 'all' assistant turns count for the loss, or the 'last'
     template_sha256: str = ""  # chat: the chat template's hash, set once the tokenizer is known
 
@@ -55,6 +57,8 @@ class DataFormat:
         """What a JSON Lines line must be, for messages."""
         if self.mode == "chat":
             return chat_allowed(self.chat)
+        if self.mode == "preference":
+            return preference_allowed(self.chat)
         if self.mode == "instruction":
             return (
                 f"one JSON object per line with string fields {self.prompt_field!r} (data.prompt_field) and "
@@ -69,11 +73,13 @@ class DataFormat:
 
 
 def data_format(cfg) -> DataFormat:
-    """The format a config reads its text data as: labelled for a sequence classifier, instruction when
-    data.prompt_field is set, else documents."""
+    """The format a config reads its text data as: labelled for a sequence classifier, preference pairs for DPO,
+    conversations when data.chat is set, instruction when data.prompt_field is, else documents."""
     data = cfg.data
     if cfg.model.name == "hf" and cfg.model.hf.task == "sequence_classification":
         return DataFormat("labelled", text_field=data.text_field, label_field=data.label_field)
+    if cfg.train.objective == "dpo":
+        return DataFormat("preference", chat=data.chat)
     if data.chat:
         return DataFormat("chat", chat=data.chat, assistant_loss=data.assistant_loss)
     if data.prompt_field:
@@ -128,7 +134,7 @@ def label_value(value, field: str, place: str, allowed: str):
 def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
     """One file's records: text mode, documents (a plain file is one, bytes as read; a .jsonl file one per line);
     instruction mode, (prompt, completion) pairs; chat mode, (messages, line number); labelled mode, (text, label,
-    line number). ``where`` names the file in
+    line number); preference mode, (prompt, chosen, rejected, line number). ``where`` names the file in
     messages (e.g. "'train.jsonl' of qa:1")."""
     if not is_jsonl(name):
         if fmt.mode != "text":
@@ -146,6 +152,11 @@ def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
     if fmt.mode == "chat":
         read = CHAT_SHAPES[fmt.chat]
         return [(read(obj, f"line {number} of {where}"), number) for number, obj in jsonl_objects(data, where, fmt)]
+    if fmt.mode == "preference":
+        return [
+            preference_pair(obj, fmt.chat, f"line {number} of {where}")
+            for number, obj in jsonl_objects(data, where, fmt)
+        ]
     for number, obj in jsonl_objects(data, where, fmt):
         if fmt.mode == "text":
             records.append(_string(obj, fmt.text_field, number, where, fmt))
@@ -282,9 +293,9 @@ def _tool_calls(calls, shape: str, place: str, turn: int) -> list[dict]:
     return checked
 
 
-def check_messages(messages, shape: str, place: str) -> list[dict]:
-    """``messages`` checked: a list of turns with known roles and text content, assistant turns not empty, and at
-    least one assistant turn (else there is nothing to learn from)."""
+def check_messages(messages, shape: str, place: str, answered: bool = True) -> list[dict]:
+    """``messages`` checked: a list of turns with known roles and text content, assistant turns not empty, and (when
+    ``answered``) at least one assistant turn, else there is nothing to learn from."""
     if not isinstance(messages, list) or not messages:
         raise _refuse(shape, place, f"has {bounded_repr(messages)}, not a non-empty list of turns")
     checked = []
@@ -304,7 +315,7 @@ def check_messages(messages, shape: str, place: str) -> list[dict]:
         if role == "tool" and isinstance(message.get("tool_call_id"), str):
             turn_out["tool_call_id"] = message["tool_call_id"]
         checked.append(turn_out)
-    if not any(m["role"] == "assistant" for m in checked):
+    if answered and not any(m["role"] == "assistant" for m in checked):
         raise _refuse(shape, place, "has no assistant turn: nothing to learn from")
     return checked
 
@@ -362,3 +373,54 @@ CHAT_SHAPES: dict[str, Callable[[dict, str], list[dict]]] = {
     "sharegpt": _sharegpt,
     "alpaca": _alpaca,
 }
+
+
+# --- preference pairs (train.objective=dpo) -----------------------------------------------------------------------
+
+
+def preference_allowed(chat: str) -> str:
+    """What a line of preference pairs must be, for messages."""
+    prompt = (
+        'a list of turns ({"role": system, user, assistant or tool; "content": text}) ending where the answer starts'
+        if chat
+        else "text"
+    )
+    return (
+        f'one JSON object per line with "prompt": {prompt}; "chosen" and "rejected": two different answers to it, each '
+        'text or a list of one assistant turn (train.objective=dpo)'
+    )
+
+
+def _answer(value, field: str, chat: str, place: str) -> str:
+    """A chosen or rejected answer's text: a string, or (TRL's conversational shape) a list of one assistant turn."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+        if value[0].get("role") == "assistant":
+            value = value[0].get("content")
+    if not isinstance(value, str) or not value.strip():
+        problem = "has no field" if value is None else f"has {bounded_repr(value)}, not a non-empty answer, in field"
+        raise DataFormatError(refused("data", f"{place} {problem} {field!r}", preference_allowed(chat)))
+    return value
+
+
+def preference_pair(obj: dict, chat: str, place: str) -> tuple:
+    """(prompt, chosen, rejected, place) from one line: the prompt text, or its checked turns with ``chat``;
+    refused when an answer is missing or empty, or when chosen and rejected are the same (nothing to prefer)."""
+    allowed = preference_allowed(chat)
+    if chat:
+        if not isinstance(obj.get("prompt"), list):
+            raise DataFormatError(
+                refused(
+                    "data", f"{place} has {bounded_repr(obj.get('prompt'))} in 'prompt', not a list of turns", allowed
+                )
+            )
+        prompt = check_messages(obj["prompt"], "messages", place, answered=False)
+    else:
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str):
+            raise DataFormatError(refused("data", f"{place} has {bounded_repr(prompt)} in 'prompt', not text", allowed))
+    chosen, rejected = (_answer(obj.get(field), field, chat, place) for field in ("chosen", "rejected"))
+    if chosen == rejected:
+        raise DataFormatError(
+            refused("data", f"{place} has the same text in 'chosen' and 'rejected': nothing to prefer", allowed)
+        )
+    return prompt, chosen, rejected, place

@@ -138,7 +138,7 @@ class _Writer:
         self.records = 0
         self.starts: list[int] = [0]
         self.labels: list = []
-        if fmt.mode == "chat":
+        if fmt.chat:  # conversations, or preference pairs whose prompts are turns
             from toolkit.data.chat import ChatTemplate
 
             self.template = ChatTemplate(tokenizer)
@@ -147,15 +147,44 @@ class _Writer:
         self.files["tokens"].write(np.ascontiguousarray(ids, dtype=self.dtype).tobytes())
         self.count += len(ids)
 
+    def _example(self, ids: np.ndarray, counted: np.ndarray) -> None:
+        """One example: its ids, and 1 where a token counts for the loss."""
+        self._tokens(ids)
+        self.files["mask"].write(np.asarray(counted, dtype=np.uint8).tobytes())
+        self.starts.append(self.count)
+
+    def _answered(
+        self, prompts: list, answers: list[str], places: list[str]
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, counted) of each prompt followed by its answer, the answer's tokens (and what ends it) counted: text
+        prompts as instruction pairs are written, turns through the chat template."""
+        if not self.fmt.chat:
+            for prompt, answer in zip(self._encode(prompts), self._encode(answers)):
+                completion = np.concatenate([answer, self.end])
+                yield np.concatenate([prompt, completion]), np.repeat(np.uint8([0, 1]), [len(prompt), len(completion)])
+            return
+        for turns, answer, place in zip(prompts, answers, places):
+            ids, counted = self.template.tokens([*turns, {"role": "assistant", "content": answer}], True, place)
+            yield np.asarray(ids), counted
+
+    def _encode(self, texts: list) -> list[np.ndarray]:
+        return encode_texts(self.tokenizer, texts, self.dtype)
+
     def add(self, chunk: list, where: str) -> None:
-        encode = lambda texts: encode_texts(self.tokenizer, texts, self.dtype)  # noqa: E731
-        if self.fmt.mode == "chat":
+        encode = self._encode
+        if self.fmt.mode == "preference":  # each pair two examples, chosen then rejected
+            prompts, places = [r[0] for r in chunk], [r[3] for r in chunk]
+            chosen = self._answered(prompts, [r[1] for r in chunk], places)
+            rejected = self._answered(prompts, [r[2] for r in chunk], places)
+            for pair in zip(chosen, rejected):
+                for ids, counted in pair:
+                    self._example(ids, counted)
+                self.records += 1
+        elif self.fmt.mode == "chat":
             last_only = self.fmt.assistant_loss == "last"
             for messages, number in chunk:
                 ids, counted = self.template.tokens(messages, last_only, f"line {number} of {where}")
-                self._tokens(np.asarray(ids))
-                self.files["mask"].write(counted.tobytes())
-                self.starts.append(self.count)
+                self._example(np.asarray(ids), counted)
                 self.records += 1
         elif self.fmt.mode == "text":
             for ids in encode(chunk):
@@ -164,13 +193,8 @@ class _Writer:
                 self._tokens(ids)
                 self.records += 1
         elif self.fmt.mode == "instruction":
-            prompts, completions = encode([p for p, _ in chunk]), encode([c for _, c in chunk])
-            for prompt, completion in zip(prompts, completions):
-                counted = np.concatenate([completion, self.end])
-                self._tokens(prompt)
-                self._tokens(counted)
-                self.files["mask"].write(bytes(len(prompt)) + b"\x01" * len(counted))
-                self.starts.append(self.count)
+            for ids, counted in self._answered([p for p, _ in chunk], [c for _, c in chunk], []):
+                self._example(ids, counted)
                 self.records += 1
         else:
             for ids, (_, label, _) in zip(encode([t for t, _, _ in chunk]), chunk):
@@ -186,6 +210,9 @@ def record_text(fmt: DataFormat):
         return lambda record: "\n".join(m["content"] for m in record[0])
     if fmt.mode == "instruction":
         return lambda record: record[0] + record[1]
+    if fmt.mode == "preference":  # (prompt: text or turns, chosen, rejected, place)
+        prompt_text = (lambda turns: "\n".join(m["content"] for m in turns)) if fmt.chat else (lambda text: text)
+        return lambda record: "\n".join([prompt_text(record[0]), record[1], record[2]])
     return (lambda record: record[0]) if fmt.mode == "labelled" else (lambda record: record)
 
 
@@ -213,9 +240,12 @@ def build_token_files(
         return found
     path.parent.mkdir(parents=True, exist_ok=True)
     companions = _companions(path)
-    kept = {"text": [], "instruction": ["starts", "mask"], "chat": ["starts", "mask"]}.get(
-        fmt.mode, ["starts", "labels"]
-    )
+    kept = {
+        "text": [],
+        "instruction": ["starts", "mask"],
+        "chat": ["starts", "mask"],
+        "preference": ["starts", "mask"],
+    }.get(fmt.mode, ["starts", "labels"])
     order = [*kept, "meta", "tokens"]  # renamed in this order: the token file last
     with (
         atomic_files([companions.get(k, path) for k in order]) as opened,
@@ -243,7 +273,7 @@ def build_token_files(
             "companions": kept,
             "label_names": None,
         }
-        if fmt.mode == "chat":
+        if fmt.chat:
             meta["chat_template"] = writer.template.source
         if "starts" in kept:
             files["starts"].write(np.asarray(writer.starts, dtype=np.int64).tobytes())

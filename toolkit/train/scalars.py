@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from toolkit.events import CheckpointEvent, EvalEvent, TrainEvent
 
+# train.objective=dpo's figures (toolkit.train.objectives.DPO), fields of train events and, prefixed val_, eval events
+DPO_FIGURES = ("chosen_reward", "rejected_reward", "reward_margin", "reward_accuracy", "chosen_logps", "rejected_logps")
+
 # event field -> TensorBoard tag
 TRAIN_SCALARS = {
     "loss": "train/loss",
@@ -18,10 +21,15 @@ TRAIN_SCALARS = {
 OPTIONAL_TRAIN_SCALARS = {
     "loss_scale": "train/loss_scale",
     "skipped_steps": "train/skipped_steps",  # fp16
-    "nonfinite_skipped": "train/nonfinite_skipped",
-}  # watchdog.nonfinite=skip
+    "nonfinite_skipped": "train/nonfinite_skipped",  # watchdog.nonfinite=skip
+    **{key: f"dpo/{key}" for key in DPO_FIGURES},  # train.objective=dpo
+}
 MEMORY_TAG = "memory/peak_mb"  # one scalar per rank: memory/peak_mb/rank0, ...
-EVAL_SCALARS = {"val_loss": "eval/val_loss", "val_bpb": "eval/val_bpb"}
+EVAL_SCALARS = {
+    "val_loss": "eval/val_loss",
+    "val_bpb": "eval/val_bpb",
+    **{f"val_{key}": f"eval/dpo_{key}" for key in DPO_FIGURES},
+}
 CHECKPOINT_SCALARS = {key: f"checkpoint/{key}" for key in ("lost_ms", "blocking_ms", "persist_ms", "bytes")}
 SCALARS = {
     TrainEvent: {**TRAIN_SCALARS, **OPTIONAL_TRAIN_SCALARS},

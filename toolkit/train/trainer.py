@@ -33,6 +33,7 @@ from toolkit.train.models import flops_per_item, prepare_model
 from toolkit.checkpoint.rng import restore_rng
 from toolkit.train.faults import FaultPlan, attempt_number
 from toolkit.train.log_window import LogWindow
+from toolkit.train.objectives import build_objective
 from toolkit.train.watchdog import HangWatchdog, NonFiniteGuard, NonFiniteLossError
 from toolkit import safe_load
 from toolkit import status as run_status
@@ -134,18 +135,22 @@ class Trainer:
         # Found before the model is built: a resumed run takes its weights from the checkpoint, not init_from
         self.resume_point, self.unusable = store.find_resume_point()
         model, self.pretrained = prepare_model(cfg, pretrained=self.resume_point is None)
-        self.flops_per_item, self.flops_source = flops_per_item(model, cfg.model)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.engine = build_engine(model, cfg, self.topo)
+        # train.objective: the model's own loss, or DPO (whose reference may be a second model, built here)
+        self.objective = build_objective(cfg, model, self.topo.device)
+        flops, self.flops_source = flops_per_item(model, cfg.model)
+        self.flops_per_item = self.objective.flops_per_token(flops)
+        self.engine = build_engine(model, cfg, self.topo, loss_fn=self.objective)
         if self.topo.is_main and self.engine.deepspeed_config is not None:  # what DeepSpeed got, for people to read
             atomic_write_text(run.deepspeed_config_path, json.dumps(self.engine.deepspeed_config, indent=1) + "\n")
         torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
 
         self.corpus = data_mod.load_corpus(cfg)
         # Items (tokens for text, samples for tables) that all ranks together consume per optimizer step.
-        # e.g. 8 sequences * 4 micro-steps * 128 tokens * 2 ranks = 8,192 tokens per step
+        # e.g. 8 sequences * 4 micro-steps * 128 tokens * 2 ranks = 8,192 tokens per step (DPO: two rows a pair)
         per_micro_step = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
+        per_micro_step *= self.objective.rows_per_item
         self.items_per_step = per_micro_step * cfg.train.grad_accum_steps * self.topo.world_size
         self.step = 0  # optimizer steps completed
         # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
@@ -285,6 +290,7 @@ class Trainer:
         whether any rank was asked to stop (at the last step the run simply completes), and whether this is the last
         step now that the agreed clock is known."""
         closed = window.close(self._stop_asked(), peak_memory_mb(self.topo.device))
+        figures = self.objective.collect("train", self.topo.device)  # DPO's rewards; a collective, every rank
         items_per_s = self.items_per_step * closed.steps / closed.seconds
         if self.sink:
             self.sink.train(
@@ -299,6 +305,7 @@ class Trainer:
                 peak_memory_mb=[round(m, 1) for m in closed.peak_memory_mb],
                 **self._loss_scaling(),
                 **self.guard.train_fields(),
+                **figures,
             )
         stopping = closed.stop_votes > 0 and not last
         if self.cfg.train.max_seconds:
@@ -323,7 +330,7 @@ class Trainer:
         result = {
             "step": self.step,
             "train_seconds": round(agreed_seconds, 3),
-            **(last_val or {}),
+            **{key: value for key, value in (last_val or {}).items() if key in ("val_loss", "val_bpb")},
             "peak_memory_mb": round(peak_memory_mb(self.topo.device), 1),
         }
         if self.sink:
@@ -478,12 +485,14 @@ class Trainer:
             # is one short (eval_batches not a multiple of the ranks) must still join the others' last forward, or
             # they wait for it forever. Its extra forward is not counted.
             per_rank = -(-self.cfg.train.eval_batches // self.topo.world_size)
-            for _ in range(per_rank - count):
-                self._eval_batch(data_mod.val_batch(self.corpus, self.cfg, 0))
+            with self.objective.uncounted():
+                for _ in range(per_rank - count):
+                    self._eval_batch(data_mod.val_batch(self.corpus, self.cfg, 0))
         loss_sum, count = distributed.all_reduce_sum([loss_sum, count], self.topo.device)
         self.engine.train()
         result = {"val_loss": loss_sum / count}
-        bpb = data_mod.bits_per_byte(result["val_loss"], self.corpus)
+        result.update({f"val_{k}": v for k, v in self.objective.collect("val", self.topo.device).items()})
+        bpb = data_mod.bits_per_byte(result["val_loss"], self.corpus) if self.objective.bits_per_byte else None
         if bpb is not None:
             result["val_bpb"] = bpb
         if self.sink:

@@ -1,12 +1,13 @@
 """Model registry: ``model.name`` maps to how the model is built and how a batch becomes its loss (which data
 it trains on is toolkit.config's to check).
 
-The training loop knows nothing of any model. It asks the spec for three things:
+The training loop knows nothing of any model. It asks the spec for these:
 
     model, origin = prepare_model(cfg)              the nn.Module a run trains: built, pretrained weights,
                                                     activation checkpointing, LoRA
     model = build_model(cfg.model)                  an nn.Module as the spec builds it
     loss_fn = loss_function(cfg.model)              loss_fn(model, batch) -> a scalar tensor (batch: see below)
+    logits_fn = logits_function(cfg.model)          logits_fn(model, batch) -> (B, T, vocabulary), causal LMs only
     flops, how = flops_per_item(model, cfg.model)   training FLOPs per token or sample, for MFU, and their source
 
 A batch is a dict of tensors, the same for every model of a kind of data (toolkit.data.batch says which keys).
@@ -24,6 +25,7 @@ class ModelSpec:
     build: Callable  # (ModelConfig) -> torch.nn.Module
     loss: Callable  # (ModelConfig) -> the adapter: (model, batch dict) -> scalar loss tensor
     flops_per_item: Callable | None  # (model, ModelConfig) -> training FLOPs per token/sample (None: estimate)
+    logits: Callable | None = None  # (model, text batch) -> logits (B, T, vocabulary): a causal LM's, for DPO
 
 
 def _build_gpt(cfg):
@@ -54,6 +56,16 @@ def _text_loss(model, batch):
     if "position_ids" in batch:  # packed rows
         return model(batch["input_ids"], batch["labels"], position_ids=batch["position_ids"])
     return model(batch["input_ids"], batch["labels"])
+
+
+def _gpt_logits(model, batch):
+    return model(batch["input_ids"], position_ids=batch.get("position_ids"))
+
+
+def _hf_logits(model, batch):
+    from toolkit.train.models import hf
+
+    return hf.causal_lm_logits(model, batch)
 
 
 def _table_loss(model, batch):
@@ -92,9 +104,9 @@ def _hf_flops(model, cfg):
 
 # Which data each model trains on is toolkit.config's (builtin_datasets, ASSET_TYPES), which validates it.
 MODELS: dict[str, ModelSpec] = {
-    "gpt": ModelSpec(build=_build_gpt, loss=lambda cfg: _text_loss, flops_per_item=_gpt_flops),
+    "gpt": ModelSpec(build=_build_gpt, loss=lambda cfg: _text_loss, flops_per_item=_gpt_flops, logits=_gpt_logits),
     "digits_mlp": ModelSpec(build=_build_digits, loss=lambda cfg: _table_loss, flops_per_item=matmul_flops),
-    "hf": ModelSpec(build=_build_hf, loss=_hf_loss, flops_per_item=_hf_flops),
+    "hf": ModelSpec(build=_build_hf, loss=_hf_loss, flops_per_item=_hf_flops, logits=_hf_logits),
     "custom": ModelSpec(build=_build_custom, loss=_custom_loss, flops_per_item=None),
 }
 
@@ -150,6 +162,14 @@ def enable_activation_checkpointing(model, cfg) -> None:
 def loss_function(cfg):
     """(model, batch) -> scalar loss, for the model ``cfg`` (a ModelConfig) names."""
     return MODELS[cfg.name].loss(cfg)
+
+
+def logits_function(cfg):
+    """(model, text batch) -> logits, for the causal language model ``cfg`` (a ModelConfig) names (the config
+    allows DPO on no other)."""
+    found = MODELS[cfg.name].logits
+    assert found is not None, f"model.name={cfg.name!r} has no logits (toolkit.config refuses DPO on it)"
+    return found
 
 
 def flops_per_item(model, cfg) -> tuple[float, str]:

@@ -246,19 +246,23 @@ def check_activation_checkpointing(cfg, model) -> None:
         )
 
 
+def causal_lm_logits(model, batch):
+    """The logits (B, T, vocabulary) of a text batch."""
+    # packed rows carry position_ids and no attention_mask: transformers then keeps attention inside each example
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch.get("attention_mask"),
+        position_ids=batch.get("position_ids"),
+        use_cache=False,
+    ).logits
+
+
 def causal_lm_loss(model, batch):
     """Next-token cross entropy over the batch's pre-shifted labels (the loop's convention, so bits per byte and
     losses compare with the built-in GPT's), computed from the logits in fp32."""
     import torch.nn.functional as F
 
-    # packed rows carry position_ids and no attention_mask: transformers then keeps attention inside each example
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch.get("attention_mask"),
-        position_ids=batch.get("position_ids"),
-        use_cache=False,
-    )
-    logits = out.logits
+    logits = causal_lm_logits(model, batch)
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1), ignore_index=IGNORE_INDEX
     )
