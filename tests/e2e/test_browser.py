@@ -334,7 +334,7 @@ def course_parameters(tmp_path: Path) -> dict[str, dict]:
         "05_deployment": {"runs_root": runs, "latency_requests": 5, "max_new_tokens": 4,
                           "plan_dir": str(plans / "azure-plan")},
         "06_your_model": {"workspace": ws, "runs_root": runs, "pretrain_steps": 20, "finetune_steps": 6,
-                          "max_new_tokens": 4},
+                          "max_new_tokens": 4, "chat_steps": 6},
     }
 
 

@@ -173,7 +173,7 @@ def test_overview_notebook_maps_the_journey(tmp_path):
 def test_your_model_notebook_trains_a_tokenizer_pretrains_fine_tunes_and_serves(tmp_path):
     executed = execute(NOTEBOOKS / "06_your_model.ipynb", tmp_path,
                        {"workspace": str(tmp_path / "ws"), "runs_root": str(tmp_path / "runs"), "pretrain_steps": 30,
-                        "finetune_steps": 10, "max_new_tokens": 8})
+                        "finetune_steps": 10, "max_new_tokens": 8, "chat_steps": 30})
     html, text, pngs = outputs_of(executed)
     assert "tokenizer: pydoc-bpe512:1, 512 ids" in text and "bytes/token" in text, text
     assert "a transformers folder (from_pretrained loads it)" in text and "registered as llama-docs:1" in text
@@ -186,5 +186,11 @@ def test_your_model_notebook_trains_a_tokenizer_pretrains_fine_tunes_and_serves(
     before, after = map(float, re.search(r"pretrained on docs (\d+\.\d+), after LoRA r=8 (\d+\.\d+)", shaded).groups())
     assert 0 < after < before, shaded  # fine-tuning on code made unseen code more expected
     assert any("completed" in h and "30 / 30" in h for h in html), "the pretraining panel's static twin"
+    # the chat path: evaluated against its starting weights, then called through the openai package, streamed too
+    (evaluated,) = [h for h in html if "held-out prompts answered (greedy)" in h]
+    assert "What does" in evaluated and "against its starting weights" in evaluated, evaluated
+    assert "the chat fine-tune lowered the held-out loss: True" in text, text
+    assert "streamed and whole answers agree: True" in text, text
+    assert "finish: stop" in text or "finish: length" in text, text
     # No nbval re-run: the notebook's longest (~40 s of CPU: a tokenizer, three trainings, two exports, a server),
     # and its two checked cells are asserted above.

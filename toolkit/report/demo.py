@@ -94,6 +94,9 @@ FIGURES = [  # (key recorded by a notebook, label, format)
     ("lora_bpb_after", "code bits/byte after LoRA", ".3f"),
     ("full_bpb_after", "  after a full fine-tune", ".3f"),
     ("hf_endpoint_agrees", "endpoint = plain transformers", ""),
+    ("chat_loss_before", "chat held-out loss before", ".3f"),
+    ("chat_loss_after", "  after a LoRA chat fine-tune", ".3f"),
+    ("openai_stream_agrees", "OpenAI client: streamed = whole", ""),
 ]
 
 

@@ -237,8 +237,11 @@ class Greedy:
             self.stop = self.tokenizer.decode([self.eos_id]) if self.eos_id is not None else SEPARATOR.decode()
 
     def cut(self, text: str) -> str:
-        """``text`` up to where it says its turn ends."""
-        return text[: text.index(self.stop)] if self.stop and self.stop in text else text
+        """``text`` up to where it says its turn ends, or without the start of that marker when it was cut short."""
+        if self.stop and self.stop in text:
+            return text[: text.index(self.stop)]
+        partial = next((n for n in range(len(self.stop) - 1, 0, -1) if text.endswith(self.stop[:n])), 0)
+        return text[: len(text) - partial]
 
     def __call__(self, model, prompt: list[int]) -> str:
         import torch
@@ -252,6 +255,6 @@ class Greedy:
                     break
                 ids.append(token)
                 new.append(token)
-                if self.stop and self.stop in (text := self.tokenizer.decode(new)):
-                    return self.cut(text)
-        return self.tokenizer.decode(new)
+                if self.stop and self.stop in self.tokenizer.decode(new):
+                    break
+        return self.cut(self.tokenizer.decode(new))
