@@ -61,6 +61,7 @@ PUBLIC_API = {
     "token_bits_html": "toolkit.report.token_bits:token_bits_html",
     "serve": "toolkit.deploy.serving.endpoint:serve",
     "measure_endpoint": "toolkit.deploy.serving.load_test:measure_endpoint",
+    "forecast": "toolkit.azure.forecast:forecast_sizes",
     "plan_job": "toolkit.azure.plan:build_plan",
     "write_job_plan": "toolkit.azure.plan:write_plan",
     "plan_deployment": "toolkit.azure.deploy_plan:build_deployment_plan",

@@ -202,6 +202,17 @@ def test_cli_plan_prints_the_table_writes_the_files_and_never_the_subscription(t
     assert "-g rg-train -w ws-train" in submit_md and MASKED in submit_md
     written = "".join(p.read_text() for p in out.iterdir())
     assert SUBSCRIPTION not in proc.stdout + proc.stderr + written
+    assert "## Forecast" not in submit_md  # none asked for
+
+
+def test_a_plan_carries_the_jobs_forecast_into_submit_md(tmp_path, capsys, pydoc_asset):
+    out = tmp_path / "plan"
+    assert main([*_plan_argv(out, "--set", "data.asset=pydoc"), "--forecast-tokens", "20B"]) == 0, capsys.readouterr()
+    submit_md = (out / "submit.md").read_text()
+    forecast = submit_md.split("## Forecast (`trainbook forecast`)")[1].split("## What runs")[0]
+    assert f"{IB_SKU}  " in forecast and "    2    16" in forecast, forecast  # 2 nodes of 8 GPUs
+    assert "tokens: 2e+10, given" in forecast and "Azure's published figure" in forecast
+    assert "price (Standard_ND96asr_v4): 27.20 USD per node-hour" in forecast
 
 
 # --- bad input: one line naming the field, nothing written -------------------------------------------------------
@@ -232,6 +243,7 @@ BAD_PLANS = [
     (["--run-storage", "local"], "--run-storage: 'local' is not allowed with --instance-count 2, as the other "
                                  "nodes' checkpoint shards would never reach node 0's outputs"),
     (["--max-restarts", "-1"], "--max-restarts: -1 is not allowed; allowed: 0 or more"),
+    (["--forecast-tokens", "many"], "--forecast-tokens: 'many' is not allowed"),
     (["--services", "tensorboard,jupyter"], "--services: 'tensorboard,jupyter' names 'jupyter', which is not a "
                                             "service; allowed: a comma-separated list of jupyterlab, vscode, "
                                             "tensorboard, ssh"),

@@ -343,6 +343,7 @@ class Plan:
     data: Any  # azure.ai.ml.entities.Data or None
     job: Any  # azure.ai.ml.entities.CommandJob
     deepspeed: dict | None = None  # what DeepSpeed will be handed on the cluster (None: the torch engine)
+    forecast: Any = None  # toolkit.azure.forecast.ForecastReport of the job, or None (none asked for)
 
     @property
     def world_size(self) -> int:
@@ -572,6 +573,23 @@ def _yaml(name: str, content: dict, create: str) -> str:
     return yaml_text(SCHEMAS[name], content, verb="plan", create=create)
 
 
+def _forecast_md(plan: Plan) -> str:
+    """The job's forecast (time, cost, failures), for the reviewer; nothing when none was asked for."""
+    if plan.forecast is None:
+        return ""
+    report = plan.forecast
+    lines = "\n".join(f"- {line}" for line in report.sources())
+    return f"""## Forecast (`trainbook forecast`)
+
+```
+{report.table()}
+```
+
+{lines}
+
+"""
+
+
 def _submit_md(plan: Plan, out: Path) -> str:
     flags = az_flags(plan.workspace)
     sub = az_account_line(plan.workspace)
@@ -601,7 +619,7 @@ az ml environment create -f environment.yaml {flags}
 {trainbook}
 ```
 
-## What runs
+{_forecast_md(plan)}## What runs
 
 - Each of the {plan.options.instance_count} node(s) runs this once (Azure ML's PyTorch distribution, one process per
   node, sets MASTER_ADDR, MASTER_PORT and NODE_RANK):

@@ -58,8 +58,8 @@ class Advice:
             f"may be higher)"
         )
         return (
-            f"checkpoint every {_duration(self.interval_s)}{steps}: {cost}, MTBF {_duration(self.mtbf_s)}, "
-            f"expected loss per failure {_duration(self.lost_work_per_failure_s)}, overhead "
+            f"checkpoint every {duration(self.interval_s)}{steps}: {cost}, MTBF {duration(self.mtbf_s)}, "
+            f"expected loss per failure {duration(self.lost_work_per_failure_s)}, overhead "
             f"{self.overhead_pct:.2f}%\n{self.formula}"
         )
 
@@ -162,7 +162,8 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as people read a span: '42.0 s', '7.5 min', '12.3 h'."""
     if seconds < 120:
         return f"{seconds:,.1f} s"
     if seconds < 7200:

@@ -67,6 +67,11 @@ def _cmd_plan(args) -> int:
         services=args.services,
         ssh_public_key=args.ssh_public_key,
     )
+    if args.forecast_tokens:  # the job's expected time, cost and failures, in submit.md for its reviewer
+        from toolkit.azure import forecast as fc
+
+        tokens = fc.Sourced(fc.count("--forecast-tokens", args.forecast_tokens), "given")
+        plan.forecast = fc.forecast_config(cfg, plan.sku.name, args.instance_count, tokens)
     return _print_plan(plan, write_plan(plan, args.out), "submit.md")
 
 
@@ -152,6 +157,11 @@ def _add_plan(verbs) -> None:
         "--workspace-config",
         metavar="CONFIG_JSON",
         help="Azure ML config.json: fills resource group and workspace into submit.md",
+    )
+    plan.add_argument(
+        "--forecast-tokens",
+        metavar="TOKENS",
+        help="forecast the job's time, cost and failures for this token budget (300B) into submit.md",
     )
     plan.add_argument("--out", required=True, help="plan folder to write (an earlier plan there is replaced)")
     plan.set_defaults(func=_cmd_plan)

@@ -385,3 +385,30 @@ def scaling(result: dict, out: str | Path) -> Path:
     parts.legend(fontsize=8)
     fig.suptitle(f"{result['config']}: {result['measured_steps']} measured steps per run")
     return _save(fig, out)
+
+
+def forecast_plot(rows: list[dict], out: str | Path, title: str = "Forecast: time against cost") -> Path:
+    """A forecast's rows (toolkit.azure.forecast, as dicts): days against cost, one line per size through its node
+    counts (labelled), so that the cheapest size for a deadline and the fastest for a budget stand out. Rows whose
+    model state does not fit are drawn hollow."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for sku in dict.fromkeys(row["sku"] for row in rows):
+        mine = sorted((r for r in rows if r["sku"] == sku), key=lambda r: r["nodes"])
+        line = ax.plot([r["cost_usd"] for r in mine], [r["days"] for r in mine], marker="o", label=sku)[0]
+        for r in mine:
+            if not r["fits"]:
+                ax.plot(r["cost_usd"], r["days"], marker="o", markerfacecolor="white", color=line.get_color())
+            ax.annotate(
+                f"{r['nodes']}", (r["cost_usd"], r["days"]), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
+    costs = [r["cost_usd"] for r in rows]
+    if min(costs) > 0 and max(costs) / min(costs) > 10:  # a log axis only where costs span decades
+        ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cost, USD (node counts labelled)")
+    ax.set_ylabel("wall-clock days")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
