@@ -14,14 +14,15 @@ from toolkit.rundir import RunDir
 from conftest import cli
 
 DEMO = ["--set", "train.max_seconds=0", "--set", "train.min_steps=0", "--set", "profile.enabled=false",
-        "--set", "train.eval_every=100000", "--set", "train.eval_batches=1", "--set", "checkpoint.at_end=false"]
+        "--set", "train.eval_every=100000", "--set", "train.eval_batches=1", "--set", "checkpoint.at_end=false",
+        "--set", "train.log_every=5"]
 TOKENS_PER_STEP = 16 * 128  # the demo config's batch of 16 rows of 128 bytes
 
 
 def test_a_forecast_from_a_short_measured_run_lands_within_a_quarter_of_the_run(tmp_path):
-    measured = cli("train", "demo", "--run-dir", str(tmp_path / "short"), *DEMO, "--set", "train.max_steps=80")
+    measured = cli("train", "demo", "--run-dir", str(tmp_path / "short"), *DEMO, "--set", "train.max_steps=40")
     assert measured.returncode == 0, measured.stderr[-3000:]
-    steps = 400
+    steps = 160
     proc = cli("forecast", "demo", *DEMO, "--sku", "local", "--mfu", f"run:{tmp_path / 'short'}",
                "--tokens", str(steps * TOKENS_PER_STEP), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]

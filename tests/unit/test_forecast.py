@@ -84,3 +84,18 @@ def test_bad_input_is_refused_naming_the_field(call, problem):
     with pytest.raises(AzureError) as caught:
         call()
     assert problem in str(caught.value)
+
+
+def test_the_throughput_comes_from_tflops_a_gpu_report_or_a_share_each_named():
+    from toolkit.azure.forecast import throughput
+    from toolkit.paths import PROJECT_ROOT
+
+    mfu, peak = throughput(tflops=157, skus=["Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4"])
+    assert mfu.value == pytest.approx(157 / 312) and mfu.source == "157 TFLOP/s per GPU, given" and peak is None
+    with pytest.raises(AzureError, match="--tflops: 157 is not allowed; allowed: sizes of one GPU model"):
+        throughput(tflops=157, skus=["Standard_ND96asr_v4", "Standard_ND96isr_H100_v5"])
+    report = PROJECT_ROOT / "bench" / "results" / "2026-11-27T2205-h200" / "gpu_check.json"  # a committed report
+    mfu, _ = throughput(f"gpu-report:{report}")
+    assert mfu.value == pytest.approx(0.4069) and "NVIDIA H200, a 86M-parameter GPT, compiled" in mfu.source
+    assert throughput(0.4)[0] == Sourced(0.4, "given") and throughput("0.35")[0] == Sourced(0.35, "given")
+    assert throughput()[0] is AZURE_PUBLISHED_MFU

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from toolkit.azure.errors import AzureError
 from toolkit.azure.skus import SKUS, Sku, get_sku
-from toolkit.checkpoint.interval_advisor import duration
+from toolkit.checkpoint.interval_advisor import advise, duration
 from toolkit.errors import not_allowed
 
 LOCAL = "local"  # this machine, as a "size": one process, its measured peak
@@ -152,7 +152,7 @@ class Forecast:
     zero_stage: int | None
     lowest_fitting_stage: int | None  # None: no ZeRO stage fits these GPUs
     memory_gib: float
-    gpu_memory_gib: float
+    gpu_memory_gib: float | None  # None: this machine (no GPU memory to fit)
     fits: bool
     memory_advice: str
 
@@ -373,8 +373,6 @@ def forecast(
     """The forecast of every (size, nodes) in ``targets`` (see the module's docstring). ``mfu`` None: Azure's
     published figure. ``measured_peak``: the peak ``mfu`` was measured against, which the ``local`` size uses.
     ``batch_per_gpu``: sequences of model.sequence tokens each GPU takes a step, for the step time."""
-    from toolkit.checkpoint.interval_advisor import advise
-
     positive("params", model.params, "a positive number of parameters")
     positive("tokens", tokens.value, "a positive number of tokens")
     mfu = mfu or AZURE_PUBLISHED_MFU
@@ -443,7 +441,7 @@ def forecast(
                 zero_stage=stage,
                 lowest_fitting_stage=lowest,
                 memory_gib=state.total_gib,
-                gpu_memory_gib=gpu_memory,
+                gpu_memory_gib=gpu_memory if math.isfinite(gpu_memory) else None,
                 fits=fits,
                 memory_advice=memory_advice,
             )

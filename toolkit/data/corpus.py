@@ -67,6 +67,7 @@ class Corpus:
     tokenizer: dict | None = None  # the tokenizer's key, sha256, source and vocab_size (text only)
     label_names: list[str] | None = None  # class names in id order, when the labels were names
     dropped: int = 0  # examples left out: conversations with no assistant token within block_size of their start
+    pairs: bool = False  # preference pairs: a batch is two halves, chosen and rejected (toolkit.data.batch)
 
     def batch(
         self, split: str, batch_size: int, generator: torch.Generator, shard: tuple[int, int] = (0, 1)

@@ -41,6 +41,13 @@ class Sample:
     after: str
 
 
+SCORE_COLUMNS = [
+    Column("held out", "name"),
+    Column("before", "before", ".4f", True),
+    Column("after", "after", ".4f", True),
+]
+
+
 @dataclass
 class Evaluation:
     run: str
@@ -54,15 +61,10 @@ class Evaluation:
         return asdict(self)
 
     def text(self) -> str:
-        columns = [
-            Column("held out", "name"),
-            Column("before", "before", ".4f", True),
-            Column("after", "after", ".4f", True),
-        ]
         lines = [
             f"{self.run}: {self.checkpoint} (step {self.step}) against the weights it started from, on {self.data}"
         ]
-        lines += ["", text_table(self.scores, columns)]
+        lines += ["", text_table(self.scores, SCORE_COLUMNS)]
         for i, s in enumerate(self.samples, 1):
             lines += ["", f"example {i}"]
             for label, value in (
@@ -77,11 +79,7 @@ class Evaluation:
     def html(self) -> str:
         scores = html_table(
             self.scores,
-            [
-                Column("held out", "name"),
-                Column("before", "before", ".4f", True),
-                Column("after", "after", ".4f", True),
-            ],
+            SCORE_COLUMNS,
             caption=f"{self.checkpoint} (step {self.step}) against its starting weights, on {self.data}",
         )
         if not self.samples:
@@ -156,7 +154,7 @@ def _scores(cfg, corpus, before, after, batches) -> list[Score]:
     from toolkit.train.models import loss_function
 
     loss_fn = loss_function(cfg.model)
-    if getattr(corpus, "pairs", False):
+    if corpus.pairs:
         parts = {
             "loss on the chosen answers": lambda batch: half(batch, CHOSEN),
             "loss on the rejected answers": lambda batch: half(batch, REJECTED),
@@ -174,11 +172,7 @@ def _scores(cfg, corpus, before, after, batches) -> list[Score]:
     scores = [
         Score(name, total_before / count, total_after / count) for name, (total_before, total_after) in sums.items()
     ]
-    bpb = (
-        [None]
-        if getattr(corpus, "pairs", False)
-        else [bits_per_byte(s, corpus) for s in (scores[0].before, scores[0].after)]
-    )
+    bpb = [None] if corpus.pairs else [bits_per_byte(s, corpus) for s in (scores[0].before, scores[0].after)]
     if None not in bpb:  # text data: the same figure in bits per byte
         scores.append(Score("bits per byte", *bpb))
     return scores
