@@ -280,3 +280,87 @@ class AzureStatusPanel(Panel):
 
     def static_html(self) -> str:
         return self.status_html.value + self.outcome_of(self.check_button).value
+
+
+class ForecastPanel(Panel):
+    """A full run's time, cost and failures before the cluster is booked (toolkit.azure.forecast): a model size, a
+    token budget, the Azure sizes and node counts to compare, and the MFU to assume; "Forecast" shows the table,
+    where each input came from, and days against cost."""
+
+    field_labels = {
+        "--params": "parameters",
+        "--tokens": "tokens",
+        "--nodes": "nodes",
+        "--mfu": "MFU",
+        "--sku": "sizes",
+    }
+
+    def __init__(
+        self,
+        params: str = "1.3B",
+        tokens: str = "",
+        sizes: tuple[str, ...] = ("Standard_NC96ads_A100_v4", "Standard_ND96isr_H100_v5"),
+        nodes: str = "1,2,4",
+        mfu: str = "azure",
+    ):
+        from toolkit.azure.forecast import training_sizes
+
+        super().__init__()
+        wide = w.Layout(width="480px")
+        self.params = w.Text(value=params, description="parameters", layout=wide)
+        self.tokens = w.Text(value=tokens, description="tokens", placeholder="empty: 20 a parameter", layout=wide)
+        self.sizes = w.SelectMultiple(
+            options=[sku.name for sku in training_sizes()], value=tuple(sizes), description="sizes", rows=6, layout=wide
+        )
+        self.nodes = w.Text(value=nodes, description="nodes", layout=wide)
+        self.mfu = w.Text(value=mfu, description="MFU", placeholder="azure, 0.4, run:RUN_DIR", layout=wide)
+        self.forecast_button = self.button("Forecast", self.refresh, style="primary", tooltip="time, cost, failures")
+        self.table, self.sources = w.HTML(), w.HTML()
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="720px"))
+        self._png = b""
+        self.report = None
+        self.view = w.VBox(
+            [
+                self.params,
+                self.tokens,
+                self.sizes,
+                self.nodes,
+                self.mfu,
+                w.HBox([self.forecast_button, self.outcome_of(self.forecast_button).view]),
+                self.table,
+                self.sources,
+                self.plot,
+                self.message,
+            ]
+        )
+        self.guarded(self.refresh, self.outcome_of(self.forecast_button))
+
+    def refresh(self):
+        """Forecast the form's model on its sizes and node counts; returns the ForecastReport."""
+        from toolkit.azure.errors import AzureError
+        from toolkit.azure.forecast import forecast_sizes
+        from toolkit.errors import not_allowed
+        from toolkit.report import plots
+
+        nodes = []
+        for item in self.nodes.value.split(","):
+            if not item.strip().isdigit() or int(item) < 1:
+                raise AzureError(not_allowed("--nodes", item.strip(), "whole numbers of 1 or more, comma-separated"))
+            nodes.append(int(item))
+        if not self.sizes.value:
+            raise AzureError(not_allowed("--sku", "", "at least one size"))
+        self.report = report = forecast_sizes(
+            self.params.value.strip(),
+            list(self.sizes.value),
+            nodes,
+            tokens=self.tokens.value.strip() or None,
+            mfu=self.mfu.value.strip(),
+        )
+        self.table.value = report.table(html=True)
+        self.sources.value = pre_html("\n".join(report.sources()))
+        self._png = plot_png(plots.forecast_plot, [row.to_dict() for row in report.rows])
+        self.plot.value = self._png
+        return report
+
+    def static_html(self) -> str:
+        return f"<div>{self.table.value}{self.sources.value}{png_html(self._png, 720)}{self.message.value}</div>"

@@ -22,7 +22,7 @@ from toolkit.rundir import RunDir
 from widgets.checkpoints import CheckpointsPanel
 from widgets.data import DataPanel, path_suggestions
 from widgets.journey import STEPS, JourneyPanel
-from widgets.resources import AzureStatusPanel, MemoryPanel
+from widgets.resources import AzureStatusPanel, ForecastPanel, MemoryPanel
 
 # --- data --------------------------------------------------------------------------------------------------------
 
@@ -238,6 +238,23 @@ def test_memory_sliders_update_the_estimate():
     assert panel.headline.value in panel.static_html()
     with pytest.raises(ConfigError, match="params: 'seven' is not allowed"):
         MemoryPanel(model_size="seven")
+
+
+def test_the_forecast_panel_compares_sizes_and_says_a_bad_field_by_its_label():
+    panel = ForecastPanel(params="7B", tokens="140B", sizes=("Standard_ND96isr_H100_v5",), nodes="1,4").show()
+    assert [row.nodes for row in panel.report.rows] == [1, 4] and panel.plot.value[:4] == b"\x89PNG"
+    assert "Standard_ND96isr_H100_v5" in panel.table.value and "tokens: 1.4e+11, given" in panel.sources.value
+    panel.sizes.value = ("Standard_ND96isr_H100_v5", "Standard_ND96amsr_A100_v4")
+    panel.nodes.value = "2"
+    panel.forecast_button.click()
+    assert sorted(row.sku for row in panel.report.rows) == ["Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5"]
+    panel.nodes.value = "2,zero"
+    panel.forecast_button.click()
+    assert "nodes: &#x27;zero&#x27; is not allowed" in panel.outcome_of(panel.forecast_button).value
+    panel.nodes.value, panel.params.value = "1", "lots"
+    panel.forecast_button.click()
+    assert "parameters: &#x27;lots&#x27; is not allowed" in panel.outcome_of(panel.forecast_button).value
+    assert panel.table.value in panel.static_html()  # the last good forecast stays
 
 
 def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):

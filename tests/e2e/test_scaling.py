@@ -108,11 +108,12 @@ def test_the_scaling_notebook_measures_both_pieces_of_advice(tmp_path):
     nb = nbformat.read(executed, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     text = "".join(o.get("text", "") for o in outputs)
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3, "the two series' pictures, the forecast's"
-    # the forecast: two sizes at three node counts, each input with its source
-    (table,) = [o["data"]["text/html"] for o in outputs if "GPU-hours" in o.get("data", {}).get("text/html", "")]
-    assert table.count("Standard_ND96isr_H100_v5") == 3 and table.count("Standard_NC96ads_A100_v4") == 3, table
-    assert "Chinchilla's 20 tokens a parameter" in text and "Azure's published figure" in text, text
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2, "the two series' pictures"
+    # the forecast panel's static twin: two sizes at three node counts, each input with its source, the picture
+    (panel,) = [o["data"]["text/html"] for o in outputs if "GPU-hours" in o.get("data", {}).get("text/html", "")]
+    assert panel.count("Standard_ND96isr_H100_v5<") == 3 and panel.count("Standard_NC96ads_A100_v4<") == 3, panel
+    assert "Chinchilla&#x27;s 20 tokens a parameter" in panel and "data:image/png;base64" in panel
+    assert "fastest here: 4 x Standard_ND96isr_H100_v5" in text, text
     assert sum("efficiency vs linear" in o.get("data", {}).get("text/html", "") for o in outputs) == 2
     assert "a bigger batch per process raised scaling efficiency here: " in text, text
     assert "independent trials side by side got more done than one distributed run here: " in text, text

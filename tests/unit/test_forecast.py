@@ -99,3 +99,13 @@ def test_the_throughput_comes_from_tflops_a_gpu_report_or_a_share_each_named():
     assert mfu.value == pytest.approx(0.4069) and "NVIDIA H200, a 86M-parameter GPT, compiled" in mfu.source
     assert throughput(0.4)[0] == Sourced(0.4, "given") and throughput("0.35")[0] == Sourced(0.35, "given")
     assert throughput()[0] is AZURE_PUBLISHED_MFU
+
+
+def test_an_mfu_measured_here_says_it_scales_by_the_ratio_of_the_peaks_on_a_gpu():
+    here = Sourced(0.5, "measured by run r on this machine")
+    report = forecast(ModelShape(1e9), Sourced(1e9, "given"), [("local", 1), ("Standard_ND96asr_v4", 1)], mfu=here,
+                      measured_peak=Sourced(312e9, "measured peak"))
+    local, gpu = report.rows
+    assert local.mfu == here and local.tokens_per_s == pytest.approx(0.5 * 312e9 / 6e9)
+    assert "scales the measured throughput by the ratio of the peaks (1,000x)" in gpu.mfu.source
+    assert gpu.tokens_per_s == pytest.approx(1000 * 8 * local.tokens_per_s)  # 8 GPUs, each 1,000x the peak

@@ -396,8 +396,14 @@ def forecast(
             size, gpus, gpu_memory = sku.name, sku.gpus * nodes, float(sku.gpu_mem_gib)
             found = _gpu_peak(sku)
         assert found is not None  # resolve_sku refuses a size without one
-        peak = found
-        tokens_per_s = gpus * mfu.value * peak.value / flops_per_token.value
+        peak, row_mfu = found, mfu
+        if sku is not None and measured_peak is not None:  # measured here, applied to a GPU: say what that means
+            row_mfu = Sourced(
+                mfu.value,
+                f"{mfu.source}; applied to this GPU's peak, which scales the measured throughput by the ratio of the "
+                f"peaks ({peak.value / measured_peak.value:,.0f}x)",
+            )
+        tokens_per_s = gpus * row_mfu.value * peak.value / flops_per_token.value
         train_s = tokens.value / tokens_per_s
 
         stage, state, fits, memory_advice, lowest = _memory(model.params, precision, zero_stage, gpus, gpu_memory)
@@ -426,7 +432,7 @@ def forecast(
                 if batch_per_gpu and model.sequence
                 else None,
                 peak_flops=peak,
-                mfu=mfu,
+                mfu=row_mfu,
                 tokens_per_s=tokens_per_s,
                 train_s=train_s,
                 checkpoint_cost=cost,
