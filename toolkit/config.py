@@ -685,10 +685,14 @@ def _check_relations(cfg: Config) -> None:
         )
 
 
+def is_causal_lm(model: ModelConfig) -> bool:
+    """Does the model predict the next token (the built-in GPT, or a transformers model with task causal_lm)?"""
+    return model.name == "gpt" or (model.name == "hf" and model.hf.task == "causal_lm")
+
+
 def _check_dpo(cfg: Config) -> None:
     """train.objective=dpo: a causal language model (the built-in GPT or a transformers one) on preference pairs."""
-    causal = cfg.model.name == "gpt" or (cfg.model.name == "hf" and cfg.model.hf.task == "causal_lm")
-    if not causal:
+    if not is_causal_lm(cfg.model):
         model = cfg.model.name if cfg.model.name != "hf" else f"hf (task {cfg.model.hf.task!r})"
         raise ConfigError(
             not_allowed(
@@ -712,6 +716,15 @@ def _check_dpo(cfg: Config) -> None:
                 "data.chat",
                 cfg.data.chat,
                 "'messages' (each prompt a list of turns) or empty (prompts are text), with train.objective=dpo",
+            )
+        )
+    if cfg.engine.name == "deepspeed" and cfg.engine.zero_stage == 3 and not cfg.model.lora.rank:
+        raise ConfigError(
+            not_allowed(
+                "engine.zero_stage",
+                3,
+                "0 to 2 for a DPO full fine-tune, or model.lora.rank > 0 (the reference is then the model itself)",
+                problem="would keep the reference, a frozen copy of the whole model, unpartitioned on every rank",
             )
         )
     for path, value in (("data.prompt_field", cfg.data.prompt_field), ("data.pack", cfg.data.pack)):

@@ -126,7 +126,7 @@ ACTING_FIELDS = (
     ActingField("model.factory", RUNS_CODE, lambda cfg: _set(cfg.model.factory)),
     ActingField("model.loss", RUNS_CODE, lambda cfg: _set(cfg.model.loss)),
     ActingField("model.code_path", RUNS_CODE, lambda cfg: _set(cfg.model.code_path)),  # first on sys.path
-    ActingField("model.hf.source", REACHES_NETWORK, _hub_id, verbs=("resume", "export")),
+    ActingField("model.hf.source", REACHES_NETWORK, _hub_id, verbs=("resume", "export", "evaluate")),
     ActingField(
         "tracking.mlflow_uri",
         REACHES_NETWORK,
@@ -135,7 +135,7 @@ ACTING_FIELDS = (
     # the whole section: where it listens is part of what is vouched for
     ActingField("debug", OPENS_PORT, lambda cfg: dataclasses.asdict(cfg.debug) if cfg.debug.enabled else None),
     ActingField("engine.deepspeed", DEEPSPEED_ACTS, _deepspeed_actions),
-    ActingField("data.workspace", WRITES_OUTSIDE, _new_workspace),
+    ActingField("data.workspace", WRITES_OUTSIDE, _new_workspace, verbs=("resume", "evaluate")),
 )
 
 

@@ -338,15 +338,13 @@ class ForecastPanel(Panel):
     def refresh(self):
         """Forecast the form's model on its sizes and node counts; returns the ForecastReport."""
         from toolkit.azure.errors import AzureError
-        from toolkit.azure.forecast import forecast_sizes
+        from toolkit.azure.forecast import forecast_sizes, node_counts
         from toolkit.errors import not_allowed
         from toolkit.report import plots
 
-        nodes = []
-        for item in self.nodes.value.split(","):
-            if not item.strip().isdigit() or int(item) < 1:
-                raise AzureError(not_allowed("--nodes", item.strip(), "whole numbers of 1 or more, comma-separated"))
-            nodes.append(int(item))
+        self.table.value = self.sources.value = ""  # a failed forecast leaves no earlier one beside its error
+        self._png, self.plot.value = b"", b""
+        nodes = node_counts(self.nodes.value)
         if not self.sizes.value:
             raise AzureError(not_allowed("--sku", "", "at least one size"))
         self.report = report = forecast_sizes(

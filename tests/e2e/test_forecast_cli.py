@@ -58,6 +58,12 @@ def test_a_cluster_forecast_prints_its_table_and_sources_and_draws_time_against_
     (["--params", "lots", "--sku", "Standard_ND96asr_v4"], "--params: 'lots' is not allowed"),
     (["--params", "7B", "--sku", "Standard_ND96asr_v4", "--mfu", "fast"], "--mfu: 'fast' is not allowed"),
     (["--params", "50T", "--sku", "Standard_NC24ads_A100_v4"], "fits none of them at any ZeRO stage"),
+    (["--params", "7B", "--sku", "Standard_ND96asr_v4", "--price", "Standard_Nope=3"],
+     "--price: 'Standard_Nope=3' is not allowed; allowed: SIZE=USD_PER_HOUR"),
+    (["demo", "--layers", "8", "--sku", "Standard_ND96asr_v4"], "--layers: 8 is not allowed; allowed: a whole "
+                                                               "number of 1 or more, with --params"),
+    (["--params", "7B", "--sku", "Standard_ND96asr_v4", "--price", "Standard_ND96asr_v4"],
+     "--price: 'Standard_ND96asr_v4' is not allowed"),
 ])
 def test_bad_input_is_refused_naming_the_flag(flags, problem):
     proc = cli("forecast", *flags)

@@ -254,7 +254,7 @@ def test_the_forecast_panel_compares_sizes_and_says_a_bad_field_by_its_label():
     panel.nodes.value, panel.params.value = "1", "lots"
     panel.forecast_button.click()
     assert "parameters: &#x27;lots&#x27; is not allowed" in panel.outcome_of(panel.forecast_button).value
-    assert panel.table.value in panel.static_html()  # the last good forecast stays
+    assert panel.table.value == "" and "GPU-hours" not in panel.static_html()  # no earlier forecast beside the error
 
 
 def test_azure_status_names_the_missing_piece(tmp_path, monkeypatch):

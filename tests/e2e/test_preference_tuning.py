@@ -100,6 +100,9 @@ def test_a_full_dpo_fine_tune_of_the_builtin_gpt_runs_under_deepspeed_zero2_on_t
     assert train[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert np.mean([preference_gap(e) for e in train[-5:]]) > np.mean([preference_gap(e) for e in train[:5]]) + 5
     assert train[-1]["tokens_per_s"] > 0 and len(train[-1]["peak_memory_mb"]) == 2
+    # its export checks ONNX against torch on held-out text: the chosen answers of the validation pairs
+    exported = cli("export", str(tmp_path / "r"), "--json")
+    assert exported.returncode == 0 and json.loads(exported.stdout)["parity_ok"], exported.stderr[-3000:]
 
 
 def test_a_pair_whose_answers_are_the_same_is_refused_before_a_run_directory_exists(tmp_path):

@@ -182,6 +182,8 @@ def test_a_bad_pair_is_refused_naming_the_line_and_the_field(row, chat, problem)
     (["data.path=p.jsonl", "data.pack=true"], "data.pack: True is not used by preference pairs"),
     (["data.path=p.jsonl", "data.chat=sharegpt"], "data.chat: 'sharegpt' is not allowed"),
     (["data.path=p.jsonl", "train.dpo_beta=0"], "train.dpo_beta"),
+    (["data.path=p.jsonl", "engine.name=deepspeed", "engine.zero_stage=3"],
+     "engine.zero_stage: 3 would keep the reference, a frozen copy of the whole model, unpartitioned on every rank"),
 ])
 def test_a_dpo_config_that_cannot_work_is_refused_naming_the_field(overrides, problem):
     with pytest.raises(config.ConfigError) as caught:
@@ -209,3 +211,24 @@ def test_dpo_figures_are_the_scalars_tensorboard_and_mlflow_show():
         f"dpo/{name}": v for name, v in figures.items()}
     val = EvalEvent(step=3, val_loss=0.6, **{f"val_{name}": v for name, v in figures.items()})
     assert scalars(val)["eval/dpo_reward_accuracy"] == figures["reward_accuracy"]
+
+
+def test_a_pairs_two_rows_read_the_same_prompt_however_long_their_answers():
+    import numpy as np
+
+    from toolkit.data.corpus import ExampleCorpus
+    from toolkit.data.token_files import TokenFiles
+
+    prompt = np.arange(1, 41, dtype=np.uint8)  # 40 prompt tokens; the rows hold 49 (block_size 48 + 1)
+    chosen, rejected = np.full(5, 100, np.uint8), np.full(30, 200, np.uint8)  # short and long answers
+    examples = [np.concatenate([prompt, chosen]), np.concatenate([prompt, rejected])] * 2  # two pairs
+    masks = [np.concatenate([np.zeros(40, np.uint8), np.ones(len(e) - 40, np.uint8)]) for e in examples]
+    starts = np.concatenate([[0], np.cumsum([len(e) for e in examples])]).astype(np.int64)
+    files = TokenFiles(None, np.concatenate(examples), starts, np.concatenate(masks), None, {"bytes": int(starts[-1])})
+    corpus = ExampleCorpus("pairs", files, "0" * 64, 48, 0.5, 0, np.ones(256, dtype=np.int64), mode="preference")
+    batch = corpus.batch("train", 1, torch.Generator().manual_seed(0))
+    rows = {prefix: batch[prefix + "input_ids"][0].tolist() for prefix in (CHOSEN, REJECTED)}
+    # alone, the chosen row would keep all 40 prompt tokens and the rejected row its last 24 (fit_example keeps
+    # half the row for a long answer): together both keep the same 24, so the margin compares answers, not contexts
+    assert rows[CHOSEN][:24] == rows[REJECTED][:24] == list(range(17, 41))
+    assert rows[CHOSEN][24:29] == [100] * 5 and rows[REJECTED][24:48] == [200] * 24

@@ -109,3 +109,28 @@ def test_an_mfu_measured_here_says_it_scales_by_the_ratio_of_the_peaks_on_a_gpu(
     assert local.mfu == here and local.tokens_per_s == pytest.approx(0.5 * 312e9 / 6e9)
     assert "scales the measured throughput by the ratio of the peaks (1,000x)" in gpu.mfu.source
     assert gpu.tokens_per_s == pytest.approx(1000 * 8 * local.tokens_per_s)  # 8 GPUs, each 1,000x the peak
+
+
+def test_a_torch_engine_config_forecasts_its_state_whole_on_every_gpu_and_deepspeed_its_own_stage():
+    from toolkit import config
+    from toolkit.azure.forecast import shape_of_config
+
+    assert shape_of_config(config.load("demo"))[3] == 0  # DDP: no partitioning, whatever would fit
+    deepspeed = config.load("demo", ["engine.name=deepspeed", "engine.zero_stage=2"])
+    shape, batch, precision, stage = shape_of_config(deepspeed)
+    assert (batch, stage, shape.layers, shape.width, shape.sequence) == (16, 2, 4, 96, 128)
+
+
+@pytest.mark.parametrize("call, problem", [
+    (lambda t: t(tflops=400, skus=["Standard_ND96asr_v4"]), "--tflops: 400 is not allowed; allowed: at most the "
+                                                             "GPU's peak, 312 TFLOP/s"),
+    (lambda t: t("gpu-report:/nonexistent/gpu_check.json"), "--mfu: 'gpu-report:/nonexistent/gpu_check.json' cannot "
+                                                            "be read"),
+    (lambda t: t("run:/nonexistent/run"), "--mfu: 'run:/nonexistent/run' has none"),
+])
+def test_a_throughput_source_that_cannot_be_used_is_refused_naming_its_flag(call, problem):
+    from toolkit.azure.forecast import throughput
+
+    with pytest.raises(AzureError) as caught:
+        call(throughput)
+    assert problem in str(caught.value)

@@ -99,3 +99,12 @@ def test_a_forged_or_broken_signature_is_no_signature(tmp_path, monkeypatch, pla
     trust.require(tmp_path, cfg, "resume", trust_run=True)  # the user said so: signed from now on
     assert json.loads((tmp_path / trust.TRUST_FILE).read_text())["fields"] == ["debug"]
     trust.require(tmp_path, cfg, "resume")
+
+
+def test_evaluate_asks_for_what_it_acts_on_a_model_source_and_a_new_workspace_not_code_it_never_runs(tmp_path):
+    cfg = cfg_with("model.name=hf", "model.hf.source=someone/some-model", "data.workspace=/somewhere/new",
+                   "debug.enabled=true")
+    assert set(trust.untrusted(tmp_path, cfg, "evaluate")) == {"model.hf.source", "data.workspace"}
+    with pytest.raises(trust.UntrustedRunError) as refused:
+        trust.require(tmp_path, cfg, "evaluate")
+    assert "`trainbook evaluate RUN_DIR --trust-run`" in str(refused.value)

@@ -107,8 +107,9 @@ class ModelShape:
 
 
 def shape_of_config(cfg, name: str = "") -> tuple[ModelShape, int, str, int | None]:
-    """(the model's shape, sequences per GPU a step, precision, the ZeRO stage it sets or None) of a config: its
-    parameters counted on the meta device, the shape of the built-in GPT or of a transformers config."""
+    """(the model's shape, sequences per GPU a step, precision, the ZeRO stage it runs: 0 for the torch engine) of
+    a config: its parameters counted on the meta device, the shape of the built-in GPT or of a transformers
+    config."""
     from toolkit.resources.zero_stages import model_params
 
     m = cfg.model
@@ -117,7 +118,7 @@ def shape_of_config(cfg, name: str = "") -> tuple[ModelShape, int, str, int | No
         hf = m.hf.config or {}
         layers, width = int(hf.get("num_hidden_layers", 0) or 0), int(hf.get("hidden_size", 0) or 0)
     shape = ModelShape(float(model_params(cfg)), layers, width, m.block_size, name=name or f"config {cfg.name}")
-    stage = cfg.engine.zero_stage if cfg.engine.name == "deepspeed" else None
+    stage = cfg.engine.zero_stage if cfg.engine.name == "deepspeed" else 0  # DDP keeps every state whole
     precision = cfg.engine.precision if cfg.engine.precision != "fp32" else "bf16"
     return shape, cfg.train.batch_size * cfg.train.grad_accum_steps, precision, stage
 
@@ -248,6 +249,26 @@ def _shown(kind: str, value: float) -> str:
     return duration(value)
 
 
+def node_counts(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; anything but whole numbers of 1 or more is refused naming --nodes."""
+    counts = []
+    for item in str(text).split(","):
+        try:
+            value = int(item.strip())
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise AzureError(
+                not_allowed("--nodes", item.strip(), "whole numbers of 1 or more, comma-separated (1,2,4)")
+            )
+        counts.append(value)
+    return counts
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+
+
 def positive(name: str, value, what: str = "a positive number") -> float:
     """``value`` as a float, refused naming ``name`` unless it is a finite number above 0."""
     try:
@@ -317,18 +338,29 @@ def mfu_from_run(run_dir: str | Path) -> tuple[Sourced, Sourced]:
 
 
 def mfu_from_gpu_report(path: str | Path) -> Sourced:
-    """The MFU of a GPU report's benchmark (bench/gpu_check.sh's gpu_check.json): compiled where it was."""
-    report = json.loads(Path(path).read_text())
-    bench = report.get("benchmark") or {}
-    figure = (bench.get("compiled") or {}).get("mfu") or bench.get("mfu")
-    if not isinstance(figure, (int, float)) or not figure > 0:
-        raise AzureError(not_allowed("--mfu", f"gpu-report:{path}", "a GPU report with a benchmark's MFU"))
-    model = bench.get("model", {})
-    return Sourced(
-        float(figure),
-        f"GPU report {path} ({bench.get('device')}, a {model.get('parameters', 0) / 1e6:.0f}M-parameter GPT, "
-        f"{'compiled' if bench.get('compiled') else 'eager'})",
+    """The MFU of a GPU report's benchmark (bench/gpu_check.sh's gpu_check.json): the compiled run's where there was
+    one, else the eager run's, said which."""
+    given = f"gpu-report:{path}"
+    try:
+        bench = json.loads(Path(path).read_text()).get("benchmark")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise AzureError(
+            not_allowed(
+                "--mfu", given, "a gpu_check.json that bench/gpu_check.sh wrote", problem=f"cannot be read ({exc})"
+            )
+        ) from None
+    compiled = (bench or {}).get("compiled") if isinstance(bench, dict) else None
+    kind, figure = (
+        ("compiled", compiled.get("mfu"))
+        if isinstance(compiled, dict) and compiled.get("mfu")
+        else ("eager", bench.get("mfu") if isinstance(bench, dict) else None)
     )
+    if isinstance(figure, bool) or not isinstance(figure, (int, float)) or not 0 < figure <= 1:
+        raise AzureError(not_allowed("--mfu", given, "a GPU report whose benchmark has an MFU", problem="has none"))
+    model = bench.get("model") if isinstance(bench.get("model"), dict) else {}
+    size = model.get("parameters")
+    what = f"a {size / 1e6:.0f}M-parameter GPT" if isinstance(size, (int, float)) else "its benchmark model"
+    return Sourced(float(figure), f"GPU report {path} ({bench.get('device')}, {what}, {kind})")
 
 
 def _memory(params: float, precision: str, zero_stage: int | None, gpus: int, gpu_memory_gib: float):
@@ -401,7 +433,7 @@ def forecast(
             row_mfu = Sourced(
                 mfu.value,
                 f"{mfu.source}; applied to this GPU's peak, which scales the measured throughput by the ratio of the "
-                f"peaks ({peak.value / measured_peak.value:,.0f}x)",
+                f"peaks ({_ratio(peak.value / measured_peak.value)})",
             )
         tokens_per_s = gpus * row_mfu.value * peak.value / flops_per_token.value
         train_s = tokens.value / tokens_per_s
@@ -501,7 +533,10 @@ def throughput(mfu="azure", tflops: float | None = None, skus: Sequence[str] = (
             raise AzureError(
                 not_allowed("--tflops", tflops, "sizes of one GPU model (or --mfu, a share of each one's peak)")
             )
-        return Sourced(reached * 1e12 / peaks.pop(), f"{reached:g} TFLOP/s per GPU, given"), None
+        top = peaks.pop()
+        if reached * 1e12 > top:
+            raise AzureError(not_allowed("--tflops", tflops, f"at most the GPU's peak, {top / 1e12:g} TFLOP/s"))
+        return Sourced(reached * 1e12 / top, f"{reached:g} TFLOP/s per GPU, given"), None
     if not isinstance(mfu, str):
         return Sourced(positive("--mfu", mfu, "a share of the peak above 0 and at most 1"), "given"), None
     kind, _, where = mfu.partition(":")

@@ -58,9 +58,7 @@ def cmd_forecast(args) -> int:
     model, batch, precision, stage = _model(args, fc)
     prices = {}
     for item in args.price:
-        size, _, usd = item.partition("=")
-        name = fc.LOCAL if size.strip().lower() == fc.LOCAL else fc.get_sku(size).name
-        prices[name.lower()] = fc.Sourced(fc.positive("--price", usd, "SKU=USD_PER_HOUR with a price above 0"), "given")
+        prices.update(_price(fc, item))
     given = {  # flag -> the forecast's input, each only when given
         "mtbf_gpu_hours": (args.mtbf_gpu_hours, "--mtbf-gpu-hours", 1),
         "checkpoint_cost": (args.checkpoint_seconds, "--checkpoint-seconds", 1),
@@ -74,7 +72,7 @@ def cmd_forecast(args) -> int:
     report = fc.forecast_sizes(
         model,
         args.sku,
-        [_whole("--nodes", n) for n in args.nodes.split(",")],
+        fc.node_counts(args.nodes),
         tokens=args.tokens,
         mfu=args.mfu,
         tflops=args.tflops,
@@ -97,17 +95,21 @@ def cmd_forecast(args) -> int:
     return 0
 
 
-def _whole(flag: str, text: str) -> int:
+def _price(fc, item: str) -> dict:
+    """{size (lower case): the price} from one --price SKU=USD_PER_HOUR, refused naming --price and the item."""
     from toolkit.azure.errors import AzureError
     from toolkit.errors import not_allowed
 
+    size, sep, usd = item.partition("=")
+    allowed = "SIZE=USD_PER_HOUR, a known VM size (or local) and a price above 0"
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise AzureError(not_allowed(flag, text, "whole numbers of 1 or more, comma-separated (1,2,4)"))
-    return value
+        name = fc.LOCAL if size.strip().lower() == fc.LOCAL else fc.get_sku(size).name
+        price = float(usd)
+    except (AzureError, ValueError):
+        raise AzureError(not_allowed("--price", item, allowed)) from None
+    if not sep or not price > 0 or price == float("inf"):
+        raise AzureError(not_allowed("--price", item, allowed))
+    return {name.lower(): fc.Sourced(price, "given")}
 
 
 def _model(args, fc):
@@ -117,6 +119,11 @@ def _model(args, fc):
 
     if args.params and args.config:
         raise AzureError(not_allowed("--params", args.params, "either a config or --params", problem="given with one"))
+    for flag, value in (("--layers", args.layers), ("--width", args.width), ("--seq", args.seq)):
+        if value < 0 or (value and args.config):
+            raise AzureError(
+                not_allowed(flag, value, "a whole number of 1 or more, with --params (a config gives its own shape)")
+            )
     if args.params:
         shape = fc.ModelShape(
             fc.count("--params", args.params), args.layers, args.width, args.seq, f"{args.params} given"

@@ -253,23 +253,30 @@ class ExampleCorpus(Corpus):
                 )
             )
 
-    def _slice(self, i: int, room: int) -> tuple[int, int]:
-        """Where example ``i``'s tokens that fit ``room`` lie in the token file."""
+    def _slice(self, i: int, room: int, kept_prompt: int | None = None) -> tuple[int, int]:
+        """Where example ``i``'s tokens that fit ``room`` lie in the token file; ``kept_prompt``: keep at most that
+        many of its prompt's last tokens (a pair's two answers read the same prompt)."""
         first, end = int(self.starts[i]), int(self.starts[i + 1])
         if self.mode in ("instruction", "preference"):
             prompt_len = int(np.argmax(self.mask[first:end]))  # the first counted token ends the prompt
             start, stop = fit_example(prompt_len, end - first, room)
+            if kept_prompt is not None and prompt_len - start > kept_prompt:
+                start = prompt_len - kept_prompt
+                stop = min(start + room, end - first)
         else:  # a text keeps its beginning, as does a conversation
             start, stop = keep_start(end - first, room)
         return first + start, first + stop
 
-    def _rows(self, examples: np.ndarray, room: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids, counted, valid), each (B, room): the examples cut to fit, padded with pad_id at the end."""
+    def _rows(
+        self, examples: np.ndarray, room: int, kept_prompt: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, counted, valid), each (B, room): the examples cut to fit (each keeping at most ``kept_prompt[row]``
+        prompt tokens, when given), padded with pad_id at the end."""
         ids = np.full((len(examples), room), self.pad_id, dtype=np.int64)
         counted = np.zeros((len(examples), room), dtype=bool)
         valid = np.zeros((len(examples), room), dtype=bool)
         for row, i in enumerate(examples):
-            begin, end = self._slice(int(i), room)
+            begin, end = self._slice(int(i), room, None if kept_prompt is None else kept_prompt[row])
             ids[row, : end - begin] = self.tokens[begin:end]
             counted[row, : end - begin] = self.mask[begin:end] == 1 if not self.labelled else False
             valid[row, : end - begin] = True
@@ -315,8 +322,9 @@ class ExampleCorpus(Corpus):
             labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
             return {INPUT_IDS: ids[:, :-1], LABELS: labels, POSITION_IDS: positions[:, :-1]}
         examples = self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()]
-        if self.pairs:  # the examples drawn are pairs: 2i chosen, 2i + 1 rejected
-            halves = (self._text_batch(2 * examples), self._text_batch(2 * examples + 1))
+        if self.pairs:  # the examples drawn are pairs: 2i chosen, 2i + 1 rejected, reading the same prompt tokens
+            kept = [min(self._prompt_kept(2 * i), self._prompt_kept(2 * i + 1)) for i in examples.tolist()]
+            halves = (self._text_batch(2 * examples, kept), self._text_batch(2 * examples + 1, kept))
             return {
                 prefix + key: value for prefix, half in zip((CHOSEN, REJECTED), halves) for key, value in half.items()
             }
@@ -329,9 +337,14 @@ class ExampleCorpus(Corpus):
             }
         return self._text_batch(examples)
 
-    def _text_batch(self, examples: np.ndarray) -> dict:
+    def _prompt_kept(self, i: int) -> int:
+        """How many of example ``i``'s prompt tokens its row keeps (fit_example)."""
+        begin, _ = self._slice(i, self.block_size + 1)
+        return int(np.argmax(self.mask[int(self.starts[i]) : int(self.starts[i + 1])])) - (begin - int(self.starts[i]))
+
+    def _text_batch(self, examples: np.ndarray, kept_prompt: list[int] | None = None) -> dict:
         """``examples`` one a row, padded, labels where the loss counts."""
-        ids, counted, valid = self._rows(examples, self.block_size + 1)
+        ids, counted, valid = self._rows(examples, self.block_size + 1, kept_prompt)
         labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
         return {INPUT_IDS: ids[:, :-1], LABELS: labels, ATTENTION_MASK: valid[:, :-1].long()}
 

@@ -21,9 +21,11 @@ missing or empty folder or an earlier export is replaced.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -68,7 +70,9 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
     # Reassembles the fp32 master weights from every rank's optimizer partition (stages 1-3); a LoRA run saved its
     # adapters only (exclude_frozen_parameters), and the reader must be told so.
     lora = bool(((manifest.get("config") or {}).get("model") or {}).get("lora", {}).get("rank"))
-    with safe_load.weights_only_everywhere():  # DeepSpeed's reader unpickles with weights_only=False
+    # DeepSpeed's reader unpickles with weights_only=False, and prints its progress: to stderr, as stdout is the
+    # command's own (`export --json` prints one JSON document there)
+    with safe_load.weights_only_everywhere(), contextlib.redirect_stdout(sys.stderr):
         return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG, exclude_frozen_parameters=lora)
 
 
@@ -181,6 +185,10 @@ def _example_inputs(model_name: str, cfg, corpus, batch: int, seq: int | None) -
     """Held-out inputs of a given shape: validation windows (text) or rows (tables)."""
     generator = torch.Generator().manual_seed(1234 + batch)
     example = corpus.batch("val", batch, generator)
+    if corpus.pairs:  # preference pairs (DPO): the chosen answers are text like any other
+        from toolkit.data.batch import CHOSEN, half
+
+        example = half(example, CHOSEN)
     inputs = example["input_ids"] if "input_ids" in example else example["inputs"]
     return inputs[:, :seq] if seq is not None and inputs.dim() == 2 and model_name == "gpt" else inputs
 

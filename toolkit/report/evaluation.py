@@ -108,19 +108,25 @@ def evaluate_run(
 ) -> Evaluation:
     """The run's newest checkpoint against the weights it started from (see the module's docstring): the held-out
     scores, and ``examples`` held-out prompts answered by both with at most ``max_new_tokens`` tokens each."""
+    from toolkit import trust
+    from toolkit.config import is_causal_lm
     from toolkit.data.corpus import load_corpus, val_batches
     from toolkit.deploy.export import load_trained_model
+    from toolkit.rundir import RunDir
     from toolkit.train.models import prepare_model
 
     for name, value, least in (("examples", examples, 0), ("max_new_tokens", max_new_tokens, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_TOKENS:
             raise RefusedValue(not_allowed(name, value, f"a whole number from {least} to {MAX_TOKENS}"))
+    run = RunDir(run_dir)
+    if run.config_path.exists():  # what evaluating acts on (the model's source, the data's workspace) is vouched for
+        trust.require(run.path, run.read_config(), "evaluate", trust_run)
     after, cfg, info = load_trained_model(run_dir, trust_run=trust_run)
     before = prepare_model(cfg, pretrained=True)[0].float().eval()
     corpus = load_corpus(cfg)
     scores = _scores(cfg, corpus, before, after, val_batches(corpus, cfg, 0, 1))
     samples = []
-    if examples and _generates(cfg):
+    if examples and is_causal_lm(cfg.model):
         answer = Greedy(cfg, max_new_tokens)
         samples = [
             Sample(prompt, answer.cut(expected), answer(before, ids), answer(after, ids))
@@ -138,10 +144,6 @@ def evaluate_run(
 
 
 MAX_TOKENS = 512  # examples and max_new_tokens at most: an evaluation is for reading
-
-
-def _generates(cfg) -> bool:
-    return cfg.model.name == "gpt" or (cfg.model.name == "hf" and cfg.model.hf.task == "causal_lm")
 
 
 def _scores(cfg, corpus, before, after, batches) -> list[Score]:

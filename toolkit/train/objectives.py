@@ -121,6 +121,7 @@ class DPO:
         if self._counting:
             self._add(
                 "train" if torch.is_grad_enabled() else "val",
+                torch.isfinite(loss),
                 chosen_rewards,
                 rejected_rewards,
                 policy.detach()[:pairs],
@@ -128,8 +129,9 @@ class DPO:
             )
         return loss
 
-    def _add(self, split: str, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps) -> None:
-        """The batch's sums, on the device (no host sync per step), and its pair count last."""
+    def _add(self, split: str, finite, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps) -> None:
+        """The batch's sums, on the device (no host sync per step), and its pair count last; nothing of a batch whose
+        loss is not finite (a step the watchdog leaves out)."""
         sums = torch.stack(
             [
                 chosen_rewards.sum(),
@@ -141,6 +143,7 @@ class DPO:
                 torch.tensor(float(len(chosen_rewards)), device=chosen_rewards.device),
             ]
         ).to(torch.float64)
+        sums = torch.where(finite, sums, torch.zeros_like(sums))
         before = self._sums[split]
         self._sums[split] = sums if before is None else before + sums
 
@@ -170,6 +173,7 @@ class DPO:
 
 def build_objective(cfg, model: torch.nn.Module, device: torch.device) -> ModelLoss | DPO:
     """The objective train.objective names, for ``model`` as prepare_model returned it (before any engine wraps it)."""
+    from toolkit.train.engines.param_groups import HALF
     from toolkit.train.models import logits_function, loss_function, prepare_model
 
     if cfg.train.objective == "model":
@@ -177,5 +181,9 @@ def build_objective(cfg, model: torch.nn.Module, device: torch.device) -> ModelL
     if cfg.model.lora.rank:
         reference: AdapterOff | FrozenCopy = AdapterOff(model)
     else:  # the weights the run starts from, whether or not this process resumes (and so loads later ones)
-        reference = FrozenCopy(prepare_model(cfg, pretrained=True)[0].to(device))
+        copy = prepare_model(cfg, pretrained=True)[0].to(device)
+        half = HALF.get(cfg.engine.precision)
+        if cfg.engine.name == "deepspeed" and half is not None:  # DeepSpeed runs the policy in half precision
+            copy = copy.to(half)  # (no autocast): the reference computes as the policy does
+        reference = FrozenCopy(copy)
     return DPO(cfg.train.dpo_beta, logits_function(cfg.model), reference)
