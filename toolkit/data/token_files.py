@@ -154,18 +154,26 @@ class _Writer:
         self.starts.append(self.count)
 
     def _answered(
-        self, prompts: list, answers: list[str], places: list[str]
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids, counted) of each prompt followed by its answer, the answer's tokens (and what ends it) counted: text
-        prompts as instruction pairs are written, turns through the chat template."""
+        self, prompts: list, answers: list[list[str]], places: list[str]
+    ) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+        """Per prompt, (ids, counted) of it followed by each of its answers, the answer's tokens (and what ends it)
+        counted: text prompts (each tokenized once) as instruction pairs are written, turns through the chat
+        template."""
         if not self.fmt.chat:
-            for prompt, answer in zip(self._encode(prompts), self._encode(answers)):
-                completion = np.concatenate([answer, self.end])
-                yield np.concatenate([prompt, completion]), np.repeat(np.uint8([0, 1]), [len(prompt), len(completion)])
+            flat = self._encode([answer for group in answers for answer in group])
+            for prompt, group in zip(self._encode(prompts), answers):
+                examples = []
+                for answer in flat[: len(group)]:
+                    completion = np.concatenate([answer, self.end])
+                    counted = np.repeat(np.uint8([0, 1]), [len(prompt), len(completion)])
+                    examples.append((np.concatenate([prompt, completion]), counted))
+                flat = flat[len(group) :]
+                yield examples
             return
-        for turns, answer, place in zip(prompts, answers, places):
-            ids, counted = self.template.tokens([*turns, {"role": "assistant", "content": answer}], True, place)
-            yield np.asarray(ids), counted
+        for turns, group, place in zip(prompts, answers, places):
+            yield [
+                tuple(self.template.tokens([*turns, {"role": "assistant", "content": a}], True, place)) for a in group
+            ]
 
     def _encode(self, texts: list) -> list[np.ndarray]:
         return encode_texts(self.tokenizer, texts, self.dtype)
@@ -173,12 +181,10 @@ class _Writer:
     def add(self, chunk: list, where: str) -> None:
         encode = self._encode
         if self.fmt.mode == "preference":  # each pair two examples, chosen then rejected
-            prompts, places = [r[0] for r in chunk], [r[3] for r in chunk]
-            chosen = self._answered(prompts, [r[1] for r in chunk], places)
-            rejected = self._answered(prompts, [r[2] for r in chunk], places)
-            for pair in zip(chosen, rejected):
+            pairs = self._answered([r[0] for r in chunk], [[r[1], r[2]] for r in chunk], [r[3] for r in chunk])
+            for pair in pairs:
                 for ids, counted in pair:
-                    self._example(ids, counted)
+                    self._example(np.asarray(ids), counted)
                 self.records += 1
         elif self.fmt.mode == "chat":
             last_only = self.fmt.assistant_loss == "last"
@@ -193,7 +199,7 @@ class _Writer:
                 self._tokens(ids)
                 self.records += 1
         elif self.fmt.mode == "instruction":
-            for ids, counted in self._answered([p for p, _ in chunk], [c for _, c in chunk], []):
+            for ((ids, counted),) in self._answered([p for p, _ in chunk], [[c] for _, c in chunk], []):
                 self._example(ids, counted)
                 self.records += 1
         else:
