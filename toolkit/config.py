@@ -224,6 +224,11 @@ class EngineConfig:
     """Processes on this machine; more than one goes through a launcher (torchrun or deepspeed)."""
     launcher: Literal["auto", "torchrun", "deepspeed"] = "auto"
     """Multi-process launcher; 'auto' uses the DeepSpeed launcher for the deepspeed engine, torchrun otherwise."""
+    tensor_parallel: int = bounded(1, ge=1, le=64)
+    """Ranks each layer is split over, Megatron-style (toolkit.train.tensor_parallel; the torch engine, with the
+    built-in GPT or a transformers model whose architecture declares a plan, such as Llama): each rank holds 1/N of
+    the block weights and computes 1/N of each matmul. It must divide the processes, and the rest are data parallel
+    (8 processes at 2: 4 replicas of 2 ranks). 1: off."""
     zero_stage: int = bounded(0, ge=0, le=3)
     """DeepSpeed ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -594,6 +599,8 @@ def _check_relations(cfg: Config) -> None:
         )
     if cfg.train.objective == "dpo":
         _check_dpo(cfg)
+    if cfg.engine.tensor_parallel > 1:
+        _check_tensor_parallel(cfg)
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             not_allowed(
@@ -688,6 +695,40 @@ def _check_relations(cfg: Config) -> None:
 def is_causal_lm(model: ModelConfig) -> bool:
     """Does the model predict the next token (the built-in GPT, or a transformers model with task causal_lm)?"""
     return model.name == "gpt" or (model.name == "hf" and model.hf.task == "causal_lm")
+
+
+GPT_VOCAB = 256  # toolkit.train.models.gpt.VOCAB_SIZE (bytes), which tensor parallelism splits by rows
+
+
+def _check_tensor_parallel(cfg: Config) -> None:
+    """engine.tensor_parallel > 1: what the split supports (toolkit.train.tensor_parallel). A transformers model's
+    sizes are known only once it is built: it checks them then. That it divides the processes is checked at launch
+    (toolkit.train.engines.check_engine), where the world is known."""
+    size = cfg.engine.tensor_parallel
+    needs = [
+        (cfg.engine.name == "torch", "engine.name", cfg.engine.name, "'torch'"),
+        (cfg.model.name in ("gpt", "hf"), "model.name", cfg.model.name, "'gpt', or 'hf' with a plan (Llama, ...)"),
+        (not cfg.model.lora.rank, "model.lora.rank", cfg.model.lora.rank, "0 (LoRA adapters are not split)"),
+        (cfg.train.objective == "model", "train.objective", cfg.train.objective, "'model'"),
+        (not cfg.train.compile, "train.compile", cfg.train.compile, "false"),
+        (cfg.engine.precision != "fp16", "engine.precision", cfg.engine.precision, "'bf16' or 'fp32'"),
+    ]
+    for ok, field_name, value, allowed in needs:
+        if not ok:
+            raise ConfigError(
+                not_allowed(field_name, value, allowed, problem=f"is not supported with engine.tensor_parallel={size}")
+            )
+    if cfg.model.name == "gpt":
+        for field_name, count in (("model.n_head", cfg.model.n_head), ("the byte vocabulary", GPT_VOCAB)):
+            if count % size:
+                raise ConfigError(
+                    not_allowed(
+                        "engine.tensor_parallel",
+                        size,
+                        f"a divisor of {field_name} ({count})",
+                        problem=f"does not divide {field_name} ({count}): each rank takes an equal share",
+                    )
+                )
 
 
 def _check_dpo(cfg: Config) -> None:

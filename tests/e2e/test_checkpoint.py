@@ -43,6 +43,7 @@ def reference_runs(finished_runs):
 
 # The engines and world sizes of the golden tests; test_training compares the engines on these same reference runs.
 TORCH_1, TORCH_DDP_2 = (), ("--nproc", "2")
+TORCH_TP_2 = ("--nproc", "2", "--set", "engine.tensor_parallel=2")  # one replica split over two ranks
 DEEPSPEED_1, DEEPSPEED_ZERO2_2 = ("--engine", "deepspeed"), ("--engine", "deepspeed", "--nproc", "2", "--set",
                                                              "engine.zero_stage=2")
 # 4 micro-batches of 2 per optimizer step: the same 8 rows a step as tiny's batch of 8, in a quarter of the memory
@@ -57,6 +58,7 @@ GOLDEN = [
     pytest.param(TORCH_1 + ACCUM, id="torch-1-accum", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_ZERO2_2 + ACCUM, id="deepspeed-zero2-2-accum", marks=pytest.mark.slow),
     pytest.param(TORCH_DDP_2, id="torch-ddp-2", marks=pytest.mark.slow),
+    pytest.param(TORCH_TP_2, id="torch-tp-2", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_1, id="deepspeed-1", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_ZERO2_2, id="deepspeed-zero2-2", marks=pytest.mark.slow),
 ]
@@ -313,3 +315,16 @@ def test_resume_from_an_older_checkpoint_rolls_back_and_replays_the_same_losses(
     superseded = [n for n in names if n.startswith("superseded-")]
     assert len(superseded) == 2, names  # steps 30 and 40 of the first attempt: set aside, never deleted
     assert CheckpointStore(run_dir).latest_name() == step_name(STEPS)
+
+
+def test_resume_set_gives_a_completed_run_more_steps(finished_run_copy):
+    run = finished_run_copy(*CKPT, name="r")
+    before = losses_by_step(run)
+    unchanged = cli("resume", str(run.path), "--set", f"train.max_steps={STEPS}")
+    assert unchanged.returncode == 0 and "nothing to resume, nothing changed" in unchanged.stderr, unchanged.stderr
+    proc = cli("resume", str(run.path), "--set", "train.max_steps=50")
+    assert proc.returncode == 0, proc.stderr
+    assert f"resuming from {step_name(STEPS)}" in proc.stderr
+    assert run.read_status()["step"] == 50 and run.read_config().train.max_steps == 50
+    after = losses_by_step(run)
+    assert sorted(after) == list(range(1, 51)) and all(after[s] == before[s] for s in before)

@@ -31,6 +31,7 @@ COMPANIONS = {
     "model.loss": {"model.name": "custom", "model.factory": "m:f"},
     "model.code_path": {"model.name": "custom", "model.factory": "m:f"},
     "model.lora.rank": {"model.lora.target_modules": ["qkv"]},
+    "engine.tensor_parallel": {"model.n_head": 64, "model.n_embd": 128},  # heads the largest split divides
     "model.hf.source": {"model.name": "hf"},
     "model.hf.architecture": {"model.name": "hf"},
     "data.prompt_field": {"data.completion_field": "completion"},

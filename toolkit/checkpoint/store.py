@@ -66,6 +66,8 @@ RESUMABLE_CHANGES = (
     "debug.",
     "tracking.",
     "watchdog.",
+    "engine.nproc",  # with engine.tensor_parallel, as long as the data-parallel replicas stay (check_compatible)
+    "engine.tensor_parallel",
 )
 
 
@@ -343,6 +345,9 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
     world = manifest.get("world_size")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         return not_allowed("world_size", world, "an integer of 1 or more")
+    split = manifest.get("tensor_parallel", 1)
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or world % split:
+        return not_allowed("tensor_parallel", split, f"an integer of 1 or more that divides world_size ({world})")
     if manifest.get("engine", "torch") not in ENGINES:
         return not_allowed("engine", manifest.get("engine"), ", ".join(ENGINES))
     if not isinstance(manifest.get("config", {}), dict):
@@ -408,13 +413,19 @@ def config_differences(old: dict, new: dict, allowed: tuple[str, ...] = ()) -> l
     ]
 
 
-def check_compatible(manifest: dict, config: dict, world_size: int) -> None:
-    """Refuse a checkpoint written by a different model, optimizer, engine or world size, naming the difference."""
+def check_compatible(manifest: dict, config: dict, world_size: int, tensor_parallel: int = 1) -> None:
+    """Refuse a checkpoint written by a different model, optimizer, engine or number of data-parallel replicas,
+    naming the difference. The processes may change where the replicas do not (engine.tensor_parallel: the files
+    hold whole tensors), so that a run saved at tensor_parallel 2 resumes at 1."""
     name = step_name(manifest.get("step", 0))
-    if manifest.get("world_size") != world_size:
+    written_world, written_split = manifest.get("world_size"), manifest.get("tensor_parallel", 1)
+    replicas = world_size // tensor_parallel
+    written_replicas = written_world // written_split if isinstance(written_world, int) else None
+    if replicas != written_replicas:
         raise CheckpointError(
-            f"checkpoint {name} was written by {manifest.get('world_size')} processes; this run "
-            f"has {world_size} (engine.nproc). Allowed: the same world size"
+            f"checkpoint {name} was written by {written_world} processes; this run has {world_size} "
+            f"(engine.nproc): {replicas} data-parallel replicas where it had {written_replicas} (processes / "
+            "engine.tensor_parallel). Allowed: the same number of replicas, each drawing the batches it drew before"
         )
     differences = [
         f"{key}: checkpoint {old!r}, this run {new!r}"

@@ -43,7 +43,7 @@ from toolkit.config import ConfigError
 from toolkit.errors import MissingPath, bounded_repr, not_allowed, refused
 from toolkit.tables import Column, text_table
 from toolkit.resources.memory_baseline import baseline_mib
-from toolkit.resources.zero_stages import BYTES_PER_PARAM, check_value, estimate, model_params
+from toolkit.resources.zero_stages import BYTES_PER_PARAM, check_value, estimate, model_params, params_per_rank
 
 # --- a run's peak memory per rank ---------------------------------------------------------------------------------
 #
@@ -96,6 +96,9 @@ DS_ALLREDUCE_BUCKET = 500_000_000  # ZeRO-0's buffered all-reduce (MEMORY_OPT_AL
 # is_zero_supported_optimizer imports deepspeed's Muon optimizer, which calls torch.compile), measured on the
 # reference machine by tracing deepspeed.initialize
 ZERO_IMPORT_MIB = 43.0
+# RSS that tensor parallelism adds by importing torch.distributed.tensor (DTensor and its sharding rules), measured on
+# the reference machine after torch's own import
+DTENSOR_IMPORT_MIB = 41.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,9 @@ class RunPrediction:
     baseline_source: str
     terms: tuple[Term, ...]
     notes: tuple[str, ...] = ()
+    tensor_parallel: int = 1
+    whole_params: int | None = None
+    """The model's parameters when ``params`` is one rank's share of them (tensor parallelism)."""
 
     @property
     def per_rank_mib(self) -> list[float]:
@@ -131,8 +137,9 @@ class RunPrediction:
 
     def describe(self) -> str:
         stage = f" ZeRO-{self.zero_stage}" if self.engine == "deepspeed" else ""
+        split = f" (tensor_parallel {self.tensor_parallel})" if self.tensor_parallel > 1 else ""
         return (
-            f"{self.engine}{stage}, {self.nproc} process{'es' if self.nproc > 1 else ''}, {self.precision}, "
+            f"{self.engine}{stage}, {self.nproc} process{'es' if self.nproc > 1 else ''}{split}, {self.precision}, "
             f"on {self.device}"
         )
 
@@ -144,7 +151,8 @@ class RunPrediction:
             (t.name + (" (rank 0)" if t.rank0_only else ""), f"{t.bytes / MIB:,.1f}", t.formula) for t in self.terms
         ]
         lines = [
-            f"predicted peak per rank: {self.describe()}, Ψ = {self.params:,} parameters",
+            f"predicted peak per rank: {self.describe()}, Ψ = {self.params:,} parameters"
+            + (f" per rank (of {self.whole_params:,})" if self.tensor_parallel > 1 else ""),
             text_table(
                 terms,
                 [
@@ -161,23 +169,32 @@ class RunPrediction:
         return "\n".join(lines)
 
 
-def activation_bytes(model_cfg, batch_size: int, bytes_per_element: float = 4) -> float | None:
+def activation_bytes(
+    model_cfg, batch_size: int, bytes_per_element: float = 4, tensor_parallel: int = 1
+) -> float | None:
     """What autograd keeps from forward for backward at its peak, for the built-in GPT; None for a model without a
-    formula here (transformers, custom, digits_mlp)."""
+    formula here (transformers, custom, digits_mlp). Split over ``tensor_parallel`` ranks, each keeps its heads' and
+    its MLP slice's tensors and its share of the logits, and the block inputs and norms whole."""
     if model_cfg.name != "gpt":
         return None
     from toolkit.train.models.gpt import VOCAB_SIZE
 
-    L, C, T = model_cfg.n_layer, model_cfg.n_embd, model_cfg.block_size
-    per_block = 16  # input, ln1 out, q k v (3), attention out, residual, ln2 out, MLP hidden (4) and activated (4)
-    head = 2 + VOCAB_SIZE / C  # the last residual, ln_f's output, the log-softmax of the logits (B x T x V)
+    L, C, T, t = model_cfg.n_layer, model_cfg.n_embd, model_cfg.block_size, tensor_parallel
+    # whole: input, ln1 out, residual, ln2 out (4); split: q k v (3), attention out, MLP hidden (4) and activated (4)
+    per_block = 4 + 12 / t
+    head = 2 + VOCAB_SIZE / C / t  # the last residual, ln_f's output, the log-softmax of the logits (B x T x V / t)
     kept = L + per_block if model_cfg.activation_checkpointing else per_block * L
     return (kept + head) * batch_size * T * C * bytes_per_element
 
 
-def _activation_formula(model_cfg, a: float) -> str:
-    blocks = "(L + 16 + 2 + V/C)" if model_cfg.activation_checkpointing else "(16 L + 2 + V/C)"
-    return f"{blocks} x B T C x {a:g} B; L={model_cfg.n_layer}, C={model_cfg.n_embd}, T={model_cfg.block_size}"
+def _activation_formula(model_cfg, a: float, tensor_parallel: int = 1) -> str:
+    if tensor_parallel > 1:
+        per_block, head = "(4 + 12/t)", "2 + V/(C t)"
+    else:
+        per_block, head = "16", "2 + V/C"
+    blocks = f"(L + {per_block} + {head})" if model_cfg.activation_checkpointing else f"({per_block} L + {head})"
+    sizes = f"L={model_cfg.n_layer}, C={model_cfg.n_embd}, T={model_cfg.block_size}"
+    return f"{blocks} x B T C x {a:g} B; {sizes}" + (f", t={tensor_parallel}" if tensor_parallel > 1 else "")
 
 
 def _ds_settings(cfg) -> tuple[int, str | None, str | None]:
@@ -204,14 +221,24 @@ def _cpu_terms(psi: int, cfg, bucket: int) -> list[Term]:
         formula = f"{per:g} B x {label}" + (f" / {divisor}" if divisor > 1 else "") + (f": {why}" if why else "")
         terms.append(Term(name, per * count / divisor, formula, per_param=count == psi, rank0_only=rank0))
 
-    if e.name == "torch":
+    if e.name == "torch":  # Ψ is this rank's share under tensor parallelism (predict_run)
         add("weights", 4)
         add("gradients", 4)
         add("Adam moments", 8)
-        if n > 1:
-            add("DDP buckets", 4, why="DDP copies every gradient into its all-reduce buckets")
+        if n > e.tensor_parallel:
+            name, per, why = _gradient_exchange(e)
+            add(name, per, why=why)
         if e.precision == "bf16":
             add("autocast weight copies", 2, why="the bf16 copy of each weight, kept for backward")
+        if e.tensor_parallel > 1:
+            terms.append(
+                Term(
+                    "torch.distributed.tensor, imported",
+                    DTENSOR_IMPORT_MIB * MIB,
+                    "DTensor: the split's tensors",
+                    per_param=False,
+                )
+            )
         return terms
     h = 2 if e.precision == "bf16" else 4  # DeepSpeed's bf16 mode holds the module, its gradients and buckets in bf16
     R = min(psi, bucket)
@@ -282,6 +309,14 @@ def _zero_overheads(psi: int, n: int, bucket: int) -> list[Term]:
     ] + slack
 
 
+def _gradient_exchange(e) -> tuple[str, int, str]:
+    """What averaging the gradients over data-parallel replicas costs the torch engine: (term, bytes a parameter,
+    why)."""
+    if e.tensor_parallel > 1:
+        return "gradient all-reduce copy", 4, "the split gradients laid end to end for one all-reduce over the replicas"
+    return "DDP buckets", 4, "DDP copies every gradient into its all-reduce buckets"
+
+
 def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_param: str | None) -> list[Term]:
     e = cfg.engine
     n, stage = e.nproc, e.zero_stage
@@ -292,8 +327,9 @@ def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_para
             Term("gradients", guide.gradients_bytes, "4 B x Ψ"),
             Term("Adam moments", guide.optimizer_bytes, "8 B x Ψ"),
         ]
-        if n > 1:
-            terms.append(Term("DDP buckets", 4 * psi, "4 B x Ψ: DDP copies every gradient into its buckets"))
+        if n > e.tensor_parallel:
+            name, per, why = _gradient_exchange(e)
+            terms.append(Term(name, per * psi, f"{per} B x Ψ: {why}"))
         if e.precision != "fp32":
             terms.append(Term("autocast weight copies", 2 * psi, "2 B x Ψ: the half copy of each weight"))
         return terms
@@ -331,14 +367,25 @@ def _staging_terms(psi: int, cfg) -> list[Term]:
         return []
     n, h = e.nproc, 2 if (e.name == "deepspeed" and e.precision != "fp32") else 4
     if e.name == "torch" or e.zero_stage == 0:
-        return [
+        per = h + 8 + (4 if h == 2 else 0)
+        terms = [
             Term(
                 "checkpoint staging",
-                (h + 8 + (4 if h == 2 else 0)) * psi,
+                per * psi,
                 "weights + optimizer state, staged for the background write",
                 rank0_only=True,
             )
         ]
+        if e.tensor_parallel > 1:
+            terms.append(
+                Term(
+                    "gathered whole state",
+                    per * psi,
+                    "the split tensors gathered whole for rank 0 to write",
+                    rank0_only=True,
+                )
+            )
+        return terms
     terms = [Term("checkpoint staging", 12 * psi / n, f"12 B x Ψ / {n}: this rank's optimizer partition, staged")]
     if e.zero_stage < 3:
         terms.append(Term("checkpoint staging (weights)", h * psi, f"{h} B x Ψ: the module's weights", rank0_only=True))
@@ -366,6 +413,9 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
             )
         )
     psi = int(params if params is not None else model_params(cfg))
+    # Tensor parallelism: each rank holds and updates its share of the parameters (Ψ below), and a checkpoint
+    # gathers the whole model on rank 0
+    whole_psi, psi = psi, (params_per_rank(cfg) if e.tensor_parallel > 1 else psi)
     bucket, offload_opt, offload_param = _ds_settings(cfg) if e.name == "deepspeed" else (DS_REDUCE_BUCKET, None, None)
     notes = []
     if device == "cpu":
@@ -386,19 +436,21 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
         notes.append(
             "GPU figures follow the guide and DeepSpeed's allocation rules; checked on one H200 at 1 process only"
         )
-    terms += _staging_terms(psi, cfg)
+    terms += _staging_terms(whole_psi, cfg)
     a = 4 if e.precision == "fp32" else 2
-    act = activation_bytes(cfg.model, cfg.train.batch_size, a)
+    act = activation_bytes(cfg.model, cfg.train.batch_size, a, e.tensor_parallel)
     if act is None:
         notes.append(
             f"activations: no formula for model.name={cfg.model.name!r} (only the built-in gpt's): not counted"
         )
     else:
-        terms.append(Term("activations", act, _activation_formula(cfg.model, a), per_param=False))
+        terms.append(Term("activations", act, _activation_formula(cfg.model, a, e.tensor_parallel), per_param=False))
     if e.name == "deepspeed" and e.zero_stage >= 1 and e.nproc == 1:
         notes.append("ZeRO on 1 process partitions nothing: ZeRO-0 (or the torch engine) needs less")
     return RunPrediction(
         params=psi,
+        whole_params=whole_psi,
+        tensor_parallel=e.tensor_parallel,
         device=device,
         engine=e.name,
         zero_stage=e.zero_stage if e.name == "deepspeed" else 0,

@@ -176,3 +176,24 @@ def model_params(cfg) -> int:
     with torch.device("meta"):
         model = build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
+
+
+def params_per_rank(cfg) -> int:
+    """Parameters one rank holds under engine.tensor_parallel = N: 1/N of each matrix the split cuts (every linear
+    layer's, and the token embedding's: toolkit.train.tensor_parallel's plans), all of the rest (norms, biases of
+    the row-parallel layers, position embeddings). Counted on the meta device."""
+    import torch
+    from torch import nn
+
+    from toolkit.train.models import build_model
+
+    n = cfg.engine.tensor_parallel
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    split = {
+        id(module.weight): module.weight.numel()
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) or (isinstance(module, nn.Embedding) and not name.endswith("wpe"))
+    }
+    total = {id(p): p.numel() for p in model.parameters()}
+    return sum(size // n if key in split else size for key, size in total.items())

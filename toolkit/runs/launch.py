@@ -23,7 +23,7 @@ from toolkit.runs import processes as run_processes
 from toolkit import run_lock
 from toolkit import trust
 from toolkit import status as run_status
-from toolkit.checkpoint.store import CheckpointStore
+from toolkit.checkpoint.store import RESUMABLE_CHANGES, CheckpointStore, check_compatible
 from toolkit.rundir import RunDir
 from toolkit.runs.data_pin import pin_data_asset
 from toolkit.train.engines import check_engine
@@ -121,13 +121,19 @@ def train(config_path: str | Path | None = None, overrides: list[str] | None = N
 
 
 def resume(
-    run_dir: str | Path, max_restarts: int = 0, from_checkpoint: str | None = None, trust_run: bool = False
+    run_dir: str | Path,
+    max_restarts: int = 0,
+    from_checkpoint: str | None = None,
+    trust_run: bool = False,
+    changes: list[str] | None = None,
 ) -> RunHandle:
     """Continue a stopped, killed or failed run from its latest valid checkpoint (same run directory), or roll
     it back to ``from_checkpoint`` (a name such as ``step_00000040``; newer checkpoints are set aside, kept).
     The handle's ``plan`` says which checkpoint it starts from. A completed run raises NothingToResume (nothing
     is started, nothing changes) unless rolled back. A config that runs code, reaches the network or opens a port
-    is honoured only for the user's own run, or with ``trust_run`` (toolkit.trust)."""
+    is honoured only for the user's own run, or with ``trust_run`` (toolkit.trust). ``changes`` (``section.field=
+    value`` strings) change fields that may differ between attempts (checkpoint.RESUMABLE_CHANGES), checked against
+    the checkpoint it will start from before config.yaml is rewritten."""
     run = RunDir(run_dir)
     if not run.config_path.is_file():
         raise MissingPath(not_allowed("run_dir", run_dir, "a run directory", problem="holds no run (no config.yaml)"))
@@ -142,17 +148,41 @@ def resume(
                 f"run_dir: {str(run_dir)!r} is still running (supervisor pid {status['supervisor_pid']}); stop it first"
             )
         store = CheckpointStore(run.path)
-        if status.get("state") == "completed" and from_checkpoint is None:
+        changed = _changed_config(cfg, changes) if changes else None
+        if changed is not None:
+            check_engine(changed, world=changed.engine.nproc)
+        longer = changed is not None and changed.train.max_steps > status.get("step", 0)
+        if status.get("state") == "completed" and from_checkpoint is None and not longer:
             raise NothingToResume(_completed_hint(run, status, store))
         if from_checkpoint is not None:
             store.roll_back_to(from_checkpoint)
         info, skipped = store.find_resume_point()  # the trainer's own choice, made the same way
+        if changed is not None:
+            if info is not None:  # refused now, with config.yaml as it was, rather than by the trainer
+                check_compatible(info.manifest, changed.to_dict(), changed.engine.nproc, changed.engine.tensor_parallel)
+            run.write_config(changed)
         plan = f"resuming from {info.name}" if info else "no checkpoint: starting from step 0"
         if skipped:
             plan += f" (not usable: {', '.join(s.name for s in skipped)})"
         offset = run.events_path.stat().st_size if run.events_path.exists() else 0
         run_status.transition(run, "resume" if from_checkpoint is None else "roll_back", resumed=time.time())
         return _start_supervisor(run, lock_fd, max_restarts, from_offset=offset, plan=plan)
+
+
+def _changed_config(cfg: config_mod.Config, changes: list[str]) -> config_mod.Config:
+    """The run's config with ``changes`` applied, each a field a resume may change."""
+    for text in changes:
+        key = text.split("=", 1)[0].strip()
+        if not key.startswith(RESUMABLE_CHANGES):
+            raise config_mod.ConfigError(
+                not_allowed(
+                    "--set",
+                    text,
+                    "a field that may change between attempts: " + ", ".join(RESUMABLE_CHANGES),
+                    problem="changes what a step computes, so the checkpoint would not fit it",
+                )
+            )
+    return config_mod.from_dict(config_mod.apply_overrides(cfg.to_dict(), changes))
 
 
 def _completed_hint(run: RunDir, status: dict, store: CheckpointStore) -> str:
@@ -165,4 +195,5 @@ def _completed_hint(run: RunDir, status: dict, store: CheckpointStore) -> str:
         if checkpoints
         else ""
     )
-    return f"{run.path} has completed at step {status.get('step')}: nothing to resume, nothing changed{again}"
+    more = f"; to train it further: trainbook resume {shlex.quote(str(run.path))} --set train.max_steps=N"
+    return f"{run.path} has completed at step {status.get('step')}: nothing to resume, nothing changed{again}{more}"

@@ -18,10 +18,22 @@ class Topology:
     local_rank: int
     world_size: int
     device: torch.device
+    tensor_parallel: int = 1
+    """Ranks per tensor-parallel group (engine.tensor_parallel): consecutive ranks, one data-parallel replica."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        """Which data-parallel replica this rank belongs to: the one whose batches it draws."""
+        return self.rank // self.tensor_parallel
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas: the processes over engine.tensor_parallel."""
+        return self.world_size // self.tensor_parallel
 
 
 def single_process_env() -> dict[str, str]:
@@ -64,7 +76,13 @@ def setup(engine_cfg) -> Topology:
             _unlink_deepspeed_shm_buffer(rank)
         else:
             dist.init_process_group(backend=backend)
-    return Topology(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    return Topology(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        device=device,
+        tensor_parallel=engine_cfg.tensor_parallel,
+    )
 
 
 def all_reduce_sum(values: list[float], device) -> list[float]:

@@ -43,6 +43,15 @@ from toolkit.fsio import atomic_write_text
 from toolkit.machine import usable_cores
 
 
+def _held_numel(param) -> int:
+    """The elements of a parameter this rank holds: a DTensor's local slice, a ZeRO-3 parameter's partition."""
+    if hasattr(param, "to_local"):
+        return param.to_local().numel()
+    if hasattr(param, "ds_tensor"):
+        return param.ds_tensor.numel()
+    return param.numel()
+
+
 def _print_checkpoint_error(step: int, message: str) -> None:
     print(f"checkpoint at step {step} failed: {message}", file=sys.stderr)
 
@@ -122,6 +131,12 @@ class Trainer:
         # peak, or a measurement, which on a GPU must come before the model is there (toolkit.train.flops.mfu_peak)
         self.peak = mfu_peak(self.topo.device, cfg.engine.precision)
         self.peak_flops = self.peak["flops"]
+        # MFU is the work all ranks do over what all their devices could: each GPU is a device; on CPUs the ranks of
+        # one machine share its cores, whose peak is the measured one
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.topo.world_size))
+        on_gpus = self.topo.device.type == "cuda"
+        devices = self.topo.world_size if on_gpus else max(1, self.topo.world_size // local_world)
+        self.mfu_denominator = self.peak_flops * devices
         # A stop asked for (`trainbook stop`, Ctrl-C, a stop button: the supervisor's stop request in the run
         # directory; a SIGTERM to this process, as a preempted node gets) means a checkpoint, then the end: noted
         # here, acted on between two steps (see train()). Only from here: a rank still in the rendezvous has nothing
@@ -144,14 +159,17 @@ class Trainer:
         self.engine = build_engine(model, cfg, self.topo, loss_fn=self.objective)
         if self.topo.is_main and self.engine.deepspeed_config is not None:  # what DeepSpeed got, for people to read
             atomic_write_text(run.deepspeed_config_path, json.dumps(self.engine.deepspeed_config, indent=1) + "\n")
-        torch.manual_seed(cfg.train.seed + 1 + self.topo.rank)  # dropout differs per rank, as it should
+        # Dropout differs per replica, as it should; the ranks of one tensor-parallel group draw the same masks, as
+        # the activations they hold whole must stay alike on each of them
+        torch.manual_seed(cfg.train.seed + 1 + self.topo.dp_rank)
 
         self.corpus = data_mod.load_corpus(cfg)
-        # Items (tokens for text, samples for tables) that all ranks together consume per optimizer step.
-        # e.g. 8 sequences * 4 micro-steps * 128 tokens * 2 ranks = 8,192 tokens per step (DPO: two rows a pair)
+        # Items (tokens for text, samples for tables) that all replicas together consume per optimizer step.
+        # e.g. 8 sequences * 4 micro-steps * 128 tokens * 2 replicas = 8,192 tokens per step (DPO: two rows a pair);
+        # a tensor-parallel group is one replica, its ranks sharing each batch
         per_micro_step = cfg.train.batch_size * (cfg.model.block_size if self.corpus.bytes_per_item else 1)
         per_micro_step *= self.objective.rows_per_item
-        self.items_per_step = per_micro_step * cfg.train.grad_accum_steps * self.topo.world_size
+        self.items_per_step = per_micro_step * cfg.train.grad_accum_steps * self.topo.dp_size
         self.step = 0  # optimizer steps completed
         # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
         self.horizon = cfg.train.max_steps
@@ -187,7 +205,7 @@ class Trainer:
         profiler = self._profiler()
         batches = iter(
             data_mod.train_loader(
-                self.corpus, cfg, self.topo.rank, first_step=self.step, world_size=self.topo.world_size
+                self.corpus, cfg, self.topo.dp_rank, first_step=self.step, world_size=self.topo.dp_size
             )
         )
         self.watchdog.start(self.step)
@@ -265,6 +283,7 @@ class Trainer:
             "model": self._model_lineage(),
             "allocator": self.allocator,
             "device": self._device_lineage(),
+            "parallel": self._parallel_lineage(),
         }
         self.sink.start(
             lineage=lineage,
@@ -299,7 +318,7 @@ class Trainer:
                 lr=lr_at(self.step - 1, self.cfg.optim, self.horizon),
                 tokens_per_s=items_per_s,
                 data_wait_pct=closed.data_wait_pct,
-                mfu=items_per_s * self.flops_per_item / self.peak_flops,
+                mfu=items_per_s * self.flops_per_item / self.mfu_denominator,
                 elapsed_s=closed.agreed_seconds,
                 horizon=self.horizon,
                 peak_memory_mb=[round(m, 1) for m in closed.peak_memory_mb],
@@ -426,9 +445,12 @@ class Trainer:
                 self.sink.events.write(CheckpointInvalidEvent(checkpoint=bad.name, reason=bad.reason))
         if info is None:
             return {}
-        check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size)
+        check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size, self.topo.tensor_parallel)
         self.engine.load_checkpoint_state(info.path)
-        rank_state = safe_load.load(info.path / f"rank_{self.topo.rank:05d}.pt")
+        # The random state of this rank's replica: any of its ranks' (they hold the same), so the first one's in the
+        # layout the checkpoint was written at (engine.tensor_parallel may have changed since)
+        written_rank = self.topo.dp_rank * info.manifest.get("tensor_parallel", 1)
+        rank_state = safe_load.load(info.path / f"rank_{written_rank:05d}.pt")
         restore_rng(rank_state["rng"])
         trainer = info.manifest["trainer"]
         self.step, self.train_seconds = trainer["step"], trainer["train_seconds"]
@@ -460,6 +482,18 @@ class Trainer:
             out["lora"] = {"rank": m.lora.rank, "alpha": m.lora.alpha, "trainable_parameters": self.n_trainable}
         return out
 
+    def _parallel_lineage(self) -> dict:
+        """How the processes share the work: tensor-parallel groups of engine.tensor_parallel ranks, data-parallel
+        replicas of them, and the parameters each rank holds (1/tensor_parallel of the split matrices, all of the
+        rest; under ZeRO-3, its partition)."""
+        held = sum(_held_numel(p) for p in self.engine.module.parameters())
+        return {
+            "processes": self.topo.world_size,
+            "tensor_parallel": self.topo.tensor_parallel,
+            "data_parallel": self.topo.dp_size,
+            "parameters_per_rank": held,
+        }
+
     def _device_lineage(self) -> dict:
         """What rank 0 trained on: the device (a GPU by the name torch gives it), the precision, and the collective
         backend where there is a process group (nccl on GPUs, gloo on CPUs; a lone torch-engine process has none)."""
@@ -474,10 +508,11 @@ class Trainer:
         }
 
     def evaluate(self) -> dict:
-        """Mean validation loss over the fixed validation batches, each rank taking its share."""
+        """Mean validation loss over the fixed validation batches, each replica taking its share (the ranks of a
+        tensor-parallel group count theirs alike, which leaves the mean as it is)."""
         self.engine.eval()
         loss_sum, count = 0.0, 0
-        for batch in data_mod.val_batches(self.corpus, self.cfg, self.topo.rank, self.topo.world_size):
+        for batch in data_mod.val_batches(self.corpus, self.cfg, self.topo.dp_rank, self.topo.dp_size):
             loss_sum += self._eval_batch(batch)
             count += 1
         if self.engine.state_moves_in_forward:

@@ -82,11 +82,21 @@ def build_engine(model, cfg, topo, loss_fn=None) -> Engine:
 
 def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
     """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``; None: this machine's,
-    asked only when it matters): fp16 only on GPUs, and for DeepSpeed the merged config through DeepSpeed's own
-    parser (toolkit.deepspeed_config). Returns what DeepSpeed will be handed (None for the torch
-    engine). Raises ValueError naming the field."""
+    asked only when it matters): engine.tensor_parallel a divisor of the world, fp16 only on GPUs, and for DeepSpeed
+    the merged config through DeepSpeed's own parser (toolkit.deepspeed_config). Returns what DeepSpeed will be
+    handed (None for the torch engine). Raises ValueError naming the field."""
     from toolkit.errors import RefusedValue, not_allowed
 
+    if world % cfg.engine.tensor_parallel:
+        raise RefusedValue(
+            not_allowed(
+                "engine.tensor_parallel",
+                cfg.engine.tensor_parallel,
+                f"a divisor of the run's {world} processes",
+                problem=f"does not divide the run's {world} processes (each tensor-parallel group is a whole number "
+                "of ranks)",
+            )
+        )
     if cfg.engine.name != "deepspeed" and cfg.engine.precision != "fp16" and not cfg.train.compile:
         return None  # nothing device-dependent to check: no torch import (a second of CPU) in the launching process
     if cuda is None:

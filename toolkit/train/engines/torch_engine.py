@@ -1,4 +1,5 @@
-"""Plain PyTorch: the model as is in one process, wrapped in DistributedDataParallel in several."""
+"""Plain PyTorch: the model as is in one process, wrapped in DistributedDataParallel in several, or split over them
+(engine.tensor_parallel: toolkit.train.tensor_parallel)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ from toolkit.train.watchdog import gradients_finite
 SCALER_FILE = "scaler.pt"  # fp16 runs only
 
 
+def _as_is(loss: torch.Tensor) -> torch.Tensor:
+    return loss
+
+
+def _replicated_value(loss) -> torch.Tensor:
+    """loss_parallel's loss, a DTensor replicated over the group (the same value on every rank), as a plain tensor."""
+    return loss.to_local()
+
+
 def adamw_implementation(device: torch.device) -> dict:
     """AdamW's fused kernel on a GPU (one kernel for every parameter's update, instead of torch's default foreach
     loop of several); elsewhere torch's default."""
@@ -31,7 +41,24 @@ class TorchEngine:
     def __init__(self, model, cfg, topo, loss_fn):
         self.loss_fn = loss_fn  # (model, batch) -> loss: the model's adapter (toolkit.train.models)
         self.module = model.to(topo.device)
-        if topo.world_size > 1:
+        self.split = None  # tensor parallelism: the (dp, tp) mesh of ranks
+        self._loss_parallel, self._whole = contextlib.nullcontext, _as_is
+        if topo.tensor_parallel > 1:
+            # imported only here: DTensor's import costs every other training process a second
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            from toolkit.train import tensor_parallel
+
+            self.tensor_parallel = tensor_parallel
+            self.split = tensor_parallel.mesh(topo.device.type, topo.world_size, topo.tensor_parallel)
+            # the built-in GPT's loss runs on vocabulary-split logits; a transformers model's are gathered first
+            vocab_split = cfg.model.name == "gpt"
+            tensor_parallel.parallelize(self.module, cfg.model.name, self.split["tp"], loss_parallel=vocab_split)
+            if vocab_split:
+                self._loss_parallel, self._whole = loss_parallel, _replicated_value
+            self.model = self.module  # no DDP: gradients are averaged over the replicas in optimizer_step
+            self.cheap_state_capture = False  # a checkpoint gathers the split tensors: a collective
+        elif topo.world_size > 1:
             device_ids = [topo.device.index] if topo.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.module, device_ids=device_ids)
         else:
@@ -77,19 +104,24 @@ class TorchEngine:
         # DDP all-reduces gradients during backward; on the inner micro-steps there is nothing to share yet, so only
         # the last backward communicates (1 all-reduce per optimizer step instead of n)
         inner = not last and self.model is not self.module
-        with self.model.no_sync() if inner else contextlib.nullcontext():
+        with self.model.no_sync() if inner else contextlib.nullcontext(), self._loss_parallel():
             with self._autocast():
                 loss = self.loss_fn(self.model, batch)
                 share = loss if n == 1 else (loss / n if weight is None else loss * weight)
             (self.scaler.scale(share) if self.scaler is not None else share).backward()
-        return loss.detach()
+        return self._whole(loss.detach())
 
     def optimizer_step(self, before_update=None) -> None:
         """The update from the step's gradients: unscaled (fp16), clipped, checked (watchdog.nonfinite), then applied
         or left out; the gradients cleared either way."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip) if self.grad_clip else None
+        norm: torch.Tensor | None = None
+        if self.split is not None:
+            norm = self._split_gradients()
+        else:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            params = self.module.parameters()
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip) if self.grad_clip else None
         # after DDP's all-reduce: every rank holds the same gradients, and so takes the same decision
         self.update_skipped = self.watch_nonfinite and not gradients_finite(self.module.parameters(), norm)
         if before_update is not None:
@@ -105,21 +137,36 @@ class TorchEngine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _split_gradients(self) -> torch.Tensor:
+        """Tensor parallelism: the gradients averaged over the data-parallel replicas (DDP's job elsewhere), then
+        clipped; returns their global norm."""
+        if self.split["dp"].size() > 1:
+            self.tensor_parallel.all_reduce_gradients(self.module.parameters(), self.split["dp"].get_group())
+        return self.tensor_parallel.clip_gradients(
+            self.module.parameters(), self.grad_clip, self.split["tp"].get_group()
+        )
+
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:
-        with self._autocast():
-            return self.loss_fn(self.model, batch)
+        with self._autocast(), self._loss_parallel():
+            return self._whole(self.loss_fn(self.model, batch))
 
     cheap_state_capture = True  # state_dict() hands out references: no copy, no collective
     state_moves_in_forward = False  # the state stays where it is during forward (ZeRO-3's does not)
     deepspeed_config = None  # not DeepSpeed: no config was handed to it
 
-    # DDP replicas are identical, so rank 0 alone writes the model and optimizer state.
+    # DDP replicas are identical, so rank 0 alone writes the model and optimizer state. Split (tensor-parallel)
+    # tensors are gathered whole first, every rank taking part: the files are those of an unsplit run.
     def checkpoint_state(self, folder, is_writer: bool) -> dict:
+        if self.split is not None:
+            weights = self.tensor_parallel.whole_state_dict(self.module, keep=is_writer)
+            optimizer = self.tensor_parallel.whole_optimizer_state(self.optimizer, keep=is_writer)
+        elif is_writer:
+            weights = trainable_state(self.module) if self.trainable_only else self.module.state_dict()
+            optimizer = self.optimizer.state_dict()
         if not is_writer:
             return {}
-        weights = trainable_state(self.module) if self.trainable_only else self.module.state_dict()
-        files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict()}
+        files = {"model.pt": weights, "optimizer.pt": optimizer}
         if self.scaler is not None:  # fp16: the loss scale and its growth counter, for an exact resume
             files[SCALER_FILE] = {**self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
         return files
@@ -127,11 +174,16 @@ class TorchEngine:
     def load_checkpoint_state(self, folder) -> None:
         # A run directory may be a copy from elsewhere: tensors and plain data only (toolkit.safe_load).
         weights = safe_load.load(folder / "model.pt", map_location=self.device)
-        if self.trainable_only:
+        optimizer = safe_load.load(folder / "optimizer.pt", map_location=self.device)
+        if self.split is not None:  # whole tensors, written at any engine.tensor_parallel: this rank's slices
+            self.module.load_state_dict(self.tensor_parallel.split_state_dict(self.module, weights))
+            self.tensor_parallel.load_optimizer_state(self.optimizer, optimizer)
+        elif self.trainable_only:
             load_trainable_state(self.module, weights, folder / "model.pt")
+            self.optimizer.load_state_dict(optimizer)
         else:
             self.module.load_state_dict(weights)
-        self.optimizer.load_state_dict(safe_load.load(folder / "optimizer.pt", map_location=self.device))
+            self.optimizer.load_state_dict(optimizer)
         if self.scaler is not None:
             state = safe_load.load(folder / SCALER_FILE)
             self._skipped = torch.tensor(state.pop("skipped_steps", 0), dtype=torch.int64, device=self.device)

@@ -25,20 +25,22 @@ def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.n_head = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x, mask=None):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        # (B, T, C) -> (B, heads, T, head_dim) for scaled_dot_product_attention
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        B, T, _ = x.shape
+        # q, k, v side by side; under tensor parallelism each holds this rank's heads only (toolkit.train.parallel),
+        # so the widths and the head count come from the projection's output, not the config
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        # (B, T, heads * head_dim) -> (B, heads, T, head_dim) for scaled_dot_product_attention
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         dropout = self.dropout if self.training else 0.0
         # mask: packed rows' block-diagonal causal mask (B, 1, T, T); else plain causal attention
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, -1))
 
 
 class Block(nn.Module):
