@@ -18,9 +18,10 @@ with :class:`IllegalTransition` (the file is left as it was).
     resume   queued, running, failed, stopped,   -> queued     `resume` (queued/running: left by a dead supervisor;
              killed                                            a new run: a copy without its status.json)
     roll_back  any state                         -> queued     `resume --from CHECKPOINT`, a completed run included
+    extend   completed                           -> queued     `resume --set train.max_steps=N`: more steps
     retry    any state                           -> queued     an external launcher (Azure ML) re-runs the job
 
-A completed run is not resumed (nothing is left to train; its final figures stay): only rolled back.
+A completed run is not resumed (nothing is left to train; its final figures stay): only rolled back, or extended.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ TRANSITIONS: dict[str, tuple[tuple[str | None, ...], str]] = {
     "kill": (("queued", "running", "completed"), "killed"),
     "resume": ((None, "queued", "running", "failed", "stopped", "killed"), "queued"),
     "roll_back": ((None, *STATES), "queued"),
+    "extend": (("completed",), "queued"),
     "retry": ((None, *STATES), "queued"),
 }
 

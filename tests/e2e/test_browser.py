@@ -35,6 +35,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect, sync_playwright
 
 from conftest import PROJECT
+from test_notebook import CHECKS, COURSE, NBVAL, course_parameters, nbval
 from toolkit.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -234,6 +235,15 @@ def run_all(page, lab: JupyterLab, notebook: Path) -> None:
     assert tracebacks.count() == 0, f"{notebook.name}: a cell failed:\n{tracebacks.first.inner_text()[-3000:]}"
 
 
+def save(page, notebook: Path) -> None:
+    """File > Save Notebook: the outputs the front end holds, written to the file the checks read."""
+    written = notebook.stat().st_mtime_ns
+    page.get_by_role("menuitem", name="File", exact=True).click()
+    page.locator(".lm-Menu-itemLabel").get_by_text(re.compile(r"^Save( Notebook)?$")).first.click()
+    expect(page.locator(".jp-mod-dirty"), f"{notebook.name} was never saved").to_have_count(0, timeout=30_000)
+    assert notebook.stat().st_mtime_ns != written, f"{notebook.name}: saved, yet the file is the one written before"
+
+
 def run_and_check_training_panel(page, lab: JupyterLab, notebook: Path, screenshot: Path) -> None:
     """Run the whole notebook, then check what the training panel shows."""
     run_all(page, lab, notebook)
@@ -320,24 +330,6 @@ JOURNEY_BADGES_JS = """
 """
 # The course as a participant who skips 03 does it, the journey (00) last; parameters smaller still than
 # test_notebook.py's (what is checked here is the page, not the figures). 03 has its own test above.
-COURSE = ["01_resources", "02_data", "04_checkpoint_recovery", "05_deployment", "06_your_model", "00_overview"]
-
-
-def course_parameters(tmp_path: Path) -> dict[str, dict]:
-    ws, runs, plans = str(tmp_path / "workspace"), str(tmp_path / "runs"), tmp_path / "outputs"
-    return {
-        "00_overview": {"workspace": ws},
-        "01_resources": {"workspace": ws, "checks": ["packages", "matmul"], "model_sizes": ["125M", "7B"],
-                         "plan_nodes": 1, "plan_dir": str(plans / "azure-plan")},
-        "02_data": {"workspace": ws, "config": "tiny", "tune_steps": 3},
-        "04_checkpoint_recovery": {"config": "tiny", "steps": 40, "every": 10, "kill_at": 25, "runs_root": runs},
-        "05_deployment": {"runs_root": runs, "latency_requests": 5, "max_new_tokens": 4,
-                          "plan_dir": str(plans / "azure-plan")},
-        "06_your_model": {"workspace": ws, "runs_root": runs, "pretrain_steps": 20, "finetune_steps": 6,
-                          "max_new_tokens": 4, "chat_steps": 6},
-    }
-
-
 @pytest.fixture
 def course_lab(tmp_path):
     """A JupyterLab over parameterized copies of the course's notebooks (03 left out: skipped by this participant)."""
@@ -373,16 +365,22 @@ def check_the_data_panel_as_a_learner_clicks(page) -> None:
 
 def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(chromium, course_lab):
     """Run All in each notebook in turn: no failed cell, no widget that fails to display while the kernel lives,
-    no label or button cut short; then 00's journey says which steps were done, 03 (skipped) left to do and 01
-    too (a doctor that ran two of its checks)."""
+    no label or button cut short, and what each printed and drew (saved from the page: test_notebook's checks);
+    then 00's journey says which steps were done, 03 (skipped) left to do and 01 too (a doctor that ran two of its
+    checks)."""
     lab, lab_root = course_lab
+    tmp_path, runs = lab_root.parent, lab_root.parent / "runs"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with chromium_page(chromium, lab) as page:
         for name in COURSE:
             notebook, screenshot = lab_root / f"{name}.ipynb", SCREENSHOTS / f"{name}.png"
             screenshot.unlink(missing_ok=True)
+            runs_before = set(runs.iterdir()) if runs.exists() else set()
             try:
                 run_all(page, lab, notebook)
+                if name in CHECKS:  # what it printed and drew, as saved from the page (test_notebook's checks)
+                    save(page, notebook)
+                    CHECKS[name](notebook, tmp_path, runs_before)
                 # in outputs: the first cell's markdown explains the message to someone without a kernel
                 failed = page.locator(".jp-OutputArea-output", has_text="Error displaying widget")
                 assert failed.count() == 0, f"{name}: {failed.count()} widget(s) failed to display"
@@ -395,3 +393,7 @@ def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(c
                     check_the_data_panel_as_a_learner_clicks(page)
             finally:
                 page.screenshot(path=screenshot, full_page=True)
+    # nbval re-runs these as saved by the page, with their parameters, and compares the cells marked
+    # NBVAL_CHECK_OUTPUT with the outputs the page saved
+    for name in NBVAL:
+        nbval(lab_root / f"{name}.ipynb", tmp_path)

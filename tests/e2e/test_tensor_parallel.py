@@ -81,8 +81,10 @@ def test_a_layout_change_that_changes_the_replicas_is_refused_with_nothing_writt
 
 
 def test_split_replicas_average_their_gradients_as_ddp_does(reference_runs, finished_runs):
-    # 4 processes: 2 replicas of 2 ranks against plain DDP over 2 processes, the same batches per replica
-    split = finished_runs(*CKPT, "--nproc", "4", "--set", "engine.tensor_parallel=2")
+    # 4 processes: 2 replicas of 2 ranks against plain DDP over 2 processes, the same batches per replica; with
+    # activation checkpointing too (each block recomputed in backward, its all-reduces with it), which changes no loss
+    split = finished_runs(*CKPT, "--nproc", "4", "--set", "engine.tensor_parallel=2", "--set",
+                          "model.activation_checkpointing=true")
     assert lineage(split)["parallel"]["data_parallel"] == 2
     assert_same_losses(split, reference_runs(TORCH_DDP_2))
 
@@ -101,3 +103,11 @@ def test_a_transformers_llama_splits_by_its_own_plan(tmp_path):
     assert_same_losses(runs[2], runs[1], steps=range(1, 9))
     total, held = n_params(runs[2]), lineage(runs[2])["parallel"]["parameters_per_rank"]
     assert total / 2 < held < 0.6 * total and held == zero_stages.params_per_rank(runs[2].read_config())
+
+
+def test_a_transformers_model_the_split_does_not_divide_is_refused_before_a_run_exists(tmp_path):
+    proc = cli("train", "llama", "--run-dir", str(tmp_path / "r"), "--nproc", "2", "--set", "engine.tensor_parallel=2",
+               "--set", 'model.hf.config={"num_attention_heads": 3, "num_key_value_heads": 3, "hidden_size": 96}')
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "engine.tensor_parallel: 2 does not divide the model's num_attention_heads (3)" in proc.stderr
+    assert not (tmp_path / "r").exists()

@@ -86,3 +86,11 @@ def test_the_memory_prediction_counts_one_rank_s_share():
     assert terms["activations"] == ((4 + 12 / 2) * 2 + 2 + 256 / C / 2) * B * T * C * 4
     one_replica = memory_model.predict_run(load(["engine.tensor_parallel=2", "engine.nproc=2"]), device="cpu")
     assert "gradient all-reduce copy" not in {t.name for t in one_replica.terms}
+
+
+def test_a_group_may_not_straddle_two_nodes():
+    cfg = load(["engine.tensor_parallel=4", "model.n_head=4", "engine.nproc=2"])
+    with pytest.raises(RefusedValue) as caught:
+        check_engine(cfg, world=8, cuda=False, per_node=2)  # 4 nodes of 2: the world divides, a node does not
+    assert "engine.tensor_parallel: 4 does not divide the 2 processes of a node" in str(caught.value)
+    assert check_engine(cfg, world=8, cuda=False, per_node=4) is None

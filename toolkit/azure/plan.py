@@ -486,7 +486,9 @@ def build_plan(
     )
     # fp16, offload and a user's DeepSpeed file checked for the SKU's devices and the job's world, as a launch on
     # that machine would: a GPU SKU takes ZeRO-Offload and fp16, a CPU one refuses them here, before any upload
-    deepspeed = check_engine(job_cfg, world=options.instance_count * processes, cuda=the_sku.gpus > 0)
+    deepspeed = check_engine(
+        job_cfg, world=options.instance_count * processes, cuda=the_sku.gpus > 0, per_node=processes
+    )
     environment = entities.environment(options.image, conda)
     return Plan(
         cfg=cfg,

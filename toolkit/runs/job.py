@@ -232,7 +232,8 @@ def prepare_run(run_dir: Path, config_file: str, overrides: list[str], nnodes: i
 
     cfg = pin_model(pin_data_asset(config_mod.load(config_file, overrides)))
     check_model(cfg)
-    check_engine(cfg, world=nnodes * cfg.engine.nproc, cuda=cuda)  # this node's devices and the job's world
+    # this node's devices and the job's world
+    check_engine(cfg, world=nnodes * cfg.engine.nproc, cuda=cuda, per_node=cfg.engine.nproc)
     run = RunDir(run_dir)
     if not run.config_path.exists():
         return RunDir.create(run_dir, cfg)

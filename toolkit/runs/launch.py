@@ -165,7 +165,11 @@ def resume(
         if skipped:
             plan += f" (not usable: {', '.join(s.name for s in skipped)})"
         offset = run.events_path.stat().st_size if run.events_path.exists() else 0
-        run_status.transition(run, "resume" if from_checkpoint is None else "roll_back", resumed=time.time())
+        if from_checkpoint is not None:
+            transition = "roll_back"
+        else:
+            transition = "extend" if status.get("state") == "completed" else "resume"
+        run_status.transition(run, transition, resumed=time.time())
         return _start_supervisor(run, lock_fd, max_restarts, from_offset=offset, plan=plan)
 
 

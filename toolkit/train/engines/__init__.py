@@ -80,11 +80,12 @@ def build_engine(model, cfg, topo, loss_fn=None) -> Engine:
     return ENGINES[cfg.engine.name](model, cfg, topo, loss_fn)
 
 
-def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
+def check_engine(cfg, world: int, cuda: bool | None = None, per_node: int | None = None) -> dict | None:
     """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``; None: this machine's,
     asked only when it matters): engine.tensor_parallel a divisor of the world, fp16 only on GPUs, and for DeepSpeed
     the merged config through DeepSpeed's own parser (toolkit.deepspeed_config). Returns what DeepSpeed will be
-    handed (None for the torch engine). Raises ValueError naming the field."""
+    handed (None for the torch engine). ``per_node``: the processes on each node of a multi-node run, which a
+    tensor-parallel group must not straddle. Raises ValueError naming the field."""
     from toolkit.errors import RefusedValue, not_allowed
 
     if world % cfg.engine.tensor_parallel:
@@ -95,6 +96,16 @@ def check_engine(cfg, world: int, cuda: bool | None = None) -> dict | None:
                 f"a divisor of the run's {world} processes",
                 problem=f"does not divide the run's {world} processes (each tensor-parallel group is a whole number "
                 "of ranks)",
+            )
+        )
+    if per_node is not None and per_node % cfg.engine.tensor_parallel:
+        raise RefusedValue(
+            not_allowed(
+                "engine.tensor_parallel",
+                cfg.engine.tensor_parallel,
+                f"a divisor of the {per_node} processes of a node",
+                problem=f"does not divide the {per_node} processes of a node: a group would straddle two nodes, and "
+                "its all-reduces (4 a block, every step) belong on one node's NVLink",
             )
         )
     if cfg.engine.name != "deepspeed" and cfg.engine.precision != "fp16" and not cfg.train.compile:

@@ -183,6 +183,16 @@ def activation_checkpointing_supported(cfg, model) -> None:
         hf.check_activation_checkpointing(cfg.model, model)
 
 
+def tensor_parallel_fits(cfg, model) -> None:
+    """engine.tensor_parallel: a transformers model whose architecture declares a plan, and head counts, widths and
+    vocabulary the split divides (the built-in GPT's are the config's, checked with it)."""
+    if cfg.engine.tensor_parallel > 1 and cfg.model.name == "hf":
+        from toolkit.train import tensor_parallel
+
+        tensor_parallel.hf_plan(model)
+        tensor_parallel.check_divisible(model, cfg.engine.tensor_parallel)
+
+
 def tokenizer_fits(cfg, model) -> None:
     """Every id the run's tokenizer can produce has a row in the model's input embedding (toolkit.data owns the
     tokenizer, and the message)."""
@@ -197,6 +207,7 @@ CHECKS: list[Callable] = [
     pretrained_weights_fit,
     lora_targets_exist,
     activation_checkpointing_supported,
+    tensor_parallel_fits,
     tokenizer_fits,
 ]
 
