@@ -111,3 +111,13 @@ def test_a_transformers_model_the_split_does_not_divide_is_refused_before_a_run_
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "engine.tensor_parallel: 2 does not divide the model's num_attention_heads (3)" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_scale_measures_the_communication_a_split_adds(tmp_path):
+    # the profiler's trace of the split run: its all-reduces (4 a block) are a measured share of the step
+    proc = cli("scale", "tiny", "--nproc", "2", "--set", "engine.tensor_parallel=2", "--steps", "4", "--out",
+               str(tmp_path / "series"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["runs"]
+    assert (row["nproc"], row["replicas"], row["efficiency"]) == (2, 1, 1.0)
+    assert row["communication_ms"] > 0 and 0 < row["communication"] < 1, row

@@ -201,3 +201,18 @@ def test_an_efficiency_above_100_percent_is_explained_once_and_only_then():
     assert scaling.above_linear_note([1.0, 0.93, None]) == ""
     note = scaling.above_linear_note([1.0, 1.79, None, 1.2])
     assert note.startswith("Above 100% (up to 179%)") and "low baseline" in note
+
+
+def test_with_tensor_parallelism_the_series_counts_replicas_of_one_group_each(tmp_path):
+    # engine.tensor_parallel=2: the baseline is one group of 2 processes; 4 processes are 2 replicas
+    split = ["engine.tensor_parallel=2", "train.batch_size=8"]
+    p = scaling.plan("tiny", split, scaling.parse_counts("4"), mode="strong", steps=8, out=tmp_path / "s",
+                     machine=scaling.capacity(8, 2))
+    assert [(r.nproc, r.replicas, r.config.train.batch_size, r.config.train.eval_batches) for r in p.runs] == [
+        (2, 1, 8, 1), (4, 2, 4, 2)]
+    assert scaling.plan("tiny", split, None, out=tmp_path / "d", machine=scaling.capacity(8, 2)).counts == [2, 4, 8]
+    with pytest.raises(ConfigError) as caught:
+        scaling.plan("tiny", split, [1, 3], out=tmp_path / "x", machine=scaling.capacity(8, 2))
+    assert "--nproc: 3 is not a whole number of tensor-parallel groups of 2" in str(caught.value)
+    with pytest.raises(ConfigError, match="--side-by-side"):
+        scaling.plan("tiny", split, [1, 2], side_by_side=True, out=tmp_path / "y", machine=scaling.capacity(8, 2))

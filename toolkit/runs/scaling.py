@@ -159,9 +159,28 @@ def layout(steps: int) -> Layout:
     )
 
 
-def efficiency(tokens_per_s: float, nproc: int, baseline: float) -> float:
-    """Against perfect linear scaling: tokens/s(N) / (N x tokens/s(1))."""
-    return tokens_per_s / (nproc * baseline)
+def efficiency(tokens_per_s: float, replicas: int, baseline: float) -> float:
+    """Against perfect linear scaling: tokens/s(N) / (N x tokens/s(1)), N data-parallel replicas (processes, or
+    groups of engine.tensor_parallel processes)."""
+    return tokens_per_s / (replicas * baseline)
+
+
+def replica_counts(counts: list[int], group: int) -> list[int]:
+    """Process counts in whole tensor-parallel groups of ``group`` (engine.tensor_parallel): the baseline 1 becomes one
+    group; any other count must be a multiple of it."""
+    if group == 1:
+        return counts
+    odd = [n for n in counts if n != 1 and n % group]
+    if odd:
+        raise ConfigError(
+            not_allowed(
+                "--nproc",
+                odd[0],
+                f"multiples of engine.tensor_parallel={group} (each replica is {group} processes)",
+                problem=f"is not a whole number of tensor-parallel groups of {group}",
+            )
+        )
+    return sorted({group, *(n for n in counts if n != 1)})
 
 
 def above_linear_note(efficiencies) -> str:
@@ -177,7 +196,13 @@ def above_linear_note(efficiencies) -> str:
 
 
 def run_settings(
-    nproc: int, batch: int, lay: Layout, threads: int, profiled: bool, max_steps: int | None = None
+    nproc: int,
+    batch: int,
+    lay: Layout,
+    threads: int,
+    profiled: bool,
+    max_steps: int | None = None,
+    replicas: int | None = None,
 ) -> list[str]:
     """The fields a run of the series sets on top of the user's: a step budget (no time budget), no checkpoints,
     one evaluation at the end, and the profiler on just after the measured window."""
@@ -189,7 +214,7 @@ def run_settings(
         "train.max_seconds=0",
         f"train.log_every={lay.log_every}",
         f"train.eval_every={steps}",
-        f"train.eval_batches={nproc}",
+        f"train.eval_batches={replicas or nproc}",
         "train.eval_at_start=false",
         "checkpoint.every_steps=0",
         "checkpoint.every_seconds=0",
@@ -210,6 +235,11 @@ class RunSpec:
     label: str  # its run directory's name in the series folder
     nproc: int
     config: config_mod.Config
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: the processes over engine.tensor_parallel."""
+        return self.nproc // self.config.engine.tensor_parallel
 
 
 @dataclass(frozen=True)
@@ -244,8 +274,15 @@ def plan(
         raise ConfigError(not_allowed("mode", mode, ", ".join(MODES)))
     base = config_mod.load(config, overrides)
     machine = machine or machine_capacity()
-    counts = counts or [2**i for i in range(machine.processes.bit_length())]
-    batches = {n: per_process_batch(base.train.batch_size, n, mode) for n in counts}
+    group = base.engine.tensor_parallel  # with tensor parallelism the unit is a group of processes, one replica
+    if counts is None:  # 1, 2, 4... groups, as far as the machine goes (one group at least: refused below if too many)
+        counts = [group * 2**i for i in range(max(1, (machine.processes // group).bit_length()))]
+    counts = replica_counts(counts, group)
+    if side_by_side and group > 1:
+        raise ConfigError(
+            not_allowed("--side-by-side", True, "without engine.tensor_parallel", problem="compares 1-process runs")
+        )
+    batches = {n: per_process_batch(base.train.batch_size, n // group, mode) for n in counts}
     check_capacity(counts, machine)
     lay = layout(steps)
     # a GPU each: the trainer's default threads; cores: the same share in every run of the series
@@ -253,8 +290,8 @@ def plan(
     name = base.name
 
     def spec(label, nproc, batch, profiled, max_steps=None):
-        cfg = config_mod.load(config, [*overrides, *run_settings(nproc, batch, lay, threads, profiled, max_steps)])
-        return RunSpec(label, nproc, cfg)
+        settings = run_settings(nproc, batch, lay, threads, profiled, max_steps, replicas=nproc // group)
+        return RunSpec(label, nproc, config_mod.load(config, [*overrides, *settings]))
 
     # the baseline too: a world of one still runs collectives with DeepSpeed (ZeRO over one rank)
     runs = [spec(f"{name}-n{n}", n, batches[n], profiled=True) for n in counts]
@@ -464,6 +501,8 @@ class Row:
     """One process count of the series (the JSON of `trainbook scale --json`, one entry of "runs")."""
 
     nproc: int
+    replicas: int
+    """Data-parallel replicas: nproc, or nproc / engine.tensor_parallel."""
     batch_per_process: int
     global_batch: int
     run_dir: str
@@ -499,6 +538,8 @@ class ScalingResult:
     out: str
     rows: list[Row]
     picture: str | None = None
+    tensor_parallel: int = 1
+    """Processes per replica (engine.tensor_parallel): efficiency counts replicas, the baseline is one."""
 
     def to_dict(self) -> dict:
         doc = dataclasses.asdict(self)
@@ -507,11 +548,11 @@ class ScalingResult:
 
     def table(self) -> str:
         """The series as aligned text lines."""
-        unit = "per process" if self.mode == "weak" else "global"
+        unit = ("per process" if self.tensor_parallel == 1 else "per replica") if self.mode == "weak" else "global"
         threads = f", {self.threads_per_process} thread(s) per process" if self.threads_per_process else ""
         columns = [
             Column("procs", "nproc", right=True),
-            Column("batch", lambda r: f"{r.nproc}x{r.batch_per_process}", right=True),
+            Column("batch", lambda r: f"{r.replicas}x{r.batch_per_process}", right=True),
             Column("tokens/s", "tokens_per_s", ",.0f", right=True),
             Column("range", lambda r: f"{r.tokens_per_s_min:,.0f}-{r.tokens_per_s_max:,.0f}", right=True),
             Column("efficiency", "efficiency", ".0%", right=True),
@@ -532,8 +573,9 @@ class ScalingResult:
                 )
             )
         note = above_linear_note([r.efficiency for r in self.rows] + [r.side_by_side_efficiency for r in self.rows])
+        split = f", replicas of engine.tensor_parallel={self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         return (
-            f"{self.config}, {self.engine}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
+            f"{self.config}, {self.engine}{split}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
             f"{self.measured_steps} measured steps{threads}\n"
             + text_table(self.rows, columns)
             + (f"\n{note}" if note else "")
@@ -554,14 +596,15 @@ def row(spec: RunSpec, run_dir: Path, lay: Layout, baseline: float | None) -> Ro
     t = spec.config.train
     return Row(
         nproc=spec.nproc,
+        replicas=spec.replicas,
         batch_per_process=t.batch_size,
-        global_batch=t.batch_size * t.grad_accum_steps * spec.nproc,
+        global_batch=t.batch_size * t.grad_accum_steps * spec.replicas,
         run_dir=str(run_dir),
         state=RunDir(run_dir).read_status().get("state", "?"),
         tokens_per_s=window.tokens_per_s,
         tokens_per_s_min=window.tokens_per_s_min,
         tokens_per_s_max=window.tokens_per_s_max,
-        efficiency=efficiency(window.tokens_per_s, spec.nproc, baseline or window.tokens_per_s),
+        efficiency=efficiency(window.tokens_per_s, spec.replicas, baseline or window.tokens_per_s),
         step_ms=window.step_ms,
         **parts,
         compute=parts["compute_ms"] / window.step_ms,
@@ -697,6 +740,7 @@ def run_series(p: Plan, on_line: Callable[[str], None] = lambda line: None) -> S
         threads_per_process=p.threads,
         out=str(folder),
         rows=[],
+        tensor_parallel=first.engine.tensor_parallel,
     )
     baseline = None
     for spec in p.runs:
