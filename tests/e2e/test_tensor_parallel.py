@@ -12,6 +12,7 @@ import pytest
 from conftest import cli
 from test_checkpoint import (CKPT, STEPS, TORCH_1, TORCH_DDP_2, TORCH_TP_2, losses_by_step,  # noqa: F401
                              reference_runs)
+from test_scaling import scale  # a series borrows every core, as test_scaling's do
 from toolkit.resources import zero_stages
 from toolkit.rundir import RunDir
 
@@ -115,8 +116,8 @@ def test_a_transformers_model_the_split_does_not_divide_is_refused_before_a_run_
 
 def test_scale_measures_the_communication_a_split_adds(tmp_path):
     # the profiler's trace of the split run: its all-reduces (4 a block) are a measured share of the step
-    proc = cli("scale", "tiny", "--nproc", "2", "--set", "engine.tensor_parallel=2", "--steps", "4", "--out",
-               str(tmp_path / "series"), "--json")
+    proc = scale("tiny", "--nproc", "2", "--set", "engine.tensor_parallel=2", "--steps", "4", "--out",
+                 str(tmp_path / "series"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)["runs"]
     assert (row["nproc"], row["replicas"], row["efficiency"]) == (2, 1, 1.0)
