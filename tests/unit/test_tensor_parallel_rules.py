@@ -94,3 +94,16 @@ def test_a_group_may_not_straddle_two_nodes():
         check_engine(cfg, world=8, cuda=False, per_node=2)  # 4 nodes of 2: the world divides, a node does not
     assert "engine.tensor_parallel: 4 does not divide the 2 processes of a node" in str(caught.value)
     assert check_engine(cfg, world=8, cuda=False, per_node=4) is None
+
+
+def test_the_gpu_table_splits_each_layer_then_partitions_over_the_replicas():
+    # 175B in bf16 on 1,024 GPUs at tensor_parallel 8: each GPU holds Ψ/8 and ZeRO-2 partitions over 128 replicas
+    psi = 175e9
+    e = zero_stages.estimate(psi, "bf16", 2, 1024, tensor_parallel=8)
+    assert e.total_bytes == pytest.approx(2 * psi / 8 + 18 * psi / 8 / 128)
+    assert e.formula().startswith("2 Ψ/8 + 18 Ψ/8 / 128 = ")
+    assert zero_stages.estimate(psi, "bf16", 2, 1024).total_bytes == pytest.approx(2 * psi + 18 * psi / 1024)
+    advice = zero_stages.recommend_stage(psi, 80, 1024, "bf16", tensor_parallel=8)
+    assert advice.stage == 2  # ZeRO-1 needs 84 GiB a GPU; without the split ZeRO-2 would need 329 GiB
+    with pytest.raises(config_mod.ConfigError, match="tensor_parallel: 3 is not allowed; allowed: a divisor of the 8"):
+        zero_stages.estimate(psi, "bf16", 0, 8, tensor_parallel=3)

@@ -55,7 +55,13 @@ def register(verbs) -> None:
         choices=["fp16", "bf16", "fp32"],
         help="for the GPU figures (default: --config's engine.precision, else bf16)",
     )
-    est.add_argument("--gpus", type=int, default=8, help="data-parallel GPUs (default: 8)")
+    est.add_argument("--gpus", type=int, default=8, help="GPUs in all (default: 8)")
+    est.add_argument(
+        "--tensor-parallel",
+        type=int,
+        help="GPUs each layer is split over; ZeRO partitions over the rest (default: --config's "
+        "engine.tensor_parallel, else 1)",
+    )
     est.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: 80, an A100/H100 80GB)")
     est.add_argument(
         "--zero-stage",
@@ -115,21 +121,24 @@ def cmd_estimate(args) -> int:
     params: float
     if cfg is not None:
         prediction = memory_model.predict_run(cfg, device=args.device)
-        params, precision = prediction.params, args.precision or cfg.engine.precision
+        params, precision = prediction.whole_params or prediction.params, args.precision or cfg.engine.precision
+        split = args.tensor_parallel or cfg.engine.tensor_parallel
         print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
         print(prediction.table())
-        print(f"\non GPUs: model state per GPU by ZeRO stage ({precision}, {args.gpus} GPUs):")
+        at = f", tensor_parallel {split}" if split > 1 else ""
+        print(f"\non GPUs: model state per GPU by ZeRO stage ({precision}, {args.gpus} GPUs{at}):")
     elif args.params:
         params, precision = zero_stages.parse_count(args.params), args.precision or "bf16"
+        split = args.tensor_parallel or 1
         print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
     else:
         raise ConfigError(
             refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, --config NAME or --run RUN_DIR")
         )
     if args.zero_stage is not None:
-        print(zero_stages.estimate(params, precision, args.zero_stage, args.gpus).formula())
+        print(zero_stages.estimate(params, precision, args.zero_stage, args.gpus, split).formula())
     else:
-        print(zero_stages.recommend_stage(params, args.gpu_memory, args.gpus, precision).summary())
+        print(zero_stages.recommend_stage(params, args.gpu_memory, args.gpus, precision, split).summary())
     if args.write_config:
         written = recommended_config.write_recommended_config(
             args.write_config,

@@ -52,6 +52,9 @@ class MemoryEstimate:
     weights_bytes: float
     gradients_bytes: float
     optimizer_bytes: float
+    tensor_parallel: int = 1
+    """GPUs each layer is split over: each holds 1/t of every matrix, and ZeRO partitions over the gpus / t
+    data-parallel replicas."""
 
     @property
     def total_bytes(self) -> float:
@@ -64,12 +67,14 @@ class MemoryEstimate:
     def formula(self) -> str:
         """The arithmetic behind the figure, e.g. '2 Ψ + 18 Ψ / 8 = 4.25 bytes x 7e9 params = 27.7 GiB'."""
         w, g, o = BYTES_PER_PARAM[self.precision]
-        n = self.gpus
+        t = self.tensor_parallel
+        n = self.gpus // t  # ZeRO partitions over the data-parallel replicas
+        psi = "Ψ" if t == 1 else f"Ψ/{t}"
         parts = {
-            0: f"{w + g + o} Ψ",
-            1: f"{w + g} Ψ + {o} Ψ / {n}",
-            2: f"{w} Ψ + {g + o} Ψ / {n}",
-            3: f"{w + g + o} Ψ / {n}",
+            0: f"{w + g + o} {psi}",
+            1: f"{w + g} {psi} + {o} {psi} / {n}",
+            2: f"{w} {psi} + {g + o} {psi} / {n}",
+            3: f"{w + g + o} {psi} / {n}",
         }[self.zero_stage]
         per_param = self.total_bytes / self.params
         size = f"{self.total_gib:,.1f} GiB" if self.total_gib >= 1 else f"{self.total_bytes / 2**20:,.1f} MiB"
@@ -81,27 +86,40 @@ def check_value(name: str, value, ok: bool, allowed: str) -> None:
         raise ConfigError(not_allowed(name, value, allowed))
 
 
-def estimate(params: float, precision: str = "bf16", zero_stage: int = 0, gpus: int = 1) -> MemoryEstimate:
-    """Model-state memory per GPU for ``params`` parameters trained with Adam."""
+def estimate(
+    params: float, precision: str = "bf16", zero_stage: int = 0, gpus: int = 1, tensor_parallel: int = 1
+) -> MemoryEstimate:
+    """Model-state memory per GPU for ``params`` parameters trained with Adam; with ``tensor_parallel`` t, each GPU
+    holds 1/t of the model (the norms and biases it keeps whole are left out: a few millionths of a large model) and
+    ZeRO partitions over gpus / t replicas."""
     check_value("params", params, isinstance(params, (int, float)) and params > 0, "a positive number of parameters")
     check_value("precision", precision, precision in BYTES_PER_PARAM, ", ".join(BYTES_PER_PARAM))
     check_value("zero_stage", zero_stage, zero_stage in STAGES, "0, 1, 2 or 3")
     check_value("gpus", gpus, isinstance(gpus, int) and gpus >= 1, "1 or more")
+    check_value(
+        "tensor_parallel",
+        tensor_parallel,
+        isinstance(tensor_parallel, int) and tensor_parallel >= 1 and gpus % tensor_parallel == 0,
+        f"a divisor of the {gpus} GPUs",
+    )
     w, g, o = BYTES_PER_PARAM[precision]
-    shard = {  # the divisor of each part at each stage: 1 = every GPU holds all of it
+    n = gpus // tensor_parallel  # data-parallel replicas: what ZeRO partitions over
+    shard = {  # the divisor of each part at each stage: 1 = every replica holds all of it
         0: (1, 1, 1),
-        1: (1, 1, gpus),
-        2: (1, gpus, gpus),
-        3: (gpus, gpus, gpus),
+        1: (1, 1, n),
+        2: (1, n, n),
+        3: (n, n, n),
     }[zero_stage]
+    held = params / tensor_parallel
     return MemoryEstimate(
         params,
         precision,
         zero_stage,
         gpus,
-        weights_bytes=w * params / shard[0],
-        gradients_bytes=g * params / shard[1],
-        optimizer_bytes=o * params / shard[2],
+        weights_bytes=w * held / shard[0],
+        gradients_bytes=g * held / shard[1],
+        optimizer_bytes=o * held / shard[2],
+        tensor_parallel=tensor_parallel,
     )
 
 
@@ -119,7 +137,7 @@ class StageAdvice:
             lines.append(f"  ZeRO-{e.zero_stage}: {e.formula()}{mark}")
         if self.stage is None:
             stage3 = self.estimates[-1]
-            need = math.ceil(stage3.total_bytes * stage3.gpus / 2**30 / budget)
+            need = math.ceil(stage3.total_bytes * stage3.gpus / 2**30 / budget)  # (per GPU x GPUs: the whole state)
             lines.append(
                 f"  no stage fits: ZeRO-3 needs at least {need} GPUs of this size, or offload optimizer "
                 "state to CPU/NVMe (ZeRO-Offload / ZeRO-Infinity)"
@@ -127,7 +145,9 @@ class StageAdvice:
         return "\n".join(lines)
 
 
-def recommend_stage(params: float, gpu_memory_gib: float, gpus: int, precision: str = "bf16") -> StageAdvice:
+def recommend_stage(
+    params: float, gpu_memory_gib: float, gpus: int, precision: str = "bf16", tensor_parallel: int = 1
+) -> StageAdvice:
     """The lowest ZeRO stage whose model state fits: lower stages communicate less (stage 3 gathers the
     weights in every forward and backward), so partition only as much as memory requires."""
     check_value(
@@ -136,7 +156,7 @@ def recommend_stage(params: float, gpu_memory_gib: float, gpus: int, precision: 
         isinstance(gpu_memory_gib, (int, float)) and gpu_memory_gib > 0,
         "a positive number of GiB",
     )
-    estimates = [estimate(params, precision, stage, gpus) for stage in STAGES]
+    estimates = [estimate(params, precision, stage, gpus, tensor_parallel) for stage in STAGES]
     fitting = [e.zero_stage for e in estimates if e.total_gib <= STATE_SHARE * gpu_memory_gib]
     return StageAdvice(stage=fitting[0] if fitting else None, estimates=estimates, gpu_memory_gib=gpu_memory_gib)
 
