@@ -92,6 +92,7 @@ def show_doctor(**kwargs):
 
 MODEL_SIZES = ("125M", "350M", "1.3B", "2.7B", "7B", "13B", "30B", "70B", "175B")
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TENSOR_PARALLEL = (1, 2, 4, 8)  # within one node of 8 GPUs, where a split's all-reduces belong
 GPU_MEMORY_GIB = (16, 24, 40, 48, 80, 94, 141, 192)
 
 
@@ -99,14 +100,15 @@ RECOMMENDED = -1  # the stage buttons' "recommended": the stage recommend_stage 
 
 
 class MemoryPanel(Panel):
-    """Sliders for model size, precision, ZeRO stage, GPUs and GPU memory; the estimate follows every move.
+    """Sliders for model size, precision, ZeRO stage, GPUs, tensor parallelism and GPU memory; the estimate follows
+    every move.
 
     All arithmetic is :mod:`toolkit.resources.zero_stages`'s and :mod:`toolkit.resources.memory_model`'s; the panel
     shows the chosen stage's formula, whether it fits, the stage the toolkit recommends, and the bars for every stage.
     "Write this setting" writes the recommendation as a config that trains (write_recommended_config); given a run
     directory, the panel puts the run's measured peak per rank next to the prediction for its config (compare_run)."""
 
-    field_labels = {"--write-config": "config file", "run_dir": "run dir"}
+    field_labels = {"--write-config": "config file", "run_dir": "run dir", "tensor_parallel": "split over"}
 
     def __init__(
         self,
@@ -117,6 +119,7 @@ class MemoryPanel(Panel):
         gpu_memory_gib: float = 80,
         run_dir: str | Path | None = None,
         write_to: str | Path = "recommended.yaml",
+        tensor_parallel: int = 1,
     ):
         from toolkit.resources.zero_stages import BYTES_PER_PARAM, STAGES, parse_count
 
@@ -126,6 +129,13 @@ class MemoryPanel(Panel):
         slider = {"continuous_update": False, "layout": w.Layout(width="480px")}
         self.model_size = w.SelectionSlider(options=sizes, value=model_size, description="parameters", **slider)
         self.gpus = w.SelectionSlider(options=sorted({*GPU_COUNTS, gpus}), value=gpus, description="GPUs", **slider)
+        # GPUs each layer is split over (engine.tensor_parallel); ZeRO partitions over the replicas that remain
+        self.tensor_parallel = w.SelectionSlider(
+            options=sorted({*TENSOR_PARALLEL, tensor_parallel}),
+            value=tensor_parallel,
+            description="split over",
+            **slider,
+        )
         self.gpu_memory = w.SelectionSlider(
             options=sorted({*GPU_MEMORY_GIB, gpu_memory_gib}), value=gpu_memory_gib, description="GiB / GPU", **slider
         )
@@ -140,7 +150,8 @@ class MemoryPanel(Panel):
         self.headline, self.formula = w.HTML(), w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self._png = b""
-        for control in (self.model_size, self.gpus, self.gpu_memory, self.precision, self.zero_stage):
+        controls = (self.model_size, self.gpus, self.tensor_parallel, self.gpu_memory, self.precision, self.zero_stage)
+        for control in controls:
             control.observe(lambda _: self.guarded(self.refresh), names="value")
         self.write_path = w.Text(value=str(write_to), description="config file", layout=w.Layout(width="480px"))
         self.write_button = self.button(
@@ -159,6 +170,7 @@ class MemoryPanel(Panel):
             [
                 self.model_size,
                 self.gpus,
+                self.tensor_parallel,
                 self.gpu_memory,
                 self.precision,
                 self.zero_stage,
@@ -183,7 +195,7 @@ class MemoryPanel(Panel):
 
         size = self.model_size.value
         self.advice = advice = recommend_stage(
-            parse_count(size), self.gpu_memory.value, self.gpus.value, self.precision.value
+            parse_count(size), self.gpu_memory.value, self.gpus.value, self.precision.value, self.tensor_parallel.value
         )
         stage = advice.stage if self.zero_stage.value == RECOMMENDED else self.zero_stage.value
         chosen = advice.estimates[stage if stage is not None else -1]
@@ -199,7 +211,9 @@ class MemoryPanel(Panel):
         self.headline.value = (
             f"<div style='font-size:1.1em'>{size} parameters, {self.precision.value}, "
             f"ZeRO-{chosen.zero_stage} on {self.gpus.value} "
-            f"GPU{'s' if self.gpus.value > 1 else ''}: "
+            f"GPU{'s' if self.gpus.value > 1 else ''}"
+            + (f", each layer split over {self.tensor_parallel.value}" if self.tensor_parallel.value > 1 else "")
+            + ": "
             f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
             f"Recommended: <b>{html.escape(use)}</b></div>"
         )

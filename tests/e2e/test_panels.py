@@ -240,6 +240,17 @@ def test_memory_sliders_update_the_estimate():
         MemoryPanel(model_size="seven")
 
 
+def test_the_memory_panel_splits_each_layer_and_says_a_split_the_gpus_do_not_divide():
+    panel = MemoryPanel(model_size="175B", gpus=1024, gpu_memory_gib=80, tensor_parallel=8).show()
+    assert "each layer split over 8: <b>43.6 GiB</b>" in panel.headline.value  # 2 Ψ/8 + 18 Ψ/8 / 128, ZeRO-2
+    assert "Recommended: <b>ZeRO-2</b>" in panel.headline.value and "Ψ/8" in panel.formula.value
+    panel.tensor_parallel.value = 1
+    assert "Recommended: <b>ZeRO-3</b>" in panel.headline.value and "split over" not in panel.headline.value
+    panel.gpus.value = 1
+    panel.tensor_parallel.value = 2
+    assert "split over: 2 is not allowed; allowed: a divisor of the 1 GPUs" in panel.message.value
+
+
 def test_the_forecast_panel_compares_sizes_and_says_a_bad_field_by_its_label():
     panel = ForecastPanel(params="7B", tokens="140B", sizes=("Standard_ND96isr_H100_v5",), nodes="1,4").show()
     assert [row.nodes for row in panel.report.rows] == [1, 4] and panel.plot.value[:4] == b"\x89PNG"
