@@ -95,3 +95,13 @@ def test_on_a_cpu_the_peak_is_this_machines_measured_one_and_says_so(tmp_path, m
         record = flops.mfu_peak(torch.device("cpu"), precision)
         assert record["flops"] == 3e10 and record["source"] == "measured", record
         assert record["machine"] == flops.cached_peak_record()["machine"], "the cached record, as before"
+
+
+@pytest.mark.parametrize("world, local_world, device, peaks", [
+    (1, 1, "cuda", 1), (8, 8, "cuda", 8), (16, 8, "cuda", 16),  # a GPU is a device: DDP over 8 GPUs has 8 peaks
+    (2, 2, "cpu", 1), (4, 2, "cpu", 2),  # CPU ranks share their machine's measured peak: a machine is a device
+])
+def test_mfu_divides_by_every_device_the_ranks_train_on(world, local_world, device, peaks):
+    from toolkit.train import flops
+
+    assert flops.mfu_devices(world, local_world, device) == peaks

@@ -196,6 +196,15 @@ def measure_device_matmul_peak(device: torch.device, precision: str, n: int = 81
     return best
 
 
+def mfu_devices(world_size: int, local_world_size: int, device_type: str) -> int:
+    """How many peaks a run's MFU divides by: the work of all ranks over what all their devices could do. Each GPU
+    is a device (a peak each); on CPUs the ranks of one machine share its cores, whose peak is the one measured, so
+    a machine is a device. e.g. 16 ranks on 2 nodes of 8 GPUs: 16; 4 CPU ranks on 2 machines: 2."""
+    if device_type == "cuda":
+        return world_size
+    return max(1, world_size // max(1, local_world_size))
+
+
 def mfu_peak(device: torch.device, precision: str) -> dict:
     """The peak a run on ``device`` in ``precision`` computes MFU against, with where it comes from
     (``source``): a known GPU in bf16/fp16 the datasheet's, another GPU (or fp32) measured on the device now, a CPU

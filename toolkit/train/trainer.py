@@ -26,7 +26,7 @@ from toolkit.train import allocator, distributed
 from toolkit.train.engines import build_engine
 from toolkit.train.engines.accumulation import micro_batch_weights, weighted_mean
 from toolkit.train.compilation import CompileWatch
-from toolkit.train.flops import mfu_peak
+from toolkit.train.flops import mfu_devices, mfu_peak
 from toolkit.catalogue.lineage import collect_lineage
 from toolkit.train.metrics import MetricsSink
 from toolkit.train.models import flops_per_item, prepare_model
@@ -131,12 +131,8 @@ class Trainer:
         # peak, or a measurement, which on a GPU must come before the model is there (toolkit.train.flops.mfu_peak)
         self.peak = mfu_peak(self.topo.device, cfg.engine.precision)
         self.peak_flops = self.peak["flops"]
-        # MFU is the work all ranks do over what all their devices could: each GPU is a device; on CPUs the ranks of
-        # one machine share its cores, whose peak is the measured one
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.topo.world_size))
-        on_gpus = self.topo.device.type == "cuda"
-        devices = self.topo.world_size if on_gpus else max(1, self.topo.world_size // local_world)
-        self.mfu_denominator = self.peak_flops * devices
+        self.mfu_denominator = self.peak_flops * mfu_devices(self.topo.world_size, local_world, self.topo.device.type)
         # A stop asked for (`trainbook stop`, Ctrl-C, a stop button: the supervisor's stop request in the run
         # directory; a SIGTERM to this process, as a preempted node gets) means a checkpoint, then the end: noted
         # here, acted on between two steps (see train()). Only from here: a rank still in the rendezvous has nothing
