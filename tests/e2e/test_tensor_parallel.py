@@ -122,3 +122,19 @@ def test_scale_measures_the_communication_a_split_adds(tmp_path):
     (row,) = json.loads(proc.stdout)["runs"]
     assert (row["nproc"], row["replicas"], row["efficiency"]) == (2, 1, 1.0)
     assert row["communication_ms"] > 0 and 0 < row["communication"] < 1, row
+
+
+def test_a_llama_s_plan_splits_its_embedding_by_vocabulary_rows_and_gathers_its_logits():
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from toolkit.train.tensor_parallel import hf_plan
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, vocab_size=256))
+    plan = hf_plan(model)
+    assert isinstance(plan["model.embed_tokens"], RowwiseParallel)  # the class's "embedding_rowwise"
+    assert isinstance(plan["lm_head"], ColwiseParallel) and plan["lm_head"].output_layouts == (Replicate(),)
+    assert isinstance(plan["model.layers.*.self_attn.q_proj"], ColwiseParallel)
+    assert isinstance(plan["model.layers.*.self_attn.o_proj"], RowwiseParallel)

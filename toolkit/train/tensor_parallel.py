@@ -91,14 +91,15 @@ HF_STYLES: dict[str, typing.Callable[[], ParallelStyle]] = {
     "rowwise": RowwiseParallel,
     "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+    "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),  # by vocabulary rows
 }
 
 
 def hf_plan(model: typing.Any) -> dict[str, ParallelStyle]:
     """A transformers model, by the plan its architecture declares (config.base_model_tp_plan: Llama, Mistral,
-    Qwen2 and others), under the base model's attribute; the output layer's logits gathered, as its class says."""
-    declared = getattr(model.config, "base_model_tp_plan", None)
-    if not declared:
+    Qwen2 and others). The built model's ``_tp_plan`` is that plan under the base model's attribute, with the class's
+    own entries (the embedding split by vocabulary rows, the output layer's logits gathered): taken as it is."""
+    if not getattr(model.config, "base_model_tp_plan", None):
         raise RefusedValue(
             refused(
                 "engine.tensor_parallel",
@@ -106,6 +107,7 @@ def hf_plan(model: typing.Any) -> dict[str, ParallelStyle]:
                 "1, or an architecture that declares one (Llama, Mistral, Qwen2, ...)",
             )
         )
+    declared = model._tp_plan
     unknown = sorted({style for style in declared.values() if style not in HF_STYLES})
     if unknown:
         raise RefusedValue(
@@ -116,15 +118,7 @@ def hf_plan(model: typing.Any) -> dict[str, ParallelStyle]:
                 problem=f"is a style in {type(model).__name__}'s plan that Trainbook does not map",
             )
         )
-    prefix = model.base_model_prefix
-    plan = {f"{prefix}.{pattern}": HF_STYLES[style]() for pattern, style in declared.items()}
-    embedding = model.get_input_embeddings()
-    if isinstance(embedding, nn.Embedding):  # split by vocabulary rows, under whatever name the model gives it
-        name = next(name for name, module in model.named_modules() if module is embedding)
-        plan[name] = RowwiseParallel(input_layouts=Replicate())
-    for name, style in (getattr(model, "_tp_plan", None) or {}).items():
-        plan[name] = HF_STYLES.get(style, HF_STYLES["colwise_rep"])()
-    return plan
+    return {name: HF_STYLES[style]() for name, style in declared.items()}
 
 
 def check_divisible(model: nn.Module, size: int) -> None:

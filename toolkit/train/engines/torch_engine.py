@@ -178,11 +178,11 @@ class TorchEngine:
         if self.split is not None:  # whole tensors, written at any engine.tensor_parallel: this rank's slices
             self.module.load_state_dict(self.tensor_parallel.split_state_dict(self.module, weights))
             self.tensor_parallel.load_optimizer_state(self.optimizer, optimizer)
-        elif self.trainable_only:
-            load_trainable_state(self.module, weights, folder / "model.pt")
-            self.optimizer.load_state_dict(optimizer)
         else:
-            self.module.load_state_dict(weights)
+            if self.trainable_only:
+                load_trainable_state(self.module, weights, folder / "model.pt")
+            else:
+                self.module.load_state_dict(weights)
             self.optimizer.load_state_dict(optimizer)
         if self.scaler is not None:
             state = safe_load.load(folder / SCALER_FILE)
