@@ -229,6 +229,12 @@ class EngineConfig:
     built-in GPT or a transformers model whose architecture declares a plan, such as Llama): each rank holds 1/N of
     the block weights and computes 1/N of each matmul. It must divide the processes, and the rest are data parallel
     (8 processes at 2: 4 replicas of 2 ranks). 1: off."""
+    pipeline_parallel: int = bounded(1, ge=1, le=64)
+    """Stages the built-in GPT's blocks are cut into, one a rank (toolkit.train.pipeline_parallel; the torch
+    engine): each rank holds its stage's blocks (the first the embeddings too, the last the output layer), and each
+    step's train.grad_accum_steps micro-batches flow through the stages in torch's 1F1B schedule, so it needs at
+    least as many micro-batches as stages (the pipeline idles (stages - 1) / (micro-batches + stages - 1) of a step).
+    It must divide the processes, and the rest are data parallel. 1: off."""
     zero_stage: int = bounded(0, ge=0, le=3)
     """DeepSpeed ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -601,6 +607,8 @@ def _check_relations(cfg: Config) -> None:
         _check_dpo(cfg)
     if cfg.engine.tensor_parallel > 1:
         _check_tensor_parallel(cfg)
+    if cfg.engine.pipeline_parallel > 1:
+        _check_pipeline_parallel(cfg)
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             not_allowed(
@@ -700,6 +708,13 @@ def is_causal_lm(model: ModelConfig) -> bool:
 GPT_VOCAB = 256  # toolkit.train.models.gpt.VOCAB_SIZE (bytes), which tensor parallelism splits by rows
 
 
+def _refuse_unsupported(needs: list[tuple[bool, str, object, str]], setting: str) -> None:
+    """The first of ``needs`` (ok, field, value, allowed) that is not met, refused as unsupported with ``setting``."""
+    for ok, field_name, value, allowed in needs:
+        if not ok:
+            raise ConfigError(not_allowed(field_name, value, allowed, problem=f"is not supported with {setting}"))
+
+
 def _check_tensor_parallel(cfg: Config) -> None:
     """engine.tensor_parallel > 1: what the split supports (toolkit.train.tensor_parallel). A transformers model's
     sizes are known only once it is built: it checks them then. That it divides the processes is checked at launch
@@ -713,11 +728,7 @@ def _check_tensor_parallel(cfg: Config) -> None:
         (not cfg.train.compile, "train.compile", cfg.train.compile, "false"),
         (cfg.engine.precision != "fp16", "engine.precision", cfg.engine.precision, "'bf16' or 'fp32'"),
     ]
-    for ok, field_name, value, allowed in needs:
-        if not ok:
-            raise ConfigError(
-                not_allowed(field_name, value, allowed, problem=f"is not supported with engine.tensor_parallel={size}")
-            )
+    _refuse_unsupported(needs, f"engine.tensor_parallel={size}")
     if cfg.model.name == "gpt":
         for field_name, count in (("model.n_head", cfg.model.n_head), ("the byte vocabulary", GPT_VOCAB)):
             if count % size:
@@ -729,6 +740,36 @@ def _check_tensor_parallel(cfg: Config) -> None:
                         problem=f"does not divide {field_name} ({count}): each rank takes an equal share",
                     )
                 )
+
+
+def _check_pipeline_parallel(cfg: Config) -> None:
+    """engine.pipeline_parallel > 1: what the stages support (toolkit.train.pipeline_parallel). That it divides the
+    processes is checked at launch (toolkit.train.engines.check_engine)."""
+    stages = cfg.engine.pipeline_parallel
+    needs = [
+        (cfg.engine.name == "torch", "engine.name", cfg.engine.name, "'torch'"),
+        (cfg.model.name == "gpt", "model.name", cfg.model.name, "'gpt' (the built-in model, cut between its blocks)"),
+        (cfg.engine.tensor_parallel == 1, "engine.tensor_parallel", cfg.engine.tensor_parallel, "1"),
+        (not cfg.model.lora.rank, "model.lora.rank", cfg.model.lora.rank, "0"),
+        (cfg.train.objective == "model", "train.objective", cfg.train.objective, "'model'"),
+        (not cfg.train.compile, "train.compile", cfg.train.compile, "false"),
+        (cfg.engine.precision != "fp16", "engine.precision", cfg.engine.precision, "'bf16' or 'fp32'"),
+        (not cfg.data.pack, "data.pack", cfg.data.pack, "false (packed rows' positions do not cross stages)"),
+    ]
+    _refuse_unsupported(needs, f"engine.pipeline_parallel={stages}")
+    for field_name, count, why in (
+        ("model.n_layer", cfg.model.n_layer, "each stage runs at least one block"),
+        ("train.grad_accum_steps", cfg.train.grad_accum_steps, "1F1B needs a micro-batch in flight per stage"),
+    ):
+        if count < stages:
+            raise ConfigError(
+                not_allowed(
+                    field_name,
+                    count,
+                    f"at least engine.pipeline_parallel ({stages})",
+                    problem=f"is fewer than the {stages} stages: {why}",
+                )
+            )
 
 
 def _check_dpo(cfg: Config) -> None:

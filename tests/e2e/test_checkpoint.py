@@ -48,6 +48,8 @@ DEEPSPEED_1, DEEPSPEED_ZERO2_2 = ("--engine", "deepspeed"), ("--engine", "deepsp
                                                              "engine.zero_stage=2")
 # 4 micro-batches of 2 per optimizer step: the same 8 rows a step as tiny's batch of 8, in a quarter of the memory
 ACCUM = ("--set", "train.batch_size=2", "--set", "train.grad_accum_steps=4")
+# one replica in two pipeline stages (a block each), its 4 micro-batches a step in the 1F1B schedule
+TORCH_PP_2 = ("--nproc", "2", "--set", "engine.pipeline_parallel=2", *ACCUM)
 # torch.compile in place: the same checkpoints, an exact resume. On one thread: Inductor's CPU kernels reduce across
 # threads in a varying order, so on two any two compiled runs differ in the last bits (pytorch/pytorch#94855)
 COMPILED = ("--set", "train.compile=true", "--set", "train.threads=1")
@@ -59,6 +61,7 @@ GOLDEN = [
     pytest.param(DEEPSPEED_ZERO2_2 + ACCUM, id="deepspeed-zero2-2-accum", marks=pytest.mark.slow),
     pytest.param(TORCH_DDP_2, id="torch-ddp-2", marks=pytest.mark.slow),
     pytest.param(TORCH_TP_2, id="torch-tp-2", marks=pytest.mark.slow),
+    pytest.param(TORCH_PP_2, id="torch-pp-2-accum", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_1, id="deepspeed-1", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_ZERO2_2, id="deepspeed-zero2-2", marks=pytest.mark.slow),
 ]

@@ -69,8 +69,9 @@ def test_a_resumable_change_beside_a_real_one_is_not_listed():
 def test_a_different_world_size_is_refused_before_the_config_is_compared():
     message = refusal(manifest(["model.n_embd=64"], world_size=2), run_config(), world_size=1)
     assert message == ("checkpoint step_00000020 was written by 2 processes; this run has 1 (engine.nproc): 1 "
-                       "data-parallel replicas where it had 2 (processes / engine.tensor_parallel). Allowed: the same "
-                       "number of replicas, each drawing the batches it drew before")
+                       "data-parallel replicas where it had 2 (processes / engine.tensor_parallel / "
+                       "engine.pipeline_parallel). Allowed: the same number of replicas, each drawing the batches it "
+                       "drew before")
 
 
 @pytest.mark.parametrize("written, now", [((2, 2), (1, 1)), ((1, 1), (2, 2)), ((4, 2), (2, 1)), ((8, 4), (2, 1))])
@@ -78,6 +79,19 @@ def test_the_processes_may_change_where_the_replicas_do_not(written, now):
     # (processes, engine.tensor_parallel): whole tensors on disk, so only the data-parallel replicas must match
     checkpoint = {**manifest(world_size=written[0]), "tensor_parallel": written[1]}
     check_compatible(checkpoint, run_config([f"engine.nproc={now[0]}", f"engine.tensor_parallel={now[1]}"]), *now)
+
+
+@pytest.mark.parametrize("written, now", [((2, 2), (1, 1)), ((1, 1), (2, 2)), ((4, 2), (2, 1)), ((4, 2), (4, 2))])
+def test_a_pipeline_may_change_its_stages_where_the_replicas_do_not(written, now):
+    # (processes, engine.pipeline_parallel): whole tensors on disk, as for tensor parallelism
+    checkpoint = {**manifest(world_size=written[0]), "pipeline_parallel": written[1]}
+    check_compatible(checkpoint, run_config([f"engine.nproc={now[0]}"]), now[0], now[1])
+
+
+def test_a_pipeline_change_that_changes_the_replicas_is_refused():
+    checkpoint = {**manifest(world_size=2), "pipeline_parallel": 2}  # one replica of two stages
+    message = refusal(checkpoint, run_config(["engine.nproc=2"]), world_size=2)
+    assert "2 data-parallel replicas where it had 1" in message, message
 
 
 def test_a_tensor_parallel_change_that_changes_the_replicas_is_refused():

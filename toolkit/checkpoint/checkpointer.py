@@ -413,6 +413,7 @@ class Checkpointer:
             "step": job.step,
             "world_size": self.world_size,
             "tensor_parallel": self.full_cfg.engine.tensor_parallel,
+            "pipeline_parallel": self.full_cfg.engine.pipeline_parallel,
             "engine": self.full_cfg.engine.name,
             "zero_stage": self.full_cfg.engine.zero_stage,
             "config_sha256": self.full_cfg.fingerprint(),

@@ -68,6 +68,7 @@ RESUMABLE_CHANGES = (
     "watchdog.",
     "engine.nproc",  # with engine.tensor_parallel, as long as the data-parallel replicas stay (check_compatible)
     "engine.tensor_parallel",
+    "engine.pipeline_parallel",
 )
 
 
@@ -345,9 +346,10 @@ def manifest_problem(manifest, folder_name: str) -> str | None:
     world = manifest.get("world_size")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         return not_allowed("world_size", world, "an integer of 1 or more")
-    split = manifest.get("tensor_parallel", 1)
-    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or world % split:
-        return not_allowed("tensor_parallel", split, f"an integer of 1 or more that divides world_size ({world})")
+    for field in ("tensor_parallel", "pipeline_parallel"):
+        split = manifest.get(field, 1)
+        if isinstance(split, bool) or not isinstance(split, int) or split < 1 or world % split:
+            return not_allowed(field, split, f"an integer of 1 or more that divides world_size ({world})")
     if manifest.get("engine", "torch") not in ENGINES:
         return not_allowed("engine", manifest.get("engine"), ", ".join(ENGINES))
     if not isinstance(manifest.get("config", {}), dict):
@@ -413,19 +415,22 @@ def config_differences(old: dict, new: dict, allowed: tuple[str, ...] = ()) -> l
     ]
 
 
-def check_compatible(manifest: dict, config: dict, world_size: int, tensor_parallel: int = 1) -> None:
+def check_compatible(manifest: dict, config: dict, world_size: int, ranks_per_replica: int = 1) -> None:
     """Refuse a checkpoint written by a different model, optimizer, engine or number of data-parallel replicas,
-    naming the difference. The processes may change where the replicas do not (engine.tensor_parallel: the files
-    hold whole tensors), so that a run saved at tensor_parallel 2 resumes at 1."""
+    naming the difference. The processes may change where the replicas do not (engine.tensor_parallel and
+    engine.pipeline_parallel: the files hold whole tensors), so that a run saved at tensor_parallel 2 resumes at 1.
+    ``ranks_per_replica``: the ranks that share one copy of the model (tensor_parallel x pipeline_parallel)."""
     name = step_name(manifest.get("step", 0))
-    written_world, written_split = manifest.get("world_size"), manifest.get("tensor_parallel", 1)
-    replicas = world_size // tensor_parallel
+    written_world = manifest.get("world_size")
+    written_split = manifest.get("tensor_parallel", 1) * manifest.get("pipeline_parallel", 1)
+    replicas = world_size // ranks_per_replica
     written_replicas = written_world // written_split if isinstance(written_world, int) else None
     if replicas != written_replicas:
         raise CheckpointError(
             f"checkpoint {name} was written by {written_world} processes; this run has {world_size} "
             f"(engine.nproc): {replicas} data-parallel replicas where it had {written_replicas} (processes / "
-            "engine.tensor_parallel). Allowed: the same number of replicas, each drawing the batches it drew before"
+            "engine.tensor_parallel / engine.pipeline_parallel). Allowed: the same number of replicas, each drawing "
+            "the batches it drew before"
         )
     differences = [
         f"{key}: checkpoint {old!r}, this run {new!r}"

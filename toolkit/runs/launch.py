@@ -159,7 +159,12 @@ def resume(
         info, skipped = store.find_resume_point()  # the trainer's own choice, made the same way
         if changed is not None:
             if info is not None:  # refused now, with config.yaml as it was, rather than by the trainer
-                check_compatible(info.manifest, changed.to_dict(), changed.engine.nproc, changed.engine.tensor_parallel)
+                check_compatible(
+                    info.manifest,
+                    changed.to_dict(),
+                    changed.engine.nproc,
+                    changed.engine.tensor_parallel * changed.engine.pipeline_parallel,
+                )
             run.write_config(changed)
         plan = f"resuming from {info.name}" if info else "no checkpoint: starting from step 0"
         if skipped:

@@ -20,20 +20,29 @@ class Topology:
     device: torch.device
     tensor_parallel: int = 1
     """Ranks per tensor-parallel group (engine.tensor_parallel): consecutive ranks, one data-parallel replica."""
+    pipeline_parallel: int = 1
+    """Stages of a pipeline (engine.pipeline_parallel): ranks world / stages apart, one data-parallel replica."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     @property
-    def dp_rank(self) -> int:
-        """Which data-parallel replica this rank belongs to: the one whose batches it draws."""
-        return self.rank // self.tensor_parallel
+    def ranks_per_replica(self) -> int:
+        """The ranks that hold one copy of the model between them."""
+        return self.tensor_parallel * self.pipeline_parallel
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel replicas: the processes over engine.tensor_parallel."""
-        return self.world_size // self.tensor_parallel
+        """Data-parallel replicas: the processes over the ranks each replica takes."""
+        return self.world_size // self.ranks_per_replica
+
+    @property
+    def dp_rank(self) -> int:
+        """Which data-parallel replica this rank belongs to: the one whose batches it draws. Ranks are laid out
+        stage-major, then replica, then tensor-parallel rank (Megatron's order: a tensor-parallel group is
+        consecutive ranks, a pipeline's stages are the farthest apart)."""
+        return self.rank // self.tensor_parallel % self.dp_size
 
 
 def single_process_env() -> dict[str, str]:
@@ -82,6 +91,7 @@ def setup(engine_cfg) -> Topology:
         world_size=world_size,
         device=device,
         tensor_parallel=engine_cfg.tensor_parallel,
+        pipeline_parallel=engine_cfg.pipeline_parallel,
     )
 
 

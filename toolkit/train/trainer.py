@@ -64,12 +64,16 @@ def train_step(
     toolkit.train.engines.accumulation), then the update. ``before_update`` runs when the gradients are whole and the
     weights still the previous step's (a checkpoint's staging copy must be done by then). Returns the step's loss."""
     n = len(micro_batches)
-    losses = [
-        engine.forward_backward(batch, None if weights is None else weights[i], n, last=i == n - 1)
-        for i, batch in enumerate(micro_batches)
-    ]
+    if engine.pipelined:  # stages over ranks: the schedule interleaves every micro-batch's forward and backward
+        loss = engine.forward_backward_step(micro_batches, weights)
+    else:
+        losses = [
+            engine.forward_backward(batch, None if weights is None else weights[i], n, last=i == n - 1)
+            for i, batch in enumerate(micro_batches)
+        ]
+        loss = weighted_mean(losses, weights)
     engine.optimizer_step(before_update)  # clip, check (watchdog.nonfinite), update or leave it out, clear gradients
-    return weighted_mean(losses, weights)
+    return loss
 
 
 def lr_at(step: int, optim, max_steps: int) -> float:
@@ -441,10 +445,11 @@ class Trainer:
                 self.sink.events.write(CheckpointInvalidEvent(checkpoint=bad.name, reason=bad.reason))
         if info is None:
             return {}
-        check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size, self.topo.tensor_parallel)
+        check_compatible(info.manifest, self.cfg.to_dict(), self.topo.world_size, self.topo.ranks_per_replica)
         self.engine.load_checkpoint_state(info.path)
         # The random state of this rank's replica: any of its ranks' (they hold the same), so the first one's in the
-        # layout the checkpoint was written at (engine.tensor_parallel may have changed since)
+        # layout the checkpoint was written at (engine.tensor_parallel may have changed since; a pipeline's first
+        # stage is the replica's own number, tensor-parallel groups within a stage being consecutive)
         written_rank = self.topo.dp_rank * info.manifest.get("tensor_parallel", 1)
         rank_state = safe_load.load(info.path / f"rank_{written_rank:05d}.pt")
         restore_rng(rank_state["rng"])
@@ -479,13 +484,14 @@ class Trainer:
         return out
 
     def _parallel_lineage(self) -> dict:
-        """How the processes share the work: tensor-parallel groups of engine.tensor_parallel ranks, data-parallel
-        replicas of them, and the parameters each rank holds (1/tensor_parallel of the split matrices, all of the
-        rest; under ZeRO-3, its partition)."""
+        """How the processes share the work: tensor-parallel groups of engine.tensor_parallel ranks or pipelines of
+        engine.pipeline_parallel stages, data-parallel replicas of them, and the parameters rank 0 holds
+        (1/tensor_parallel of the split matrices, all of the rest; its stage's; under ZeRO-3, its partition)."""
         held = sum(_held_numel(p) for p in self.engine.module.parameters())
         return {
             "processes": self.topo.world_size,
             "tensor_parallel": self.topo.tensor_parallel,
+            "pipeline_parallel": self.topo.pipeline_parallel,
             "data_parallel": self.topo.dp_size,
             "parameters_per_rank": held,
         }

@@ -1,7 +1,8 @@
 """Engine registry: ``engine.name`` picks how a model is wrapped, stepped and checkpointed.
 
 Every engine is an :class:`Engine`: the trainer (toolkit.train.trainer.train_step) calls ``forward_backward`` for
-each micro-batch of a step and then ``optimizer_step``, and never asks which engine it has. A batch is a dict of
+each micro-batch of a step (a pipeline, ``pipelined``: ``forward_backward_step`` for all of them at once, in its
+schedule's order) and then ``optimizer_step``. A batch is a dict of
 tensors; the model's adapter ``loss_fn(model, batch)`` (toolkit.train.models.loss_function) turns it into the loss, so
 engines know no model.
 """
@@ -27,6 +28,9 @@ class Engine(Protocol):
     """checkpoint_state hands out references, with no copy and no collective (so staging buffers can warm up)."""
     state_moves_in_forward: bool
     """Parameters are gathered and released inside forward (ZeRO-3): evaluation must keep every rank in step."""
+    pipelined: bool
+    """A pipeline over ranks (engine.pipeline_parallel): the step's micro-batches go to forward_backward_step
+    together, as its schedule interleaves them across the stages."""
     deepspeed_config: dict | None
     """What DeepSpeed was handed (written beside the run for people to read); None for other engines."""
     skipped_steps: int
@@ -37,6 +41,10 @@ class Engine(Protocol):
     def forward_backward(self, batch: dict, weight: float | None, n: int, last: bool) -> torch.Tensor:
         """One micro-batch of ``n``: its loss, and its gradients added to the step's (the loss weighted by its share
         of the step's targets, ``weight``; None: 1 / n). ``last``: the step's last micro-batch."""
+
+    def forward_backward_step(self, micro_batches: list[dict], weights: list[float] | None) -> torch.Tensor:
+        """Every micro-batch of the step at once (a pipelined engine only): the step's loss, its gradients added up,
+        each micro-batch weighted as forward_backward's ``weight`` would."""
 
     def optimizer_step(self, before_update: Callable[[], None] | None = None) -> None:
         """The update from the step's gradients (clipped, checked, applied or left out); gradients cleared.
@@ -82,22 +90,25 @@ def build_engine(model, cfg, topo, loss_fn=None) -> Engine:
 
 def check_engine(cfg, world: int, cuda: bool | None = None, per_node: int | None = None) -> dict | None:
     """Before launch, on the machine the run will use (``world`` processes, GPUs when ``cuda``; None: this machine's,
-    asked only when it matters): engine.tensor_parallel a divisor of the world, fp16 only on GPUs, and for DeepSpeed
-    the merged config through DeepSpeed's own parser (toolkit.deepspeed_config). Returns what DeepSpeed will be
-    handed (None for the torch engine). ``per_node``: the processes on each node of a multi-node run, which a
-    tensor-parallel group must not straddle. Raises ValueError naming the field."""
+    asked only when it matters): engine.tensor_parallel and engine.pipeline_parallel divisors of the world, fp16 only
+    on GPUs, and for DeepSpeed the merged config through DeepSpeed's own parser (toolkit.deepspeed_config). Returns
+    what DeepSpeed will be handed (None for the torch engine). ``per_node``: the processes on each node of a
+    multi-node run, which a tensor-parallel group must not straddle. Raises ValueError naming the field."""
     from toolkit.errors import RefusedValue, not_allowed
 
-    if world % cfg.engine.tensor_parallel:
-        raise RefusedValue(
-            not_allowed(
-                "engine.tensor_parallel",
-                cfg.engine.tensor_parallel,
-                f"a divisor of the run's {world} processes",
-                problem=f"does not divide the run's {world} processes (each tensor-parallel group is a whole number "
-                "of ranks)",
+    for field, size, group in (
+        ("engine.tensor_parallel", cfg.engine.tensor_parallel, "tensor-parallel group"),
+        ("engine.pipeline_parallel", cfg.engine.pipeline_parallel, "pipeline"),
+    ):
+        if world % size:
+            raise RefusedValue(
+                not_allowed(
+                    field,
+                    size,
+                    f"a divisor of the run's {world} processes",
+                    problem=f"does not divide the run's {world} processes (each {group} is a whole number of ranks)",
+                )
             )
-        )
     if per_node is not None and per_node % cfg.engine.tensor_parallel:
         raise RefusedValue(
             not_allowed(

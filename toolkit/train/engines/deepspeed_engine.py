@@ -72,6 +72,7 @@ def _update_left_out(optimizer):
 
 class DeepSpeedEngine:
     cheap_state_capture = False  # capturing its state is itself a collective (the ZeRO partitions)
+    pipelined = False  # micro-batches one by one (engine.pipeline_parallel is the torch engine's)
 
     def __init__(self, model, cfg, topo, loss_fn):
         from toolkit.third_party import import_deepspeed

@@ -1,5 +1,5 @@
 """Plain PyTorch: the model as is in one process, wrapped in DistributedDataParallel in several, or split over them
-(engine.tensor_parallel: toolkit.train.tensor_parallel)."""
+(engine.tensor_parallel: toolkit.train.tensor_parallel; engine.pipeline_parallel: toolkit.train.pipeline_parallel)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ class TorchEngine:
         self.loss_fn = loss_fn  # (model, batch) -> loss: the model's adapter (toolkit.train.models)
         self.module = model.to(topo.device)
         self.split = None  # tensor parallelism: the (dp, tp) mesh of ranks
+        self.pipeline = None  # pipeline parallelism: this rank's stage and its schedule
+        self.pipelined = False  # forward_backward_step takes a step's micro-batches together (a pipeline's schedule)
         self._loss_parallel, self._whole = contextlib.nullcontext, _as_is
         if topo.tensor_parallel > 1:
             # imported only here: DTensor's import costs every other training process a second
@@ -58,6 +60,14 @@ class TorchEngine:
                 self._loss_parallel, self._whole = loss_parallel, _replicated_value
             self.model = self.module  # no DDP: gradients are averaged over the replicas in optimizer_step
             self.cheap_state_capture = False  # a checkpoint gathers the split tensors: a collective
+        elif topo.pipeline_parallel > 1:
+            from toolkit.train import pipeline_parallel
+
+            ranks = pipeline_parallel.mesh(topo.device.type, topo.world_size, topo.pipeline_parallel)
+            self.pipeline = pipeline_parallel.Pipeline(self.module, ranks, cfg.train.grad_accum_steps, topo.device)
+            self.module = self.model = self.pipeline.module  # this rank's stage; no DDP (see optimizer_step)
+            self.pipelined = True
+            self.cheap_state_capture = False  # a checkpoint gathers every stage's tensors: a collective
         elif topo.world_size > 1:
             device_ids = [topo.device.index] if topo.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.module, device_ids=device_ids)
@@ -111,12 +121,20 @@ class TorchEngine:
             (self.scaler.scale(share) if self.scaler is not None else share).backward()
         return self._whole(loss.detach())
 
+    def forward_backward_step(self, micro_batches: list[dict], weights: list[float] | None) -> torch.Tensor:
+        """A pipeline's step: every micro-batch through every stage in the schedule's order, their gradients added up
+        (each loss weighted by its share of the step's targets, as ``weights`` would); returns the step's loss."""
+        return self.pipeline.forward_backward(micro_batches, self._autocast)
+
     def optimizer_step(self, before_update=None) -> None:
         """The update from the step's gradients: unscaled (fp16), clipped, checked (watchdog.nonfinite), then applied
         or left out; the gradients cleared either way."""
         norm: torch.Tensor | None = None
         if self.split is not None:
             norm = self._split_gradients()
+        elif self.pipeline is not None:
+            self.pipeline.reduce_gradients()  # the tied weight's two halves, then over the replicas (DDP's job)
+            norm = self.pipeline.clip_gradients(self.grad_clip)
         else:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -148,6 +166,8 @@ class TorchEngine:
 
     @torch.no_grad()
     def eval_loss(self, batch: dict) -> torch.Tensor:
+        if self.pipeline is not None:
+            return self.pipeline.eval_loss(batch, self._autocast)
         with self._autocast(), self._loss_parallel():
             return self._whole(self.loss_fn(self.model, batch))
 
@@ -161,6 +181,9 @@ class TorchEngine:
         if self.split is not None:
             weights = self.tensor_parallel.whole_state_dict(self.module, keep=is_writer)
             optimizer = self.tensor_parallel.whole_optimizer_state(self.optimizer, keep=is_writer)
+        elif self.pipeline is not None:
+            weights = self.pipeline.whole_state_dict(keep=is_writer)
+            optimizer = self.pipeline.whole_optimizer_state(self.optimizer, keep=is_writer)
         elif is_writer:
             weights = trainable_state(self.module) if self.trainable_only else self.module.state_dict()
             optimizer = self.optimizer.state_dict()
@@ -178,6 +201,9 @@ class TorchEngine:
         if self.split is not None:  # whole tensors, written at any engine.tensor_parallel: this rank's slices
             self.module.load_state_dict(self.tensor_parallel.split_state_dict(self.module, weights))
             self.tensor_parallel.load_optimizer_state(self.optimizer, optimizer)
+        elif self.pipeline is not None:  # whole tensors, written at any engine.pipeline_parallel: this stage's
+            self.pipeline.load_state_dict(weights)
+            self.pipeline.load_optimizer_state(self.optimizer, optimizer)
         else:
             if self.trainable_only:
                 load_trainable_state(self.module, weights, folder / "model.pt")

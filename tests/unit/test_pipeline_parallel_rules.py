@@ -1,0 +1,77 @@
+"""engine.pipeline_parallel's rules before a run starts (the config, the world at launch, a checkpoint's manifest),
+how the blocks are dealt to the stages, and which replica each rank serves (toolkit.train.pipeline_parallel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toolkit import config as config_mod
+from toolkit.checkpoint.store import manifest_problem
+from toolkit.errors import RefusedValue
+from toolkit.train.distributed import Topology
+from toolkit.train.engines import check_engine
+from toolkit.train.pipeline_parallel import stage_blocks
+
+
+def load(overrides):
+    return config_mod.load("tiny", ["train.grad_accum_steps=2", "train.batch_size=4", *overrides])
+
+
+@pytest.mark.parametrize("n_layer, stages, blocks", [
+    (2, 2, [[0], [1]]),
+    (10, 4, [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]),
+    (12, 3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]),
+    (5, 1, [[0, 1, 2, 3, 4]]),
+])
+def test_each_stage_runs_consecutive_blocks_as_even_as_they_divide(n_layer, stages, blocks):
+    assert [list(r) for r in stage_blocks(n_layer, stages)] == blocks
+
+
+@pytest.mark.parametrize("override, message", [
+    ("engine.name=deepspeed", "engine.name: 'deepspeed' is not supported with engine.pipeline_parallel=2; allowed: "
+                              "'torch'"),
+    ("engine.tensor_parallel=2", "engine.tensor_parallel: 2 is not supported with engine.pipeline_parallel=2"),
+    ("model.lora.rank=4;model.lora.target_modules=[qkv]", "model.lora.rank: 4 is not supported"),
+    ("train.compile=true", "train.compile: True is not supported"),
+    ("engine.precision=fp16", "engine.precision: 'fp16' is not supported"),
+    ("train.grad_accum_steps=1", "train.grad_accum_steps: 1 is fewer than the 2 stages: 1F1B needs a micro-batch in "
+                                 "flight per stage; allowed: at least engine.pipeline_parallel (2)"),
+    ("model.n_layer=1", "model.n_layer: 1 is fewer than the 2 stages"),
+    ("data.pack=true;data.chat=messages", "data.pack: True is not supported"),
+])
+def test_what_the_stages_do_not_support_is_refused_naming_the_field(override, message):
+    with pytest.raises(config_mod.ConfigError) as caught:
+        load(["engine.pipeline_parallel=2", *override.split(";")])
+    assert message in str(caught.value)
+
+
+def test_only_the_built_in_gpt_is_cut_into_stages():
+    with pytest.raises(config_mod.ConfigError) as caught:
+        config_mod.load("llama", ["engine.pipeline_parallel=2", "train.grad_accum_steps=2"])
+    assert "model.name: 'hf' is not supported with engine.pipeline_parallel=2" in str(caught.value)
+
+
+def test_the_stages_must_divide_the_processes_at_launch():
+    cfg = load(["engine.pipeline_parallel=2", "engine.nproc=3"])
+    with pytest.raises(RefusedValue) as caught:
+        check_engine(cfg, world=3, cuda=False)
+    assert "engine.pipeline_parallel: 2 does not divide the run's 3 processes" in str(caught.value)
+    assert check_engine(cfg, world=4, cuda=False) is None
+
+
+def test_a_pipeline_s_stages_draw_the_same_batches_and_are_the_farthest_apart():
+    # 8 processes, 2 stages: ranks 0-3 are stage 0 of replicas 0-3, ranks 4-7 stage 1 of the same replicas
+    ranks = [Topology(rank, 0, 8, torch.device("cpu"), pipeline_parallel=2) for rank in range(8)]
+    assert [t.dp_rank for t in ranks] == [0, 1, 2, 3, 0, 1, 2, 3] and {t.dp_size for t in ranks} == {4}
+    # with tensor parallelism alone, a group is consecutive ranks
+    split = [Topology(rank, 0, 8, torch.device("cpu"), tensor_parallel=2) for rank in range(8)]
+    assert [t.dp_rank for t in split] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("value", [0, 3, True, "2"])
+def test_a_manifest_with_stages_that_do_not_divide_its_world_is_refused(value):
+    manifest = {"step": 5, "world_size": 4, "pipeline_parallel": value, "trainer": {"step": 5, "train_seconds": 1.0,
+                                                                                  "horizon": 10}, "files": {}}
+    problem = manifest_problem(manifest, "step_00000005")
+    assert problem is not None and problem.startswith(f"pipeline_parallel: {value!r} is not allowed"), problem
