@@ -102,7 +102,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_lora.py
 	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_dpo.py
-	$(PY) bench/bench_tensor_parallel.py
+	$(PY) bench/bench_model_parallel.py
 	$(PY) bench/bench_accumulation.py
 	$(PY) bench/bench_activation_checkpointing.py
 	$(PY) bench/bench_scaling.py

@@ -93,6 +93,7 @@ def show_doctor(**kwargs):
 MODEL_SIZES = ("125M", "350M", "1.3B", "2.7B", "7B", "13B", "30B", "70B", "175B")
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TENSOR_PARALLEL = (1, 2, 4, 8)  # within one node of 8 GPUs, where a split's all-reduces belong
+PIPELINE_PARALLEL = (1, 2, 4, 8, 16, 32)  # across nodes: the guide's 175B run used 16 stages
 GPU_MEMORY_GIB = (16, 24, 40, 48, 80, 94, 141, 192)
 
 
@@ -100,15 +101,20 @@ RECOMMENDED = -1  # the stage buttons' "recommended": the stage recommend_stage 
 
 
 class MemoryPanel(Panel):
-    """Sliders for model size, precision, ZeRO stage, GPUs, tensor parallelism and GPU memory; the estimate follows
-    every move.
+    """Sliders for model size, precision, ZeRO stage, GPUs, tensor and pipeline parallelism and GPU memory; the
+    estimate follows every move.
 
     All arithmetic is :mod:`toolkit.resources.zero_stages`'s and :mod:`toolkit.resources.memory_model`'s; the panel
     shows the chosen stage's formula, whether it fits, the stage the toolkit recommends, and the bars for every stage.
     "Write this setting" writes the recommendation as a config that trains (write_recommended_config); given a run
     directory, the panel puts the run's measured peak per rank next to the prediction for its config (compare_run)."""
 
-    field_labels = {"--write-config": "config file", "run_dir": "run dir", "tensor_parallel": "split over"}
+    field_labels = {
+        "--write-config": "config file",
+        "run_dir": "run dir",
+        "tensor_parallel": "split over",
+        "pipeline_parallel": "stages",
+    }
 
     def __init__(
         self,
@@ -120,6 +126,7 @@ class MemoryPanel(Panel):
         run_dir: str | Path | None = None,
         write_to: str | Path = "recommended.yaml",
         tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
     ):
         from toolkit.resources.zero_stages import BYTES_PER_PARAM, STAGES, parse_count
 
@@ -136,6 +143,13 @@ class MemoryPanel(Panel):
             description="split over",
             **slider,
         )
+        # pipeline stages, each holding its share of the layers (engine.pipeline_parallel)
+        self.pipeline_parallel = w.SelectionSlider(
+            options=sorted({*PIPELINE_PARALLEL, pipeline_parallel}),
+            value=pipeline_parallel,
+            description="stages",
+            **slider,
+        )
         self.gpu_memory = w.SelectionSlider(
             options=sorted({*GPU_MEMORY_GIB, gpu_memory_gib}), value=gpu_memory_gib, description="GiB / GPU", **slider
         )
@@ -150,7 +164,15 @@ class MemoryPanel(Panel):
         self.headline, self.formula = w.HTML(), w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self._png = b""
-        controls = (self.model_size, self.gpus, self.tensor_parallel, self.gpu_memory, self.precision, self.zero_stage)
+        controls = (
+            self.model_size,
+            self.gpus,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.gpu_memory,
+            self.precision,
+            self.zero_stage,
+        )
         for control in controls:
             control.observe(lambda _: self.guarded(self.refresh), names="value")
         self.write_path = w.Text(value=str(write_to), description="config file", layout=w.Layout(width="480px"))
@@ -168,12 +190,7 @@ class MemoryPanel(Panel):
         self.measured = self.outcome_of(self.compare_button)  # the comparison, or why not
         self.view = w.VBox(
             [
-                self.model_size,
-                self.gpus,
-                self.tensor_parallel,
-                self.gpu_memory,
-                self.precision,
-                self.zero_stage,
+                *controls,
                 self.headline,
                 self.formula,
                 self.plot,
@@ -195,7 +212,12 @@ class MemoryPanel(Panel):
 
         size = self.model_size.value
         self.advice = advice = recommend_stage(
-            parse_count(size), self.gpu_memory.value, self.gpus.value, self.precision.value, self.tensor_parallel.value
+            parse_count(size),
+            self.gpu_memory.value,
+            self.gpus.value,
+            self.precision.value,
+            self.tensor_parallel.value,
+            self.pipeline_parallel.value,
         )
         stage = advice.stage if self.zero_stage.value == RECOMMENDED else self.zero_stage.value
         chosen = advice.estimates[stage if stage is not None else -1]
@@ -213,6 +235,7 @@ class MemoryPanel(Panel):
             f"ZeRO-{chosen.zero_stage} on {self.gpus.value} "
             f"GPU{'s' if self.gpus.value > 1 else ''}"
             + (f", each layer split over {self.tensor_parallel.value}" if self.tensor_parallel.value > 1 else "")
+            + (f", in {self.pipeline_parallel.value} pipeline stages" if self.pipeline_parallel.value > 1 else "")
             + ": "
             f"<b>{chosen.total_gib:,.1f} GiB</b> of model state per GPU, {verdict}. "
             f"Recommended: <b>{html.escape(use)}</b></div>"

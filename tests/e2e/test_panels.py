@@ -251,6 +251,16 @@ def test_the_memory_panel_splits_each_layer_and_says_a_split_the_gpus_do_not_div
     assert "split over: 2 is not allowed; allowed: a divisor of the 1 GPUs" in panel.message.value
 
 
+def test_the_memory_panel_takes_the_guide_s_175b_layout_in_pipeline_stages():
+    # Megatron-DeepSpeed's 175B on 1,024 GPUs: each layer over 8, 16 stages, ZeRO over the 8 replicas left
+    panel = MemoryPanel(model_size="175B", gpus=1024, gpu_memory_gib=80, tensor_parallel=8, pipeline_parallel=16)
+    panel.show()
+    assert "each layer split over 8, in 16 pipeline stages: <b>25.5 GiB</b>" in panel.headline.value  # 20 Ψ/128
+    assert "Recommended: <b>ZeRO-0</b>" in panel.headline.value and "Ψ/128" in panel.formula.value
+    panel.gpus.value = 8
+    assert "stages: 16 is not allowed; allowed: a divisor of the 1 GPUs left by tensor_parallel 8" in panel.message.value
+
+
 def test_the_forecast_panel_compares_sizes_and_says_a_bad_field_by_its_label():
     panel = ForecastPanel(params="7B", tokens="140B", sizes=("Standard_ND96isr_H100_v5",), nodes="1,4").show()
     assert [row.nodes for row in panel.report.rows] == [1, 4] and panel.plot.value[:4] == b"\x89PNG"

@@ -9,6 +9,7 @@ import torch
 from toolkit import config as config_mod
 from toolkit.checkpoint.store import manifest_problem
 from toolkit.errors import RefusedValue
+from toolkit.resources import memory_model, zero_stages
 from toolkit.train.distributed import Topology
 from toolkit.train.engines import check_engine
 from toolkit.train.pipeline_parallel import stage_blocks
@@ -75,3 +76,30 @@ def test_a_manifest_with_stages_that_do_not_divide_its_world_is_refused(value):
                                                                                   "horizon": 10}, "files": {}}
     problem = manifest_problem(manifest, "step_00000005")
     assert problem is not None and problem.startswith(f"pipeline_parallel: {value!r} is not allowed"), problem
+
+
+def test_the_guide_s_175b_layout_holds_a_128th_of_the_model_per_gpu():
+    # Megatron-DeepSpeed's D-H-P: 1,024 GPUs = tensor 8 x pipeline 16 x data 8; ZeRO-1 partitions over the 8 replicas
+    e = zero_stages.estimate(175e9, "bf16", 1, gpus=1024, tensor_parallel=8, pipeline_parallel=16)
+    held = 175e9 / 128
+    assert (e.weights_bytes, e.gradients_bytes, e.optimizer_bytes) == (2 * held, 2 * held, 16 * held / 8)
+    assert e.formula().startswith("4 Ψ/128 + 16 Ψ/128 / 8 = ")
+    with pytest.raises(config_mod.ConfigError, match="pipeline_parallel: 3 is not allowed; allowed: a divisor of the "
+                                                     "128 GPUs left by tensor_parallel 8"):
+        zero_stages.estimate(175e9, "bf16", 1, gpus=1024, tensor_parallel=8, pipeline_parallel=3)
+
+
+def test_the_memory_prediction_counts_the_first_stage_and_its_micro_batches_in_flight():
+    # tiny in 2 stages: rank 0 holds the token and position embeddings (256 x 32 + 32 x 32) and block 0 (12,416)
+    cfg = load(["engine.pipeline_parallel=2", "engine.nproc=2", "checkpoint.every_steps=0"])
+    assert zero_stages.params_per_rank(cfg) == 256 * 32 + 32 * 32 + 12_416
+    p = memory_model.predict_run(cfg, device="cpu")
+    terms = {t.name: t for t in p.terms}
+    assert (p.params, p.whole_params, p.pipeline_parallel) == (zero_stages.params_per_rank(cfg), 34_112, 2)
+    assert "DDP buckets" not in terms and "gradient all-reduce copy" not in terms  # one replica: nothing to average
+    assert terms["torch.distributed.pipelining, imported"].bytes == memory_model.PIPELINING_IMPORT_MIB * 2**20
+    # min(2 stages, 2 micro-batches) in flight, each 16 tensors a block for its 1 block and its output: B T C x 4 B
+    assert terms["activations"].bytes == 2 * (16 * 1 + 1) * 4 * 32 * 32 * 4
+    assert terms["activations"].formula.startswith("min(p, m)=2 x (16 L0 + 1) x B T C x 4 B; L0=1")
+    replicated = memory_model.predict_run(load(["engine.pipeline_parallel=2", "engine.nproc=4"]), device="cpu")
+    assert "gradient all-reduce copy" in {t.name for t in replicated.terms}

@@ -216,3 +216,14 @@ def test_with_tensor_parallelism_the_series_counts_replicas_of_one_group_each(tm
     assert "--nproc: 3 is not a whole number of tensor-parallel groups of 2" in str(caught.value)
     with pytest.raises(ConfigError, match="--side-by-side"):
         scaling.plan("tiny", split, [1, 2], side_by_side=True, out=tmp_path / "y", machine=scaling.capacity(8, 2))
+
+
+def test_with_pipeline_parallelism_the_series_counts_replicas_of_one_pipeline_each(tmp_path):
+    # engine.pipeline_parallel=2: the baseline is one pipeline of 2 stages; 4 processes are 2 replicas
+    staged = ["engine.pipeline_parallel=2", "train.grad_accum_steps=2", "train.batch_size=8"]
+    p = scaling.plan("tiny", staged, scaling.parse_counts("4"), mode="weak", steps=8, out=tmp_path / "s",
+                     machine=scaling.capacity(8, 2))
+    assert [(r.nproc, r.replicas, r.config.train.batch_size) for r in p.runs] == [(2, 1, 8), (4, 2, 8)]
+    with pytest.raises(ConfigError) as caught:
+        scaling.plan("tiny", staged, [1, 6, 3], out=tmp_path / "x", machine=scaling.capacity(8, 2))
+    assert "--nproc: 3 is not a whole number of pipelines of 2" in str(caught.value)

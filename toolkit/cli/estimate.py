@@ -62,6 +62,12 @@ def register(verbs) -> None:
         help="GPUs each layer is split over; ZeRO partitions over the rest (default: --config's "
         "engine.tensor_parallel, else 1)",
     )
+    est.add_argument(
+        "--pipeline-parallel",
+        type=int,
+        help="pipeline stages, each holding its share of the layers; ZeRO partitions over the rest (default: "
+        "--config's engine.pipeline_parallel, else 1)",
+    )
     est.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: 80, an A100/H100 80GB)")
     est.add_argument(
         "--zero-stage",
@@ -123,22 +129,29 @@ def cmd_estimate(args) -> int:
         prediction = memory_model.predict_run(cfg, device=args.device)
         params, precision = prediction.whole_params or prediction.params, args.precision or cfg.engine.precision
         split = args.tensor_parallel or cfg.engine.tensor_parallel
+        stages = args.pipeline_parallel or cfg.engine.pipeline_parallel
         print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
         print(prediction.table())
-        at = f", tensor_parallel {split}" if split > 1 else ""
+        at = (f", tensor_parallel {split}" if split > 1 else "") + (
+            f", pipeline_parallel {stages}" if stages > 1 else ""
+        )
         print(f"\non GPUs: model state per GPU by ZeRO stage ({precision}, {args.gpus} GPUs{at}):")
     elif args.params:
         params, precision = zero_stages.parse_count(args.params), args.precision or "bf16"
-        split = args.tensor_parallel or 1
+        split, stages = args.tensor_parallel or 1, args.pipeline_parallel or 1
         print(f"model: {params:,.0f} parameters ({params / 1e9:.3g}B)")
     else:
         raise ConfigError(
             refused("params", "missing", "a parameter count such as 350M, 7B or 1.3e9, --config NAME or --run RUN_DIR")
         )
     if args.zero_stage is not None:
-        print(zero_stages.estimate(params, precision, args.zero_stage, args.gpus, split).formula())
+        print(zero_stages.estimate(params, precision, args.zero_stage, args.gpus, split, stages).formula())
     else:
-        print(zero_stages.recommend_stage(params, args.gpu_memory, args.gpus, precision, split).summary())
+        print(zero_stages.recommend_stage(params, args.gpu_memory, args.gpus, precision, split, stages).summary())
+    if stages > 1:
+        print(
+            "  (DeepSpeed's pipeline engine takes ZeRO-1 at most; Trainbook's stages run on the torch engine, ZeRO-0)"
+        )
     if args.write_config:
         written = recommended_config.write_recommended_config(
             args.write_config,

@@ -99,6 +99,9 @@ ZERO_IMPORT_MIB = 43.0
 # RSS that tensor parallelism adds by importing torch.distributed.tensor (DTensor and its sharding rules), measured on
 # the reference machine after torch's own import
 DTENSOR_IMPORT_MIB = 41.0
+# RSS that pipeline parallelism adds by importing torch.distributed.pipelining (which imports DTensor too), measured
+# the same way
+PIPELINING_IMPORT_MIB = 73.0
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,9 @@ class RunPrediction:
     notes: tuple[str, ...] = ()
     tensor_parallel: int = 1
     whole_params: int | None = None
-    """The model's parameters when ``params`` is one rank's share of them (tensor parallelism)."""
+    """The model's parameters when ``params`` is one rank's share of them (tensor or pipeline parallelism)."""
+    pipeline_parallel: int = 1
+    """Stages: every rank is predicted as the first stage's (the embeddings, and the most micro-batches in flight)."""
 
     @property
     def per_rank_mib(self) -> list[float]:
@@ -138,6 +143,7 @@ class RunPrediction:
     def describe(self) -> str:
         stage = f" ZeRO-{self.zero_stage}" if self.engine == "deepspeed" else ""
         split = f" (tensor_parallel {self.tensor_parallel})" if self.tensor_parallel > 1 else ""
+        split += f" (pipeline_parallel {self.pipeline_parallel})" if self.pipeline_parallel > 1 else ""
         return (
             f"{self.engine}{stage}, {self.nproc} process{'es' if self.nproc > 1 else ''}{split}, {self.precision}, "
             f"on {self.device}"
@@ -170,11 +176,18 @@ class RunPrediction:
 
 
 def activation_bytes(
-    model_cfg, batch_size: int, bytes_per_element: float = 4, tensor_parallel: int = 1
+    model_cfg,
+    batch_size: int,
+    bytes_per_element: float = 4,
+    tensor_parallel: int = 1,
+    stages: int = 1,
+    micro_batches: int = 1,
 ) -> float | None:
     """What autograd keeps from forward for backward at its peak, for the built-in GPT; None for a model without a
     formula here (transformers, custom, digits_mlp). Split over ``tensor_parallel`` ranks, each keeps its heads' and
-    its MLP slice's tensors and its share of the logits, and the block inputs and norms whole."""
+    its MLP slice's tensors and its share of the logits, and the block inputs and norms whole. In ``stages`` pipeline
+    stages, the first (the fullest) keeps its own blocks' tensors for as many micro-batches as the 1F1B schedule has
+    in flight there, min(stages, micro_batches), and its output for each; the head is the last stage's."""
     if model_cfg.name != "gpt":
         return None
     from toolkit.train.models.gpt import VOCAB_SIZE
@@ -183,18 +196,36 @@ def activation_bytes(
     # whole: input, ln1 out, residual, ln2 out (4); split: q k v (3), attention out, MLP hidden (4) and activated (4)
     per_block = 4 + 12 / t
     head = 2 + VOCAB_SIZE / C / t  # the last residual, ln_f's output, the log-softmax of the logits (B x T x V / t)
+    in_flight = 1
+    if stages > 1:
+        from toolkit.train.pipeline_parallel import stage_blocks
+
+        L, head, in_flight = len(stage_blocks(L, stages)[0]), 1, min(stages, micro_batches)
     kept = L + per_block if model_cfg.activation_checkpointing else per_block * L
-    return (kept + head) * batch_size * T * C * bytes_per_element
+    return in_flight * (kept + head) * batch_size * T * C * bytes_per_element
 
 
-def _activation_formula(model_cfg, a: float, tensor_parallel: int = 1) -> str:
+def _activation_formula(model_cfg, a: float, tensor_parallel: int = 1, stages: int = 1, micro_batches: int = 1) -> str:
     if tensor_parallel > 1:
         per_block, head = "(4 + 12/t)", "2 + V/(C t)"
     else:
         per_block, head = "16", "2 + V/C"
-    blocks = f"(L + {per_block} + {head})" if model_cfg.activation_checkpointing else f"({per_block} L + {head})"
-    sizes = f"L={model_cfg.n_layer}, C={model_cfg.n_embd}, T={model_cfg.block_size}"
-    return f"{blocks} x B T C x {a:g} B; {sizes}" + (f", t={tensor_parallel}" if tensor_parallel > 1 else "")
+    layers, sizes = "L", f"L={model_cfg.n_layer}"
+    if stages > 1:
+        from toolkit.train.pipeline_parallel import stage_blocks
+
+        layers, head = "L0", "1"
+        sizes = f"L0={len(stage_blocks(model_cfg.n_layer, stages)[0])} (the first stage's blocks)"
+    per = (
+        f"({layers} + {per_block} + {head})"
+        if model_cfg.activation_checkpointing
+        else f"({per_block} {layers} + {head})"
+    )
+    flight = f"min(p, m)={min(stages, micro_batches)} x " if stages > 1 else ""
+    sizes += f", C={model_cfg.n_embd}, T={model_cfg.block_size}" + (
+        f", t={tensor_parallel}" if tensor_parallel > 1 else ""
+    )
+    return f"{flight}{per} x B T C x {a:g} B; {sizes}"
 
 
 def _ds_settings(cfg) -> tuple[int, str | None, str | None]:
@@ -225,12 +256,21 @@ def _cpu_terms(psi: int, cfg, bucket: int) -> list[Term]:
         add("weights", 4)
         add("gradients", 4)
         add("Adam moments", 8)
-        if n > e.tensor_parallel:
+        if n > e.tensor_parallel * e.pipeline_parallel:  # more than one replica
             name, per, why = _gradient_exchange(e)
             add(name, per, why=why)
         if e.precision == "bf16":
             add("autocast weight copies", 2, why="the bf16 copy of each weight, kept for backward")
-        if e.tensor_parallel > 1:
+        if e.pipeline_parallel > 1:
+            terms.append(
+                Term(
+                    "torch.distributed.pipelining, imported",
+                    PIPELINING_IMPORT_MIB * MIB,
+                    "the stages and their schedule (DTensor with them)",
+                    per_param=False,
+                )
+            )
+        elif e.tensor_parallel > 1:
             terms.append(
                 Term(
                     "torch.distributed.tensor, imported",
@@ -312,8 +352,12 @@ def _zero_overheads(psi: int, n: int, bucket: int) -> list[Term]:
 def _gradient_exchange(e) -> tuple[str, int, str]:
     """What averaging the gradients over data-parallel replicas costs the torch engine: (term, bytes a parameter,
     why)."""
-    if e.tensor_parallel > 1:
-        return "gradient all-reduce copy", 4, "the split gradients laid end to end for one all-reduce over the replicas"
+    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        return (
+            "gradient all-reduce copy",
+            4,
+            "the rank's gradients laid end to end for one all-reduce over the replicas",
+        )
     return "DDP buckets", 4, "DDP copies every gradient into its all-reduce buckets"
 
 
@@ -327,7 +371,7 @@ def _gpu_terms(psi: int, cfg, bucket: int, offload_opt: str | None, offload_para
             Term("gradients", guide.gradients_bytes, "4 B x Ψ"),
             Term("Adam moments", guide.optimizer_bytes, "8 B x Ψ"),
         ]
-        if n > e.tensor_parallel:
+        if n > e.tensor_parallel * e.pipeline_parallel:
             name, per, why = _gradient_exchange(e)
             terms.append(Term(name, per * psi, f"{per} B x Ψ: {why}"))
         if e.precision != "fp32":
@@ -376,12 +420,12 @@ def _staging_terms(psi: int, cfg) -> list[Term]:
                 rank0_only=True,
             )
         ]
-        if e.tensor_parallel > 1:
+        if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
             terms.append(
                 Term(
                     "gathered whole state",
                     per * psi,
-                    "the split tensors gathered whole for rank 0 to write",
+                    "every rank's tensors gathered whole for rank 0 to write",
                     rank0_only=True,
                 )
             )
@@ -413,9 +457,9 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
             )
         )
     psi = int(params if params is not None else model_params(cfg))
-    # Tensor parallelism: each rank holds and updates its share of the parameters (Ψ below), and a checkpoint
-    # gathers the whole model on rank 0
-    whole_psi, psi = psi, (params_per_rank(cfg) if e.tensor_parallel > 1 else psi)
+    # Tensor and pipeline parallelism: each rank holds and updates its share of the parameters (Ψ below), and a
+    # checkpoint gathers the whole model on rank 0
+    whole_psi, psi = psi, (params_per_rank(cfg) if e.tensor_parallel > 1 or e.pipeline_parallel > 1 else psi)
     bucket, offload_opt, offload_param = _ds_settings(cfg) if e.name == "deepspeed" else (DS_REDUCE_BUCKET, None, None)
     notes = []
     if device == "cpu":
@@ -438,19 +482,21 @@ def predict_run(cfg, *, device: str | None = None, params: int | None = None) ->
         )
     terms += _staging_terms(whole_psi, cfg)
     a = 4 if e.precision == "fp32" else 2
-    act = activation_bytes(cfg.model, cfg.train.batch_size, a, e.tensor_parallel)
+    layout = (e.tensor_parallel, e.pipeline_parallel, cfg.train.grad_accum_steps)
+    act = activation_bytes(cfg.model, cfg.train.batch_size, a, *layout)
     if act is None:
         notes.append(
             f"activations: no formula for model.name={cfg.model.name!r} (only the built-in gpt's): not counted"
         )
     else:
-        terms.append(Term("activations", act, _activation_formula(cfg.model, a, e.tensor_parallel), per_param=False))
+        terms.append(Term("activations", act, _activation_formula(cfg.model, a, *layout), per_param=False))
     if e.name == "deepspeed" and e.zero_stage >= 1 and e.nproc == 1:
         notes.append("ZeRO on 1 process partitions nothing: ZeRO-0 (or the torch engine) needs less")
     return RunPrediction(
         params=psi,
         whole_params=whole_psi,
         tensor_parallel=e.tensor_parallel,
+        pipeline_parallel=e.pipeline_parallel,
         device=device,
         engine=e.name,
         zero_stage=e.zero_stage if e.name == "deepspeed" else 0,

@@ -55,6 +55,8 @@ class MemoryEstimate:
     tensor_parallel: int = 1
     """GPUs each layer is split over: each holds 1/t of every matrix, and ZeRO partitions over the gpus / t
     data-parallel replicas."""
+    pipeline_parallel: int = 1
+    """Pipeline stages: each GPU holds 1/p of the layers, and ZeRO partitions over gpus / (t p) replicas."""
 
     @property
     def total_bytes(self) -> float:
@@ -67,7 +69,7 @@ class MemoryEstimate:
     def formula(self) -> str:
         """The arithmetic behind the figure, e.g. '2 Ψ + 18 Ψ / 8 = 4.25 bytes x 7e9 params = 27.7 GiB'."""
         w, g, o = BYTES_PER_PARAM[self.precision]
-        t = self.tensor_parallel
+        t = self.tensor_parallel * self.pipeline_parallel  # GPUs that share one copy of the model
         n = self.gpus // t  # ZeRO partitions over the data-parallel replicas
         psi = "Ψ" if t == 1 else f"Ψ/{t}"
         parts = {
@@ -87,11 +89,17 @@ def check_value(name: str, value, ok: bool, allowed: str) -> None:
 
 
 def estimate(
-    params: float, precision: str = "bf16", zero_stage: int = 0, gpus: int = 1, tensor_parallel: int = 1
+    params: float,
+    precision: str = "bf16",
+    zero_stage: int = 0,
+    gpus: int = 1,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> MemoryEstimate:
-    """Model-state memory per GPU for ``params`` parameters trained with Adam; with ``tensor_parallel`` t, each GPU
-    holds 1/t of the model (the norms and biases it keeps whole are left out: a few millionths of a large model) and
-    ZeRO partitions over gpus / t replicas."""
+    """Model-state memory per GPU for ``params`` parameters trained with Adam; with ``tensor_parallel`` t and
+    ``pipeline_parallel`` p, each GPU holds 1/(t p) of the model (the norms and biases a split keeps whole, and a
+    stage's share of the embeddings, are left out: a small part of a large model) and ZeRO partitions over
+    gpus / (t p) replicas."""
     check_value("params", params, isinstance(params, (int, float)) and params > 0, "a positive number of parameters")
     check_value("precision", precision, precision in BYTES_PER_PARAM, ", ".join(BYTES_PER_PARAM))
     check_value("zero_stage", zero_stage, zero_stage in STAGES, "0, 1, 2 or 3")
@@ -102,15 +110,23 @@ def estimate(
         isinstance(tensor_parallel, int) and tensor_parallel >= 1 and gpus % tensor_parallel == 0,
         f"a divisor of the {gpus} GPUs",
     )
+    check_value(
+        "pipeline_parallel",
+        pipeline_parallel,
+        isinstance(pipeline_parallel, int)
+        and pipeline_parallel >= 1
+        and gpus % (tensor_parallel * pipeline_parallel) == 0,
+        f"a divisor of the {gpus // tensor_parallel} GPUs left by tensor_parallel {tensor_parallel}",
+    )
     w, g, o = BYTES_PER_PARAM[precision]
-    n = gpus // tensor_parallel  # data-parallel replicas: what ZeRO partitions over
+    n = gpus // (tensor_parallel * pipeline_parallel)  # data-parallel replicas: what ZeRO partitions over
     shard = {  # the divisor of each part at each stage: 1 = every replica holds all of it
         0: (1, 1, 1),
         1: (1, 1, n),
         2: (1, n, n),
         3: (n, n, n),
     }[zero_stage]
-    held = params / tensor_parallel
+    held = params / (tensor_parallel * pipeline_parallel)
     return MemoryEstimate(
         params,
         precision,
@@ -120,6 +136,7 @@ def estimate(
         gradients_bytes=g * held / shard[1],
         optimizer_bytes=o * held / shard[2],
         tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
     )
 
 
@@ -146,7 +163,12 @@ class StageAdvice:
 
 
 def recommend_stage(
-    params: float, gpu_memory_gib: float, gpus: int, precision: str = "bf16", tensor_parallel: int = 1
+    params: float,
+    gpu_memory_gib: float,
+    gpus: int,
+    precision: str = "bf16",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> StageAdvice:
     """The lowest ZeRO stage whose model state fits: lower stages communicate less (stage 3 gathers the
     weights in every forward and backward), so partition only as much as memory requires."""
@@ -156,7 +178,7 @@ def recommend_stage(
         isinstance(gpu_memory_gib, (int, float)) and gpu_memory_gib > 0,
         "a positive number of GiB",
     )
-    estimates = [estimate(params, precision, stage, gpus, tensor_parallel) for stage in STAGES]
+    estimates = [estimate(params, precision, stage, gpus, tensor_parallel, pipeline_parallel) for stage in STAGES]
     fitting = [e.zero_stage for e in estimates if e.total_gib <= STATE_SHARE * gpu_memory_gib]
     return StageAdvice(stage=fitting[0] if fitting else None, estimates=estimates, gpu_memory_gib=gpu_memory_gib)
 

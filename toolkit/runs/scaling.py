@@ -161,13 +161,13 @@ def layout(steps: int) -> Layout:
 
 def efficiency(tokens_per_s: float, replicas: int, baseline: float) -> float:
     """Against perfect linear scaling: tokens/s(N) / (N x tokens/s(1)), N data-parallel replicas (processes, or
-    groups of engine.tensor_parallel processes)."""
+    groups of engine.tensor_parallel x engine.pipeline_parallel processes)."""
     return tokens_per_s / (replicas * baseline)
 
 
-def replica_counts(counts: list[int], group: int) -> list[int]:
-    """Process counts in whole tensor-parallel groups of ``group`` (engine.tensor_parallel): the baseline 1 becomes one
-    group; any other count must be a multiple of it."""
+def replica_counts(counts: list[int], group: int, kind: str = "tensor-parallel groups") -> list[int]:
+    """Process counts in whole replicas of ``group`` processes (engine.tensor_parallel x engine.pipeline_parallel;
+    ``kind`` names them): the baseline 1 becomes one replica; any other count must be a multiple of it."""
     if group == 1:
         return counts
     odd = [n for n in counts if n != 1 and n % group]
@@ -176,8 +176,8 @@ def replica_counts(counts: list[int], group: int) -> list[int]:
             not_allowed(
                 "--nproc",
                 odd[0],
-                f"multiples of engine.tensor_parallel={group} (each replica is {group} processes)",
-                problem=f"is not a whole number of tensor-parallel groups of {group}",
+                f"multiples of {group} (each replica is {group} processes)",
+                problem=f"is not a whole number of {kind} of {group}",
             )
         )
     return sorted({group, *(n for n in counts if n != 1)})
@@ -238,8 +238,8 @@ class RunSpec:
 
     @property
     def replicas(self) -> int:
-        """Data-parallel replicas: the processes over engine.tensor_parallel."""
-        return self.nproc // self.config.engine.tensor_parallel
+        """Data-parallel replicas: the processes over engine.tensor_parallel x engine.pipeline_parallel."""
+        return self.nproc // (self.config.engine.tensor_parallel * self.config.engine.pipeline_parallel)
 
 
 @dataclass(frozen=True)
@@ -274,13 +274,20 @@ def plan(
         raise ConfigError(not_allowed("mode", mode, ", ".join(MODES)))
     base = config_mod.load(config, overrides)
     machine = machine or machine_capacity()
-    group = base.engine.tensor_parallel  # with tensor parallelism the unit is a group of processes, one replica
+    # with tensor or pipeline parallelism the unit is a group of processes, one replica
+    group = base.engine.tensor_parallel * base.engine.pipeline_parallel
     if counts is None:  # 1, 2, 4... groups, as far as the machine goes (one group at least: refused below if too many)
         counts = [group * 2**i for i in range(max(1, (machine.processes // group).bit_length()))]
-    counts = replica_counts(counts, group)
+    kind = "pipelines" if base.engine.pipeline_parallel > 1 else "tensor-parallel groups"
+    counts = replica_counts(counts, group, kind)
     if side_by_side and group > 1:
         raise ConfigError(
-            not_allowed("--side-by-side", True, "without engine.tensor_parallel", problem="compares 1-process runs")
+            not_allowed(
+                "--side-by-side",
+                True,
+                "without engine.tensor_parallel or engine.pipeline_parallel",
+                problem="compares 1-process runs",
+            )
         )
     batches = {n: per_process_batch(base.train.batch_size, n // group, mode) for n in counts}
     check_capacity(counts, machine)
@@ -502,7 +509,7 @@ class Row:
 
     nproc: int
     replicas: int
-    """Data-parallel replicas: nproc, or nproc / engine.tensor_parallel."""
+    """Data-parallel replicas: nproc, or nproc / (engine.tensor_parallel x engine.pipeline_parallel)."""
     batch_per_process: int
     global_batch: int
     run_dir: str
@@ -539,7 +546,10 @@ class ScalingResult:
     rows: list[Row]
     picture: str | None = None
     tensor_parallel: int = 1
-    """Processes per replica (engine.tensor_parallel): efficiency counts replicas, the baseline is one."""
+    """engine.tensor_parallel: with pipeline_parallel, the processes of a replica; efficiency counts replicas, the
+    baseline is one."""
+    pipeline_parallel: int = 1
+    """engine.pipeline_parallel."""
 
     def to_dict(self) -> dict:
         doc = dataclasses.asdict(self)
@@ -548,7 +558,8 @@ class ScalingResult:
 
     def table(self) -> str:
         """The series as aligned text lines."""
-        unit = ("per process" if self.tensor_parallel == 1 else "per replica") if self.mode == "weak" else "global"
+        whole = self.tensor_parallel * self.pipeline_parallel == 1
+        unit = ("per process" if whole else "per replica") if self.mode == "weak" else "global"
         threads = f", {self.threads_per_process} thread(s) per process" if self.threads_per_process else ""
         columns = [
             Column("procs", "nproc", right=True),
@@ -574,6 +585,9 @@ class ScalingResult:
             )
         note = above_linear_note([r.efficiency for r in self.rows] + [r.side_by_side_efficiency for r in self.rows])
         split = f", replicas of engine.tensor_parallel={self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        split += (
+            f", replicas of engine.pipeline_parallel={self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
+        )
         return (
             f"{self.config}, {self.engine}{split}, {self.mode} scaling (train.batch_size {self.batch} {unit}), "
             f"{self.measured_steps} measured steps{threads}\n"
@@ -741,6 +755,7 @@ def run_series(p: Plan, on_line: Callable[[str], None] = lambda line: None) -> S
         out=str(folder),
         rows=[],
         tensor_parallel=first.engine.tensor_parallel,
+        pipeline_parallel=first.engine.pipeline_parallel,
     )
     baseline = None
     for spec in p.runs:
