@@ -154,6 +154,16 @@ class DataConfig:
     """DataLoader worker processes; 0 builds batches in the training process."""
     prefetch_factor: int = bounded(2, ge=1, le=64)
     """Batches each worker prepares ahead (only with num_workers > 0)."""
+    sampling: Literal["random", "epochs"] = "random"
+    """How a step's rows are chosen. random: drawn at random from each data-parallel replica's share of the data, a
+    function of the step and the replica (a run resumes with the same number of replicas). epochs: every training
+    sample once an epoch, in a seeded order, each step taking the next replicas x batch_size x grad_accum_steps
+    samples; the position is kept in checkpoints, so a run may resume with another number of replicas (elastic
+    training) and no sample is seen twice or skipped across the change. A sample: a window of block_size + 1 tokens
+    of documents (side by side, each token predicted once), an example, or a table row. Not with data.pack."""
+    record_samples: bool = False
+    """data.sampling=epochs: write the numbers of the samples each step trained on, one line a step per replica, to
+    RUN_DIR/samples/ (an audit of what was seen, across restarts and changes of world size)."""
 
 
 @dataclass
@@ -609,6 +619,7 @@ def _check_relations(cfg: Config) -> None:
         _check_tensor_parallel(cfg)
     if cfg.engine.pipeline_parallel > 1:
         _check_pipeline_parallel(cfg)
+    _check_sampling(cfg)
     if cfg.model.n_embd % cfg.model.n_head:
         raise ConfigError(
             not_allowed(
@@ -770,6 +781,25 @@ def _check_pipeline_parallel(cfg: Config) -> None:
                     problem=f"is fewer than the {stages} stages: {why}",
                 )
             )
+
+
+def _check_sampling(cfg: Config) -> None:
+    """data.sampling=epochs numbers whole samples: packed rows take a varying number of examples a row."""
+    if cfg.data.sampling == "epochs" and cfg.data.pack:
+        raise ConfigError(
+            not_allowed(
+                "data.pack", True, "false with data.sampling=epochs", problem="packs a varying number of samples a row"
+            )
+        )
+    if cfg.data.record_samples and cfg.data.sampling != "epochs":
+        raise ConfigError(
+            not_allowed(
+                "data.record_samples",
+                True,
+                "false, or data.sampling=epochs",
+                problem="records numbered samples, which data.sampling=random does not take",
+            )
+        )
 
 
 def _check_dpo(cfg: Config) -> None:

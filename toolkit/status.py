@@ -42,6 +42,9 @@ LOCK_NAME = "status.lock"
 
 # set by the supervisor in the training processes it starts: their attempt, 0 first, +1 per restart or resume
 ATTEMPT_ENV = "TRAINBOOK_ATTEMPT"
+# set ("1") by an elastic job (toolkit.runs.job --nnodes MIN:MAX) in its training processes: torchrun's agent stops
+# them with SIGTERM when the nodes change, and starts them again at the new world size; that is no stop of the run
+ELASTIC_ENV = "TRAINBOOK_ELASTIC"
 
 # transition -> (the states it may leave, the state it enters); None is a run directory without a status yet
 TRANSITIONS: dict[str, tuple[tuple[str | None, ...], str]] = {

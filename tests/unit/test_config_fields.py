@@ -33,6 +33,7 @@ COMPANIONS = {
     "model.lora.rank": {"model.lora.target_modules": ["qkv"]},
     "engine.tensor_parallel": {"model.n_head": 64, "model.n_embd": 128},  # heads the largest split divides
     "engine.pipeline_parallel": {"model.n_layer": 64, "train.grad_accum_steps": 64},  # a block and a micro-batch each
+    "data.record_samples": {"data.sampling": "epochs"},  # numbered samples to record
     "model.hf.source": {"model.name": "hf"},
     "model.hf.architecture": {"model.name": "hf"},
     "data.prompt_field": {"data.completion_field": "completion"},

@@ -63,6 +63,7 @@ RESUMABLE_CHANGES = (
     "fault.",
     "data.num_workers",
     "data.prefetch_factor",
+    "data.record_samples",
     "debug.",
     "tracking.",
     "watchdog.",
@@ -415,6 +416,11 @@ def config_differences(old: dict, new: dict, allowed: tuple[str, ...] = ()) -> l
     ]
 
 
+def _sampling(config: dict):
+    data = config.get("data") if isinstance(config, dict) else None
+    return data.get("sampling") if isinstance(data, dict) else None
+
+
 def check_compatible(manifest: dict, config: dict, world_size: int, ranks_per_replica: int = 1) -> None:
     """Refuse a checkpoint written by a different model, optimizer, engine or number of data-parallel replicas,
     naming the difference. The processes may change where the replicas do not (engine.tensor_parallel and
@@ -425,12 +431,14 @@ def check_compatible(manifest: dict, config: dict, world_size: int, ranks_per_re
     written_split = manifest.get("tensor_parallel", 1) * manifest.get("pipeline_parallel", 1)
     replicas = world_size // ranks_per_replica
     written_replicas = written_world // written_split if isinstance(written_world, int) else None
-    if replicas != written_replicas:
+    # data.sampling=epochs keeps a position in samples, not steps: the replicas may change (elastic training)
+    elastic = _sampling(config) == _sampling(manifest.get("config", {})) == "epochs"
+    if replicas != written_replicas and not elastic:
         raise CheckpointError(
             f"checkpoint {name} was written by {written_world} processes; this run has {world_size} "
             f"(engine.nproc): {replicas} data-parallel replicas where it had {written_replicas} (processes / "
             "engine.tensor_parallel / engine.pipeline_parallel). Allowed: the same number of replicas, each drawing "
-            "the batches it drew before"
+            "the batches it drew before (or data.sampling=epochs, whose position survives a change of replicas)"
         )
     differences = [
         f"{key}: checkpoint {old!r}, this run {new!r}"

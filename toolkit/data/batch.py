@@ -19,6 +19,7 @@ IGNORE_INDEX = -100  # a label that counts for no loss (torch's cross_entropy an
 INPUT_IDS, LABELS, ATTENTION_MASK, INPUTS = "input_ids", "labels", "attention_mask", "inputs"
 POSITION_IDS = "position_ids"
 CHOSEN, REJECTED = "chosen_", "rejected_"  # the prefixes of a preference batch's two halves
+SAMPLE_IDS = "sample_ids"  # data.sampling=epochs: (B,) the rows' sample numbers; the trainer takes them out first
 
 
 def half(batch: dict, prefix: str) -> dict:

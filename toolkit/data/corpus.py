@@ -76,6 +76,15 @@ class Corpus:
         ``split``; ``shard`` = (rank, world) restricts it to that rank's disjoint share."""
         raise NotImplementedError
 
+    # data.sampling=epochs: the split as numbered samples, each taken once an epoch (toolkit.data.epochs)
+    def sample_count(self, split: str) -> int:
+        """The samples of ``split`` an epoch goes through."""
+        raise NotImplementedError
+
+    def samples(self, split: str, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        """The batch of samples ``indices`` (each in range(sample_count(split))), in that order."""
+        raise NotImplementedError
+
 
 def _shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
     """Rank r of w draws from the r-th of w equal slices: disjoint shares of the data."""
@@ -128,8 +137,21 @@ class PackedCorpus(Corpus):
     def batch(self, split, batch_size, generator, shard=(0, 1)):
         data = self.splits[split]
         starts = _draw(len(data) - self.block_size - 1, batch_size, generator, shard)
+        return self._windows(data, starts)
+
+    def _windows(self, data: torch.Tensor, starts: torch.Tensor) -> dict[str, torch.Tensor]:
         chunk = data[starts[:, None] + self._window].long()  # (B, T+1): one gather, no Python loop per token
         return {INPUT_IDS: chunk[:, :-1], LABELS: chunk[:, 1:]}
+
+    def sample_count(self, split):
+        """Windows side by side, each block_size + 1 tokens starting where the previous one's input ends: every
+        token is predicted once an epoch."""
+        return (len(self.splits[split]) - 1) // self.block_size
+
+    def samples(self, split, indices):
+        return self._windows(
+            self.splits[split], torch.from_numpy(np.asarray(indices, dtype=np.int64)) * self.block_size
+        )
 
 
 def bytes_per_token(byte_lengths: np.ndarray, tokens: np.ndarray) -> float:
@@ -321,7 +343,16 @@ class ExampleCorpus(Corpus):
             )
             labels = torch.where(counted[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
             return {INPUT_IDS: ids[:, :-1], LABELS: labels, POSITION_IDS: positions[:, :-1]}
-        examples = self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()]
+        return self._examples(self.splits[split][_draw(len(self.splits[split]), batch_size, generator, shard).numpy()])
+
+    def sample_count(self, split):
+        return len(self.splits[split])  # examples; packed rows take a varying number of them a row (refused)
+
+    def samples(self, split, indices):
+        return self._examples(self.splits[split][np.asarray(indices, dtype=np.int64)])
+
+    def _examples(self, examples: np.ndarray) -> dict[str, torch.Tensor]:
+        """The batch of ``examples`` (their numbers), one a row (two, chosen and rejected, for pairs)."""
         if self.pairs:  # the examples drawn are pairs: 2i chosen, 2i + 1 rejected, reading the same prompt tokens
             kept = [min(self._prompt_kept(2 * i), self._prompt_kept(2 * i + 1)) for i in examples.tolist()]
             halves = (self._text_batch(2 * examples, kept), self._text_batch(2 * examples + 1, kept))
@@ -365,6 +396,14 @@ class TableCorpus(Corpus):
     def batch(self, split, batch_size, generator, shard=(0, 1)):
         data = self.splits[split]
         rows = _draw(len(data.targets), batch_size, generator, shard)
+        return {INPUTS: data.inputs[rows], LABELS: data.targets[rows]}
+
+    def sample_count(self, split):
+        return len(self.splits[split].targets)
+
+    def samples(self, split, indices):
+        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        data = self.splits[split]
         return {INPUTS: data.inputs[rows], LABELS: data.targets[rows]}
 
 
@@ -520,13 +559,22 @@ class StepBatches(Dataset):
         )
 
 
-def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: int = 1) -> DataLoader:
-    """Batches for steps first_step .. max_steps - 1, prepared by cfg.data.num_workers processes. A step's batch
-    holds all its micro-batches (batch_size x grad_accum_steps rows, split by the trainer), drawn at once: so 4 x 8
-    and 1 x 32 train on the same 32 rows, and an accumulated run equals the unaccumulated one."""
+def train_loader(corpus: Corpus, cfg, rank: int, first_step: int, world_size: int = 1, position: int = 0) -> DataLoader:
+    """Batches for steps first_step .. max_steps - 1 of data-parallel replica ``rank`` of ``world_size``, prepared by
+    cfg.data.num_workers processes. A step's batch holds all its micro-batches (batch_size x grad_accum_steps rows,
+    split by the trainer), drawn at once: so 4 x 8 and 1 x 32 train on the same 32 rows, and an accumulated run
+    equals the unaccumulated one. ``position``: data.sampling=epochs, the samples all replicas took before
+    first_step (toolkit.data.epochs)."""
     workers = cfg.data.num_workers
+    rows = cfg.train.batch_size * cfg.train.grad_accum_steps
+    if cfg.data.sampling == "epochs":
+        from toolkit.data.epochs import EpochBatches
+
+        batches: Dataset = EpochBatches(corpus, rows, cfg.train.seed, rank, world_size, first_step, position)
+    else:
+        batches = StepBatches(corpus, rows, cfg.train.seed, rank, world_size)
     return DataLoader(
-        StepBatches(corpus, cfg.train.batch_size * cfg.train.grad_accum_steps, cfg.train.seed, rank, world_size),
+        batches,
         batch_size=None,  # each item is already a whole batch
         sampler=range(first_step, cfg.train.max_steps),
         num_workers=workers,

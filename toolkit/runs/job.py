@@ -1,5 +1,5 @@
 """``python -m toolkit.runs.job RUN_DIR --config FILE --nnodes N [--max-restarts R] [--set FIELD=VALUE ...]``: one
-node of a multi-node job (an Azure ML command job runs it once per node).
+node of a multi-node job (an Azure ML command job runs it once per node). ``--nnodes MIN:MAX``: an elastic job (below).
 
 RUN_DIR is on storage every node sees (an Azure ML ``rw_mount`` output on a datastore, named per run, so a retried
 or resubmitted job finds it and resumes). Each node reads NODE_RANK, MASTER_ADDR and MASTER_PORT from the environment
@@ -16,6 +16,14 @@ What a node does, in order:
   4. runs the supervisor: torchrun starts this node's ranks (rendezvous on MASTER_PORT + 1), and when training dies
      every node's supervisor agrees, through the store, to restart from the last checkpoint (up to --max-restarts)
      or to end.
+
+An elastic job (``--nnodes MIN:MAX``, data.sampling=epochs) starts training once MIN nodes are there and takes in more
+up to MAX, or goes on without a lost one, as low-priority capacity comes and goes: torchrun's elastic agent on each
+node (toolkit.runs.launchers.elastic_command) meets the others in a rendezvous on node 0, and at each change of nodes
+stops the ranks (they checkpoint) and starts them again at the new world size, resuming from the checkpoint with the
+data position kept (toolkit.data.epochs). Its nodes do not wait for one another, so the steps above are each node's
+own: the storage check, node 0 preparing the run directory (a later node checks the config against it), then the
+agent in place of the supervisor (it restarts failed ranks itself).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import shutil
 import socket
 import sys
 import time
+import typing
 from pathlib import Path
 
 from toolkit.errors import not_allowed
@@ -266,6 +275,80 @@ def _link_tensorboard(link: Path, tb_dir: Path) -> None:
 # --- the entry ---------------------------------------------------------------------------------------------------
 
 
+class NodeRange(typing.NamedTuple):
+    low: int
+    high: int
+    elastic: bool
+    """Given as MIN:MAX: an elastic job."""
+
+
+def node_range(text: str) -> NodeRange:
+    """--nnodes: 'N' (a fixed job) or 'MIN:MAX' (an elastic one)."""
+    low, colon, high = text.partition(":")
+    try:
+        nodes = NodeRange(int(low), int(high or low), bool(colon))
+    except ValueError:
+        nodes = NodeRange(0, 0, False)
+    if not 1 <= nodes.low <= nodes.high:
+        raise argparse.ArgumentTypeError(not_allowed("--nnodes", text, "N, or MIN:MAX with 1 <= MIN <= MAX"))
+    return nodes
+
+
+def join_elastic_run(run_dir: Path, config_file: str, overrides: list[str], nodes: NodeRange, node: int):
+    """An elastic job's run directory: node 0 prepares it as a fixed job's node 0 does (prepare_run, for every world
+    size the nodes may make); a later node checks the config of the run it joins. Refuses random sampling, whose
+    data position would not survive a change of world size. Returns the RunDir, or None when the run is complete
+    (nothing to join)."""
+    from toolkit import config as config_mod
+    from toolkit.rundir import RunDir
+    from toolkit.train.engines import check_engine
+
+    cfg = config_mod.load(config_file, overrides)
+    if cfg.data.sampling != "epochs":
+        raise config_mod.ConfigError(
+            not_allowed(
+                "data.sampling",
+                cfg.data.sampling,
+                "'epochs' in an elastic job (--nnodes MIN:MAX)",
+                problem="draws each step's rows by step and replica, so a change of nodes would repeat or skip data",
+            )
+        )
+    for count in range(nodes.low, nodes.high + 1):
+        check_engine(cfg, world=count * cfg.engine.nproc, cuda=None, per_node=cfg.engine.nproc)
+    run = RunDir(run_dir)
+    if run.config_path.exists() and run.read_status().get("state") == "completed":
+        return None
+    if node == 0:
+        return prepare_run(run_dir, config_file, overrides, nnodes=nodes.high, cuda=False)
+    return run
+
+
+def run_elastic(spec: NodeSpec, nodes: NodeRange, args, run_dir: Path) -> int:
+    """One node of an elastic job: its storage check, the run directory, then torchrun's elastic agent to the end."""
+    import subprocess
+
+    from toolkit import config as config_mod
+    from toolkit.runs.launchers import elastic_command
+
+    status, summary = _storage_check(run_dir, spec.rank, spec.count)
+    print(
+        f"[job] node {spec.rank} (elastic, {nodes.low} to {nodes.high} nodes): {summary}", file=sys.stderr, flush=True
+    )
+    if status == "fail":
+        return 1
+    try:
+        run = join_elastic_run(run_dir, args.config, args.set, nodes, spec.rank)
+    except (ValueError, OSError) as exc:
+        print(f"[job] node {spec.rank}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if run is None:
+        print(f"[job] node {spec.rank}: the run in {run_dir} is complete: nothing to join", file=sys.stderr, flush=True)
+        return 0
+    cfg = config_mod.load(args.config, args.set)
+    command, env = elastic_command(cfg, run_dir, spec, nodes.low, args.max_restarts)
+    return subprocess.run(command, env={**os.environ, **env}, check=False).returncode
+
+
 def _spec(args) -> NodeSpec:
     def pick(flag, env: str, default: str | None) -> str:
         value = flag if flag is not None else os.environ.get(env, default)
@@ -275,7 +358,7 @@ def _spec(args) -> NodeSpec:
 
     spec = NodeSpec(
         rank=int(pick(args.node_rank, "NODE_RANK", "0")),
-        count=args.nnodes,
+        count=args.nnodes.high,
         addr=pick(args.master_addr, "MASTER_ADDR", "127.0.0.1"),
         port=int(pick(args.master_port, "MASTER_PORT", None)),
     )
@@ -291,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--config", required=True, help="the run's config (read on node 0 only)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    parser.add_argument("--nnodes", type=int, required=True)
+    parser.add_argument("--nnodes", type=node_range, required=True, help="N, or MIN:MAX for an elastic job")
     parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("--gpus-per-node", type=int, default=0, help="0: a CPU job")
     parser.add_argument("--node-rank", type=int)
@@ -311,12 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     command_process()  # its pre-flight loads torch (toolkit.startup)
-    if args.nnodes < 1:
-        raise SystemExit(not_allowed("--nnodes", args.nnodes, "1 or more"))
     if args.max_restarts < 0:
         raise SystemExit(not_allowed("--max-restarts", args.max_restarts, "0 or more"))
     spec = _spec(args)
     run_dir = Path(args.run_dir).absolute()
+    if args.nnodes.elastic:
+        return run_elastic(spec, args.nnodes, args, run_dir)
     try:
         with NodeGroup(spec, join_timeout_s=JOIN_TIMEOUT_S, lost_after_s=args.lost_after) as group:
             preflight(group, run_dir, args.gpus_per_node)

@@ -138,6 +138,37 @@ def _torchrun_nodes(cfg, run_dir, nodes) -> list[str]:
     ]
 
 
+# An elastic rendezvous waits this long, once it has its minimum of nodes, for more to join the same round
+ELASTIC_LAST_CALL_S = 5
+
+
+def elastic_command(cfg, run_dir: Path, nodes, min_nodes: int, max_restarts: int) -> tuple[list[str], dict[str, str]]:
+    """One node of an elastic job (toolkit.runs.job --nnodes MIN:MAX): torchrun's elastic agent with a c10d rendezvous
+    on node 0 (one port above the nodes' MASTER_PORT). It starts the ranks once MIN nodes are there, and when a node
+    joins (or is lost) it stops them (SIGTERM: the trainer checkpoints, toolkit.status.ELASTIC_ENV) and starts them
+    again at the new world size, up to --max-restarts failures."""
+    from toolkit.status import ELASTIC_ENV
+
+    command = [
+        *_launcher("torchrun"),
+        f"--nnodes={min_nodes}:{nodes.count}",
+        f"--nproc_per_node={cfg.engine.nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={nodes.addr}:{nodes.training_port}",
+        f"--rdzv-id={run_dir.name}",
+        # node 0 hosts the rendezvous store; said outright, as a second node on one machine would think it may too
+        f"--rdzv-conf=is_host={'true' if nodes.rank == 0 else 'false'},last_call_timeout={ELASTIC_LAST_CALL_S}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=1",
+        "-m",
+        "toolkit.runs.worker",
+        str(run_dir),
+    ]
+    # torch 2.13's agent keeps the first round's store address when it shares its rendezvous store with the ranks,
+    # and a node that joins a later round waits for an address nobody writes: each round gets its own
+    return command, {"PYTHONUNBUFFERED": "1", ELASTIC_ENV: "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def worker_command(cfg, run_dir: Path, nodes=None) -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment that start every rank of this run (of this node's ranks, with
     ``nodes``: a toolkit.runs.nodes.NodeSpec)."""

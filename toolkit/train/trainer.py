@@ -20,6 +20,8 @@ import time
 import torch
 
 from toolkit.data import corpus as data_mod
+from toolkit.data.batch import SAMPLE_IDS
+from toolkit.data.epochs import SampleRecord
 from toolkit.checkpoint.store import CheckpointStore, check_compatible, step_name
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.train import allocator, distributed
@@ -37,6 +39,7 @@ from toolkit.train.objectives import build_objective
 from toolkit.train.watchdog import HangWatchdog, NonFiniteGuard, NonFiniteLossError
 from toolkit import safe_load
 from toolkit import status as run_status
+from toolkit.status import ELASTIC_ENV
 from toolkit.events import CheckpointInvalidEvent
 from toolkit.rundir import RunDir
 from toolkit.fsio import atomic_write_text
@@ -118,6 +121,8 @@ def default_threads(cfg) -> int:
 class Trainer:
     def __init__(self, run: RunDir):
         self.stop_requested = False
+        # an elastic job's ranks: torchrun's SIGTERM is a change of nodes, after which they start again
+        self.elastic = os.environ.get(ELASTIC_ENV) == "1"
         self.run = run
         self.cfg = cfg = run.read_config()
         threads = default_threads(cfg)
@@ -171,6 +176,9 @@ class Trainer:
         per_micro_step *= self.objective.rows_per_item
         self.items_per_step = per_micro_step * cfg.train.grad_accum_steps * self.topo.dp_size
         self.step = 0  # optimizer steps completed
+        # data.sampling=epochs: samples all replicas have taken (toolkit.data.epochs), checkpointed with the step
+        self.samples_seen = 0
+        self.samples_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps * self.topo.dp_size
         # The step at which the LR schedule ends: max_steps, or sooner when train.max_seconds will stop the run.
         self.horizon = cfg.train.max_steps
         self.train_seconds = 0.0  # training time so far, agreed between ranks (evaluation excluded)
@@ -194,6 +202,15 @@ class Trainer:
             cfg, run, self.topo.rank, self.topo.world_size, self.attempt, events=self.sink.events if self.sink else None
         )
         self.resumed_from = self._resume()
+        # data.record_samples: the first rank of each replica writes what its steps trained on
+        first_of_replica = self.topo.rank < self.topo.dp_size * self.topo.tensor_parallel
+        first_of_replica = first_of_replica and self.topo.rank % self.topo.tensor_parallel == 0
+        self.sample_record = None
+        if cfg.data.record_samples:
+            # the processes' start, the same on every rank: tells a step trained again after a restart from its first
+            (started,) = distributed.all_reduce_sum([time.time() if self.topo.is_main else 0.0], self.topo.device)
+            if first_of_replica:
+                self.sample_record = SampleRecord(run.path, self.topo.dp_rank, started)
 
     # --- the loop -------------------------------------------------------------------------------------------
 
@@ -205,7 +222,12 @@ class Trainer:
         profiler = self._profiler()
         batches = iter(
             data_mod.train_loader(
-                self.corpus, cfg, self.topo.dp_rank, first_step=self.step, world_size=self.topo.dp_size
+                self.corpus,
+                cfg,
+                self.topo.dp_rank,
+                first_step=self.step,
+                world_size=self.topo.dp_size,
+                position=self.samples_seen,
             )
         )
         self.watchdog.start(self.step)
@@ -217,6 +239,9 @@ class Trainer:
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
             batch = next(batches)
+            sample_ids = batch.pop(SAMPLE_IDS, None)  # data.sampling=epochs: what this step trains on
+            if self.sample_record is not None:
+                self.sample_record.write(self.step + 1, sample_ids)
             window.step_started(data_wait=time.perf_counter() - t0)
             self.faults.before_step()
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
@@ -235,6 +260,7 @@ class Trainer:
             if profiler:
                 profiler.step()
             self.step += 1
+            self.samples_seen += self.samples_per_step
             if self.step == first_step:
                 self.checkpointer.warm_up()  # the optimizer state exists now: size the staging buffers
             last = self.step == cfg.train.max_steps
@@ -352,7 +378,10 @@ class Trainer:
             **{key: value for key, value in (last_val or {}).items() if key in ("val_loss", "val_bpb")},
             "peak_memory_mb": round(peak_memory_mb(self.topo.device), 1),
         }
-        if self.sink:
+        if self.sink and stopped and self.elastic and not self.run.stop_requested():
+            # torchrun's agent stopped the ranks for a change of nodes: the run goes on at the next rendezvous
+            print(f"elastic: checkpointed step {self.step} for the next rendezvous of the nodes", file=sys.stderr)
+        elif self.sink:
             self.sink.finish(result, stopped=stopped)
         return result
 
@@ -398,6 +427,7 @@ class Trainer:
                     "horizon": self.horizon,
                     "train_seconds": agreed_seconds,
                     "nonfinite_skipped": self.guard.skipped,
+                    "samples_seen": self.samples_seen,
                 },
             )
 
@@ -450,11 +480,15 @@ class Trainer:
         # The random state of this rank's replica: any of its ranks' (they hold the same), so the first one's in the
         # layout the checkpoint was written at (engine.tensor_parallel may have changed since; a pipeline's first
         # stage is the replica's own number, tensor-parallel groups within a stage being consecutive)
-        written_rank = self.topo.dp_rank * info.manifest.get("tensor_parallel", 1)
+        written_split = info.manifest.get("tensor_parallel", 1)
+        written_replicas = info.manifest["world_size"] // (written_split * info.manifest.get("pipeline_parallel", 1))
+        # (data.sampling=epochs may change the replicas: a new one takes an old one's generators)
+        written_rank = self.topo.dp_rank % written_replicas * written_split
         rank_state = safe_load.load(info.path / f"rank_{written_rank:05d}.pt")
         restore_rng(rank_state["rng"])
         trainer = info.manifest["trainer"]
         self.step, self.train_seconds = trainer["step"], trainer["train_seconds"]
+        self.samples_seen = trainer.get("samples_seen", self.step * self.samples_per_step)
         self.saved_step, self.guard.skipped = self.step, trainer.get("nonfinite_skipped", 0)
         # A step-budgeted schedule follows max_steps (which a resume may extend); a time-budgeted one goes on
         # from where the clock had put it.
@@ -547,6 +581,8 @@ class Trainer:
         )
 
     def close(self):
+        if self.sample_record is not None:
+            self.sample_record.close()
         self.watchdog.close()
         self.checkpointer.close()
         if self.sink:
