@@ -80,6 +80,25 @@ def _leftovers(folder: Path) -> list[str]:
 # --- plans round-trip through the SDK -------------------------------------------------------------------------
 
 
+def test_an_elastic_plan_runs_each_node_with_a_range_of_nodes_and_needs_epochs_sampling(tmp_path):
+    from azure.ai.ml import load_job
+
+    cfg = config.load("tiny", ["data.sampling=epochs"])
+    plan = build_plan(cfg, compute="gpu-a100", sku=IB_SKU, instance_count=4, low_priority=True, elastic_min_nodes=2)
+    out = write_plan(plan, tmp_path / "plan")
+    job = load_job(out / "job.yaml")
+    assert " --nnodes 2:4 --max-restarts 3 " in job.command and job.resources.instance_count == 4
+    assert "Elastic (`--elastic-min-nodes 2`): each node runs `--nnodes 2:4`" in (out / "submit.md").read_text()
+    with pytest.raises(AzureError, match="data.sampling: 'random' draws each step's rows by step and replica"):
+        build_plan(config.load("tiny"), compute="gpu-a100", sku=IB_SKU, instance_count=4, elastic_min_nodes=2)
+    with pytest.raises(AzureError, match=r"--elastic-min-nodes: 5 is not allowed; allowed: 1 to --instance-count \(4\)"):
+        build_plan(cfg, compute="gpu-a100", sku=IB_SKU, instance_count=4, elastic_min_nodes=5)
+    fixed = write_plan(build_plan(cfg, compute="gpu-a100", sku=IB_SKU, instance_count=4, low_priority=True),
+                       tmp_path / "fixed")
+    assert "(`--elastic-min-nodes`, with `data.sampling: epochs`)" in (fixed / "submit.md").read_text()
+
+
+
 @pytest.mark.parametrize("overrides", [[], DEEPSPEED], ids=["torch", "deepspeed"])
 def test_plan_files_load_back_through_the_sdk_with_the_planned_values(tmp_path, pydoc_asset, overrides):
     from azure.ai.ml import PyTorchDistribution, load_compute, load_data, load_environment, load_job

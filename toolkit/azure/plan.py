@@ -91,6 +91,8 @@ class Options:
     max_restarts: int
     services: tuple[str, ...]
     ssh_public_key: str | None  # a file path
+    elastic_min_nodes: int | None = None
+    """An elastic job: training starts once this many of the instance_count nodes are up (toolkit.runs.job)."""
 
 
 def _compute_name_ok(name: str) -> bool:
@@ -173,6 +175,21 @@ OPTION_RULES: list[tuple[Callable[[Options], bool], Callable[[Options], str]]] =
         ),
     ),
     (lambda o: o.max_restarts < 0, lambda o: not_allowed("--max-restarts", o.max_restarts, "0 or more")),
+    (
+        lambda o: o.elastic_min_nodes is not None and not 1 <= o.elastic_min_nodes <= o.instance_count,
+        lambda o: not_allowed(
+            "--elastic-min-nodes", o.elastic_min_nodes, f"1 to --instance-count ({o.instance_count})"
+        ),
+    ),
+    (
+        lambda o: o.elastic_min_nodes is not None and o.run_storage == "local",
+        lambda o: not_allowed(
+            "--run-storage",
+            o.run_storage,
+            "datastore (the default) with --elastic-min-nodes",
+            problem="is not allowed with --elastic-min-nodes, as the nodes resume from each other's checkpoints",
+        ),
+    ),
     (
         lambda o: not set(o.services) <= set(entities.SERVICES),
         lambda o: not_allowed(
@@ -437,10 +454,12 @@ def build_plan(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     services: Sequence[str] | str = ("tensorboard",),
     ssh_public_key: str | Path | None = None,
+    elastic_min_nodes: int | None = None,
 ) -> Plan:
     """Validate everything (options, size, data asset, environment.yml, code upload) and build the entities.
     ``run_name`` (default: the config's name) names the run's folder on ``datastore``: planning and submitting again
-    under the same name resumes the run. ``services``: names of entities.SERVICES (a list, or 'a,b')."""
+    under the same name resumes the run. ``services``: names of entities.SERVICES (a list, or 'a,b').
+    ``elastic_min_nodes``: an elastic job (data.sampling=epochs), training from this many nodes up."""
     from toolkit.paths import PROJECT_ROOT
 
     if max_nodes is None:  # room for the job, and never below the nodes kept warm
@@ -462,6 +481,7 @@ def build_plan(
         if isinstance(services, str)
         else tuple(services),
         ssh_public_key=None if ssh_public_key is None else str(ssh_public_key),
+        elastic_min_nodes=elastic_min_nodes,
     )
     for wrong, message in OPTION_RULES:
         if wrong(options):
@@ -489,6 +509,15 @@ def build_plan(
     deepspeed = check_engine(
         job_cfg, world=options.instance_count * processes, cuda=the_sku.gpus > 0, per_node=processes
     )
+    if options.elastic_min_nodes is not None and job_cfg.data.sampling != "epochs":
+        raise AzureError(
+            not_allowed(
+                "data.sampling",
+                job_cfg.data.sampling,
+                "'epochs' with --elastic-min-nodes",
+                problem="draws each step's rows by step and replica, so a change of nodes would repeat or skip data",
+            )
+        )
     environment = entities.environment(options.image, conda)
     return Plan(
         cfg=cfg,
@@ -520,6 +549,7 @@ def build_plan(
             run_storage=options.run_storage,
             datastore=options.datastore,
             max_restarts=options.max_restarts,
+            elastic_min_nodes=options.elastic_min_nodes,
             services=entities.services(options.services, run_storage=options.run_storage, ssh_public_keys=ssh_keys),
             data_asset=asset,
             folders=folders,
@@ -664,7 +694,22 @@ the job's `{entities.RUNS_OUTPUT}` output, mounted read-write on every node, hol
   Plan with another `--run-name` to start a new run.
 - Preemption: azure-ai-ml has no retry setting for command jobs (`retry_settings` exists for parallel jobs only).
   On low-priority nodes Azure ML itself requeues a preempted job, which then resumes from the datastore; a job that
-  ends failed instead is resumed by submitting the plan again."""
+  ends failed instead is resumed by submitting the plan again.
+- {_elastic_md(o)}"""
+
+
+def _elastic_md(o: Options) -> str:
+    if o.elastic_min_nodes is None:
+        hint = " (`--elastic-min-nodes`, with `data.sampling: epochs`)" if o.low_priority else ""
+        return f"Fixed nodes: the job trains on all {o.instance_count} or none{hint}."
+    return (
+        f"Elastic (`--elastic-min-nodes {o.elastic_min_nodes}`): each node runs `--nnodes "
+        f"{o.elastic_min_nodes}:{o.instance_count}`; training starts once {o.elastic_min_nodes} node(s) have met on "
+        f"node 0 and takes in the others as they come up, and a node lost goes on without it while "
+        f"{o.elastic_min_nodes} remain. At each change the ranks checkpoint and start again at the new world size, "
+        "the data position kept (`data.sampling: epochs`). Node 0 holds the rendezvous: losing it ends the job, which "
+        "submitting the plan again resumes."
+    )
 
 
 def _services_md(plan: Plan) -> str:

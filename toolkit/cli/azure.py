@@ -66,6 +66,7 @@ def _cmd_plan(args) -> int:
         max_restarts=args.max_restarts,
         services=args.services,
         ssh_public_key=args.ssh_public_key,
+        elastic_min_nodes=args.elastic_min_nodes,
     )
     if args.forecast_tokens:  # the job's expected time, cost and failures, in submit.md for its reviewer
         from toolkit.azure import forecast as fc
@@ -114,6 +115,12 @@ def _add_plan(verbs) -> None:
         help=f"idle time before a node is released (default: {DEFAULT_IDLE_SECONDS})",
     )
     plan.add_argument("--low-priority", action="store_true", help="low-priority nodes: cheaper, can be preempted")
+    plan.add_argument(
+        "--elastic-min-nodes",
+        type=int,
+        help="an elastic job (the config's data.sampling: epochs): train once this many of the nodes are up, take in "
+        "the rest as they come, go on without a lost one (default: a fixed job)",
+    )
     plan.add_argument(
         "--run-name",
         help="the run's folder on the datastore (default: the config's name); planning "

@@ -51,14 +51,15 @@ def command_line(
     run_dir: str,
     *,
     config: str,
-    nnodes: int,
+    nnodes: int | str,
     max_restarts: int,
     gpus_per_node: int = 0,
     sets: dict[str, str] | None = None,
     tensorboard_link: str = "",
     python: str = "python",
 ) -> str:
-    """The command an Azure ML job runs once per node (PyTorchDistribution, process_count_per_instance=1).
+    """The command an Azure ML job runs once per node (PyTorchDistribution, process_count_per_instance=1); ``nnodes``:
+    N, or 'MIN:MAX' for an elastic job.
     Values may be Azure ML expressions such as ``${{outputs.runs}}/demo`` (left unquoted: Azure ML substitutes them
     before the shell runs)."""
 
