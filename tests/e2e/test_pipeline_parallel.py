@@ -6,10 +6,13 @@ test_checkpoint's GOLDEN table (torch-pp-2-accum)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import cli
 from test_checkpoint import ACCUM, CKPT, TORCH_1, TORCH_PP_2, reference_runs  # noqa: F401
+from test_scaling import scale  # a series borrows every core, as test_scaling's do
 from test_tensor_parallel import assert_same_losses, lineage, n_params
 from toolkit.resources import zero_stages
 
@@ -58,6 +61,19 @@ def test_replicated_pipelines_average_their_gradients_as_ddp_does(finished_runs)
     # a low clipping threshold makes every step's update depend on the global norm, summed over the stages
     short = ("--set", "train.max_steps=12", "--set", "train.log_every=1", "--set", "train.eval_every=12",
              "--set", "optim.grad_clip=0.05", *ACCUM)
-    staged = finished_runs("--nproc", "4", "--set", "engine.pipeline_parallel=2", *short)
+    # with activation checkpointing too (each stage's blocks recomputed in backward), which changes no loss
+    staged = finished_runs("--nproc", "4", "--set", "engine.pipeline_parallel=2", "--set",
+                           "model.activation_checkpointing=true", *short)
     assert lineage(staged)["parallel"]["data_parallel"] == 2
     assert_same_losses(staged, finished_runs("--nproc", "2", *short), steps=range(1, 13))
+
+
+def test_scale_measures_the_communication_the_stages_add(tmp_path):
+    # the profiler's trace of a pipeline: the stages' sends and receives (and the waits of the bubble) are a measured
+    # share of the step
+    proc = scale("tiny", "--nproc", "2", "--set", "engine.pipeline_parallel=2", "--set", "train.grad_accum_steps=2",
+                 "--set", "train.batch_size=4", "--steps", "4", "--out", str(tmp_path / "series"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["runs"]
+    assert (row["nproc"], row["replicas"], row["efficiency"]) == (2, 1, 1.0)
+    assert row["communication_ms"] > 0 and 0 < row["communication"] < 1, row

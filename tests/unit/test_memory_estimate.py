@@ -284,3 +284,18 @@ def test_a_setting_that_would_not_load_is_refused_before_a_file_is_written(tmp_p
 def test_bad_input_is_refused_naming_the_field(tmp_path, call, message):
     with pytest.raises(ConfigError, match="^" + re.escape(message.format(tmp=tmp_path))):
         call(tmp_path)
+
+
+def test_a_split_base_config_is_written_for_the_torch_engine_with_its_layout(tmp_path):
+    # tensor and pipeline parallelism run on the torch engine, which has no ZeRO: the split as given, on the GPUs
+    staged = ["engine.pipeline_parallel=2", "train.grad_accum_steps=2"]
+    written = recommended_config.write_recommended_config(tmp_path / "pp.yaml", base="tiny", overrides=staged, gpus=4,
+                                                          gpu_memory_gib=80)
+    cfg = config_mod.load(tmp_path / "pp.yaml")
+    assert (cfg.engine.name, cfg.engine.nproc, cfg.engine.pipeline_parallel, cfg.engine.zero_stage) == ("torch", 4, 2, 0)
+    assert written.summary().startswith(f"wrote {tmp_path / 'pp.yaml'}: engine.name=torch, engine.zero_stage=0")
+    assert "2 data-parallel replica(s)" in written.summary()
+    with pytest.raises(config_mod.ConfigError, match=r"engine.pipeline_parallel: 2 leaves model state of 16 Ψ/2 = "):
+        recommended_config.write_recommended_config(tmp_path / "no.yaml", base="tiny", overrides=staged, gpus=4,
+                                                    gpu_memory_gib=0.0001)
+    assert not (tmp_path / "no.yaml").exists()

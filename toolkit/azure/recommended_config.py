@@ -58,14 +58,16 @@ class WrittenConfig:
     stage: int
     offload: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    engine: str = "deepspeed"
+    """The engine written: deepspeed (a ZeRO stage), or torch for a tensor- or pipeline-parallel split."""
 
     def summary(self) -> str:
         lines = [
-            f"wrote {self.path}: engine.name=deepspeed, engine.zero_stage={self.stage}, engine.nproc="
+            f"wrote {self.path}: engine.name={self.engine}, engine.zero_stage={self.stage}, engine.nproc="
             f"{self.advice.estimates[0].gpus}, engine.precision={self.advice.estimates[0].precision} "
             f"({self.params:,} parameters)"
         ]
-        if self.advice.stage is not None:
+        if self.advice.stage is not None and self.engine == "deepspeed":
             lines.append(
                 f"  ZeRO-{self.advice.stage}: the lowest stage whose model state fits in {STATE_SHARE:.0%} of "
                 f"{self.advice.gpu_memory_gib:g} GiB per GPU"
@@ -99,6 +101,49 @@ def _azure_hint(path: Path, gpus: int, gpu_memory_gib: float) -> str:
     return (
         f"on Azure ML: trainbook azure plan {path} --compute gpu-cluster --sku {sku.name} --instance-count "
         f"{nodes}  ({sku.describe()})"
+    )
+
+
+def _write_split(path: Path, cfg, count: int, gpus: int, gpu_memory_gib: float, precision: str) -> WrittenConfig:
+    """A base config with engine.tensor_parallel or engine.pipeline_parallel: those run on the torch engine, whose
+    data parallelism has no ZeRO, so the setting is the split as given on ``gpus`` GPUs when its model state fits
+    (ZeRO-0's row), and a refusal naming the split when it does not."""
+    import yaml
+
+    from toolkit import config as config_mod
+    from toolkit.fsio import atomic_write_text
+
+    tp, pp = cfg.engine.tensor_parallel, cfg.engine.pipeline_parallel
+    advice = recommend_stage(count, gpu_memory_gib, gpus, precision, tp, pp)
+    whole = advice.estimates[0]
+    if whole.total_gib > STATE_SHARE * gpu_memory_gib:
+        raise ConfigError(
+            not_allowed(
+                "engine.tensor_parallel" if tp > 1 else "engine.pipeline_parallel",
+                tp if tp > 1 else pp,
+                f"a split whose model state fits {STATE_SHARE:.0%} of {gpu_memory_gib:g} GiB (the torch engine that "
+                "runs it has no ZeRO), or none, for DeepSpeed's ZeRO stages",
+                problem=f"leaves model state of {whole.formula()} on each GPU",
+            )
+        )
+    data = cfg.to_dict()
+    data["engine"].update(name="torch", zero_stage=0, nproc=gpus, precision=precision, launcher="auto")
+    config_mod.from_dict(data)  # a field out of range refused before anything is written
+    layout = f"tensor_parallel {tp}, pipeline_parallel {pp}, {gpus // (tp * pp)} data-parallel replica(s)"
+    header = (
+        f"# Written by `trainbook estimate`: the torch engine for {gpus} GPU(s) of {gpu_memory_gib:g} GiB, "
+        f"{precision}, {layout}, {count:,} parameters.\n# Model state per GPU: {whole.formula()}\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, header + yaml.safe_dump(data, sort_keys=False))
+    try:
+        config_mod.load(path)
+    except ConfigError:
+        path.unlink(missing_ok=True)
+        raise
+    notes = (f"the split runs on the torch engine (no ZeRO): {layout}", _azure_hint(path, gpus, gpu_memory_gib))
+    return WrittenConfig(
+        path=path, deepspeed_config=None, advice=advice, params=count, stage=0, offload=(), notes=notes, engine="torch"
     )
 
 
@@ -159,6 +204,9 @@ def write_recommended_config(
             )
         )
     count = model_params(cfg)
+    split = (cfg.engine.tensor_parallel, cfg.engine.pipeline_parallel)
+    if split != (1, 1):
+        return _write_split(path, cfg, count, gpus, gpu_memory_gib, precision)
     if base is None:
         notes.append(
             f"model: the built-in gpt shaped to {count / 1e9:.3g}B parameters (n_layer={cfg.model.n_layer}, "

@@ -30,9 +30,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils.checkpoint import checkpoint
+
+if typing.TYPE_CHECKING:  # the stages' arithmetic (stage_blocks, GPTStage) is read by the memory model: no mesh import
+    from torch.distributed.device_mesh import DeviceMesh
 
 from toolkit.data.batch import IGNORE_INDEX, LABELS
 from toolkit.train.engines.param_groups import adamw_param_groups
@@ -89,6 +90,8 @@ class GPTStage(nn.Module):
 
 def mesh(device_type: str, world_size: int, stages: int) -> DeviceMesh:
     """The (pp, dp) mesh: pipelines the outer dimension, so a pipeline's stages are world / stages ranks apart."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     return init_device_mesh(device_type, (stages, world_size // stages), mesh_dim_names=("pp", "dp"))
 
 
@@ -97,6 +100,8 @@ class Pipeline:
     the mesh, and the 1F1B schedule over ``micro_batches`` micro-batches a step."""
 
     def __init__(self, model: typing.Any, ranks: DeviceMesh, micro_batches: int, device: torch.device):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
         self.pp, self.dp = ranks["pp"], ranks["dp"]
         self.stages, self.index = self.pp.size(), self.pp.get_local_rank()
         self.pp_ranks = dist.get_process_group_ranks(self.pp.get_group())  # global ranks, stage order
