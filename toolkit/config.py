@@ -244,6 +244,7 @@ class EngineConfig:
     engine): each rank holds its stage's blocks (the first the embeddings too, the last the output layer), and each
     step's train.grad_accum_steps micro-batches flow through the stages in torch's 1F1B schedule, so it needs at
     least as many micro-batches as stages (the pipeline idles (stages - 1) / (micro-batches + stages - 1) of a step).
+    With engine.tensor_parallel, each stage is split over its own group too (3-D: the processes a multiple of both).
     It must divide the processes, and the rest are data parallel. 1: off."""
     zero_stage: int = bounded(0, ge=0, le=3)
     """DeepSpeed ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned."""
@@ -760,7 +761,6 @@ def _check_pipeline_parallel(cfg: Config) -> None:
     needs = [
         (cfg.engine.name == "torch", "engine.name", cfg.engine.name, "'torch'"),
         (cfg.model.name == "gpt", "model.name", cfg.model.name, "'gpt' (the built-in model, cut between its blocks)"),
-        (cfg.engine.tensor_parallel == 1, "engine.tensor_parallel", cfg.engine.tensor_parallel, "1"),
         (not cfg.model.lora.rank, "model.lora.rank", cfg.model.lora.rank, "0"),
         (cfg.train.objective == "model", "train.objective", cfg.train.objective, "'model'"),
         (not cfg.train.compile, "train.compile", cfg.train.compile, "false"),

@@ -77,3 +77,19 @@ def test_scale_measures_the_communication_the_stages_add(tmp_path):
     (row,) = json.loads(proc.stdout)["runs"]
     assert (row["nproc"], row["replicas"], row["efficiency"]) == (2, 1, 1.0)
     assert row["communication_ms"] > 0 and 0 < row["communication"] < 1, row
+
+
+def test_stages_split_over_tensor_parallel_ranks_train_as_one_process_does_and_resume_unsplit(reference_runs,
+                                                                                             finished_run_copy):
+    # 3-D's two inner dimensions on 4 processes: 2 stages, each split over 2 ranks (Megatron's D-H-P with D = 1)
+    whole = reference_runs(TORCH_1 + ACCUM)
+    run = finished_run_copy(*CKPT, "--nproc", "4", "--set", "engine.pipeline_parallel=2", "--set",
+                            "engine.tensor_parallel=2", *ACCUM)
+    assert_same_losses(run, whole)
+    parallel = lineage(run)["parallel"]
+    assert (parallel["processes"], parallel["tensor_parallel"], parallel["pipeline_parallel"]) == (4, 2, 2)
+    assert parallel["parameters_per_rank"] == zero_stages.params_per_rank(run.read_config())
+    proc = cli("resume", str(run.path), "--from", "step_00000020", "--set", "engine.nproc=1", "--set",
+               "engine.pipeline_parallel=1", "--set", "engine.tensor_parallel=1")
+    assert proc.returncode == 0 and "resuming from step_00000020" in proc.stderr, proc.stderr[-3000:]
+    assert_same_losses(run, whole)

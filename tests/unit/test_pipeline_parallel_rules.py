@@ -32,7 +32,6 @@ def test_each_stage_runs_consecutive_blocks_as_even_as_they_divide(n_layer, stag
 @pytest.mark.parametrize("override, message", [
     ("engine.name=deepspeed", "engine.name: 'deepspeed' is not supported with engine.pipeline_parallel=2; allowed: "
                               "'torch'"),
-    ("engine.tensor_parallel=2", "engine.tensor_parallel: 2 is not supported with engine.pipeline_parallel=2"),
     ("model.lora.rank=4;model.lora.target_modules=[qkv]", "model.lora.rank: 4 is not supported"),
     ("train.compile=true", "train.compile: True is not supported"),
     ("engine.precision=fp16", "engine.precision: 'fp16' is not supported"),
@@ -103,3 +102,17 @@ def test_the_memory_prediction_counts_the_first_stage_and_its_micro_batches_in_f
     assert terms["activations"].formula.startswith("min(p, m)=2 x (16 L0 + 1) x B T C x 4 B; L0=1")
     replicated = memory_model.predict_run(load(["engine.pipeline_parallel=2", "engine.nproc=4"]), device="cpu")
     assert "gradient all-reduce copy" in {t.name for t in replicated.terms}
+
+
+def test_stages_split_over_tensor_parallel_groups_need_a_whole_number_of_both():
+    # 3-D: each of 2 stages split over 2 ranks is one replica of 4 ranks
+    cfg = load(["engine.pipeline_parallel=2", "engine.tensor_parallel=2", "engine.nproc=2"])
+    with pytest.raises(RefusedValue) as caught:
+        check_engine(cfg, world=2, cuda=False)
+    assert "engine.nproc: 2 processes are not a whole number of replicas of 4 ranks" in str(caught.value)
+    assert check_engine(cfg, world=8, cuda=False) is None
+    # rank 0 holds the first stage's split: half of its embedding (256 x 32) and of its one block's matrices, and
+    # the position table and the block's norms whole
+    assert zero_stages.params_per_rank(cfg) == 256 * 32 // 2 + 12_288 // 2 + 32 * 32 + 128
+    ranks = [Topology(rank, 0, 8, torch.device("cpu"), tensor_parallel=2, pipeline_parallel=2) for rank in range(8)]
+    assert [t.dp_rank for t in ranks] == [0, 0, 1, 1, 0, 0, 1, 1]

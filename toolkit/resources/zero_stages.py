@@ -221,10 +221,10 @@ def model_params(cfg) -> int:
 
 
 def params_per_rank(cfg) -> int:
-    """Parameters rank 0 holds. Under engine.tensor_parallel = N: 1/N of each matrix the split cuts (every linear
-    layer's, and the token embedding's: toolkit.train.tensor_parallel's plans), all of the rest (norms, biases of
-    the row-parallel layers, position embeddings). Under engine.pipeline_parallel: the first stage's (the embeddings
-    and its blocks: toolkit.train.pipeline_parallel). Counted on the meta device."""
+    """Parameters rank 0 holds. Under engine.pipeline_parallel: the first stage's (the embeddings and its blocks:
+    toolkit.train.pipeline_parallel). Under engine.tensor_parallel = N: 1/N of each matrix the split cuts (every
+    linear layer's, and the token embedding's: toolkit.train.tensor_parallel's plans), all of the rest (norms, biases
+    of the row-parallel layers, position embeddings). Counted on the meta device."""
     import torch
     from torch import nn
 
@@ -233,10 +233,10 @@ def params_per_rank(cfg) -> int:
     n = cfg.engine.tensor_parallel
     with torch.device("meta"):
         model = build_model(cfg.model)
-        if cfg.engine.pipeline_parallel > 1:
+        if cfg.engine.pipeline_parallel > 1:  # the first stage, split as a whole model would be
             from toolkit.train.pipeline_parallel import GPTStage
 
-            return sum(p.numel() for p in GPTStage(model, 0, cfg.engine.pipeline_parallel).parameters())
+            model = GPTStage(model, 0, cfg.engine.pipeline_parallel)
     split = {
         id(module.weight): module.weight.numel()
         for name, module in model.named_modules()

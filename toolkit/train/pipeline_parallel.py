@@ -88,21 +88,26 @@ class GPTStage(nn.Module):
         return self.lm_head(self.ln_f(x)) if self.last else x
 
 
-def mesh(device_type: str, world_size: int, stages: int) -> DeviceMesh:
-    """The (pp, dp) mesh: pipelines the outer dimension, so a pipeline's stages are world / stages ranks apart."""
+def mesh(device_type: str, world_size: int, stages: int, tensor_parallel: int = 1) -> DeviceMesh:
+    """The (pp, dp, tp) mesh, Megatron's order: a tensor-parallel group is consecutive ranks (one node's NVLink), a
+    pipeline's stages the farthest apart (world / stages ranks)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device_type, (stages, world_size // stages), mesh_dim_names=("pp", "dp"))
+    shape = (stages, world_size // (stages * tensor_parallel), tensor_parallel)
+    return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp", "tp"))
 
 
 class Pipeline:
     """This rank's stage of ``model`` (a whole GPT, the same on every rank: the same seed or checkpoint), its place in
-    the mesh, and the 1F1B schedule over ``micro_batches`` micro-batches a step."""
+    the mesh, and the 1F1B schedule over ``micro_batches`` micro-batches a step. With a tensor-parallel dimension
+    (engine.tensor_parallel), each stage's blocks are split over its group too (toolkit.train.tensor_parallel): the
+    residual stream between stages is whole on every rank of a group, so rank t of one stage sends to rank t of the
+    next."""
 
     def __init__(self, model: typing.Any, ranks: DeviceMesh, micro_batches: int, device: torch.device):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-        self.pp, self.dp = ranks["pp"], ranks["dp"]
+        self.pp, self.dp, self.tp = ranks["pp"], ranks["dp"], ranks["tp"]
         self.stages, self.index = self.pp.size(), self.pp.get_local_rank()
         self.pp_ranks = dist.get_process_group_ranks(self.pp.get_group())  # global ranks, stage order
         # The whole model's layout, for checkpoints: its state_dict keys in order, and the index each parameter has in
@@ -114,23 +119,32 @@ class Pipeline:
         self.whole_groups = [[numbers[id(p)] for p in group["params"]] for group in groups]
         self.tied = model.lm_head.weight is model.wte.weight
         self.width: int = model.wte.embedding_dim  # of the residual stream that passes between stages
+        self.device = device
         self.module = GPTStage(model, self.index, self.stages).to(device)
+        if self.tp.size() > 1:  # the stage's own blocks split over its group, as a whole model's would be
+            from toolkit.train import tensor_parallel
+
+            tensor_parallel.parallelize(self.module, "gpt", self.tp, loss_parallel=False)
         # the group of each replica's first and last stage, for the tied weight's gradient: every rank creates every
         # group (new_group is a collective), and keeps its own
         self.tie_group = None
         if self.tied:
-            for first in self.pp_ranks_of_every_replica():
-                group = dist.new_group([first[0], first[-1]])
-                if dist.get_rank() in (first[0], first[-1]):
+            for pipeline in self.pp_ranks_of_every_replica():
+                group = dist.new_group([pipeline[0], pipeline[-1]])
+                if dist.get_rank() in (pipeline[0], pipeline[-1]):
                     self.tie_group = group
         self._targets = 1  # predicted tokens in the current step: each micro-batch's summed loss is divided by it
         stage = PipelineStage(self.module, self.index, self.stages, device, group=self.pp.get_group())
         self.schedule = Schedule1F1B(stage, micro_batches, loss_fn=self._step_share_of_loss, scale_grads=False)
 
     def pp_ranks_of_every_replica(self) -> list[list[int]]:
-        """Each replica's pipeline, as global ranks in stage order."""
-        stages, replicas = self.stages, self.dp.size()
-        return [[replica + stage * replicas for stage in range(stages)] for replica in range(replicas)]
+        """Every pipeline (one a replica and tensor-parallel rank), as global ranks in stage order."""
+        stages, replicas, split = self.stages, self.dp.size(), self.tp.size()
+        return [
+            [(stage * replicas + replica) * split + t for stage in range(stages)]
+            for replica in range(replicas)
+            for t in range(split)
+        ]
 
     def _step_share_of_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """A micro-batch's summed cross entropy over the step's predicted tokens: the micro-batches' shares add up to
@@ -184,37 +198,56 @@ class Pipeline:
     def reduce_gradients(self) -> None:
         """The tied weight's two gradients summed (first and last stage), then every gradient averaged over the
         data-parallel replicas of this stage."""
+        if self.tp.size() > 1:
+            # the first stage's vocabulary-split embedding gets its gradient whole (replicated) from DTensor's
+            # backward: laid out as the weight is, both sides of the tie hold the same rows
+            from torch.distributed.tensor import DTensor
+
+            for p in self.module.parameters():
+                if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         if self.tie_group is not None:
             tied = self.module.get_parameter(TIED[0] if self.index == 0 else TIED[1])
-            if tied.grad is not None:
-                dist.all_reduce(tied.grad, group=self.tie_group)
+            if tied.grad is not None:  # split alike on both stages (by vocabulary rows): the local shards add up
+                dist.all_reduce(_local(tied.grad), group=self.tie_group)
         if self.dp.size() > 1:
             from toolkit.train.tensor_parallel import all_reduce_gradients
 
             all_reduce_gradients(self.module.parameters(), self.dp.get_group())
 
     def clip_gradients(self, max_norm: float | None) -> torch.Tensor:
-        """The global gradient norm over every stage (the tied weight counted once), and every gradient scaled down to
-        ``max_norm`` when set: clip_grad_norm_'s result for the unsplit model."""
-        counted = [
-            p.grad
-            for name, p in self.module.named_parameters()
-            if p.grad is not None and not (self.tied and name == TIED[1] and self.index > 0)
+        """The global gradient norm over every stage (the tied weight counted once; a tensor-parallel shard's squares
+        summed over its group, a whole gradient's counted once), and every gradient scaled down to ``max_norm`` when
+        set: clip_grad_norm_'s result for the unsplit model."""
+        from torch.distributed.tensor import DTensor, Replicate
+
+        split: list[torch.Tensor] = []
+        whole: list[torch.Tensor] = []
+        for name, p in self.module.named_parameters():
+            if p.grad is None or (self.tied and name == TIED[1] and self.index > 0):
+                continue
+            sharded = isinstance(p.grad, DTensor) and not isinstance(p.grad.placements[0], Replicate)
+            (split if sharded else whole).append(_local(p.grad))
+        squares = [
+            torch.nn.utils.get_total_norm(g).float() ** 2 if g else torch.zeros((), device=self.device)
+            for g in (split, whole)
         ]
-        squares = torch.nn.utils.get_total_norm(counted).float() ** 2 if counted else torch.zeros(())
-        dist.all_reduce(squares, group=self.pp.get_group())
-        norm = squares.sqrt()
+        if self.tp.size() > 1:
+            dist.all_reduce(squares[0], group=self.tp.get_group())
+        total = squares[0] + squares[1]
+        dist.all_reduce(total, group=self.pp.get_group())
+        norm = total.sqrt()
         if max_norm:
-            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
             torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # clip_grad_norm_'s rule
         return norm
 
     # --- whole tensors, for checkpoints ------------------------------------------------------------------------------
 
     def _gather(self, local, keep: bool) -> list | None:
-        """Every stage's ``local`` on the first rank (rank 0 for replica 0); replicas are alike: only the first
-        gathers."""
-        if self.dp.get_local_rank() != 0:
+        """Every stage's ``local`` on the first rank (rank 0 for replica 0); replicas are alike, and so are the ranks
+        of a tensor-parallel group once their tensors are whole: only the first pipeline gathers."""
+        if self.dp.get_local_rank() != 0 or self.tp.get_local_rank() != 0:
             return None
         found = [None] * self.stages if keep else None
         dist.gather_object(local, found, group_dst=0, group=self.pp.get_group())
@@ -222,7 +255,7 @@ class Pipeline:
 
     def whole_state_dict(self, keep: bool) -> dict[str, torch.Tensor]:
         """The unsplit model's state_dict (a collective over the pipeline; ``keep``: on this rank, the writer)."""
-        parts = self._gather({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, keep)
+        parts = self._gather({k: self._whole(k, v).detach().cpu() for k, v in self.module.state_dict().items()}, keep)
         if not keep or parts is None:
             return {}
         merged: dict[str, torch.Tensor] = {}
@@ -240,7 +273,10 @@ class Pipeline:
             name = names[index]
             if self.tied and name == TIED[1] and self.index > 0:
                 continue  # the copy: the first stage's moments are the tied weight's
-            local[self.whole_index[name]] = {k: v.cpu() if torch.is_tensor(v) else v for k, v in moments.items()}
+            param = self.module.get_parameter(name)
+            local[self.whole_index[name]] = {
+                k: self._whole(param, v).cpu() if torch.is_tensor(v) else v for k, v in moments.items()
+            }
         parts = self._gather(local, keep)
         if not keep or parts is None:
             return {}
@@ -250,15 +286,39 @@ class Pipeline:
         groups = [{**group, "params": numbers} for group, numbers in zip(state["param_groups"], self.whole_groups)]
         return {"state": dict(sorted(whole_state.items())), "param_groups": groups}
 
+    def _whole(self, like, value: torch.Tensor) -> torch.Tensor:
+        """``value`` whole: a tensor-parallel shard gathered over its group (a collective: ``like`` is the parameter,
+        or its name, whose layout it has)."""
+        if self.tp.size() == 1:
+            return value
+        from toolkit.train import tensor_parallel
+
+        param = self.module.get_parameter(like) if isinstance(like, str) and like in self._params() else like
+        return tensor_parallel.whole(value, param if torch.is_tensor(param) else value)
+
+    def _split(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the whole ``value`` of parameter ``name`` (itself when nothing is split)."""
+        if self.tp.size() == 1 or name not in self._params():
+            return value
+        from toolkit.train import tensor_parallel
+
+        return tensor_parallel.split(value, self.module.get_parameter(name))
+
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self.module.named_parameters())
+
     def load_state_dict(self, whole: dict[str, torch.Tensor]) -> None:
-        self.module.load_state_dict({key: whole[key] for key in self.module.state_dict()})
+        self.module.load_state_dict({key: self._split(key, whole[key]) for key in self.module.state_dict()})
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, whole: dict) -> None:
         """This stage's moments out of a whole optimizer state (written at any engine.pipeline_parallel)."""
         names = self._names_by_index(optimizer)
         own = optimizer.state_dict()
         state = {
-            index: whole["state"][self.whole_index[name]]
+            index: {
+                key: self._split(name, value) if torch.is_tensor(value) and value.dim() else value
+                for key, value in whole["state"][self.whole_index[name]].items()
+            }
             for index, name in names.items()
             if self.whole_index[name] in whole["state"]
         }
@@ -271,3 +331,8 @@ class Pipeline:
         """The optimizer's parameter numbers (its state_dict's) -> the parameters' names in the model."""
         names = {id(p): name for name, p in self.module.named_parameters()}
         return {i: names[id(p)] for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (the tensor itself otherwise)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor

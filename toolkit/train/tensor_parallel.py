@@ -69,13 +69,18 @@ def _unfuse(gathered: torch.Tensor, chunks: int, n: int) -> torch.Tensor:
 
 def gpt_plan(model: nn.Module, loss_parallel: bool) -> dict[str, ParallelStyle]:
     """The built-in GPT (toolkit.train.models.gpt). Its token embedding and output layer share one (vocab, width)
-    matrix: both split it by vocabulary rows, so the shared matrix stays one tensor."""
-    plan: dict[str, ParallelStyle] = {"wte": RowwiseParallel(input_layouts=Replicate())}
-    for i in range(len(typing.cast(nn.ModuleList, model.get_submodule("blocks")))):
+    matrix: both split it by vocabulary rows, so the shared matrix stays one tensor. A pipeline stage
+    (toolkit.train.pipeline_parallel.GPTStage) has the blocks, the embedding and the output layer it holds."""
+    plan: dict[str, ParallelStyle] = {}
+    if hasattr(model, "wte"):
+        plan["wte"] = RowwiseParallel(input_layouts=Replicate())
+    for i, _ in model.get_submodule("blocks").named_children():
         plan[f"blocks.{i}.attn.qkv"] = FusedColwiseParallel(chunks=3)
         plan[f"blocks.{i}.attn.proj"] = RowwiseParallel()
         plan[f"blocks.{i}.mlp.0"] = ColwiseParallel()
         plan[f"blocks.{i}.mlp.2"] = RowwiseParallel()
+    if not hasattr(model, "lm_head"):
+        return plan
     # loss_parallel: logits stay split by vocabulary (each rank 1/tp of them) and the cross entropy runs on the shards
     plan["lm_head"] = (
         ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)

@@ -109,6 +109,17 @@ def check_engine(cfg, world: int, cuda: bool | None = None, per_node: int | None
                     problem=f"does not divide the run's {world} processes (each {group} is a whole number of ranks)",
                 )
             )
+    model_ranks = cfg.engine.tensor_parallel * cfg.engine.pipeline_parallel
+    if world % model_ranks:
+        raise RefusedValue(
+            not_allowed(
+                "engine.nproc",
+                world,
+                f"a multiple of engine.tensor_parallel x engine.pipeline_parallel ({model_ranks})",
+                problem=f"processes are not a whole number of replicas of {model_ranks} ranks (tensor_parallel "
+                f"{cfg.engine.tensor_parallel} x pipeline_parallel {cfg.engine.pipeline_parallel})",
+            )
+        )
     if per_node is not None and per_node % cfg.engine.tensor_parallel:
         raise RefusedValue(
             not_allowed(

@@ -45,7 +45,17 @@ class TorchEngine:
         self.pipeline = None  # pipeline parallelism: this rank's stage and its schedule
         self.pipelined = False  # forward_backward_step takes a step's micro-batches together (a pipeline's schedule)
         self._loss_parallel, self._whole = contextlib.nullcontext, _as_is
-        if topo.tensor_parallel > 1:
+        if topo.pipeline_parallel > 1:  # tensor parallelism within each stage too
+            from toolkit.train import pipeline_parallel
+
+            ranks = pipeline_parallel.mesh(
+                topo.device.type, topo.world_size, topo.pipeline_parallel, topo.tensor_parallel
+            )
+            self.pipeline = pipeline_parallel.Pipeline(self.module, ranks, cfg.train.grad_accum_steps, topo.device)
+            self.module = self.model = self.pipeline.module  # this rank's stage; no DDP (see optimizer_step)
+            self.pipelined = True
+            self.cheap_state_capture = False  # a checkpoint gathers every stage's tensors: a collective
+        elif topo.tensor_parallel > 1:
             # imported only here: DTensor's import costs every other training process a second
             from torch.distributed.tensor.parallel import loss_parallel
 
@@ -60,14 +70,6 @@ class TorchEngine:
                 self._loss_parallel, self._whole = loss_parallel, _replicated_value
             self.model = self.module  # no DDP: gradients are averaged over the replicas in optimizer_step
             self.cheap_state_capture = False  # a checkpoint gathers the split tensors: a collective
-        elif topo.pipeline_parallel > 1:
-            from toolkit.train import pipeline_parallel
-
-            ranks = pipeline_parallel.mesh(topo.device.type, topo.world_size, topo.pipeline_parallel)
-            self.pipeline = pipeline_parallel.Pipeline(self.module, ranks, cfg.train.grad_accum_steps, topo.device)
-            self.module = self.model = self.pipeline.module  # this rank's stage; no DDP (see optimizer_step)
-            self.pipelined = True
-            self.cheap_state_capture = False  # a checkpoint gathers every stage's tensors: a collective
         elif topo.world_size > 1:
             device_ids = [topo.device.index] if topo.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.module, device_ids=device_ids)
