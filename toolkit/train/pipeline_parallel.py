@@ -133,6 +133,7 @@ class Pipeline:
                 group = dist.new_group([pipeline[0], pipeline[-1]])
                 if dist.get_rank() in (pipeline[0], pipeline[-1]):
                     self.tie_group = group
+        self.params = dict(self.module.named_parameters())  # this stage's, as split (the optimizer's own objects)
         self._targets = 1  # predicted tokens in the current step: each micro-batch's summed loss is divided by it
         stage = PipelineStage(self.module, self.index, self.stages, device, group=self.pp.get_group())
         self.schedule = Schedule1F1B(stage, micro_batches, loss_fn=self._step_share_of_loss, scale_grads=False)
@@ -273,9 +274,8 @@ class Pipeline:
             name = names[index]
             if self.tied and name == TIED[1] and self.index > 0:
                 continue  # the copy: the first stage's moments are the tied weight's
-            param = self.module.get_parameter(name)
             local[self.whole_index[name]] = {
-                k: self._whole(param, v).cpu() if torch.is_tensor(v) else v for k, v in moments.items()
+                k: self._whole(name, v).cpu() if torch.is_tensor(v) else v for k, v in moments.items()
             }
         parts = self._gather(local, keep)
         if not keep or parts is None:
@@ -286,26 +286,22 @@ class Pipeline:
         groups = [{**group, "params": numbers} for group, numbers in zip(state["param_groups"], self.whole_groups)]
         return {"state": dict(sorted(whole_state.items())), "param_groups": groups}
 
-    def _whole(self, like, value: torch.Tensor) -> torch.Tensor:
-        """``value`` whole: a tensor-parallel shard gathered over its group (a collective: ``like`` is the parameter,
-        or its name, whose layout it has)."""
-        if self.tp.size() == 1:
+    def _whole(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (parameter ``name``, or state laid out as it is) whole: a tensor-parallel shard gathered over its
+        group, a collective; a buffer or an unsplit tensor as it is."""
+        if self.tp.size() == 1 or name not in self.params:
             return value
         from toolkit.train import tensor_parallel
 
-        param = self.module.get_parameter(like) if isinstance(like, str) and like in self._params() else like
-        return tensor_parallel.whole(value, param if torch.is_tensor(param) else value)
+        return tensor_parallel.whole(value, self.params[name])
 
     def _split(self, name: str, value: torch.Tensor) -> torch.Tensor:
         """This rank's part of the whole ``value`` of parameter ``name`` (itself when nothing is split)."""
-        if self.tp.size() == 1 or name not in self._params():
+        if self.tp.size() == 1 or name not in self.params:
             return value
         from toolkit.train import tensor_parallel
 
-        return tensor_parallel.split(value, self.module.get_parameter(name))
-
-    def _params(self) -> dict[str, torch.nn.Parameter]:
-        return dict(self.module.named_parameters())
+        return tensor_parallel.split(value, self.params[name])
 
     def load_state_dict(self, whole: dict[str, torch.Tensor]) -> None:
         self.module.load_state_dict({key: self._split(key, whole[key]) for key in self.module.state_dict()})
