@@ -10,7 +10,7 @@ import torch
 from toolkit import config as config_mod
 from toolkit.checkpoint.store import CheckpointError, check_compatible
 from toolkit.data.corpus import TableCorpus
-from toolkit.data.epochs import EpochBatches, epoch_order
+from toolkit.data.epochs import EpochBatches, SampleRecord, epoch_order, kept_samples
 
 
 def table(n: int) -> TableCorpus:
@@ -70,3 +70,19 @@ def test_a_checkpoint_of_an_epochs_run_resumes_at_another_number_of_replicas():
     random = {"step": 20, "world_size": 1, "config": load([]).to_dict()}
     with pytest.raises(CheckpointError, match="2 data-parallel replicas where it had 1"):
         check_compatible(random, load(["engine.nproc=2"]).to_dict(), 2)
+
+
+def test_a_record_never_writes_or_reads_through_a_link_of_a_copied_run(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept\n")
+    (tmp_path / "run" / "samples").mkdir(parents=True)
+    (tmp_path / "run" / "samples" / "replica_00000.jsonl").symlink_to(outside)
+    with pytest.raises(OSError, match="is a link"):
+        SampleRecord(tmp_path / "run", 0, 1.0)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        kept_samples(tmp_path / "run")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "samples").symlink_to(tmp_path / "run" / "samples", target_is_directory=True)
+    with pytest.raises(OSError, match="samples: .* is a link"):
+        SampleRecord(tmp_path / "linked", 1, 1.0)
+    assert outside.read_text() == "kept\n"

@@ -21,6 +21,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from toolkit.data.batch import SAMPLE_IDS
+from toolkit.errors import not_allowed
+from toolkit.fsio import open_log, read_regular_file
 
 ORDER_STREAM = 3  # keeps an epoch's order apart from the other uses of train.seed
 
@@ -73,13 +75,15 @@ class SampleRecord:
 
     def __init__(self, run_dir: Path, replica: int, started: float):
         folder = run_dir / "samples"
+        if folder.is_symlink():  # a copied run directory's link would lead the records out of it
+            raise OSError(not_allowed("samples", folder, "a folder of the run directory", problem="is a link"))
         folder.mkdir(exist_ok=True)
-        self.file = open(folder / f"replica_{replica:05d}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        # a link at the file is refused, never written through (fsio.open_log); line-buffered: a line a step
+        self.file = open_log(folder / f"replica_{replica:05d}.jsonl", text=True)
         self.started = started
 
     def write(self, step: int, ids) -> None:
         self.file.write(json.dumps({"step": step, "started": self.started, "samples": ids.tolist()}) + "\n")
-        self.file.flush()
 
     def close(self) -> None:
         self.file.close()
@@ -91,7 +95,8 @@ def kept_samples(run_dir: Path) -> dict[int, list[int]]:
     lines: dict[int, dict[float, dict[int, list[int]]]] = {}
     for path in sorted((run_dir / "samples").glob("replica_*.jsonl")):
         replica = int(path.stem.removeprefix("replica_"))
-        for line in path.read_text(encoding="utf-8").splitlines():
+        text = read_regular_file(path, field="samples", error=ValueError).decode("utf-8")
+        for line in text.splitlines():
             entry = json.loads(line)
             lines.setdefault(entry["step"], {}).setdefault(entry["started"], {})[replica] = entry["samples"]
     kept = {}
