@@ -6,7 +6,14 @@ run writes what every step of every replica trained on: each sample once, across
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+
+from conftest import PROJECT
+from toolkit.status import ELASTIC_ENV
 
 from test_multinode import DATA, DEADLINE_S, wait_for
 from toolkit.data.corpus import load_corpus
@@ -16,7 +23,7 @@ from toolkit.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
-STEPS, JOIN_AFTER = 70, 20
+STEPS, JOIN_AFTER = 70, 10
 CONFIG = f"""
 name: elastic
 model: {{name: gpt, n_layer: 2, n_head: 2, n_embd: 32, block_size: 32}}
@@ -25,8 +32,9 @@ train: {{batch_size: 8, max_steps: {STEPS}, eval_every: {STEPS}, eval_batches: 2
 checkpoint: {{every_steps: 10}}
 data: {{tokenizer: bytes, sampling: epochs, record_samples: true}}
 """
-# each step sleeps 50 ms, so that node 0 is still training when node 1 has started (sleeps change no sample)
-SLOW = ("--set", f"fault.slow_steps_after_checkpoint={STEPS}", "--set", "fault.slow_step_ms=50")
+# each step sleeps 120 ms, so that node 0 is still training when node 1 has started and met it: 7 s of steps left
+# for node 1's start-up, on a loaded machine too (sleeps change no sample)
+SLOW = ("--set", f"fault.slow_steps_after_checkpoint={STEPS}", "--set", "fault.slow_step_ms=120")
 
 
 def elastic_job(root, run_dir, *flags: str, start: int = 1) -> LocalNodesJob:
@@ -75,3 +83,19 @@ def test_an_elastic_job_refuses_random_sampling_naming_the_field(tmp_path):
         assert "data.sampling: 'random' draws each step's rows by step and replica" in job.output(k)
         assert "allowed: 'epochs' in an elastic job (--nnodes MIN:MAX)" in job.output(k)
     assert not (tmp_path / "shared" / "run").exists()
+
+
+def test_ranks_restarted_after_the_run_completed_end_without_training(finished_run_copy):
+    """A node that joins as the last step finishes: torchrun restarts the ranks of a run that has just completed.
+    An elastic rank finds nothing left to train and ends well, the run stays completed; a rank outside an elastic
+    job is refused as before (its supervisor never restarts a completed run)."""
+    run = finished_run_copy("--set", "train.max_steps=5", name="done")
+    before = run.status_path.read_bytes(), run.events_path.read_bytes()
+    rank = [sys.executable, "-m", "toolkit.runs.worker", str(run.path)]
+    elastic = subprocess.run(rank, capture_output=True, text=True, cwd=PROJECT, timeout=120,
+                             env={**os.environ, ELASTIC_ENV: "1", "RANK": "1", "WORLD_SIZE": "2"})
+    assert elastic.returncode == 0, elastic.stderr
+    assert "elastic: the run completed at step 5 before the nodes changed; nothing left to train" in elastic.stderr
+    assert (run.status_path.read_bytes(), run.events_path.read_bytes()) == before
+    alone = subprocess.run(rank, capture_output=True, text=True, cwd=PROJECT, timeout=120)
+    assert alone.returncode == 1 and "not allowed from state 'completed'" in alone.stderr, alone.stderr

@@ -26,6 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     run = RunDir(args.run_dir)
+    if os.environ.get(run_status.ELASTIC_ENV) == "1" and run.status_path.exists():
+        # torchrun restarts an elastic job's ranks when a node joins or leaves, also as the last step has just
+        # finished: then there is nothing left to train, and ending well lets the job end with its run
+        status = run.read_status()
+        if status.get("state") == "completed":
+            print(
+                f"elastic: the run completed at step {status.get('step')} before the nodes changed; "
+                "nothing left to train",
+                file=sys.stderr,
+            )
+            return 0
     trainer = None
     try:
         with long_lived():  # torch, the model and the engine: built once, kept to the end
