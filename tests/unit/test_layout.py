@@ -131,3 +131,18 @@ def test_test_files_have_basenames_of_their_own():
     files = sorted((PROJECT / "tests").rglob("test_*.py"))
     names = [f.name for f in files]
     assert not [f for f in files if names.count(f.name) > 1]
+
+
+def loop_of(source: str) -> ast.FunctionDef:
+    (trainer,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Trainer"]
+    (train,) = [n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "train"]
+    return train
+
+
+def test_the_training_loop_stays_readable_in_one_screen_with_its_step_in_view():
+    """Trainer.train() is the spine a reader follows (issue 31): about 60 lines, the step called in it by name."""
+    train = loop_of((TOOLKIT / "train" / "trainer.py").read_text())
+    length = train.end_lineno - train.lineno + 1
+    assert length <= 66, f"Trainer.train() is {length} lines: move what falls due after a step into a component"
+    called = {n.func.id for n in ast.walk(train) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "train_step" in called

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -220,16 +221,7 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         self._announce_start()
         profiler = self._profiler()
-        batches = iter(
-            data_mod.train_loader(
-                self.corpus,
-                cfg,
-                self.topo.dp_rank,
-                first_step=self.step,
-                world_size=self.topo.dp_size,
-                position=self.samples_seen,
-            )
-        )
+        batches = self._batches()
         self.watchdog.start(self.step)
         if cfg.train.eval_at_start and self.step == 0:
             self._evaluate()  # the starting point, e.g. pretrained weights on the fine-tuning data
@@ -238,21 +230,14 @@ class Trainer:
         first_step, last_val, stopping = self.step + 1, None, False
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
-            batch = next(batches)
-            sample_ids = batch.pop(SAMPLE_IDS, None)  # data.sampling=epochs: what this step trains on
-            if self.sample_record is not None:
-                self.sample_record.write(self.step + 1, sample_ids)
+            batch = self._next_batch(batches)
             window.step_started(data_wait=time.perf_counter() - t0)
             self.faults.before_step()
             engine.set_lr(lr_at(self.step, cfg.optim, self.horizon))
             micro_batches = self._micro_batches(batch)
+            on_device, weights = [self._to_device(b) for b in micro_batches], micro_batch_weights(micro_batches)
             with self.faults.nan_loss(self.step + 1, engine):
-                loss = train_step(
-                    engine,
-                    [self._to_device(b) for b in micro_batches],
-                    micro_batch_weights(micro_batches),
-                    before_update=self.checkpointer.before_update,
-                )
+                loss = train_step(engine, on_device, weights, before_update=self.checkpointer.before_update)
             if action := self.guard.judge(engine.update_skipped):
                 self._nonfinite(loss, action, window.agreed_seconds)  # raises when the run stops here
             else:
@@ -281,9 +266,7 @@ class Trainer:
                 break
             eval_seconds = 0.0
             if last or self.step % cfg.train.eval_every == 0:
-                eval_start = time.perf_counter()
-                last_val = self._evaluate()
-                eval_seconds = time.perf_counter() - eval_start
+                last_val, eval_seconds = self._timed_evaluate()
                 window.exclude(eval_seconds)  # evaluation is not training time
             if self.checkpointer.due(self.step, window.agreed_seconds, final=last):
                 self._save(window.agreed_seconds)
@@ -384,6 +367,33 @@ class Trainer:
         elif self.sink:
             self.sink.finish(result, stopped=stopped)
         return result
+
+    def _batches(self) -> Iterator[dict]:
+        """This replica's batches from the run's position on (its step, and with data.sampling=epochs its sample)."""
+        return iter(
+            data_mod.train_loader(
+                self.corpus,
+                self.cfg,
+                self.topo.dp_rank,
+                first_step=self.step,
+                world_size=self.topo.dp_size,
+                position=self.samples_seen,
+            )
+        )
+
+    def _next_batch(self, batches: Iterator[dict]) -> dict:
+        """The next step's batch; what it trains on is recorded first where data.record_samples asks."""
+        batch = next(batches)
+        sample_ids = batch.pop(SAMPLE_IDS, None)  # data.sampling=epochs: the samples of this step's rows
+        if self.sample_record is not None:
+            self.sample_record.write(self.step + 1, sample_ids)
+        return batch
+
+    def _timed_evaluate(self) -> tuple[dict, float]:
+        """The evaluation and the seconds it took, which the log window leaves out of training time."""
+        start = time.perf_counter()
+        result = self._evaluate()
+        return result, time.perf_counter() - start
 
     def _evaluate(self) -> dict:
         with self.watchdog.phase("evaluation"):
