@@ -119,7 +119,6 @@ class Pipeline:
         self.whole_groups = [[numbers[id(p)] for p in group["params"]] for group in groups]
         self.tied = model.lm_head.weight is model.wte.weight
         self.width: int = model.wte.embedding_dim  # of the residual stream that passes between stages
-        self.device = device
         self.module = GPTStage(model, self.index, self.stages).to(device)
         if self.tp.size() > 1:  # the stage's own blocks split over its group, as a whole model's would be
             from toolkit.train import tensor_parallel
@@ -210,7 +209,9 @@ class Pipeline:
         if self.tie_group is not None:
             tied = self.module.get_parameter(TIED[0] if self.index == 0 else TIED[1])
             if tied.grad is not None:  # split alike on both stages (by vocabulary rows): the local shards add up
-                dist.all_reduce(_local(tied.grad), group=self.tie_group)
+                from toolkit.train.tensor_parallel import local
+
+                dist.all_reduce(local(tied.grad), group=self.tie_group)
         if self.dp.size() > 1:
             from toolkit.train.tensor_parallel import all_reduce_gradients
 
@@ -220,27 +221,18 @@ class Pipeline:
         """The global gradient norm over every stage (the tied weight counted once; a tensor-parallel shard's squares
         summed over its group, a whole gradient's counted once), and every gradient scaled down to ``max_norm`` when
         set: clip_grad_norm_'s result for the unsplit model."""
-        from torch.distributed.tensor import DTensor, Replicate
+        from toolkit.train.tensor_parallel import scale_to_norm, squared_norm
 
-        split: list[torch.Tensor] = []
-        whole: list[torch.Tensor] = []
-        for name, p in self.module.named_parameters():
-            if p.grad is None or (self.tied and name == TIED[1] and self.index > 0):
-                continue
-            sharded = isinstance(p.grad, DTensor) and not isinstance(p.grad.placements[0], Replicate)
-            (split if sharded else whole).append(_local(p.grad))
-        squares = [
-            torch.nn.utils.get_total_norm(g).float() ** 2 if g else torch.zeros((), device=self.device)
-            for g in (split, whole)
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        counted = [
+            p.grad
+            for name, p in self.module.named_parameters()
+            if p.grad is not None and not (self.tied and name == TIED[1] and self.index > 0)
         ]
-        if self.tp.size() > 1:
-            dist.all_reduce(squares[0], group=self.tp.get_group())
-        total = squares[0] + squares[1]
+        total = squared_norm(counted, self.tp.get_group())
         dist.all_reduce(total, group=self.pp.get_group())
         norm = total.sqrt()
-        if max_norm:
-            grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # clip_grad_norm_'s rule
+        scale_to_norm(grads, norm, max_norm)
         return norm
 
     # --- whole tensors, for checkpoints ------------------------------------------------------------------------------
@@ -327,8 +319,3 @@ class Pipeline:
         """The optimizer's parameter numbers (its state_dict's) -> the parameters' names in the model."""
         names = {id(p): name for name, p in self.module.named_parameters()}
         return {i: names[id(p)] for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank (the tensor itself otherwise)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor

@@ -273,35 +273,49 @@ def all_reduce_gradients(parameters, group) -> None:
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    flat = torch.cat([g.reshape(-1) for g in local])
+    shards = [local(g) for g in grads]
+    flat = torch.cat([g.reshape(-1) for g in shards])
     dist.all_reduce(flat, group=group)
     flat /= dist.get_world_size(group)
     offset = 0
-    for g in local:
+    for g in shards:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
-def clip_gradients(parameters, max_norm: float | None, group) -> torch.Tensor:
-    """The gradients' global norm (clip_grad_norm_'s, which refuses a mix of split and whole gradients), and, when
-    ``max_norm`` is set, every gradient scaled down to it. A split gradient's squares are summed over its group
-    (``group``); a whole one's, held alike by every rank, counted once."""
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (the tensor itself otherwise)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def squared_norm(grads: list[torch.Tensor], group) -> torch.Tensor:
+    """The squared global norm of ``grads`` (not empty), which clip_grad_norm_ cannot take (it refuses a mix of split
+    and whole gradients): a split gradient's squares summed over its group (``group``), a whole one's, held alike by
+    every rank, counted once."""
     split_grads: list[torch.Tensor] = []
     whole_grads: list[torch.Tensor] = []
-    for p in parameters:
-        if p.grad is None:
-            continue
-        if isinstance(p.grad, DTensor):
-            (whole_grads if isinstance(p.grad.placements[0], Replicate) else split_grads).append(p.grad.to_local())
-        else:
-            whole_grads.append(p.grad)
+    for g in grads:
+        sharded = isinstance(g, DTensor) and not isinstance(g.placements[0], Replicate)
+        (split_grads if sharded else whole_grads).append(local(g))
     zero = torch.zeros((), dtype=torch.float32, device=(split_grads or whole_grads)[0].device)
     split_sq = torch.nn.utils.get_total_norm(split_grads).float() ** 2 if split_grads else zero.clone()
     dist.all_reduce(split_sq, group=group)
     whole_sq = torch.nn.utils.get_total_norm(whole_grads).float() ** 2 if whole_grads else zero
-    norm = (split_sq + whole_sq).sqrt()
+    return split_sq + whole_sq
+
+
+def scale_to_norm(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float | None) -> None:
+    """Every gradient (this rank's part) scaled down so that their global ``norm`` is at most ``max_norm``, when set."""
     if max_norm:
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # clip_grad_norm_'s rule
-        torch._foreach_mul_(split_grads + whole_grads, scale)
+        torch._foreach_mul_(
+            [local(g) for g in grads], torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        )  # clip_grad_norm_'s rule
+
+
+def clip_gradients(parameters, max_norm: float | None, group) -> torch.Tensor:
+    """The gradients' global norm over a tensor-parallel group (``group``: squared_norm), and, when ``max_norm`` is
+    set, every gradient scaled down to it."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = squared_norm(grads, group).sqrt()
+    scale_to_norm(grads, norm, max_norm)
     return norm
