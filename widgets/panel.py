@@ -67,6 +67,7 @@ def png_html(png: bytes, max_width: int = 900) -> str:
 
 
 SHOW_ELAPSED_AFTER_S = 3.0  # an action that runs longer shows its seconds, so that a slow one visibly lives
+ELAPSED_EVERY_S = 1.0  # how often those seconds are redrawn
 
 
 def busy_html(what: str, seconds: float | None = None) -> str:
@@ -238,7 +239,7 @@ class Panel:
         done = threading.Event()
 
         def show_elapsed(started: float) -> None:
-            while not done.wait(1.0):
+            while not done.wait(ELAPSED_EVERY_S):
                 seconds = time.monotonic() - started
                 if what and seconds >= SHOW_ELAPSED_AFTER_S:
                     line.doing.value = busy_html(what, seconds)

@@ -72,6 +72,7 @@ def test_a_destructive_button_asks_and_only_yes_acts_once():
 
 def test_slow_work_says_what_it_does_with_its_seconds_and_its_button_takes_no_second_click(monkeypatch):
     monkeypatch.setattr(panel_mod, "SHOW_ELAPSED_AFTER_S", 0.0)
+    monkeypatch.setattr(panel_mod, "ELAPSED_EVERY_S", 0.05)
     panel = Panel()
     release, ticked, runs = threading.Event(), threading.Event(), []
     button = panel.button("Measure", lambda: panel.in_background("measuring", work, [button], line))
