@@ -10,6 +10,8 @@ one file per figure, so a bench run again replaces its own figures and leaves th
 
 `make bench` ends with the page: a table per area, the benches with no record yet, and the GPU check reports in
 bench/results/. A record with a missing field or a bad value is refused, naming the file, the field and the value.
+The page names the records it shows; writing it again from records that lack some of them (one bench run in a fresh
+clone) is refused, naming what it would drop, unless --drop-missing says so.
 Standard library only at import (torch is asked for its GPU only when a record is written).
 """
 
@@ -45,6 +47,7 @@ OP_TEXT = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
 # "worst": the bench judges its worst round (e.g. the doctor: every run under 60 s), not the median
 JUDGED_ON = ("median", "worst")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+SHOWN = re.compile(r"^<!-- records shown: (.*) -->$", re.M)  # the page's own list of the records it shows
 
 
 class RecordError(ValueError):
@@ -237,7 +240,8 @@ def render(records: list[dict[str, Any]], benches: list[str], results: Path = RE
         machines.setdefault(_key(rec["machine"]), f"M{len(machines) + 1}")
     dates = sorted(rec["date"] for rec in records)
     lines = ["<!-- Written by `make bench` (bench/figures.py) from the benches' records in bench/records/: do not "
-             "edit; run the benches, then `python bench/figures.py --page docs/pages/figures.md`. -->", "",
+             "edit; run the benches, then `python bench/figures.py --page docs/pages/figures.md`. -->",
+             f"<!-- records shown: {' '.join(sorted(r['name'] for r in records))} -->", "",
              "# Measured figures", ""]
     if records:
         span = dates[0][:10] if dates[0][:10] == dates[-1][:10] else f"{dates[0][:10]} to {dates[-1][:10]}"
@@ -335,17 +339,38 @@ def _gpu_reports(results: Path) -> list[str]:
             *rows, ""]
 
 
+def dropped(old_page: str, records: list[dict[str, Any]]) -> str | None:
+    """What writing the page from ``records`` would take off ``old_page``, in words; None when nothing."""
+    listed = SHOWN.search(old_page)
+    if listed:
+        gone = sorted(set(listed.group(1).split()) - {r["name"] for r in records})
+        benches = sorted({f"bench/bench_{name.split('.')[0]}.py" for name in gone})
+        return f"{len(gone)} figures it shows ({', '.join(gone)}) of {', '.join(benches)}" if gone else None
+    # a page written before it listed them: its figure rows, the tables before the sections that are not figures
+    tables = old_page.split("\n## Not recorded yet")[0].split("\n## GPU check reports")[0]
+    rows = sum(line.startswith("| ") and not line.startswith(("| figure |", "| --- |")) for line in tables.splitlines())
+    return f"{rows - len(records)} of the {rows} figures it shows" if rows > len(records) else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--page", type=Path, default=PAGE,
                         help=f"the page to write (default {PAGE.relative_to(PROJECT)})")
     parser.add_argument("--records", type=Path,
                         default=Path(os.environ.get("TRAINBOOK_BENCH_RECORDS") or RECORDS), help="the records' folder")
+    parser.add_argument("--drop-missing", action="store_true",
+                        help="write the page even where it loses figures whose records are not in the folder")
     args = parser.parse_args()
     try:
         records = read_records(args.records)
     except RecordError as exc:
         print(f"figures: {exc}", file=sys.stderr)
+        return 1
+    lost = None if args.drop_missing or not args.page.exists() else dropped(args.page.read_text(), records)
+    if lost:
+        print(f"figures: writing {args.page} from the records in {args.records} would drop {lost}. Records are this "
+              "checkout's (git ignores them): run those benches here first (`make bench` runs them all), or pass "
+              "--drop-missing to write the page without them. The page is unchanged.", file=sys.stderr)
         return 1
     args.page.write_text(render(records, makefile_benches()))
     print(f"figures: {len(records)} records -> {args.page}")

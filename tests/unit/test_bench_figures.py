@@ -168,3 +168,43 @@ def test_every_bench_the_makefile_runs_writes_a_record_and_the_page_is_written_l
 def test_the_committed_page_is_in_the_site_nav():
     assert "figures.md" in (PROJECT / "docs" / "mkdocs.yml").read_text()
     assert (PROJECT / "docs" / "pages" / "figures.md").read_text().startswith("<!-- Written by `make bench`")
+
+
+def _write_page(page: Path, records: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PROJECT / "bench" / "figures.py"), "--page", str(page), "--records",
+                           str(records), *extra], capture_output=True, text=True)
+
+
+def _all_and_one(tmp_path: Path) -> tuple[Path, Path]:
+    everything, one = tmp_path / "all", tmp_path / "one"
+    _write_three(everything)
+    figures.record(TRAINING, "cli_vs_bare", area="training", figure="training tokens/s through the CLI",
+                   compared="CLI / bare loop", values=[1.01], target=(">=", 0.97), folder=one)
+    return everything, one
+
+
+def test_a_page_is_not_rewritten_without_figures_it_shows_unless_asked(tmp_path):
+    """Records are this checkout's (git ignores them): one bench run in a fresh clone, then the page written again,
+    must not take every other bench's figures off the committed page."""
+    everything, one = _all_and_one(tmp_path)
+    page = tmp_path / "figures.md"
+    assert _write_page(page, everything).returncode == 0
+    before = page.read_text()
+    refused = _write_page(page, one)
+    assert refused.returncode == 1 and page.read_text() == before
+    assert "would drop 2 figures it shows (doctor.whole, serving.overhead)" in refused.stderr, refused.stderr
+    assert "bench/bench_doctor.py, bench/bench_serving.py" in refused.stderr and "--drop-missing" in refused.stderr
+    assert _write_page(page, one, "--drop-missing").returncode == 0
+    assert "server overhead" not in page.read_text() and "training tokens/s through the CLI" in page.read_text()
+
+
+def test_a_page_written_before_it_named_its_records_is_guarded_by_its_rows(tmp_path):
+    everything, one = _all_and_one(tmp_path)
+    page = tmp_path / "figures.md"
+    assert _write_page(page, everything).returncode == 0
+    page.write_text("".join(line for line in page.read_text().splitlines(keepends=True)
+                            if not line.startswith("<!-- records shown:")))
+    before = page.read_text()
+    refused = _write_page(page, one)
+    assert refused.returncode == 1 and page.read_text() == before
+    assert "would drop 2 of the 3 figures it shows" in refused.stderr, refused.stderr
