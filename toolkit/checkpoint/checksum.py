@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
-import numpy as np
 import xxhash
 
 from toolkit.fsio import HASH_CHUNK, SHA256_RE, read_hashed
@@ -84,11 +83,15 @@ class ChecksummedWriter:
                 pass  # the filesystem refuses O_DIRECT: buffered below
         if self.fd < 0:
             self.fd = os.open(self.path, flags, 0o644)
+        import numpy as np  # here, not at the top: see bounce_buffer
+
         self.bounce = np.frombuffer(bounce, dtype=np.uint8) if self.direct else None
         self.filled = 0  # bytes waiting in the bounce buffer
         self.flushed = 0  # bytes on disk (a multiple of BLOCK while writing)
 
     def write(self, data) -> int:
+        import numpy as np
+
         view = np.frombuffer(data, dtype=np.uint8)
         self.hasher.update(view)
         n = view.size
@@ -144,7 +147,12 @@ def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
 
 
 def bounce_buffer() -> mmap.mmap:
-    """A page-aligned buffer for :class:`ChecksummedWriter`, touched once so that no write pays to fault it in."""
+    """A page-aligned buffer for :class:`ChecksummedWriter`, touched once so that no write pays to fault it in.
+
+    numpy is imported by the functions that write, not by the module: the CLI and every supervisor import this module
+    (through toolkit.checkpoint.store) only to verify checkpoints, and numpy would add about 0.1 s to each of them."""
+    import numpy as np
+
     buf = mmap.mmap(-1, BOUNCE_BYTES)
     np.frombuffer(buf, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
     return buf
