@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import xxhash
 
+# numpy is imported by the functions that write, not here: the CLI and every supervisor import this module (through
+# toolkit.checkpoint.store) only to verify checkpoints, and numpy would add about 0.1 s to each of them
 from toolkit.fsio import HASH_CHUNK, SHA256_RE, read_hashed
 
 
@@ -83,7 +85,7 @@ class ChecksummedWriter:
                 pass  # the filesystem refuses O_DIRECT: buffered below
         if self.fd < 0:
             self.fd = os.open(self.path, flags, 0o644)
-        import numpy as np  # here, not at the top: see bounce_buffer
+        import numpy as np
 
         self.bounce = np.frombuffer(bounce, dtype=np.uint8) if self.direct else None
         self.filled = 0  # bytes waiting in the bounce buffer
@@ -147,10 +149,7 @@ def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
 
 
 def bounce_buffer() -> mmap.mmap:
-    """A page-aligned buffer for :class:`ChecksummedWriter`, touched once so that no write pays to fault it in.
-
-    numpy is imported by the functions that write, not by the module: the CLI and every supervisor import this module
-    (through toolkit.checkpoint.store) only to verify checkpoints, and numpy would add about 0.1 s to each of them."""
+    """A page-aligned buffer for :class:`ChecksummedWriter`, touched once so that no write pays to fault it in."""
     import numpy as np
 
     buf = mmap.mmap(-1, BOUNCE_BYTES)
