@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,14 @@ from conftest import cli
 
 FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", "tokenizer_config.json",
          MANIFEST}
+
+
+def assert_no_machine_paths(onnx_file) -> None:
+    """The exporter's per-node stack traces name the exporting machine's source files (/home/alice/...): a shipped
+    graph must not, and the same weights exported from another checkout must be the same bytes (the same version)."""
+    data = onnx_file.read_bytes()
+    assert b"pkg.torch.onnx.stack_trace" not in data and str(Path(torch.__file__).parent).encode() not in data
+    assert str(Path(__file__).resolve().parents[2]).encode() not in data
 
 
 def _val_loss_of_export(model_dir, run: RunDir) -> float:
@@ -56,6 +65,7 @@ def test_export_writes_weights_onnx_and_a_parity_report_from_the_latest_checkpoi
     assert manifest["checkpoint"] == "step_00000020" and manifest["engine"] == "torch"
     assert manifest["onnx_opset"] >= 17 and manifest["dynamic_axes"] == ["batch", "sequence"]
     assert manifest["files"]["model.safetensors"]["size"] == (result.path / "model.safetensors").stat().st_size
+    assert_no_machine_paths(result.path / "model.onnx")
     parity = json.loads((result.path / "parity.json").read_text())
     assert result.parity_ok and parity["max_abs_diff"] <= 1e-4
     assert [s["shape"] for s in parity["shapes"]] == [[4, 32], [3, 17], [1, 1]], "several batch and sequence sizes"

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from conftest import PROJECT, cli
+from test_export import assert_no_machine_paths
 from toolkit.deploy.export import MANIFEST, ExportError, read_manifest, write_model_folder
 from toolkit.deploy.serving.batcher import Batcher
 from toolkit.deploy.serving.endpoint import serve
@@ -87,6 +88,7 @@ def test_a_transformers_run_exports_a_folder_plain_transformers_loads(exported):
     assert (manifest["model"], manifest["task"], manifest["architecture"]) == ("hf", "causal_lm", "llama")
     assert manifest["onnx_opset"] >= 17 and manifest["dynamic_axes"] == ["batch", "sequence"]
     assert "onnx_not_exported" not in manifest and manifest["block_size"] == 128
+    assert_no_machine_paths(exported.path / "model.onnx")
     assert (manifest["tokenizer"], manifest["lora"]) == ("bytes-v1", "none")
     assert set(manifest["files"]) == files - {MANIFEST}
     parity = json.loads((exported.path / "parity.json").read_text())

@@ -42,6 +42,7 @@ from toolkit.fsio import sha256_file, staging_folder
 from toolkit.catalogue.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
 from toolkit.catalogue.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
 from toolkit import trust
+from toolkit.deploy import onnx_file
 from toolkit.rundir import RunDir
 
 PARITY_TARGET = 1e-4  # float32: ONNX Runtime and eager PyTorch differ only by operator order
@@ -198,8 +199,6 @@ DYNAMIC_AXES = {"gpt": {0: "batch", 1: "sequence"}, "digits_mlp": {0: "batch"}}
 
 
 def _export_onnx(model, example: torch.Tensor, model_name: str, block_size: int, path: Path) -> int:
-    import onnx
-
     # The exporter logs that torchvision's ops are absent (we use none) and warns about a pytree API: noise here.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     axes = DYNAMIC_AXES[model_name]
@@ -220,8 +219,7 @@ def _export_onnx(model, example: torch.Tensor, model_name: str, block_size: int,
             external_data=False,
             verbose=False,
         )
-    imports = onnx.load(str(path), load_external_data=False).opset_import
-    return max(o.version for o in imports if o.domain in ("", "ai.onnx"))
+    return onnx_file.finish(path)
 
 
 def _parity(model, model_name: str, cfg, corpus, onnx_path: Path) -> dict:

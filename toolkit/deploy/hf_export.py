@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from toolkit.deploy import hf_folder
+from toolkit.deploy import hf_folder, onnx_file
 
 PARITY_TARGET = 1e-4  # float32, as for the built-in models
 PARITY_BATCHES = (4, 3, 1)
@@ -59,8 +59,6 @@ def _root_cause(exc: BaseException) -> str:
 
 def _export_onnx(model, task: str, context: int, path: Path) -> tuple[int | None, str | None]:
     """(opset, None) once model.onnx is written; (None, why not) when torch.onnx.export fails on the architecture."""
-    import onnx
-
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     dims = {
         0: torch.export.Dim("batch", min=1, max=ONNX_MAX_BATCH),
@@ -85,9 +83,7 @@ def _export_onnx(model, task: str, context: int, path: Path) -> tuple[int | None
         for leftover in path.parent.glob(path.name + "*"):
             leftover.unlink()
         return None, f"torch.onnx.export failed: {_root_cause(exc)}"[:300]
-    return max(
-        o.version for o in onnx.load(str(path), load_external_data=False).opset_import if o.domain in ("", "ai.onnx")
-    ), None
+    return onnx_file.finish(path), None
 
 
 def _parity(model, task: str, folder: Path, seq: int, onnx_path: Path | None, onnx_why: str | None) -> dict:
