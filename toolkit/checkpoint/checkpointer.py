@@ -163,6 +163,7 @@ class Checkpointer:
         self.engine = engine
         self.on_event = on_event  # rank 0: called (from the training thread) with each checkpoint's figures
         self.on_error = on_error
+        self.device = device
         self.stage_now = stages_in_loop(cfg, engine, device)
         self.ledger = LostTimeLedger()
         self._buffers: dict[tuple, torch.Tensor] = {}
@@ -213,16 +214,25 @@ class Checkpointer:
         self.ledger.add_blocking(time.perf_counter() - t0)
 
     def warm_up(self) -> None:
-        """Allocate and touch the staging buffers in the background, once the optimizer state exists.
+        """On a GPU, allocate the pinned staging buffers and copy into them in the background, once the optimizer
+        state exists: otherwise the first checkpoint pays for pinning a second copy of the state inside its
+        staging window, while the host's cores are mostly idle beside a GPU's training.
 
-        Otherwise the first checkpoint pays for faulting in a second copy of the state (0.8 s for 1.1 GiB
-        here) inside its staging window. The contents are overwritten by the first real checkpoint, so this
-        copy may run while the optimizer changes the tensors. Engines whose state capture is itself a
-        collective (DeepSpeed) skip it.
+        Not on a CPU, where training keeps every core busy: the background thread faulting in a second copy of
+        the state there costs the steps it overlaps more than faulting it in the first checkpoint's copy (with
+        every core, counted in that checkpoint's lost time) does, and it would be a cost no checkpoint reports
+        (bench/bench_checkpoint.py, section 2). Engines whose state capture is itself a collective (DeepSpeed)
+        skip it too.
         """
         periodic = self.cfg.every_steps or self.cfg.every_seconds
-        if not getattr(self.engine, "cheap_state_capture", False) or not periodic:
+        if self.device.type == "cpu" or not getattr(self.engine, "cheap_state_capture", False) or not periodic:
             return
+        self.fill_staging_buffers()
+
+    def fill_staging_buffers(self) -> None:
+        """Stage the engine's current state into the staging buffers in the background, as a checkpoint that is
+        not written. The contents are overwritten by the first real checkpoint, so this copy may run while the
+        optimizer changes the tensors."""
         states = self.engine.checkpoint_state(None, is_writer=self.rank == 0)
         # Pending like a checkpoint, so that the first real one waits for it instead of staging into the same
         # buffers at the same time.
