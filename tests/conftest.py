@@ -68,6 +68,15 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def pytest_configure(config):
+    """A suite started in the background (`make test &` in a script, nohup) inherits SIGINT ignored, and so would
+    every process its tests start: the tests that stop a server or a run with SIGINT, as Ctrl-C does, would then wait
+    forever. A handler here (Python's own) is reset to the default in each child at exec, as in a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _pin_xdist_worker()
+
+
+def _pin_xdist_worker():
     """Under pytest-xdist (``make test`` runs ``-n auto``), pin each worker, and so every process its tests start, to
     its own share of the cores. Unpinned, two workers' training runs each start a thread per core and the threads
     fight: torch's pools spin-wait for the core the other run holds, and a step of the tiny model slows tenfold.
