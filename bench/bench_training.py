@@ -12,6 +12,9 @@
    the loop itself costs, to tell it apart from what the processes around it cost.
 4. Engines through the real launcher: torch vs deepspeed, 1 vs 2 processes (steady-state tokens/s from
    events.jsonl), as ratios to torch x 1.
+5. The optimizer step: AdamW's update as the torch engine makes it (fused, toolkit.train.engines.torch_engine)
+   against torch's default (foreach), on the demo model and on a ~100M-parameter GPT, interleaved A B B A: the
+   time of the fused update over the default's (for reference: why the engine asks for the fused kernel).
 """
 
 from __future__ import annotations
@@ -168,6 +171,40 @@ def engine_comparison(steps: int, workdir: Path) -> list[tuple[str, float]]:
     return rows
 
 
+def optimizer_step_comparison(rounds: int) -> None:
+    """Section 5: the time of one AdamW update, fused / torch's default, per model, over interleaved rounds."""
+    from toolkit.train.engines.param_groups import adamw_param_groups
+    from toolkit.train.engines.torch_engine import adamw_implementation
+
+    print(f"== the optimizer step: AdamW fused (the torch engine's) / torch's default (foreach), {rounds} rounds A B B A")
+    for label, settings, repeats in (("demo model", [], 50), ("14 x 768 GPT", ["model.n_layer=14", "model.n_embd=768"], 5)):
+        model = GPT(config_mod.load("demo", settings).model)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+        groups = adamw_param_groups(model, 0.1)
+        optimizers = {"fused": torch.optim.AdamW(groups, lr=1e-4, **adamw_implementation(torch.device("cpu"), groups)),
+                      "default": torch.optim.AdamW(adamw_param_groups(model, 0.1), lr=1e-4)}
+        assert optimizers["fused"].defaults["fused"] and not optimizers["default"].defaults["fused"]
+        for optimizer in optimizers.values():
+            optimizer.step()  # the moments are allocated on the first step
+        ratios, seconds = [], {"fused": [], "default": []}
+        for r in range(rounds):
+            for side in ("fused", "default") if r % 2 == 0 else ("default", "fused"):
+                t0 = time.perf_counter()
+                for _ in range(repeats):
+                    optimizers[side].step()
+                seconds[side].append((time.perf_counter() - t0) / repeats)
+            ratios.append(seconds["fused"][-1] / seconds["default"][-1])
+        n = sum(p.numel() for p in model.parameters())
+        print(f"  {label} ({n / 1e6:.1f}M parameters): fused {1e3 * statistics.median(seconds['fused']):.1f} ms, "
+              f"default {1e3 * statistics.median(seconds['default']):.1f} ms a step; fused / default median "
+              f"{statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f})")
+        figures.record(__file__, f"adamw_fused_{'demo' if not settings else 'gpt_100m'}", area="training",
+                       figure=f"AdamW update time, {label} ({n / 1e6:.1f}M parameters)",
+                       compared="fused (the torch engine's) / torch's default (foreach), in one process",
+                       values=ratios)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
@@ -237,6 +274,9 @@ def main() -> int:
             rate = statistics.median(rates)
             print(f"  MFU {label:<8} {100 * rate * flops_per_token / peak:5.1f}% "
                   f"({rate * flops_per_token / 1e9:,.0f} of {peak / 1e9:,.0f} GFLOP/s)")
+
+        print()
+        optimizer_step_comparison(args.rounds)
 
         if not args.skip_engines:
             print("\n== engines (demo model, through the launcher, steady-state tokens/s from events.jsonl)")

@@ -31,10 +31,17 @@ def _replicated_value(loss) -> torch.Tensor:
     return loss.to_local()
 
 
-def adamw_implementation(device: torch.device) -> dict:
-    """AdamW's fused kernel on a GPU (one kernel for every parameter's update, instead of torch's default foreach
-    loop of several); elsewhere torch's default."""
-    return {"fused": True} if device.type == "cuda" else {}
+def adamw_implementation(device: torch.device, groups: list[dict]) -> dict:
+    """AdamW's fused kernel, on a GPU and on a CPU: one pass over each parameter for its whole update, instead of
+    torch's default foreach path, several elementwise passes (on a CPU, one tensor at a time). On a CPU that
+    default makes the update a large share of a step (bench/bench_training.py, "optimizer step").
+
+    Not for parameters split by tensor parallelism (DTensors): the fused kernel takes its step counts as plain
+    tensors, which DTensor's dispatch refuses to mix with DTensors; the foreach path handles them."""
+    from torch.distributed.tensor import DTensor
+
+    split = any(isinstance(p, DTensor) for group in groups for p in group["params"])
+    return {"fused": True} if device.type in ("cuda", "cpu") and not split else {}
 
 
 class TorchEngine:
@@ -78,11 +85,9 @@ class TorchEngine:
         if cfg.train.compile:  # the wrapper when there is one: dynamo then splits graphs at DDP's buckets
             compile_in_place(self.model)
         o = cfg.optim
+        groups = adamw_param_groups(self.module, o.weight_decay)
         self.optimizer = torch.optim.AdamW(
-            adamw_param_groups(self.module, o.weight_decay),
-            lr=o.lr,
-            betas=(o.beta1, o.beta2),
-            **adamw_implementation(topo.device),
+            groups, lr=o.lr, betas=(o.beta1, o.beta2), **adamw_implementation(topo.device, groups)
         )
         self.grad_clip = o.grad_clip
         self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
