@@ -13,7 +13,7 @@
 4. Engines through the real launcher: torch vs deepspeed, 1 vs 2 processes (steady-state tokens/s from
    events.jsonl), as ratios to torch x 1.
 5. The optimizer step: AdamW's update as the torch engine makes it (fused, toolkit.train.engines.torch_engine)
-   against torch's default (foreach), on the demo model and on a ~100M-parameter GPT, interleaved A B B A: the
+   against torch's default (on a CPU a loop over the tensors), on the demo model and on a ~100M-parameter GPT, interleaved A B B A: the
    time of the fused update over the default's (for reference: why the engine asks for the fused kernel).
 """
 
@@ -176,7 +176,7 @@ def optimizer_step_comparison(rounds: int) -> None:
     from toolkit.train.engines.param_groups import adamw_param_groups
     from toolkit.train.engines.torch_engine import adamw_implementation
 
-    print(f"== the optimizer step: AdamW fused (the torch engine's) / torch's default (foreach), {rounds} rounds A B B A")
+    print(f"== the optimizer step: AdamW fused (the torch engine's) / torch's default, {rounds} rounds A B B A")
     for label, settings, repeats in (("demo model", [], 50), ("14 x 768 GPT", ["model.n_layer=14", "model.n_embd=768"], 5)):
         model = GPT(config_mod.load("demo", settings).model)
         for p in model.parameters():
@@ -201,7 +201,7 @@ def optimizer_step_comparison(rounds: int) -> None:
               f"{statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f})")
         figures.record(__file__, f"adamw_fused_{'demo' if not settings else 'gpt_100m'}", area="training",
                        figure=f"AdamW update time, {label} ({n / 1e6:.1f}M parameters)",
-                       compared="fused (the torch engine's) / torch's default (foreach), in one process",
+                       compared="fused (the torch engine's) / torch's default, in one process",
                        values=ratios)
 
 

@@ -68,7 +68,7 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def pytest_configure(config):
-    """A suite started in the background (`make test &` in a script, nohup) inherits SIGINT ignored, and so would
+    """A suite started in the background of a script (`make test &`) inherits SIGINT ignored, and so would
     every process its tests start: the tests that stop a server or a run with SIGINT, as Ctrl-C does, would then wait
     forever. A handler here (Python's own) is reset to the default in each child at exec, as in a terminal."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

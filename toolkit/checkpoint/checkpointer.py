@@ -59,7 +59,7 @@ class _Job:
     files: dict  # relative name -> (leaves, spec): tensor leaves are live references until staged
     manifest_extra: dict
     started: float
-    persist: bool = True  # False: only fill the staging buffers (see warm_up)
+    persist: bool = True  # False: only fill the staging buffers (see fill_staging_buffers)
     written: dict | None = None  # rank 0, once published: path, persist_ms, bytes, deleted
     staged: threading.Event = field(default_factory=threading.Event)
     update_seen: threading.Event = field(default_factory=threading.Event)  # blocking time is final
@@ -218,11 +218,11 @@ class Checkpointer:
         state exists: otherwise the first checkpoint pays for pinning a second copy of the state inside its
         staging window, while the host's cores are mostly idle beside a GPU's training.
 
-        Not on a CPU, where training keeps every core busy: the background thread faulting in a second copy of
-        the state there costs the steps it overlaps more than faulting it in the first checkpoint's copy (with
-        every core, counted in that checkpoint's lost time) does, and it would be a cost no checkpoint reports
-        (bench/bench_checkpoint.py, section 2). Engines whose state capture is itself a collective (DeepSpeed)
-        skip it too.
+        Not on a CPU, where training keeps every core busy: there the first checkpoint's own copy faults the
+        buffers in (with every core at checkpoint.stage=auto), and that cost is counted in its lost time. Filled
+        by a background thread right after the first step, they would slow the steps it overlaps by at least as
+        much, in no checkpoint's window: a cost no checkpoint reports. Engines whose state capture is itself a
+        collective (DeepSpeed) skip it too.
         """
         periodic = self.cfg.every_steps or self.cfg.every_seconds
         if self.device.type == "cpu" or not getattr(self.engine, "cheap_state_capture", False) or not periodic:

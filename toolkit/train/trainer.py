@@ -247,7 +247,7 @@ class Trainer:
             self.step += 1
             self.samples_seen += self.samples_per_step
             if self.step == first_step:
-                self.checkpointer.warm_up()  # a GPU run: the optimizer state exists now, pin the staging buffers
+                self.checkpointer.warm_up()  # the optimizer state exists now (on a GPU: pin the staging buffers)
             last = self.step == cfg.train.max_steps
 
             # One process stops at the step it is in; several agree on the step at the next log interval, as the

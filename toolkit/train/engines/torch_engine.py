@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -33,15 +34,23 @@ def _replicated_value(loss) -> torch.Tensor:
 
 def adamw_implementation(device: torch.device, groups: list[dict]) -> dict:
     """AdamW's fused kernel, on a GPU and on a CPU: one pass over each parameter for its whole update, instead of
-    torch's default foreach path, several elementwise passes (on a CPU, one tensor at a time). On a CPU that
-    default makes the update a large share of a step (bench/bench_training.py, "optimizer step").
+    torch's default (on a CPU a loop over the tensors, several elementwise passes each; foreach on a GPU). On a CPU
+    that default is a large share of a step (bench/bench_training.py, section 5).
 
-    Not for parameters split by tensor parallelism (DTensors): the fused kernel takes its step counts as plain
-    tensors, which DTensor's dispatch refuses to mix with DTensors; the foreach path handles them."""
-    from torch.distributed.tensor import DTensor
-
-    split = any(isinstance(p, DTensor) for group in groups for p in group["params"])
+    Not for parameters split by tensor parallelism (DTensors): a CPU run failed at its first update with the fused
+    kernel ("got mixed torch.Tensor and DTensor"); torch's default path takes them."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # loaded wherever a DTensor exists: no import for a check
+    split = dtensor is not None and any(isinstance(p, dtensor.DTensor) for group in groups for p in group["params"])
     return {"fused": True} if device.type in ("cuda", "cpu") and not split else {}
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """After ``optimizer.load_state_dict``: each parameter group's kernel choice back to the one this engine made.
+    Loading replaces the groups' settings with the saved ones, and a checkpoint may come from another layout (a
+    fused group of one process resumed over tensor-parallel ranks) or from before the fused kernel was chosen."""
+    for group in optimizer.param_groups:
+        for flag in ("fused", "foreach"):
+            group[flag] = optimizer.defaults[flag]
 
 
 class TorchEngine:
@@ -217,6 +226,7 @@ class TorchEngine:
             else:
                 self.module.load_state_dict(weights)
             self.optimizer.load_state_dict(optimizer)
+        keep_implementation(self.optimizer)
         if self.scaler is not None:
             state = safe_load.load(folder / SCALER_FILE)
             self._skipped = torch.tensor(state.pop("skipped_steps", 0), dtype=torch.int64, device=self.device)
