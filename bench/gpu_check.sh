@@ -10,7 +10,7 @@
 # 15-minute device lease room to start the machine twice and rerun what failed), and a failing or missing step is reported, never fatal. Exit status 0 when the report
 # was written, whatever it says; non-zero only when it could not be. Without CUDA it takes seconds and says so.
 # Settings: PYTHON (the image's, default python3), GPU_WHEELS (.whl), GPU_WHEELS_LIST (bench/gpu_wheels.txt),
-# GPU_TIER (tests/gpu's three files, training first, or some files and test ids, space-separated; none), GPU_COMPARISONS (hf, zero: see 3b),
+# GPU_TIER (tests/gpu's files: training and serving first, DeepSpeed last; or some files and test ids, space-separated; none), GPU_COMPARISONS (hf, zero: see 3b),
 # GPU_CHECK_SECONDS (480),
 # GPU_BENCH_SECONDS (30: the benchmark's timed training; 0 leaves it out).
 set -euo pipefail
@@ -27,8 +27,11 @@ LIST="${GPU_WHEELS_LIST:-$REPO/bench/gpu_wheels.txt}"
 # and serving (the targets) before DeepSpeed, whose op builds (FusedAdam, CPU Adam: ~40 s each) make it the slowest
 # file: on an H200 the whole tier needs ~9 minutes, so the budget's cut-off falls on DeepSpeed's last tests, which a
 # second command reruns.
-DEFAULT_TIER=$(shopt -s nullglob; for f in tests/gpu/test_gpu_*.py; do [[ "$f" == */test_gpu_deepspeed.py ]] || echo "$f"
-  done; if [[ -e tests/gpu/test_gpu_deepspeed.py ]]; then echo tests/gpu/test_gpu_deepspeed.py; fi)
+FIRST=(tests/gpu/test_gpu_training.py tests/gpu/test_gpu_serving.py)
+LAST=tests/gpu/test_gpu_deepspeed.py
+DEFAULT_TIER=$(shopt -s nullglob; for f in "${FIRST[@]}"; do [[ -e "$f" ]] && echo "$f"; done
+  for f in tests/gpu/test_gpu_*.py; do [[ " ${FIRST[*]} $LAST " == *" $f "* ]] || echo "$f"; done
+  if [[ -e "$LAST" ]]; then echo "$LAST"; fi)
 read -r -a TIER <<< "${GPU_TIER:-$(echo ${DEFAULT_TIER:-tests/gpu})}"
 BUDGET="${GPU_CHECK_SECONDS:-480}"
 BENCH_SECONDS="${GPU_BENCH_SECONDS:-30}"
@@ -107,8 +110,10 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the tree that travelled 
 # 2. The facts every figure below depends on.
 step facts "$(min 60 "$(left)")" "$RUN_PY" bench/gpu_facts.py --json "$WORK/facts.json"
 
-# 3. The GPU tier, with what is left after keeping the benchmark's share.
-tier_limit=$(( $(left) - BENCH_SECONDS - 170 ))  # the benchmark's compile, its start, the report
+# 3. The GPU tier, with what is left after keeping the benchmark's share (its compile and start) and the report's
+# few seconds; without a benchmark (GPU_BENCH_SECONDS=0) only the report's.
+reserve=$(( BENCH_SECONDS > 0 ? BENCH_SECONDS + 170 : 30 ))
+tier_limit=$(( $(left) - reserve ))
 missing=()
 for t in "${TIER[@]}"; do [[ "$t" == none || -e "${t%%::*}" ]] || missing+=("${t%%::*}"); done
 if [[ "${TIER[*]}" == none ]]; then
@@ -143,7 +148,6 @@ LLAMA_1B=(--set model.hf.config.hidden_size=2048 --set model.hf.config.intermedi
 GPT2_SMALL=(--set model.n_layer=12 --set model.n_head=12 --set model.n_embd=768 --set model.block_size=1024
   --set train.batch_size=8)
 read -r -a COMPARISONS <<< "${GPU_COMPARISONS:-}"
-reserve=$(( BENCH_SECONDS > 0 ? BENCH_SECONDS + 170 : 30 ))
 if (( ${#COMPARISONS[@]} )) && ! "$RUN_PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   for c in "${COMPARISONS[@]}"; do skip "comparison $c" "no CUDA device"; done
   COMPARISONS=()

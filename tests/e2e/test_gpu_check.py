@@ -68,6 +68,28 @@ def test_without_the_wheels_it_names_what_is_missing_and_goes_on(tmp_path):
     assert report["benchmark"]["status"] == "no CUDA device", "the steps after it still ran"
 
 
+def test_the_default_tier_runs_training_first_and_deepspeed_last(tmp_path):
+    """The targets (training, then serving) come first: the budget's cut-off falls on DeepSpeed's op builds, which a
+    second command reruns (an H200 run of 2026-11-28 ran the model-parallel and serving files first, then lost all
+    of DeepSpeed's tests to the cut-off)."""
+    _, report, _ = run_check(tmp_path)
+    files = list(dict.fromkeys(case["test"].split("::")[0] for case in report["tests"]["cases"]))
+    assert files[0] == "tests.gpu.test_gpu_training" and files[-1] == "tests.gpu.test_gpu_deepspeed", files
+    assert len(files) == len(list((PROJECT / "tests" / "gpu").glob("test_gpu_*.py"))), files
+
+
+def test_without_the_benchmark_the_tier_has_the_budget_the_benchmark_would_have_kept(tmp_path):
+    """GPU_BENCH_SECONDS=0 (a lease's second command, rerunning DeepSpeed's file): nothing is held back for a
+    benchmark that will not run, so a 150 s budget still runs the tier."""
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    (tier / "test_marked.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_on_the_gpu():\n    pass\n")
+    _, report, _ = run_check(tmp_path / "out", GPU_TIER=str(tier), GPU_BENCH_SECONDS="0", GPU_CHECK_SECONDS="150")
+    assert [s["name"] for s in report["steps"]][:3] == ["install", "facts", "gpu tier"]
+    tier_step = report["steps"][2]
+    assert tier_step["rc"] == 0 and report["tests"]["counts"]["passed"] == 1, report["notes"]
+
+
 def test_a_gpu_tier_that_collects_nothing_is_a_note_not_a_failure(tmp_path):
     tier = tmp_path / "tier"
     tier.mkdir()
