@@ -8,6 +8,7 @@ wrote RUN_DIR first: `trainbook train` (toolkit.runs.launch), or on a cluster th
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 import traceback
@@ -19,7 +20,15 @@ from toolkit.events import ErrorEvent
 from toolkit.rundir import RunDir
 
 
+def report_native_crashes() -> None:
+    """A rank that dies in native code (a segfault in an extension, an abort in a C++ library's teardown: SIGSEGV,
+    SIGABRT, SIGBUS, SIGFPE, SIGILL) writes every thread's Python stack to its log (stderr, the run's train.log),
+    where a Python error would leave its traceback; otherwise the log ends at the signal with no clue where."""
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    report_native_crashes()
     parser = argparse.ArgumentParser(
         prog="python -m toolkit.runs.worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,0 +1,29 @@
+"""A training rank that dies in native code (a segfault, an abort in a C++ library's teardown) leaves the Python
+stack of every thread in its log, where a traceback would be for a Python error: the worker turns on faulthandler
+before anything else."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+CRASH = """
+import os, signal, sys
+sys.argv = ["worker.py", "/nonexistent"]
+from toolkit.runs import worker
+worker.report_native_crashes()
+def where_it_died():
+    os.kill(os.getpid(), signal.{name})
+where_it_died()
+"""
+
+
+@pytest.mark.parametrize("name, fatal", [("SIGABRT", "Aborted"), ("SIGSEGV", "Segmentation fault")])
+def test_a_rank_that_dies_in_native_code_names_where_in_python(name, fatal):
+    done = subprocess.run([sys.executable, "-c", CRASH.format(name=name)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -getattr(signal, name), done.stderr
+    assert f"Fatal Python error: {fatal}" in done.stderr, done.stderr
+    assert "in where_it_died" in done.stderr, done.stderr
