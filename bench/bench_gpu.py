@@ -58,7 +58,7 @@ class Side:
         if compiled:
             self.model.compile()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1,
-                                           fused=device == "cuda")
+                                           fused=True)
         data = torch.randint(0, 256, (batch, cfg.block_size + 1), device=device)
         self.x, self.y = data[:, :-1], data[:, 1:]
         self.steps, self.seconds, self.loss = 0, 0.0, None
