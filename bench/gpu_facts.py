@@ -1,4 +1,5 @@
-"""The facts a GPU check's numbers depend on: the device, its driver, the Python and the versions of what runs.
+"""The facts a GPU check's numbers depend on: the device, its driver, the Python, the versions of what runs and the
+host's CPU and speed.
 
     python bench/gpu_facts.py --json FILE
 
@@ -70,12 +71,24 @@ def build_facts() -> dict:
             "nvcc": shutil.which("nvcc") or (CUDA_HOME and shutil.which("nvcc", path=os.path.join(CUDA_HOME, "bin")))}
 
 
+def host_facts() -> dict:
+    """The host CPU and its speed (toolkit.machine.startup_reference_cpu_s, the figure `make test` ends with): eager
+    GPU steps are launch-bound, so two reports' eager figures compare only beside it."""
+    import os
+
+    try:
+        from toolkit.machine import cpu_model, startup_reference_cpu_s, usable_cores
+    except Exception as exc:  # noqa: BLE001 - recorded, whatever it is
+        return {"cores": os.cpu_count(), "reason": f"toolkit not importable: {exc!r}"}
+    return {"cpu": cpu_model(), "cores": usable_cores(), "import_torch_cpu_s": startup_reference_cpu_s(timeout_s=40)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     facts = {"python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(),
-             **cuda_facts(), **build_facts(), "nvidia_smi": nvidia_smi(), "versions": versions()}
+             **cuda_facts(), **build_facts(), "nvidia_smi": nvidia_smi(), "versions": versions(), "host": host_facts()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(facts, indent=1))
     for key, value in facts.items():

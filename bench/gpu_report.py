@@ -123,6 +123,11 @@ def markdown(r: dict) -> str:
     out.append("")
     out.append(f"Python {r['python']}, torch's CUDA {f.get('torch_cuda') or 'none'}; "
                + ", ".join(f"{k} {val or 'absent'}" for k, val in v.items()))
+    host = f.get("host") or {}
+    speed = host.get("import_torch_cpu_s")
+    out += ["", f"Host: {host.get('cpu') or 'CPU unknown'}, {host.get('cores')} usable cores; "
+            + (f"a fresh process imports torch and torch._dynamo in {speed:.2f} s of CPU (the host's speed: eager, "
+               "launch-bound steps move with it)" if speed is not None else "speed not measured")]
     overall = "ok" if r["ok"] else "NOT OK"
     if not r["cuda_available"]:
         overall += " (no CUDA device: nothing GPU-specific was tested or measured)"

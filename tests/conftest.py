@@ -266,16 +266,14 @@ def pytest_collection_finish(session):
 
 
 # The suite's wall time moves with this machine's speed (2 to 3x between days), so a `make test` (pytest-xdist) ends
-# by timing, on the machine it has just left idle, what every training rank does first: a fresh Python importing
-# torch and torch._dynamo (which torch.optim imports). docs/CONTRIBUTING.md gives its figures with this one.
-STARTUP_REFERENCE = "import time, torch, torch._dynamo; print(time.process_time())"
-
-
+# by timing, on the machine it has just left idle, what every training rank does first
+# (toolkit.machine.startup_reference_cpu_s). docs/CONTRIBUTING.md gives its figures with this one.
 def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
-    done = subprocess.run([sys.executable, "-c", STARTUP_REFERENCE], capture_output=True, text=True, cwd=PROJECT,
-                          timeout=300)
-    if done.returncode == 0:
+    from toolkit.machine import startup_reference_cpu_s
+
+    seconds = startup_reference_cpu_s()
+    if seconds is not None:
         terminalreporter.write_line(f"this machine's speed: a fresh process imports torch and torch._dynamo in "
-                                    f"{float(done.stdout):.2f} s of CPU (what each training rank starts with)")
+                                    f"{seconds:.2f} s of CPU (what each training rank starts with)")

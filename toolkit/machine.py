@@ -8,6 +8,7 @@ import contextlib
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,30 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+# What every training rank does first: a fresh Python importing torch and torch._dynamo (torch.optim imports it).
+STARTUP_REFERENCE = "import time, torch, torch._dynamo; print(time.process_time())"
+
+
+def startup_reference_cpu_s(python: str = sys.executable, timeout_s: float = 300) -> float | None:
+    """This machine's speed as one figure: the CPU seconds a fresh ``python`` spends importing torch and
+    torch._dynamo (None if it cannot). Wall times of many processes (``make test``) and launch-bound figures (eager
+    GPU steps) move with it between days and hosts, so reports quote it beside them."""
+    try:
+        done = subprocess.run([python, "-c", STARTUP_REFERENCE], capture_output=True, text=True, timeout=timeout_s)
+        return float(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux: /proc/cpuinfo), or None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or None
 
 
 def gpus() -> list[dict]:

@@ -52,6 +52,11 @@ def test_on_a_cpu_machine_the_check_ends_within_a_minute_and_says_no_cuda_device
         "gpu_check.json", "gpu_check.log", "gpu_check.md", "gpu_tests.xml"}
     assert report["tests"]["status"] in ("all skipped", "skipped (tests/gpu does not exist: there is no GPU tier to "
                                                         "run)")
+    # the host's speed, so that two reports' eager (launch-bound) figures can be compared: the figure make test
+    # ends with, a fresh process importing torch and torch._dynamo, in CPU seconds
+    host = report["facts"]["host"]
+    assert 0.1 < host["import_torch_cpu_s"] < 60 and host["cores"] >= 1, host
+    assert f"imports torch and torch._dynamo in {host['import_torch_cpu_s']:.2f} s of CPU" in md
 
 
 def test_without_the_wheels_it_names_what_is_missing_and_goes_on(tmp_path):
