@@ -125,9 +125,10 @@ def markdown(r: dict) -> str:
                + ", ".join(f"{k} {val or 'absent'}" for k, val in v.items()))
     host = f.get("host") or {}
     speed = host.get("import_torch_cpu_s")
-    out += ["", f"Host: {host.get('cpu') or 'CPU unknown'}, {host.get('cores')} usable cores; "
+    out += ["", f"Host: {host.get('cpu') or 'CPU unknown'}, {host.get('cores') or '?'} usable cores; "
             + (f"a fresh process imports torch and torch._dynamo in {speed:.2f} s of CPU (the host's speed: eager, "
-               "launch-bound steps move with it)" if speed is not None else "speed not measured")]
+               "launch-bound steps move with it)" if speed is not None
+               else f"speed not measured{' (' + host['reason'] + ')' if host.get('reason') else ''}")]
     overall = "ok" if r["ok"] else "NOT OK"
     if not r["cuda_available"]:
         overall += " (no CUDA device: nothing GPU-specific was tested or measured)"

@@ -55,7 +55,8 @@ def test_on_a_cpu_machine_the_check_ends_within_a_minute_and_says_no_cuda_device
     # the host's speed, so that two reports' eager (launch-bound) figures can be compared: the figure make test
     # ends with, a fresh process importing torch and torch._dynamo, in CPU seconds
     host = report["facts"]["host"]
-    assert 0.1 < host["import_torch_cpu_s"] < 60 and host["cores"] >= 1, host
+    assert isinstance(host["import_torch_cpu_s"], float) and 0.1 < host["import_torch_cpu_s"] < 15, host
+    assert host["cores"] >= 1, host
     assert f"imports torch and torch._dynamo in {host['import_torch_cpu_s']:.2f} s of CPU" in md
 
 
@@ -79,7 +80,8 @@ def test_the_default_tier_runs_training_first_and_deepspeed_last(tmp_path):
     of DeepSpeed's tests to the cut-off)."""
     _, report, _ = run_check(tmp_path)
     files = list(dict.fromkeys(case["test"].split("::")[0] for case in report["tests"]["cases"]))
-    assert files[0] == "tests.gpu.test_gpu_training" and files[-1] == "tests.gpu.test_gpu_deepspeed", files
+    assert files[:2] == ["tests.gpu.test_gpu_training", "tests.gpu.test_gpu_serving"], files
+    assert files[-1] == "tests.gpu.test_gpu_deepspeed", files
     assert len(files) == len(list((PROJECT / "tests" / "gpu").glob("test_gpu_*.py"))), files
 
 
