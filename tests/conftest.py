@@ -93,8 +93,9 @@ def _pin_xdist_worker():
 # those fixtures once (spread over two workers, each would build them, and again whenever another module's test came
 # in between). pytest-xdist's `--dist loadgroup` would do this from an xdist_group mark, but with pytest 9 its renaming
 # of items (`item._nodeid`) no longer takes effect, so the groups are named here, by file.
-ONE_WORKER_MODULES = {"test_serving.py", "test_multinode.py", "test_endpoint_fuzz.py", "test_deployment_panel.py", "test_export_safety.py",
-                      "test_tensorboard.py", "test_hf_export_serving.py", "test_untrusted_folders.py",
+ONE_WORKER_MODULES = {"test_serving.py", "test_multinode.py", "test_endpoint_fuzz.py", "test_deployment_panel.py",
+                      "test_export_safety.py", "test_tensorboard.py", "test_hf_export_serving.py",
+                      "test_untrusted_folders.py", "test_gpu_check.py",
                       "test_gpu_deepspeed.py", "test_gpu_serving.py"}  # tests/gpu: runs shared on one GPU
 
 
@@ -173,7 +174,8 @@ def finished_runs(tmp_path_factory, worker_id):
     """``finished_runs(*flags)``: the finished run of ``trainbook train tiny FLAGS``, trained once per ``make test`` on
     first use and shared by every test that asks for the same flags, in every xdist worker: read it, never change it
     (``finished_run_copy`` gives a test a copy of its own). A worker that asks while another trains the same run
-    waits on the run's lock file (flock) and then reads it."""
+    waits on the run's lock file (flock) and then reads it. What the CLI printed while it trained is kept beside the
+    run (``cli_output``)."""
     base = tmp_path_factory.getbasetemp()
     root = (base if worker_id == "master" else base.parent) / "finished-runs"  # the parent: one per pytest run
     root.mkdir(exist_ok=True)
@@ -186,11 +188,21 @@ def finished_runs(tmp_path_factory, worker_id):
             if not run.path.exists():
                 proc = cli("train", "tiny", "--run-dir", str(run.path), *flags)
                 assert proc.returncode == 0, proc.stderr
+                _cli_output_path(run).write_text(proc.stderr)
             elif run.read_status().get("state") != "completed":
                 pytest.fail(f"the shared run for {flags} failed in another test (see its report): {run.path}")
         return run
 
     return get
+
+
+def _cli_output_path(run: RunDir) -> Path:
+    return run.path.with_name(run.path.name + ".cli-stderr.txt")
+
+
+def cli_output(run: RunDir) -> str:
+    """What ``trainbook train`` printed (its stderr) while it trained the shared run ``finished_runs`` gave."""
+    return _cli_output_path(run).read_text()
 
 
 @pytest.fixture

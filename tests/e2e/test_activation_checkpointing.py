@@ -13,13 +13,12 @@ import pytest
 from toolkit.rundir import RunDir
 
 from conftest import BIGRAM_MODEL, cli
-from test_checkpoint import CKPT, EVERY, STEPS, TORCH_1, assert_log_matches, losses_by_step
+from test_checkpoint import CKPT, DEEPSPEED_ZERO3_2, EVERY, STEPS, TORCH_1, assert_log_matches, losses_by_step
 from test_user_models import HF
 
 pytestmark = pytest.mark.slow
 
 AC = ("--set", "model.activation_checkpointing=true")
-ZERO3_2 = ("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3")
 HF_DDP_2 = ("--nproc", "2")  # as test_user_models' torch-ddp-2: the HF reference without it is shared, trained once
 # rank 0 traces 2 steps: the trace shows each block's attention run twice a step, once more in backward's recompute
 PROFILE = ("--set", "profile.enabled=true", "--set", "profile.wait=1", "--set", "profile.warmup=1",
@@ -53,7 +52,7 @@ def assert_same_losses(checkpointed: RunDir, reference: RunDir) -> None:
 
 
 @pytest.mark.parametrize("flags", [pytest.param(TORCH_1, id="torch-1"),
-                                   pytest.param(ZERO3_2, id="deepspeed-zero3-2"),
+                                   pytest.param(DEEPSPEED_ZERO3_2, id="deepspeed-zero3-2"),
                                    pytest.param((*HF, *HF_DDP_2), id="hf-llama-torch-ddp-2")])
 def test_losses_with_activation_checkpointing_equal_those_without(finished_runs, flags):
     checkpointed = finished_runs(*CKPT, *flags, *AC, *PROFILE)  # the profiler changes no loss

@@ -46,6 +46,11 @@ TORCH_1, TORCH_DDP_2 = (), ("--nproc", "2")
 TORCH_TP_2 = ("--nproc", "2", "--set", "engine.tensor_parallel=2")  # one replica split over two ranks
 DEEPSPEED_1, DEEPSPEED_ZERO2_2 = ("--engine", "deepspeed"), ("--engine", "deepspeed", "--nproc", "2", "--set",
                                                              "engine.zero_stage=2")
+# ZeRO-3 over two ranks, with 3 validation batches: rank 1's share is one short, and ZeRO-3 gathers weights inside
+# forward, so it must join rank 0's last forward (test_training). Not a golden layout: the uninterrupted run is shared
+# by activation checkpointing's comparison, export's consolidation and that evaluation test.
+DEEPSPEED_ZERO3_2 = ("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3", "--set",
+                     "train.eval_batches=3")
 # 4 micro-batches of 2 per optimizer step: the same 8 rows a step as tiny's batch of 8, in a quarter of the memory
 ACCUM = ("--set", "train.batch_size=2", "--set", "train.grad_accum_steps=4")
 # one replica in two pipeline stages (a block each), its 4 micro-batches a step in the 1F1B schedule

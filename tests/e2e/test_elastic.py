@@ -16,6 +16,7 @@ from conftest import PROJECT
 from toolkit.status import ELASTIC_ENV
 
 from test_multinode import DATA, DEADLINE_S, wait_for
+from test_untrusted_runs import ONE_CHECKPOINT
 from toolkit.data.corpus import load_corpus
 from toolkit.data.epochs import epoch_order, kept_samples
 from toolkit.runs.local_nodes import LocalNodesJob
@@ -89,7 +90,7 @@ def test_ranks_restarted_after_the_run_completed_end_without_training(finished_r
     """A node that joins as the last step finishes: torchrun restarts the ranks of a run that has just completed.
     An elastic rank finds nothing left to train and ends well, the run stays completed; a rank outside an elastic
     job is refused as before (its supervisor never restarts a completed run)."""
-    run = finished_run_copy("--set", "train.max_steps=5", name="done")
+    run = finished_run_copy(*ONE_CHECKPOINT, name="done")  # 5 steps, shared with the untrusted-run tests
     before = run.status_path.read_bytes(), run.events_path.read_bytes()
     rank = [sys.executable, "-m", "toolkit.runs.worker", str(run.path)]
     elastic = subprocess.run(rank, capture_output=True, text=True, cwd=PROJECT, timeout=120,

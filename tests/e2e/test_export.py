@@ -19,6 +19,7 @@ from toolkit.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
 
 from conftest import cli
+from test_checkpoint import CKPT, DEEPSPEED_ZERO2_2, DEEPSPEED_ZERO3_2
 
 FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", "tokenizer_config.json",
          MANIFEST}
@@ -101,10 +102,9 @@ def test_a_run_without_checkpoints_cannot_be_exported(train_tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_partitioned_checkpoints_are_consolidated(train_tiny, stage):
-    run = _trained(train_tiny, "--engine", "deepspeed", "--nproc", "2", "--set", f"engine.zero_stage={stage}",
-                   name=f"zero{stage}")
+@pytest.mark.parametrize("stage, layout", [(2, DEEPSPEED_ZERO2_2), (3, DEEPSPEED_ZERO3_2)], ids=["2", "3"])
+def test_zero_partitioned_checkpoints_are_consolidated(finished_run_copy, stage, layout):
+    run = finished_run_copy(*CKPT, *layout, name=f"zero{stage}")  # a copy of the golden tests' uninterrupted run
     result = export_run(run.path)
     assert result.manifest["engine"] == "deepspeed" and result.manifest["zero_stage"] == stage
     assert result.parity_ok
