@@ -170,10 +170,10 @@ def test_checkpoints_from_another_config_or_world_size_are_refused(tmp_path, fin
     assert longer.read_status()["step"] == 50
 
 
-def test_corrupted_truncated_and_dangling_checkpoints_fall_back_to_a_valid_one(tmp_path):
-    src = _finished_run(tmp_path, extra=("--set", "checkpoint.keep_last=4"))
+def test_corrupted_truncated_and_dangling_checkpoints_fall_back_to_a_valid_one(finished_run_copy):
+    src = finished_run_copy(*CKPT, name="src")
     store = CheckpointStore(src.path)
-    assert [c.step for c in store.list()] == [10, 20, 30, 40]
+    assert [c.step for c in store.list()] == [20, 30, 40]  # retention's default: the newest three
 
     # flip one byte of the newest checkpoint's weights: its checksum no longer matches
     model = store.root / step_name(40) / "model.pt"
@@ -243,13 +243,15 @@ def test_full_disk_reports_the_failed_save_and_training_goes_on(small_mount):
         assert not list((run.path / "checkpoints").glob(".tmp-*"))
 
 
-def test_retention_keeps_the_newest_and_never_the_one_latest_names(tmp_path):
-    run = _finished_run(tmp_path, extra=("--set", "checkpoint.keep_last=2"))
+def test_retention_keeps_the_newest_and_never_the_one_latest_names(finished_run_copy):
+    run = finished_run_copy(*CKPT, name="r")
     store = CheckpointStore(run.path)
-    assert [c.name for c in store.list()] == [step_name(30), step_name(40)]
+    assert run.read_config().checkpoint.keep_last == 3
+    assert [c.name for c in store.list()] == [step_name(20), step_name(30), step_name(40)]
     assert store.latest_name() == step_name(40)
     (store.root / "LATEST").write_text(step_name(30) + "\n")  # an older checkpoint named by LATEST survives
-    assert store.apply_retention(1) == [] and store.latest_name() == step_name(30)
+    assert store.apply_retention(1) == [step_name(20)] and store.latest_name() == step_name(30)
+    assert [c.name for c in store.list()] == [step_name(30), step_name(40)]
     manifest = json.loads((store.root / step_name(40) / "manifest.json").read_text())
     assert manifest["step"] == 40 and manifest["world_size"] == 1 and "model.pt" in manifest["files"]
     assert all(len(f["xxh3_128"]) == 32 for f in manifest["files"].values())
