@@ -163,11 +163,13 @@ def test_checkpoints_from_another_config_or_world_size_are_refused(tmp_path, fin
     error = bigger.read_status()["error"]
     assert "written by 1 processes; this run has 2" in error, error
 
-    # what may change between attempts (the step budget, logging) is accepted: the run just goes on
-    longer = _copy_with_config(src, tmp_path / "longer", train__max_steps=50)
+    # what may change between attempts (the step budget, retention) is accepted: the run just goes on, keeping as
+    # many checkpoints as its config now says
+    longer = _copy_with_config(src, tmp_path / "longer", train__max_steps=50, checkpoint__keep_last=2)
     proc = cli("resume", str(longer.path))
     assert proc.returncode == 0, proc.stderr
     assert longer.read_status()["step"] == 50
+    assert [c.step for c in CheckpointStore(longer.path).list()] == [40, 50]
 
 
 def test_corrupted_truncated_and_dangling_checkpoints_fall_back_to_a_valid_one(finished_run_copy):

@@ -104,7 +104,7 @@ def test_a_run_without_checkpoints_cannot_be_exported(train_tiny):
 @pytest.mark.slow
 @pytest.mark.parametrize("stage, layout", [(2, DEEPSPEED_ZERO2_2), (3, DEEPSPEED_ZERO3_2)], ids=["2", "3"])
 def test_zero_partitioned_checkpoints_are_consolidated(finished_run_copy, stage, layout):
-    run = finished_run_copy(*CKPT, *layout, name=f"zero{stage}")  # a copy of the golden tests' uninterrupted run
+    run = finished_run_copy(*CKPT, *layout, name=f"zero{stage}")  # a copy of the shared uninterrupted run of that layout
     result = export_run(run.path)
     assert result.manifest["engine"] == "deepspeed" and result.manifest["zero_stage"] == stage
     assert result.parity_ok

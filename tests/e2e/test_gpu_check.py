@@ -38,9 +38,11 @@ def run_check(out, timeout=90, **settings) -> tuple[subprocess.CompletedProcess,
 @pytest.fixture(scope="module")
 def default_check(tmp_path_factory):
     """The check as the device machine runs it, with no setting changed: run once for the tests that read it."""
-    out = tmp_path_factory.mktemp("default-check")
+    out, private = tmp_path_factory.mktemp("default-check"), tmp_path_factory.mktemp("default-check-home")
     t0 = time.monotonic()
-    done, report, md = run_check(out)
+    # built before each test's private_workspace: a workspace and user config of its own, as that fixture gives
+    done, report, md = run_check(out, TRAINBOOK_WORKSPACE=str(private / "workspace"),
+                                 TRAINBOOK_CONFIG_HOME=str(private / "user-config"))
     return done, report, md, out, time.monotonic() - t0
 
 
