@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: setup demo test test-unit test-fast bench docs lint lock clean gpu-wheels gpu-check
+.PHONY: setup demo test test-matrix test-unit test-fast bench docs lint lock clean gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -62,7 +62,13 @@ CPU_ADAM_OP := $(IMPORT_DEEPSPEED); from deepspeed.ops.op_builder import CPUAdam
 test: $(STAMP)
 	$(BYTECODE)
 	test -e $(CPU_ADAM_SO) || { nice -n 19 $(PY) -c "$(CPU_ADAM_OP)" > $(VENV)/cpu_adam_op.log 2>&1 & }
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto -m "not matrix"
+
+# The same behaviours again in the other configurations (marker `matrix`: other engines, world sizes, parallelism
+# combinations, model and data families). CI runs it after `make test`; docs/CONTRIBUTING.md says which test goes where.
+test-matrix: $(STAMP)
+	$(BYTECODE)
+	$(PY) -m pytest -n auto -m matrix
 
 # Pure logic only (no subprocess, no training): seconds.
 test-unit: $(STAMP)

@@ -52,8 +52,9 @@ def assert_same_losses(checkpointed: RunDir, reference: RunDir) -> None:
 
 
 @pytest.mark.parametrize("flags", [pytest.param(TORCH_1, id="torch-1"),
-                                   pytest.param(DEEPSPEED_ZERO3_2, id="deepspeed-zero3-2"),
-                                   pytest.param((*HF, *HF_DDP_2), id="hf-llama-torch-ddp-2")])
+                                   pytest.param(DEEPSPEED_ZERO3_2, id="deepspeed-zero3-2", marks=pytest.mark.matrix),
+                                   pytest.param((*HF, *HF_DDP_2), id="hf-llama-torch-ddp-2",
+                                                marks=pytest.mark.matrix)])
 def test_losses_with_activation_checkpointing_equal_those_without(finished_runs, flags):
     checkpointed = finished_runs(*CKPT, *flags, *AC, *PROFILE)  # the profiler changes no loss
     assert_recomputed(checkpointed)

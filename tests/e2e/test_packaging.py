@@ -4,6 +4,7 @@ torch stays pinned, CI calls the README's test command, and a wheel carries the 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -99,11 +100,37 @@ def test_torch_is_a_range_for_the_library_and_pinned_to_the_local_cpu_build_for_
     assert all("==" in line for line in pinned), "every constraint is an exact pin"
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_command_and_the_matrix():
     readme = (PROJECT / "README.md").read_text()
     assert "make test" in readme and "make demo" in readme
     ci = (PROJECT / ".ci" / "run").read_text()
-    assert re.search(r"^make test$", ci, re.M) and "set -euo pipefail" in ci
+    assert re.search(r"^make test\nmake test-matrix$", ci, re.M) and "set -euo pipefail" in ci
+
+
+# Collects the whole suite in a fresh pytest and prints, per test, its id, its function and whether it is the matrix's
+COLLECT_TIERS = """
+import json, pytest
+class Tiers:
+    def pytest_collection_finish(self, session):
+        print(json.dumps([[i.nodeid, i.nodeid.split("[")[0], i.get_closest_marker("matrix") is not None]
+                          for i in session.items]))
+pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "tests"], plugins=[Tiers()])
+"""
+
+
+def test_make_test_keeps_a_configuration_of_every_parametrized_test_and_the_matrix_holds_only_end_to_end_ones():
+    """`make test` leaves the marker `matrix` out: a parametrized test may leave some of its configurations to the
+    matrix (CI runs them), never all of them, so `make test` proves each of its behaviours once."""
+    proc = subprocess.run([sys.executable, "-c", COLLECT_TIERS], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    items = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("[[")))
+    matrix = [nodeid for nodeid, _, in_matrix in items if in_matrix]
+    assert matrix and all(nodeid.startswith("tests/e2e/") for nodeid in matrix), matrix
+    kept = {function for nodeid, function, in_matrix in items if not in_matrix}
+    parametrized_away = sorted({function for nodeid, function, in_matrix in items
+                                if in_matrix and nodeid != function and function not in kept})
+    assert parametrized_away == [], "every configuration of these is in the matrix: keep one in make test"
 
 
 def test_the_azure_ml_upload_ignores_everything_git_ignores():

@@ -81,6 +81,7 @@ def test_a_layout_change_that_changes_the_replicas_is_refused_with_nothing_writt
     assert run.config_path.read_bytes() == before
 
 
+@pytest.mark.matrix
 def test_split_replicas_average_their_gradients_as_ddp_does(reference_runs, finished_runs):
     # 4 processes: 2 replicas of 2 ranks against plain DDP over 2 processes, the same batches per replica; with
     # activation checkpointing too (each block recomputed in backward, its all-reduces with it), which changes no loss
@@ -90,6 +91,7 @@ def test_split_replicas_average_their_gradients_as_ddp_does(reference_runs, fini
     assert_same_losses(split, reference_runs(TORCH_DDP_2))
 
 
+@pytest.mark.matrix
 def test_a_transformers_llama_splits_by_its_own_plan(tmp_path):
     # the architecture's declared plan (config.base_model_tp_plan): q, k, v, gate and up column-parallel, o and down
     # row-parallel; the embedding split by vocabulary rows; the logits gathered, as the class says (lm_head)

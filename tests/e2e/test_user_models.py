@@ -147,7 +147,8 @@ def test_bad_models_are_refused_in_one_line_before_a_run_directory_exists(tmp_pa
 # Both engines and both process counts, at the lowest cost: DDP over torchrun for 2 processes (the DeepSpeed
 # launcher's extra processes each import deepspeed), DeepSpeed ZeRO-2 in 1 (the LoRA test below runs it too).
 ENGINES = [pytest.param(("--nproc", "2"), id="torch-ddp-2"),
-           pytest.param(("--engine", "deepspeed", "--set", "engine.zero_stage=2"), id="deepspeed-zero2-1")]
+           pytest.param(("--engine", "deepspeed", "--set", "engine.zero_stage=2"), id="deepspeed-zero2-1",
+                        marks=pytest.mark.matrix)]
 
 
 @pytest.mark.parametrize("flags", ENGINES)
@@ -209,7 +210,7 @@ def test_a_gpt_starts_from_a_registered_model(tmp_path, finished_runs, ws, monke
 
 @pytest.mark.parametrize("flags", [pytest.param((), id="torch-1"),
                                    pytest.param(("--engine", "deepspeed", "--set", "engine.zero_stage=2"),
-                                                id="deepspeed-zero2-1")])
+                                                id="deepspeed-zero2-1", marks=pytest.mark.matrix)])
 def test_lora_trains_and_checkpoints_only_the_adapters_and_resumes_exactly(tmp_path, finished_runs, flags, rng):
     from toolkit.deploy.export import load_trained_model
 
