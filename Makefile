@@ -64,8 +64,9 @@ test: $(STAMP)
 	test -e $(CPU_ADAM_SO) || { nice -n 19 $(PY) -c "$(CPU_ADAM_OP)" > $(VENV)/cpu_adam_op.log 2>&1 & }
 	$(PY) -m pytest -n auto -m "not matrix"
 
-# The same behaviours again in the other configurations (marker `matrix`: other engines, world sizes, parallelism
-# combinations, model and data families). CI runs it after `make test`; docs/CONTRIBUTING.md says which test goes where.
+# Behaviours `make test` proves, again in configurations that differ only in what is handed to a library (marker
+# `matrix`: another DeepSpeed stage or launcher, model family, accumulation). CI runs it after `make test`;
+# docs/CONTRIBUTING.md says which test goes where.
 test-matrix: $(STAMP)
 	$(BYTECODE)
 	$(PY) -m pytest -n auto -m matrix

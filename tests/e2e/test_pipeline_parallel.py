@@ -56,7 +56,6 @@ def test_a_stage_change_that_changes_the_replicas_is_refused_with_nothing_writte
     assert run.config_path.read_bytes() == before
 
 
-@pytest.mark.matrix
 def test_replicated_pipelines_average_their_gradients_as_ddp_does(finished_runs):
     # 4 processes: 2 replicas of a 2-stage pipeline against plain DDP over 2 processes, the same batches per replica;
     # a low clipping threshold makes every step's update depend on the global norm, summed over the stages
@@ -80,7 +79,6 @@ def test_scale_measures_the_communication_the_stages_add(tmp_path):
     assert row["communication_ms"] > 0 and 0 < row["communication"] < 1, row
 
 
-@pytest.mark.matrix
 def test_stages_split_over_tensor_parallel_ranks_train_as_one_process_does_and_resume_unsplit(reference_runs,
                                                                                              finished_run_copy):
     # 3-D's two inner dimensions on 4 processes: 2 stages, each split over 2 ranks (Megatron's D-H-P with D = 1)

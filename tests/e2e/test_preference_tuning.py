@@ -89,7 +89,6 @@ def test_dpo_with_lora_prefers_the_chosen_answers_logs_its_figures_and_resumes_e
 
 
 @pytest.mark.slow
-@pytest.mark.matrix
 def test_a_full_dpo_fine_tune_of_the_builtin_gpt_runs_under_deepspeed_zero2_on_two_ranks(tmp_path):
     data = write_jsonl(tmp_path / "pairs.jsonl", pairs(200, turns=False))
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", f"data.path={data}",

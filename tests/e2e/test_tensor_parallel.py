@@ -81,7 +81,6 @@ def test_a_layout_change_that_changes_the_replicas_is_refused_with_nothing_writt
     assert run.config_path.read_bytes() == before
 
 
-@pytest.mark.matrix
 def test_split_replicas_average_their_gradients_as_ddp_does(reference_runs, finished_runs):
     # 4 processes: 2 replicas of 2 ranks against plain DDP over 2 processes, the same batches per replica; with
     # activation checkpointing too (each block recomputed in backward, its all-reduces with it), which changes no loss

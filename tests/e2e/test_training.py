@@ -173,7 +173,7 @@ def test_killing_the_training_processes_marks_the_run_killed(tmp_path):
     pytest.param(TORCH_DDP_2, id="torch-ddp-2"),  # DDP through torchrun
     pytest.param(DEEPSPEED_1, id="deepspeed-1"),
     pytest.param(("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=3", "--set",
-                  "engine.precision=bf16"), id="deepspeed-zero3-bf16-2-dslauncher", marks=pytest.mark.matrix),
+                  "engine.precision=bf16"), id="deepspeed-zero3-bf16-2-dslauncher"),
     pytest.param(("--engine", "deepspeed", "--nproc", "2", "--set", "engine.zero_stage=1", "--set",
                   "engine.launcher=torchrun"), id="deepspeed-zero1-2-torchrun", marks=pytest.mark.matrix),
 ])
@@ -203,9 +203,8 @@ def test_deepspeed_matches_torch_step_for_step(reference_runs, torch_flags, deep
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [pytest.param(TORCH_1, id="torch-1"),
-                                   pytest.param(TORCH_DDP_2, id="torch-ddp-2", marks=pytest.mark.matrix),
-                                   pytest.param(DEEPSPEED_ZERO2_2, id="deepspeed-zero2-2", marks=pytest.mark.matrix)])
+@pytest.mark.parametrize("flags", [TORCH_1, TORCH_DDP_2, DEEPSPEED_ZERO2_2], ids=["torch-1", "torch-ddp-2",
+                                                                            "deepspeed-zero2-2"])
 def test_accumulated_micro_batches_train_as_one_big_batch(reference_runs, flags):
     """4 micro-batches of 2 and one batch of 8 see the same rows (a step's batch is drawn whole, then split), so the
     losses agree to float rounding (gradients summed in another order), at every step, for both engines; and the
@@ -224,7 +223,6 @@ def test_accumulated_micro_batches_train_as_one_big_batch(reference_runs, flags)
 
 
 @pytest.mark.slow
-@pytest.mark.matrix
 def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation():
     """no_sync on the inner micro-steps: 4 micro-batches cost DDP the all-reduces of one step, not four (counted by a
     communication hook in a 2-process torchrun of the torch engine; bench/bench_accumulation.py reports the same)."""

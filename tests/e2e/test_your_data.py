@@ -298,7 +298,6 @@ def test_instruction_batches_learn_from_completion_tokens_only(tmp_path, bpe):
     assert as_bytes.bytes_per_item == 1.0
 
 
-@pytest.mark.matrix
 def test_an_instruction_run_trains_and_resumes_exactly_after_sigkill(tmp_path, bpe, rng):
     """On 2 processes: each rank's share of the padded prompt/completion rows, and their positions, resume exactly."""
     processes = ("--nproc", "2")
