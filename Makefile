@@ -65,7 +65,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n auto -m "not matrix"
 
 # Behaviours `make test` proves, again in configurations that differ only in what is handed to a library (marker
-# `matrix`: another DeepSpeed stage or launcher, model family, accumulation). CI runs it after `make test`;
+# `matrix`: the golden resume with accumulation, DeepSpeed twins, a model family). CI runs it after `make test`;
 # docs/CONTRIBUTING.md says which test goes where.
 test-matrix: $(STAMP)
 	$(BYTECODE)

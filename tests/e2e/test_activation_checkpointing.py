@@ -19,7 +19,7 @@ from test_user_models import HF
 pytestmark = pytest.mark.slow
 
 AC = ("--set", "model.activation_checkpointing=true")
-HF_DDP_2 = ("--nproc", "2")  # as test_user_models' torch-ddp-2: the HF reference without it is shared, trained once
+HF_DDP_2 = ("--nproc", "2")  # as test_user_models' torch-ddp-2: the HF reference without it is shared, trained once a session
 # rank 0 traces 2 steps: the trace shows each block's attention run twice a step, once more in backward's recompute
 PROFILE = ("--set", "profile.enabled=true", "--set", "profile.wait=1", "--set", "profile.warmup=1",
            "--set", "profile.active=2")

@@ -120,7 +120,7 @@ pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "tests"], plugins
 
 def test_make_test_keeps_a_configuration_of_every_parametrized_test_and_the_matrix_holds_only_end_to_end_ones():
     """`make test` leaves the marker `matrix` out: a parametrized test may leave some of its configurations to the
-    matrix (CI runs them), never all of them, so `make test` proves each of its behaviours once."""
+    matrix (CI runs them), never all of them."""
     proc = subprocess.run([sys.executable, "-c", COLLECT_TIERS], capture_output=True, text=True, cwd=PROJECT,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

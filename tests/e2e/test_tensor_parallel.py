@@ -90,7 +90,6 @@ def test_split_replicas_average_their_gradients_as_ddp_does(reference_runs, fini
     assert_same_losses(split, reference_runs(TORCH_DDP_2))
 
 
-@pytest.mark.matrix
 def test_a_transformers_llama_splits_by_its_own_plan(tmp_path):
     # the architecture's declared plan (config.base_model_tp_plan): q, k, v, gate and up column-parallel, o and down
     # row-parallel; the embedding split by vocabulary rows; the logits gathered, as the class says (lm_head)
