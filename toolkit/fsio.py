@@ -5,6 +5,8 @@
     fsync_path(path)                      a file's or folder's bytes and names on disk
     read_regular_file(path, ...)          the bytes of a file from an untrusted folder: never through a link, never
                                           waiting on a FIFO
+    open_inside(path, root, ...)          a file of a folder being copied, opened as it was checked: a regular file,
+                                          still inside the folder
     check_plain_folder(folder, ...)       a model or tokenizer folder from elsewhere, before a library reads it:
                                           regular files and plain subfolders only (no link, FIFO or device)
     check_replaceable(out, marker, ...)   may a folder be written at ``out``: missing, empty, or an earlier one of
@@ -109,23 +111,17 @@ FILE_TYPES = {
 }
 
 
-def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: int | None = None) -> bytes:
-    """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
-    (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
-    O_NONBLOCK); with ``limit``, at most that many bytes (a small metadata file grown to gigabytes is refused,
-    not read). Refusals are ``error``, naming ``field`` and the path."""
+def _open_regular(path: Path, *, field: str, error: type[Exception], allowed: str, as_link: str) -> int:
+    """A descriptor of ``path`` opened for reading, which must be a regular file itself: a link is refused, not
+    followed (O_NOFOLLOW), and a FIFO is opened without waiting for a writer (O_NONBLOCK), then refused as anything
+    but a regular file is. Refusals are ``error``, naming ``field`` and the path: a link's says ``as_link`` (where
+    ``{target}`` is where it points) and ``allowed``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise error(
-                not_allowed(
-                    field,
-                    path,
-                    "a regular file (a link is never followed: it could lead anywhere)",
-                    problem=f"is a symbolic link to {bounded_repr(os.readlink(path))}",
-                )
-            ) from None
+            target = bounded_repr(os.readlink(path))
+            raise error(not_allowed(field, path, allowed, problem=as_link.format(target=target))) from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -138,6 +134,21 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
                 problem=f"is {FILE_TYPES.get(stat.S_IFMT(mode), 'not a file')}, not a regular file",
             )
         )
+    return fd
+
+
+def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: int | None = None) -> bytes:
+    """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
+    (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
+    O_NONBLOCK); with ``limit``, at most that many bytes (a small metadata file grown to gigabytes is refused,
+    not read). Refusals are ``error``, naming ``field`` and the path."""
+    fd = _open_regular(
+        path,
+        field=field,
+        error=error,
+        allowed="a regular file (a link is never followed: it could lead anywhere)",
+        as_link="is a symbolic link to {target}",
+    )
     with os.fdopen(fd, "rb") as f:
         data = f.read() if limit is None else f.read(limit + 1)
     if limit is not None and len(data) > limit:
@@ -145,6 +156,47 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
             not_allowed(field, path, "the small file Trainbook writes there", problem=f"is over {limit:,} bytes")
         )
     return data
+
+
+def _opened_path(fd: int) -> str | None:
+    """Where the file open as ``fd`` lies now, from the kernel (Linux's /proc, macOS's F_GETPATH); None where
+    neither is available."""
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/self/fd/{fd}")
+    import fcntl
+
+    if hasattr(fcntl, "F_GETPATH"):
+        with contextlib.suppress(OSError):
+            return os.fsdecode(fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024)).rstrip(b"\0"))
+    return None
+
+
+@contextlib.contextmanager
+def open_inside(path: Path, root: Path | None, *, field: str, error: type[Exception]):
+    """``path`` open for reading (a binary file object), for a copy of a folder from elsewhere whose files were
+    checked before (a data folder being registered): the file read is the one checked, even if the folder changed
+    meanwhile. Refused, as ``error`` naming ``field`` and the path: a link at ``path`` (O_NOFOLLOW: the file was
+    swapped for a link since), anything but a regular file (O_NONBLOCK: a FIFO never blocks), and, with ``root``
+    (a resolved folder), a file that no longer lies inside it (a folder on its path swapped for a link)."""
+    fd = _open_regular(
+        path,
+        field=field,
+        error=error,
+        allowed="the file that was checked (a link is never followed: it could lead anywhere)",
+        as_link="became a symbolic link to {target} while it was read",
+    )
+    with os.fdopen(fd, "rb") as f:
+        where = _opened_path(fd) if root is not None else None
+        if where is not None and not Path(where).is_relative_to(root):
+            raise error(
+                not_allowed(
+                    field,
+                    path,
+                    f"a file inside {str(root)!r}",
+                    problem=f"led to {bounded_repr(where)} when it was read (a folder on its path became a link)",
+                )
+            )
+        yield f
 
 
 PLAIN_FOLDER = (
@@ -205,13 +257,18 @@ def read_hashed(path: Path, out=None, new_hasher=hashlib.sha256) -> tuple[str, i
     """(sha256, size) of a file from one read, its bytes also written to ``out`` as they go (a copy that is
     exactly what was hashed, even if the file changes meanwhile). ``new_hasher``: another hashlib-like
     algorithm (toolkit.checkpoint.checksum's checkpoint checksum)."""
-    hasher, size = new_hasher(), 0
     with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            hasher.update(chunk)
-            size += len(chunk)
-            if out is not None:
-                out.write(chunk)
+        return hash_stream(f, out, new_hasher)
+
+
+def hash_stream(f, out=None, new_hasher=hashlib.sha256) -> tuple[str, int]:
+    """:func:`read_hashed` of a file already open (binary), read from where it is to its end."""
+    hasher, size = new_hasher(), 0
+    while chunk := f.read(HASH_CHUNK):
+        hasher.update(chunk)
+        size += len(chunk)
+        if out is not None:
+            out.write(chunk)
     return hasher.hexdigest(), size
 
 

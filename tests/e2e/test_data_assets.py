@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.catalogue import data_assets
+from toolkit.catalogue import data_assets, data_store
 from toolkit.catalogue.data_assets import DataAssetError
 from toolkit.catalogue.workspace import SCHEMA_VERSION, Workspace, WorkspaceError
 
@@ -110,6 +110,11 @@ def test_archive_hides_but_keeps_resolving(ws, tmp_path):
     (lambda ws, p: data_assets.register(ws, "x", p / "empty"), r"is an empty folder"),
     (lambda ws, p: data_assets.register(ws, "x", p / "linked"), r"is a link to .*outside"),
     (lambda ws, p: data_assets.register(ws, "x", p / "badtable", type="mltable"), r"do not match its MLTable"),
+    # a FIFO would block the reader forever (an MLTable naming one hung `data register`); a name with a backslash
+    # could be stored but never read back from its listing
+    (lambda ws, p: data_assets.register(ws, "x", p / "withfifo"), r"pipe' is a FIFO; allowed: regular files and folders"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "fifotable", type="mltable"), r"more.csv' is a FIFO"),
+    (lambda ws, p: data_assets.register(ws, "x", p / "backslash"), r"a\\\\b.txt' cannot be listed by its name"),
 ])
 def test_bad_input_is_refused_and_nothing_is_recorded(ws, tmp_path, call, message):
     data = tmp_path / "data"
@@ -125,6 +130,15 @@ def test_bad_input_is_refused_and_nothing_is_recorded(ws, tmp_path, call, messag
     (data / "badtable" / "MLTable").write_text(
         "type: mltable\npaths:\n  - file: ./t.csv\ntransformations:\n  - read_delimited: {delimiter: ','}\n"
         "  - convert_column_types:\n      - {columns: a, column_type: int}\n")
+    for name in ("withfifo", "fifotable", "backslash"):
+        (data / name).mkdir()
+        (data / name / "ok.csv").write_text("a,b\n1,2\n")
+    os.mkfifo(data / "withfifo" / "pipe")
+    os.mkfifo(data / "fifotable" / "more.csv")
+    (data / "fifotable" / "MLTable").write_text(
+        "type: mltable\npaths:\n  - file: ./ok.csv\n  - file: ./more.csv\ntransformations:\n"
+        "  - read_delimited: {delimiter: ','}\n")
+    (data / "backslash" / "a\\b.txt").write_text("x")
     with pytest.raises(DataAssetError, match=message):
         call(ws, data)
     assert data_assets.list_assets(ws, include_archived=True) == []
@@ -139,6 +153,32 @@ def test_links_inside_the_folder_are_snapshotted_as_files(ws, tmp_path):
     asset = data_assets.register(ws, "d", folder)
     assert asset.file_count == 2 and not (asset.path / "alias.txt").is_symlink()
     assert (asset.path / "alias.txt").read_text() == "data"
+
+
+@pytest.mark.parametrize("swapped", ["the file", "a folder on its path"])
+def test_a_file_swapped_for_a_link_after_the_check_is_refused_and_never_stored(ws, tmp_path, swapped):
+    # Registration lists and checks the files (files_of), then reads them (store_snapshot). In between, the folder
+    # may change: a file, or a folder above it, replaced by a link out of the folder must not bring the outside
+    # file's bytes into the store.
+    folder, outside = tmp_path / "d", tmp_path / "outside"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "notes.txt").write_text("mine")
+    outside.mkdir()
+    (outside / "notes.txt").write_text("SECRET OF SOMEONE ELSE")
+    root = folder.resolve()
+    files = data_store.files_of(root, "uri_folder")
+    if swapped == "the file":
+        (folder / "sub" / "notes.txt").unlink()
+        (folder / "sub" / "notes.txt").symlink_to(outside / "notes.txt")
+        message = r"sub/notes.txt' became a symbolic link to '.*/outside/notes.txt' while it was read"
+    else:
+        shutil.rmtree(folder / "sub")
+        (folder / "sub").symlink_to(outside)
+        message = r"sub/notes.txt' led to '.*/outside/notes.txt' when it was read"
+    with pytest.raises(DataAssetError, match=message):
+        data_store.store_snapshot(ws, files, "uri_folder", root=root)
+    stored = [b.read_bytes() for b in (ws.datastore / "blobs").iterdir()]
+    assert not any(b"SECRET" in data for data in stored)
 
 
 def test_an_interrupted_registration_leaves_the_catalogue_consistent(ws, tmp_path):

@@ -168,7 +168,9 @@ def register(
     source_files = files_of(resolved, type)
     if type == "mltable":  # after files_of: a link leaving the folder is refused before the table is read
         _check_mltable(resolved)
-    sha256, size, count, snapshot = store_snapshot(ws, source_files, type)
+    sha256, size, count, snapshot = store_snapshot(
+        ws, source_files, type, root=resolved.parent if type == "uri_file" else resolved
+    )
     with ws.transaction() as conn:
         existing = conn.execute(
             "SELECT * FROM data_assets WHERE name = ? AND sha256 = ? AND type = ? ORDER BY version DESC LIMIT 1",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from toolkit import fsio
 from toolkit.errors import UserError, not_allowed
-from toolkit.fsio import HASH_CHUNK, read_hashed, sha256_file
+from toolkit.fsio import HASH_CHUNK, sha256_file
 from toolkit.catalogue.workspace import Workspace
 
 SHA256_RE = fsio.SHA256_RE
@@ -53,26 +53,41 @@ def files_of(path: Path, type: str) -> list[tuple[str, Path]]:
     """(relative name, path) of every file of a source of ``type``: a uri_file is its one file; a folder is every
     file under it. THE rule for which files make up an asset, at registration and when a file or folder (a
     snapshot, say) is read in place. Every file counts, dot-files too: a snapshot holds nothing but the user's
-    files. A symbolic link is taken as the file it points to if that lies inside the folder; one pointing outside
-    is refused, never followed. The order is the content hash's."""
+    files. A symbolic link is taken as the file it points to (the path given is that file's) if that lies inside
+    the folder; one pointing outside is refused, never followed. A FIFO, socket or device is refused (a reader
+    would block on it, or read without end), and so is a name a listing cannot hold (a backslash, say). The order
+    is the content hash's."""
     if type == "uri_file":
         return [(path.name, path)]
     root = path.resolve()
     files = []
     for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path).as_posix()
+        if not fsio.name_inside(rel):
+            raise DataAssetError(
+                not_allowed("path", p, "file names without a backslash or NUL", problem="cannot be listed by its name")
+            )
+        file = p
         if p.is_symlink():
-            target = p.resolve()
-            if not target.is_relative_to(root):
+            file = p.resolve()
+            if not file.is_relative_to(root):
                 raise DataAssetError(
                     not_allowed(
                         "path",
                         p,
                         "links to files inside the registered folder",
-                        problem=f"is a link to {str(target)!r}, outside {str(root)!r}",
+                        problem=f"is a link to {str(file)!r}, outside {str(root)!r}",
                     )
                 )
-        if p.is_file():
-            files.append((p.relative_to(path).as_posix(), p))
+        if file.is_dir():
+            continue
+        if not file.is_file():
+            try:
+                what = fsio.FILE_TYPES.get(stat.S_IFMT(file.stat().st_mode), "not a regular file")
+            except FileNotFoundError:
+                what = "a link to a file that does not exist"
+            raise DataAssetError(not_allowed("path", p, "regular files and folders", problem=f"is {what}"))
+        files.append((rel, file))
     if not files:
         raise DataAssetError(not_allowed("path", path, "a folder with at least one file", problem="is an empty folder"))
     return files
@@ -121,45 +136,48 @@ def _publish_file(dest: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _store_blob(path: Path, blobs: Path) -> str:
+def _store_blob(path: Path, blobs: Path, root: Path | None = None) -> str:
     """Copy one file into the content-addressed store; returns its sha256. An unreadable file stops the
     registration before the catalogue is touched (blobs already stored are content-addressed: harmless)."""
     try:
-        return _copy_into_store(path, blobs)
+        return _copy_into_store(path, blobs, root=root)
     except PermissionError as exc:
         raise DataAssetError(
             not_allowed("path", path, "readable files", problem=f"cannot be read ({exc.strerror})")
         ) from None
 
 
-def _copy_into_store(path: Path, blobs: Path, expected: str | None = None) -> str:
+def _copy_into_store(path: Path, blobs: Path, expected: str | None = None, root: Path | None = None) -> str:
     """Copy one file into the content-addressed store; returns its sha256. ``expected``: store it only if it hashes
-    to that (a blob restored from its source); the sha256 found is returned either way.
+    to that (a blob restored from its source); the sha256 found is returned either way. ``root``: the folder being
+    registered, which the file must still lie in when it is opened (:func:`toolkit.fsio.open_inside`: a file
+    swapped for a link since :func:`files_of` checked it is refused, never read).
 
     Small files are read once: hashed from memory and written from the same bytes, so the blob is what was
     hashed even if the source changes meanwhile. Large files are hashed while copied, then checked again. A
     blob already stored is reused only if its bytes still hash to its name (:func:`_reusable_blob`); a damaged
     one is replaced.
     """
-    if path.stat().st_size <= SMALL_BLOB_BYTES:
-        data = path.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if expected in (None, digest) and not _reusable_blob(blobs / digest, digest, len(data)):
-            _publish_file(blobs / digest, data)
+    with fsio.open_inside(path, root, field="path", error=DataAssetError) as source:
+        if os.fstat(source.fileno()).st_size <= SMALL_BLOB_BYTES:
+            data = source.read()
+            digest = hashlib.sha256(data).hexdigest()
+            if expected in (None, digest) and not _reusable_blob(blobs / digest, digest, len(data)):
+                _publish_file(blobs / digest, data)
+            return digest
+        tmp = _tmp_path(blobs, "blob")
+        try:
+            with open(tmp, "xb") as dst:
+                digest, size = fsio.hash_stream(source, dst)
+            blob = blobs / digest
+            if expected in (None, digest) and not _reusable_blob(blob, digest, size):
+                if sha256_file(tmp) != digest:
+                    raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, blob)
+        finally:
+            tmp.unlink(missing_ok=True)
         return digest
-    tmp = _tmp_path(blobs, "blob")
-    try:
-        with open(tmp, "xb") as dst:
-            digest, size = read_hashed(path, dst)
-        blob = blobs / digest
-        if expected in (None, digest) and not _reusable_blob(blob, digest, size):
-            if sha256_file(tmp) != digest:
-                raise DataAssetError(f"path: {str(path)!r} changed while it was being registered; try again")
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, blob)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return digest
 
 
 def restore_blob(ws: Workspace, sha256: str, source: Path) -> str | None:
@@ -349,15 +367,18 @@ def _rebuild_snapshot(blobs: Path, snapshot: Path, listing: list[dict]) -> None:
             _remove(tmp)
 
 
-def store_snapshot(ws: Workspace, files: list[tuple[str, Path]], type: str) -> tuple[str, int, int, str]:
+def store_snapshot(
+    ws: Workspace, files: list[tuple[str, Path]], type: str, root: Path | None = None
+) -> tuple[str, int, int, str]:
     """Content-address ``files`` (a source's, as :func:`files_of` lists them) into the datastore as an asset of
-    ``type``. Returns (sha256, size, file count, snapshot path relative to the workspace)."""
+    ``type``. ``root``: the resolved folder they were listed from, which each must still lie in when read.
+    Returns (sha256, size, file count, snapshot path relative to the workspace)."""
     ws.require_writable()  # before the first blob, not at the catalogue's turn
     blobs = ws.datastore / BLOBS
     blobs.mkdir(parents=True, exist_ok=True)
     # File I/O releases the GIL: a few threads overlap the many small reads and writes of a folder asset.
     with ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS) as pool:
-        digests = list(pool.map(lambda item: _store_blob(item[1], blobs), files))
+        digests = list(pool.map(lambda item: _store_blob(item[1], blobs, root), files))
     listing = [
         {"name": rel, "sha256": digest, "size": (blobs / digest).stat().st_size}
         for (rel, _), digest in zip(files, digests)

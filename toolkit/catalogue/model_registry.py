@@ -70,7 +70,8 @@ def register_model(
         config = yaml.safe_load((model_dir / "config.yaml").read_text())
         name = str(config.get("name") if isinstance(config, dict) else manifest["model"])
     names.check_name(name, "name", DataAssetError)
-    _, size, _, snapshot = store_snapshot(ws, files_of(model_dir.resolve(), "uri_folder"), "uri_folder")
+    folder = model_dir.resolve()
+    _, size, _, snapshot = store_snapshot(ws, files_of(folder, "uri_folder"), "uri_folder", root=folder)
     # The snapshot is what will be served: its bytes must be the ones its manifest (and so the version) names.
     manifest = verify_model_folder(ws.root / snapshot)
     sha256 = payload_hash(manifest)
