@@ -30,6 +30,9 @@ from toolkit.status import STATES
 # named here, the module that imports no torch, for the profiler that writes them and the reports that read them
 PROFILE_DIR = "profile"
 OPERATORS_FILE = "top_operators.json"  # the rows of the profiler's summary.txt, for tables a notebook renders
+# status.json and lineage.json are a few KB (a classifier's label names make a lineage longest); a copied run's file
+# grown to gigabytes is refused, not read into memory
+RUN_JSON_MAX_BYTES = 4 << 20
 
 
 class RunDir:
@@ -103,11 +106,17 @@ class RunDir:
 
     @staticmethod
     def _read_json(path: Path, field: str) -> dict:
-        """A JSON object of the run's own (a link is refused, not followed); {} when the file is not there yet."""
+        """A JSON object of the run's own (a link is refused, not followed; a file over RUN_JSON_MAX_BYTES is not
+        read); {} when the file is not there yet."""
         try:
-            data = json.loads(read_regular_file(path, field=field, error=ValueError))
+            text = read_regular_file(path, field=field, error=RefusedValue, limit=RUN_JSON_MAX_BYTES)
         except FileNotFoundError:
             return {}
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            where = f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else exc
+            raise RefusedValue(not_allowed(field, path, "a JSON object", problem=f"is not JSON ({where})")) from None
         if not isinstance(data, dict):
             raise RefusedValue(not_allowed(field, path, "a JSON object", problem=f"holds a JSON {type(data).__name__}"))
         return data

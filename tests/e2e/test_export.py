@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -90,6 +91,20 @@ def test_export_replaces_an_older_export_whole_and_the_cli_reports_parity(traine
     assert "parity        max |torch - onnxruntime|" in proc.stdout and "registered    tiny:1" in proc.stdout
     assert {p.name for p in (run.path / "model").iterdir()} == FILES
     assert not [p for p in run.path.iterdir() if p.name.startswith(".model")], "no temporary folder left behind"
+
+
+def test_a_lineage_too_big_for_the_manifest_is_refused_and_nothing_is_written(trained):
+    # a copied run's lineage.json whose data record (copied into the manifest) would make a manifest that serve and
+    # register refuse: refused before anything is published, not written as an export nobody can read or replace
+    lineage = json.loads(trained.lineage_path.read_text())
+    lineage["data"]["name"] = "x" * (2 << 20)
+    trained.lineage_path.write_text(json.dumps(lineage))
+    before = sorted(p.name for p in trained.path.iterdir())
+    proc = cli("export", str(trained.path))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert re.search(r"the manifest would be 2,\d{3},\d{3} bytes, over the 1,048,576 bytes its readers accept; its "
+                     r"provenance 'data' \(the run's lineage.json\) is 2,\d{3},\d{3} bytes of it", proc.stderr), proc.stderr
+    assert sorted(p.name for p in trained.path.iterdir()) == before, "no export, no staging folder left behind"
 
 
 def test_a_run_without_checkpoints_cannot_be_exported(train_tiny):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from toolkit import config as config_mod
+from toolkit.errors import UserError
 from toolkit.rundir import RunDir
 
 
@@ -63,4 +64,18 @@ def test_status_and_lineage_are_read_only_as_the_runs_own_json_objects(tmp_path,
     (run.path / name).unlink()
     (run.path / name).write_text("[1, 2]")
     with pytest.raises(ValueError, match=f"{name}: .* holds a JSON list; allowed: a JSON object"):
+        read(run)
+
+
+@pytest.mark.parametrize("name, read", [("status.json", RunDir.read_status), ("lineage.json", RunDir.read_lineage)])
+def test_status_and_lineage_that_are_not_json_or_grown_huge_are_user_errors_naming_the_file(tmp_path, name, read):
+    # a copied run's file: half a JSON object is refused in one line (not a traceback), and a file of gigabytes
+    # (here sparse: no disk used) is refused before it is read into memory
+    run = _run(tmp_path)
+    (run.path / name).write_text('{"state": "completed",')
+    with pytest.raises(UserError, match=f"^{name}: '.*{name}' is not JSON \\(line 1 column 23: Expecting "):
+        read(run)
+    with open(run.path / name, "r+b") as f:
+        f.truncate(1 << 30)
+    with pytest.raises(UserError, match=f"^{name}: '.*{name}' is over 4,194,304 bytes"):
         read(run)

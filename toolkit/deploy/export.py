@@ -39,7 +39,14 @@ from toolkit.checkpoint.store import CheckpointStore
 from toolkit.train.models.preflight import BUILT_IN
 from toolkit.errors import not_allowed
 from toolkit.fsio import sha256_file, staging_folder
-from toolkit.catalogue.model_format import FORMAT, MANIFEST, ExportError, check_replaceable, publish_folder
+from toolkit.catalogue.model_format import (
+    FORMAT,
+    MANIFEST,
+    MANIFEST_MAX_BYTES,
+    ExportError,
+    check_replaceable,
+    publish_folder,
+)
 from toolkit.catalogue.model_format import read_manifest, verify_model_folder  # noqa: F401 (re-exported)
 from toolkit import trust
 from toolkit.deploy import onnx_file
@@ -333,5 +340,13 @@ def _write_manifest(tmp: Path, model, cfg, provenance: dict, fields: dict, parit
         "packages": package_versions(),
         "files": {name: {"sha256": sha256_file(tmp / name), "size": (tmp / name).stat().st_size} for name in files},
     }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    text = json.dumps(manifest, indent=1)
+    size = len(text.encode())
+    if size > MANIFEST_MAX_BYTES:  # every reader (serve, register, deploy-plan) would refuse it: publish nothing
+        data = len(json.dumps(provenance.get("data")).encode())
+        raise ExportError(
+            f"the manifest would be {size:,} bytes, over the {MANIFEST_MAX_BYTES:,} bytes its readers accept; "
+            f"its provenance 'data' (the run's lineage.json) is {data:,} bytes of it. Nothing was written."
+        )
+    (tmp / MANIFEST).write_text(text)
     return manifest
