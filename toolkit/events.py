@@ -10,16 +10,18 @@ skipped with a warning naming the file and its byte offset, so one bad line neve
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 import time as time_mod
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from toolkit.errors import not_allowed, refused
-from toolkit.fsio import open_log
+from toolkit.errors import RefusedValue, not_allowed, refused
+from toolkit.fsio import open_log, open_regular_file
 
 EVENTS_FILE = "events.jsonl"
 
@@ -380,6 +382,30 @@ def to_record(event: Event) -> dict:
     return record
 
 
+# What a field's annotation allows of a value read from a line (JSON gives no other types): a copied run's file may
+# hold a string where a reader does arithmetic
+_TYPE_CHECKS = {
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+    list: lambda v: isinstance(v, list),
+}
+_TYPE_NAMES = {float: "a number", int: "an integer", str: "a string", list: "a list"}
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, tuple[type, bool]]:
+    """Each field of an event class: (the type _TYPE_CHECKS knows it by, whether None is allowed too)."""
+    hints = typing.get_type_hints(cls)
+    types = {}
+    for field in dataclasses.fields(cls):
+        args = typing.get_args(hints[field.name])
+        optional = type(None) in args
+        kind = next((a for a in args if a is not type(None)), hints[field.name]) if optional else hints[field.name]
+        types[field.name] = (typing.get_origin(kind) or kind, optional)
+    return types
+
+
 def from_record(record: dict) -> Event | None:
     """The event a line's object holds; None for a kind this version does not know. Keys it does not know are
     ignored. Raises ValueError when the object is not an event (no kind, a required field missing)."""
@@ -389,9 +415,14 @@ def from_record(record: dict) -> Event | None:
     cls = KINDS.get(kind)
     if cls is None:
         return None
-    names = {f.name for f in dataclasses.fields(cls)}
+    types = _field_types(cls)
+    fields = {k: v for k, v in record.items() if k in types}
+    for name, value in fields.items():
+        allowed, optional = types[name]
+        if not (value is None and optional) and not _TYPE_CHECKS[allowed](value):
+            raise ValueError(not_allowed(f"'{name}'", value, _TYPE_NAMES[allowed]))
     try:
-        return cls(**{k: v for k, v in record.items() if k in names})
+        return cls(**fields)
     except TypeError as exc:  # the dataclass names the missing field
         raise ValueError(f"a {kind} event: {exc}") from None
 
@@ -430,32 +461,51 @@ def append_event(path: Path, event: E) -> E:
 # --- reading ------------------------------------------------------------------------------------------------------
 
 
+# An event is a few hundred bytes (a compile event naming its recompilations the longest); a longer line is not one,
+# and is skipped without being held in memory whole (a copied run's file may be anything)
+MAX_LINE_BYTES = 1 << 20
+
+
 def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
     """The JSON objects of the lines appended since byte ``offset``, and the offset to continue from.
 
     A last line without its newline is being written right now: it is left for the next call. A line that is
-    not a JSON object is skipped with a warning.
+    not a JSON object, or is over MAX_LINE_BYTES, is skipped with a warning. The file must be the run's own
+    regular file (a link or a FIFO in a copied run is refused, naming it).
     """
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
+        f = open_regular_file(path, field=EVENTS_FILE, error=RefusedValue)
     except FileNotFoundError:
         return [], offset
-    complete = chunk[: chunk.rfind(b"\n") + 1]
     records, at = [], offset
-    for line in complete.splitlines(keepends=True):
-        try:
-            record = json.loads(line) if line.strip() else None
-            if record is not None and not isinstance(record, dict):
-                raise ValueError(refused(None, f"a JSON {type(record).__name__}", "a JSON object"))
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            _skipped(path, at, exc)
-            record = None
-        if record is not None:
-            records.append(record)
-        at += len(line)
-    return records, offset + len(complete)
+    with f:
+        f.seek(offset)
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            length = len(line)
+            if len(line) > MAX_LINE_BYTES:  # read past the rest of it, a piece at a time
+                while line and not line.endswith(b"\n"):
+                    line = f.readline(MAX_LINE_BYTES)
+                    length += len(line)
+                if not line:  # no newline yet: still being written
+                    break
+                _skipped(path, at, ValueError(f"over {MAX_LINE_BYTES:,} bytes"))
+            elif not line.endswith(b"\n"):  # still being written
+                break
+            elif (record := _record_or_none(path, at, line)) is not None:
+                records.append(record)
+            at += length
+    return records, at
+
+
+def _record_or_none(path: Path, at: int, line: bytes) -> dict | None:
+    try:
+        record = json.loads(line) if line.strip() else None
+        if record is not None and not isinstance(record, dict):
+            raise ValueError(refused(None, f"a JSON {type(record).__name__}", "a JSON object"))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        _skipped(path, at, exc)
+        return None
+    return record
 
 
 def read_new(path: Path, offset: int = 0) -> tuple[list[Event], int]:

@@ -4,7 +4,7 @@
     atomic_files(paths)                   several files written under temporary names, renamed in order at the end
     fsync_path(path)                      a file's or folder's bytes and names on disk
     read_regular_file(path, ...)          the bytes of a file from an untrusted folder: never through a link, never
-                                          waiting on a FIFO
+                                          waiting on a FIFO (open_regular_file: the same, opened to read in pieces)
     open_inside(path, root, ...)          a file of a folder being copied, opened as it was checked: a regular file,
                                           still inside the folder
     check_plain_folder(folder, ...)       a model or tokenizer folder from elsewhere, before a library reads it:
@@ -137,11 +137,9 @@ def _open_regular(path: Path, *, field: str, error: type[Exception], allowed: st
     return fd
 
 
-def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: int | None = None) -> bytes:
-    """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
-    (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
-    O_NONBLOCK); with ``limit``, at most that many bytes (a small metadata file grown to gigabytes is refused,
-    not read). Refusals are ``error``, naming ``field`` and the path."""
+def open_regular_file(path: Path, *, field: str, error: type[Exception]):
+    """``path`` open for reading (binary), refused as :func:`read_regular_file` refuses it: for a file from
+    elsewhere read in pieces (a run's events.jsonl)."""
     fd = _open_regular(
         path,
         field=field,
@@ -149,7 +147,15 @@ def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: 
         allowed="a regular file (a link is never followed: it could lead anywhere)",
         as_link="is a symbolic link to {target}",
     )
-    with os.fdopen(fd, "rb") as f:
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_file(path: Path, *, field: str, error: type[Exception], limit: int | None = None) -> bytes:
+    """The bytes of ``path``, which must be a regular file itself: a copied folder may hold a link to any file
+    (not followed: O_NOFOLLOW) or a FIFO that would block the reader forever (opened without waiting:
+    O_NONBLOCK); with ``limit``, at most that many bytes (a small metadata file grown to gigabytes is refused,
+    not read). Refusals are ``error``, naming ``field`` and the path."""
+    with open_regular_file(path, field=field, error=error) as f:
         data = f.read() if limit is None else f.read(limit + 1)
     if limit is not None and len(data) > limit:
         raise error(

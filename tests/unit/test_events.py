@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -13,6 +14,7 @@ from toolkit import events
 from toolkit.events import (CheckpointErrorEvent, CheckpointEvent, CheckpointInvalidEvent, DebuggerEvent,
                                  ErrorEvent, EvalEvent, EventLog, ProfileEvent, RestartEvent, StatusEvent, TrainEvent,
                                  read_events, read_new)
+from toolkit.errors import UserError
 from toolkit.rundir import RunDir
 
 # One line of each kind as the writers before the schema put them on disk (same keys, same order).
@@ -191,3 +193,51 @@ def test_a_compile_event_reads_as_one_line_naming_each_recompilation():
     assert first.summary == "compiled 2 graphs in 18.4 s at step 1"
     assert again.summary == ("recompiled 1 graph in 3.2 s at step 10, 1 graph breaks: "
                              "forward: 0/0: GLOBAL_STATE changed: grad_mode")
+
+
+def test_an_event_with_a_field_of_the_wrong_type_is_skipped_naming_the_field(tmp_path):
+    # a copied run's events.jsonl: a reader that does arithmetic on a field (advise on lost_ms, forecast on
+    # tokens_per_s) must never get a string where the schema says a number
+    run = RunDir(tmp_path / "r")
+    _write_lines(run, [
+        '{"event": "eval", "time": 1.0, "step": 1, "val_loss": 3.0}',
+        '{"event": "eval", "time": 2.0, "step": "2", "val_loss": 2.0}',
+        '{"event": "eval", "time": 3.0, "step": 3, "val_loss": "fast"}',
+        '{"event": "eval", "time": 4.0, "step": true, "val_loss": 1.0}',
+        '{"event": "eval", "time": 5.0, "step": 5, "val_loss": 1}',  # an integer is a number
+    ])
+    with pytest.warns(RuntimeWarning) as caught:
+        assert [(e.step, e.val_loss) for e in read_events(run)] == [(1, 3.0), (5, 1)]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 3, messages
+    assert "'step': '2' is not allowed; allowed: an integer" in messages[0], messages
+    assert "'val_loss': 'fast' is not allowed; allowed: a number" in messages[1], messages
+    assert "'step': True is not allowed; allowed: an integer" in messages[2], messages
+
+
+@pytest.mark.timeout(20)  # a FIFO would block the reader forever, /dev/zero would fill the memory
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.symlink_to("/dev/zero"), "is a symbolic link to '/dev/zero'"),
+    (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
+])
+def test_an_events_file_that_is_a_link_or_a_fifo_is_refused_naming_it(tmp_path, make, message):
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    make(run.events_path)
+    with pytest.raises(UserError, match=f"^events.jsonl: '{run.events_path}' {message}"):
+        read_events(run)
+
+
+def test_a_line_too_long_to_be_an_event_is_skipped_without_reading_it_whole(tmp_path):
+    run = RunDir(tmp_path / "r")
+    _write_lines(run, ['{"event": "eval", "time": 1.0, "step": 1, "val_loss": 3.0}',
+                       '{"event": "error", "time": 2.0, "message": "' + "x" * (events.MAX_LINE_BYTES + 10) + '"}',
+                       '{"event": "eval", "time": 3.0, "step": 3, "val_loss": 2.0}'])
+    with pytest.warns(RuntimeWarning, match="at byte 59: a line that is not an event .*over 1,048,576 bytes"):
+        assert [e.step for e in read_events(run)] == [1, 3]
+    # a long line still being written (no newline yet) is left for the next call, as any unfinished line is
+    with open(run.events_path, "a") as f:
+        f.write("y" * (2 * events.MAX_LINE_BYTES))
+    with pytest.warns(RuntimeWarning, match="at byte 59"):  # the finished long line, skipped again
+        _, end = read_new(run.events_path)
+    assert end == run.events_path.stat().st_size - 2 * events.MAX_LINE_BYTES
