@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROJECT, cli
+from toolkit.catalogue.workspace import Workspace
 from served_model import exported_tiny_model
 
 from test_serving import call
@@ -94,6 +95,32 @@ def test_a_key_file_that_is_a_link_is_refused_and_its_target_left_alone(model_di
     assert proc.returncode == 2, proc.stderr
     assert f"the endpoint key {key_path(ws)}: is a link" in proc.stderr and "Traceback" not in proc.stderr
     assert elsewhere.read_text() == "someone else's file\n" and key_path(ws).is_symlink()
+
+
+@pytest.mark.parametrize("linked", ["endpoints/tiny", "endpoints"])
+def test_an_endpoint_folder_that_is_a_link_is_refused_and_nothing_is_written_through_it(model_dir, tmp_path, linked):
+    # the key, the record and the log would land wherever the link points, and `endpoints` (which skips linked
+    # folders) could neither list nor stop the server
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ws / linked).parent.mkdir(parents=True)
+    (ws / linked).symlink_to(elsewhere)
+    proc = cli("serve", str(model_dir), "--runtime", "torch", "--workspace", str(ws), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"'{ws / linked}' is a symbolic link to '{elsewhere}'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.timeout(60)  # before the fix, reading the FIFO waited forever for a writer
+def test_an_endpoint_record_that_is_a_fifo_or_a_link_is_not_listed_and_never_waited_on(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "endpoints" / "ghost").mkdir(parents=True)
+    os.mkfifo(ws / "endpoints" / "ghost" / "endpoint.json")
+    (ws / "endpoints" / "linked").mkdir()
+    (ws / "endpoints" / "linked" / "endpoint.json").symlink_to("/dev/zero")
+    Workspace.open(ws)  # the rest of a workspace: its catalogue
+    proc = cli("endpoints", "--workspace", str(ws), timeout=50)
+    assert proc.returncode == 0 and proc.stdout.startswith("no endpoints running"), proc.stdout + proc.stderr
 
 
 def test_a_failed_key_write_leaves_no_empty_key_behind(model_dir, tmp_path):

@@ -196,7 +196,7 @@ def serve(
     name = check_name(str(name))  # it names a folder in the workspace: no '/', no '..'
     ws = Workspace.open(workspace)
     ws.require_writable()  # the endpoint's folder, key and log are written there
-    folder = ws.root / "endpoints" / name
+    folder = running.endpoint_folder(ws.root, name, EndpointError)
     key_file = endpoint_key(folder)
     key = key_file.key
     port = port or free_port()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.errors import RefusedValue, not_allowed
-from toolkit.fsio import atomic_write_text
+from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.deploy.serving.options import KEY_FILE_ENV
 
 RECORD_NAME = "endpoint.json"
@@ -36,6 +36,28 @@ class RunningEndpoint:
         return asdict(self)
 
 
+RECORD_MAX_BYTES = 64 << 10  # a record is a few hundred bytes
+
+
+def endpoint_folder(workspace_root: Path, name: str, error: type[Exception]) -> Path:
+    """WORKSPACE/endpoints/NAME, made when missing, where an endpoint's key, record and log go. A link at either
+    level is refused (as ``error``), never written through: the key would land wherever it points, and
+    :func:`recorded_endpoints`, which passes linked folders over, could neither list nor stop the server."""
+    root = workspace_root / "endpoints"
+    for path in (root, root / name):
+        if path.is_symlink():
+            raise error(
+                not_allowed(
+                    "endpoint folder",
+                    path,
+                    "a folder of the workspace (a link is never written through)",
+                    problem=f"is a symbolic link to {str(Path(os.readlink(path)))!r}",
+                )
+            )
+    (root / name).mkdir(parents=True, exist_ok=True)
+    return root / name
+
+
 def record(folder: Path, endpoint: RunningEndpoint) -> None:
     atomic_write_text(folder / RECORD_NAME, json.dumps(endpoint.as_dict(), indent=1))
 
@@ -51,8 +73,9 @@ def _read(folder: Path) -> RunningEndpoint | None:
     """The folder's record; None if it has none, or one that does not name this folder (the folder is the name:
     a record copied or edited to name another endpoint must not make `stop` reach that one's server)."""
     try:
-        endpoint = RunningEndpoint(**json.loads((folder / RECORD_NAME).read_text()))
-    except (OSError, ValueError, TypeError):  # none, half-written by hand, or another version's: not listed
+        text = read_regular_file(folder / RECORD_NAME, field=RECORD_NAME, error=RefusedValue, limit=RECORD_MAX_BYTES)
+        endpoint = RunningEndpoint(**json.loads(text))
+    except (OSError, ValueError, TypeError):  # none, half-written by hand, another version's, a link or a FIFO
         return None
     typed = (
         all(isinstance(getattr(endpoint, f), str) for f in ("name", "url", "runtime", "model_dir", "key_file"))
