@@ -75,6 +75,19 @@ def test_tensorboard_refuses_a_missing_run(tmp_path):
         start_tensorboard(tmp_path / "nope")
 
 
+@pytest.mark.parametrize("where", ["tb", "tb/run_b"])
+def test_tensorboard_refuses_a_run_whose_folders_link_out_of_it(tmp_path, where):
+    # TensorBoard walks its whole logdir: a copied run's tb/ (or a folder in it) linked elsewhere would serve the
+    # scalars of whatever it points to (`tb -> /` would walk the whole disk)
+    run, elsewhere = tmp_path / "run", tmp_path / "someone-elses-runs"
+    elsewhere.mkdir()
+    (run / where).parent.mkdir(parents=True)
+    (run / where).symlink_to(elsewhere)
+    with pytest.raises(TensorBoardError, match=f"run_dir: '{run}' holds {where}, a symbolic link to '{elsewhere}'"):
+        start_tensorboard(run)
+    assert not (run / "tensorboard.log").exists(), "nothing was started"
+
+
 def test_tensorboard_stops_when_the_process_that_started_it_is_killed(tmp_path):
     (tmp_path / "tb").mkdir()
     assert_server_dies_with_its_starter(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.errors import UserError, not_allowed
+from toolkit.fsio import check_plain_folder
 from toolkit.ports import busy_port_message, free_port, port_in_use
 from toolkit.runs.service import ServiceProcess, start_service, wait_until_answers
 
@@ -42,6 +43,9 @@ def start_tensorboard(run_dir: str | Path, port: int | None = None) -> TensorBoa
     logdir = Path(run_dir)
     if not logdir.is_dir():
         raise TensorBoardError(not_allowed("run_dir", logdir, "a run directory", problem="is not a folder"))
+    # TensorBoard reads every event file under its logdir: a run copied from elsewhere with a link in it (tb/ -> /)
+    # would have it serve whatever the link points to; a FIFO would hang its reader
+    check_plain_folder(logdir, field="run_dir", error=TensorBoardError)
     if port is not None and port_in_use("127.0.0.1", port):
         raise TensorBoardError(busy_port_message("--port", port))
     port = port or free_port()
