@@ -181,6 +181,19 @@ def test_a_file_swapped_for_a_link_after_the_check_is_refused_and_never_stored(w
     assert not any(b"SECRET" in data for data in stored)
 
 
+def test_a_blob_is_restored_from_a_source_file_that_links_inside_its_folder(ws, tmp_path):
+    # `data verify --repair` reads a registered folder's file again; a link to the folder's own file, which
+    # registration took as that file, restores its blob too (only bytes that hash to the blob are ever stored)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "real.txt").write_bytes(b"R" * 100)
+    (folder / "alias.txt").symlink_to("real.txt")
+    (ws.datastore / "blobs").mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(b"R" * 100).hexdigest()
+    assert data_store.restore_blob(ws, digest, folder / "alias.txt") is None
+    assert (ws.datastore / "blobs" / digest).read_bytes() == b"R" * 100
+
+
 def test_an_interrupted_registration_leaves_the_catalogue_consistent(ws, tmp_path):
     import signal
     import time

@@ -190,7 +190,9 @@ def restore_blob(ws: Workspace, sha256: str, source: Path) -> str | None:
     if not source.is_file():
         return "is not a regular file"
     try:
-        digest = _copy_into_store(source, ws.datastore / BLOBS, expected=sha256)
+        # followed if a link (a registered folder may link to its own files): only bytes hashing to ``sha256`` are
+        # ever stored, wherever they come from
+        digest = _copy_into_store(source.resolve(), ws.datastore / BLOBS, expected=sha256)
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     except DataAssetError:
