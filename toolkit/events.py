@@ -482,7 +482,7 @@ def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
         f.seek(offset)
         while line := f.readline(MAX_LINE_BYTES + 1):
             length = len(line)
-            if len(line) > MAX_LINE_BYTES:  # read past the rest of it, a piece at a time
+            if length > MAX_LINE_BYTES:  # read past the rest of it, a piece at a time
                 while line and not line.endswith(b"\n"):
                     line = f.readline(MAX_LINE_BYTES)
                     length += len(line)

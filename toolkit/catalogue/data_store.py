@@ -136,7 +136,7 @@ def _publish_file(dest: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _store_blob(path: Path, blobs: Path, root: Path | None = None) -> str:
+def _store_blob(path: Path, blobs: Path, root: Path) -> str:
     """Copy one file into the content-addressed store; returns its sha256. An unreadable file stops the
     registration before the catalogue is touched (blobs already stored are content-addressed: harmless)."""
     try:
@@ -369,9 +369,7 @@ def _rebuild_snapshot(blobs: Path, snapshot: Path, listing: list[dict]) -> None:
             _remove(tmp)
 
 
-def store_snapshot(
-    ws: Workspace, files: list[tuple[str, Path]], type: str, root: Path | None = None
-) -> tuple[str, int, int, str]:
+def store_snapshot(ws: Workspace, files: list[tuple[str, Path]], type: str, root: Path) -> tuple[str, int, int, str]:
     """Content-address ``files`` (a source's, as :func:`files_of` lists them) into the datastore as an asset of
     ``type``. ``root``: the resolved folder they were listed from, which each must still lie in when read.
     Returns (sha256, size, file count, snapshot path relative to the workspace)."""

@@ -14,7 +14,7 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from toolkit.errors import RefusedValue, not_allowed
+from toolkit.errors import RefusedValue, bounded_repr, not_allowed
 from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.deploy.serving.options import KEY_FILE_ENV
 
@@ -51,7 +51,7 @@ def endpoint_folder(workspace_root: Path, name: str, error: type[Exception]) -> 
                     "endpoint folder",
                     path,
                     "a folder of the workspace (a link is never written through)",
-                    problem=f"is a symbolic link to {str(Path(os.readlink(path)))!r}",
+                    problem=f"is a symbolic link to {bounded_repr(os.readlink(path))}",
                 )
             )
     (root / name).mkdir(parents=True, exist_ok=True)
