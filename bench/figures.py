@@ -352,7 +352,7 @@ def dropped(old_page: str, records: list[dict[str, Any]]) -> str | None:
     return f"{rows - len(records)} of the {rows} figures it shows" if rows > len(records) else None
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--page", type=Path, default=PAGE,
                         help=f"the page to write (default {PAGE.relative_to(PROJECT)})")
@@ -360,7 +360,7 @@ def main() -> int:
                         default=Path(os.environ.get("TRAINBOOK_BENCH_RECORDS") or RECORDS), help="the records' folder")
     parser.add_argument("--drop-missing", action="store_true",
                         help="write the page even where it loses figures whose records are not in the folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         records = read_records(args.records)
     except RecordError as exc:

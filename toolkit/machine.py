@@ -37,12 +37,13 @@ def startup_reference_cpu_s(python: str = sys.executable, timeout_s: float = 300
 
 
 def cpu_model() -> str | None:
-    """The CPU's model name (Linux: /proc/cpuinfo), or None."""
+    """The CPU's model name (Linux: /proc/cpuinfo), else its architecture, or None. Never platform.processor(),
+    which on Linux runs `uname -p` in a subprocess (from every training rank that asks)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    return platform.processor() or None
+    return platform.machine() or None
 
 
 def gpus() -> list[dict]:

@@ -4,10 +4,11 @@ wrong, rendered into docs/pages/figures.md; and every bench `make bench` runs wr
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import importlib.util
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -140,8 +141,7 @@ def test_the_writer_refuses_the_whole_page_for_one_bad_record(tmp_path):
     _write_three(tmp_path)
     (tmp_path / "zzz.json").write_text("{not json")
     page = tmp_path / "figures.md"
-    done = subprocess.run([sys.executable, str(PROJECT / "bench" / "figures.py"), "--page", str(page), "--records",
-                           str(tmp_path)], capture_output=True, text=True)
+    done = _write_page(page, tmp_path)
     assert done.returncode == 1 and "zzz.json: not JSON" in done.stderr and not page.exists()
 
 
@@ -170,9 +170,18 @@ def test_the_committed_page_is_in_the_site_nav():
     assert (PROJECT / "docs" / "pages" / "figures.md").read_text().startswith("<!-- Written by `make bench`")
 
 
-def _write_page(page: Path, records: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PROJECT / "bench" / "figures.py"), "--page", str(page), "--records",
-                           str(records), *extra], capture_output=True, text=True)
+@dataclass
+class Written:
+    returncode: int
+    stderr: str
+
+
+def _write_page(page: Path, records: Path, *extra: str) -> Written:
+    """``bench/figures.py --page PAGE --records RECORDS EXTRA`` as `make bench` runs it, in this process."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = figures.main(["--page", str(page), "--records", str(records), *extra])
+    return Written(code, stderr.getvalue())
 
 
 def _all_and_one(tmp_path: Path) -> tuple[Path, Path]:

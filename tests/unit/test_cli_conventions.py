@@ -6,14 +6,13 @@ In-process through ``toolkit.cli.main`` (argparse exits through SystemExit); not
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 import pytest
 
 from toolkit.cli import build_parser, main
+from toolkit.cli.main import dispatch
 from toolkit.cli.conventions import did_you_mean
-from toolkit.errors import not_allowed
+from toolkit.errors import RefusedValue, not_allowed
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -112,28 +111,21 @@ def test_a_refused_choice_names_the_value_as_given_whatever_its_characters(value
     assert code == 2 and f"error: {not_allowed('--engine', value, 'torch, deepspeed')}\n" in err, err
 
 
-# A verb with a bug (a ValueError no user input explains) and one that refuses bad input, run by the real dispatcher
-VERBS_SCRIPT = """
-import argparse, sys
-from toolkit.cli.main import dispatch
-from toolkit.errors import RefusedValue
-
-def verb(args):
+def _verb(args):
+    """A verb that refuses bad input, or one with a bug (a ValueError no user input explains)."""
     if args.verb == "refuses":
         raise RefusedValue("--x: 'y' is not allowed; allowed: z")
     return int("not a number")
 
-sys.exit(dispatch(argparse.Namespace(func=verb, verb=sys.argv[1])))
-"""
 
-
-def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line():
-    bug = subprocess.run([sys.executable, "-c", VERBS_SCRIPT, "bug"], capture_output=True, text=True, timeout=60)
-    assert bug.returncode == 1 and not bug.stderr.startswith("error:"), bug.stderr
-    assert "Traceback" in bug.stderr and "ValueError: invalid literal for int()" in bug.stderr, bug.stderr
-    refused = subprocess.run([sys.executable, "-c", VERBS_SCRIPT, "refuses"], capture_output=True, text=True,
-                             timeout=60)
-    assert refused.returncode == 2 and refused.stderr == "error: --x: 'y' is not allowed; allowed: z\n"
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line(capsys):
+    """The real dispatcher: a bug propagates (the interpreter prints it with its traceback and exits 1), a refusal is
+    one line and exit 2."""
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        dispatch(argparse.Namespace(func=_verb, verb="bug"))
+    assert capsys.readouterr().err == ""
+    assert dispatch(argparse.Namespace(func=_verb, verb="refuses")) == 2
+    assert capsys.readouterr().err == "error: --x: 'y' is not allowed; allowed: z\n"
 
 
 def test_did_you_mean_offers_only_close_words():
@@ -149,28 +141,3 @@ def test_workspace_is_taken_before_and_after_a_data_sub_verb():
     for verb in (["train", "tiny"], ["runs"], ["models"], ["export", "R"], ["serve", "M"], ["doctor"],
                  ["endpoints"], ["endpoints", "stop", "x"]):
         assert parser.parse_args([*verb, "--workspace", "W"]).workspace == "W", verb
-
-
-def complete(*words: str) -> list[str]:
-    """What bash offers for the last word, with the script `trainbook completion bash` prints."""
-    import shlex
-    import subprocess
-
-    from toolkit.cli.completion import bash_script
-
-    line = " ".join(shlex.quote(w) for w in ("trainbook", *words))
-    probe = (f"{bash_script(build_parser())}\nCOMP_WORDS=({line}); COMP_CWORD={len(words)}; _trainbook_complete; "
-             'printf "%s\\n" "${COMPREPLY[@]}"')
-    return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-
-
-@pytest.mark.parametrize("words, offered", [
-    (["tr"], ["train"]),
-    (["data", "re"], ["register", "register-builtin"]),
-    (["train", "tiny", "--eng"], ["--engine"]),
-    (["train", "tiny", "--engine", ""], ["torch", "deepspeed"]),
-    (["doctor", "--only", "mat"], ["matmul"]),
-    (["endpoints", "st"], ["stop"]),
-])
-def test_shell_completion_offers_the_parsers_own_words(words, offered):
-    assert sorted(complete(*words)) == sorted(offered)

@@ -26,7 +26,7 @@ import torch
 
 from toolkit import paths
 from toolkit.fsio import atomic_write_text
-from toolkit.machine import usable_cores
+from toolkit.machine import cpu_model, usable_cores
 
 CACHE = paths.cache_dir() / "matmul_peak.json"
 
@@ -51,7 +51,7 @@ def measure_matmul_peak(n: int = 2048, seconds: float = 1.0, threads: int | None
 
 
 def _machine_key() -> str:
-    return f"{platform.node()}|{platform.processor()}|{os.cpu_count()}|torch {torch.__version__}"
+    return f"{platform.node()}|{cpu_model()}|{os.cpu_count()}|torch {torch.__version__}"
 
 
 def cached_peak_record() -> dict:
