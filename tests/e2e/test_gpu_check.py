@@ -71,10 +71,13 @@ def test_on_a_cpu_machine_the_check_ends_within_a_minute_and_says_no_cuda_device
 
 
 def test_without_the_wheels_it_names_what_is_missing_and_goes_on(tmp_path):
+    """And, in the same run, a lease's second command (GPU_TIER=none GPU_COMPARISONS=...): without CUDA every
+    comparison is skipped with its reason, and the tier says it was left out on purpose."""
     listed = tmp_path / "wheels.txt"
     listed.write_text("xxhash\ntrainbook-no-such-package  # nothing installs it here\n")
     out = tmp_path / "out"
-    done, report, md = run_check(out, GPU_WHEELS=str(tmp_path / "no-wheels"), GPU_WHEELS_LIST=str(listed))
+    done, report, md = run_check(out, GPU_WHEELS=str(tmp_path / "no-wheels"), GPU_WHEELS_LIST=str(listed),
+                                 GPU_TIER="none", GPU_COMPARISONS="hf zero")
     install = report["install"]
     assert install["wheels_dir_found"] is False
     assert install["missing"] == {"trainbook-no-such-package": "no wheels folder"}
@@ -82,6 +85,10 @@ def test_without_the_wheels_it_names_what_is_missing_and_goes_on(tmp_path):
     assert "NOT FOUND" in md and "**missing**: trainbook-no-such-package" in md and "make gpu-wheels" in md
     assert report["ok"] is False, "a missing package is a finding"
     assert report["benchmark"]["status"] == "no CUDA device", "the steps after it still ran"
+    assert "gpu tier skipped: GPU_TIER=none" in report["notes"]
+    assert [n for n in report["notes"] if n.startswith("comparison")] == [
+        "comparison hf skipped: no CUDA device", "comparison zero skipped: no CUDA device"]
+    assert "| comparison hf | skipped |" in md
 
 
 def test_the_default_tier_runs_training_first_and_deepspeed_last(default_check):
@@ -97,7 +104,7 @@ def test_the_default_tier_runs_training_first_and_deepspeed_last(default_check):
 
 def test_without_the_benchmark_the_tier_has_the_budget_the_benchmark_would_have_kept(tmp_path):
     """GPU_BENCH_SECONDS=0 (a lease's second command, rerunning DeepSpeed's file): nothing is held back for a
-    benchmark that will not run, so a 150 s budget still runs the tier."""
+    benchmark that will not run, so a 150 s budget still runs the tier; the benchmark says it was left out."""
     tier = tmp_path / "tier"
     tier.mkdir()
     (tier / "test_marked.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_on_the_gpu():\n    pass\n")
@@ -105,6 +112,7 @@ def test_without_the_benchmark_the_tier_has_the_budget_the_benchmark_would_have_
     assert [s["name"] for s in report["steps"]][:3] == ["install", "facts", "gpu tier"]
     tier_step = report["steps"][2]
     assert tier_step["rc"] == 0 and report["tests"]["counts"]["passed"] == 1, report["notes"]
+    assert "benchmark skipped: GPU_BENCH_SECONDS=0" in report["notes"]
 
 
 def test_a_gpu_tier_that_collects_nothing_is_a_note_not_a_failure(tmp_path):
@@ -190,14 +198,3 @@ def test_without_pip_a_wheel_is_unpacked_where_it_imports_and_its_scripts_run(tm
                           check=True).stdout.split() == ["42", "1.0"]
     assert subprocess.run([bindir / "demo-tool"], capture_output=True, text=True, check=True).stdout == "tool ran\n"
     assert not (site / "demo.h").exists() and not (tmp_path / "demo.h").exists()
-
-
-def test_a_second_command_runs_only_the_comparisons_and_says_why_each_did_not_run_here(tmp_path):
-    """GPU_TIER=none GPU_BENCH_SECONDS=0 GPU_COMPARISONS=...: a lease's second command. Without CUDA every
-    comparison is skipped with its reason, and the tier and benchmark say they were left out on purpose."""
-    _, report, md = run_check(tmp_path, GPU_TIER="none", GPU_BENCH_SECONDS="0", GPU_COMPARISONS="hf zero")
-    assert "gpu tier skipped: GPU_TIER=none" in report["notes"]
-    assert "benchmark skipped: GPU_BENCH_SECONDS=0" in report["notes"]
-    assert [n for n in report["notes"] if n.startswith("comparison")] == [
-        "comparison hf skipped: no CUDA device", "comparison zero skipped: no CUDA device"]
-    assert "| comparison hf | skipped |" in md
