@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import gc
 import hashlib
+import io
 import os
 import random
 import select
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import traceback
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -62,9 +64,68 @@ def no_runaway_training(run: RunDir, *procs: subprocess.Popen):
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m toolkit ARGS`` as a user would type it; stdout and stderr captured as text."""
+    """``python -m toolkit ARGS`` as a user would type it; stdout and stderr captured as text.
+
+    A verb that only reads and writes files (IN_PROCESS_VERBS) runs through the same ``main(argv)`` in this process,
+    as `trainbook` would run it in its own: a new interpreter would spend most of its life importing what this one
+    has imported already. Everything that starts, follows, signals or serves a run (train, resume, stop, serve, ...)
+    runs as its own process, as it must."""
+    if _runs_in_process(args):
+        return _cli_in_process(args)
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=PROJECT)
+
+
+# verb -> its sub-verbs that run in process (None: the verb alone or with any flags). Each reads and writes files
+# only: no process started, no signal handler, no server, no thread left behind.
+IN_PROCESS_VERBS: dict[str, set[str | None] | None] = {
+    "data": {"register", "register-builtin", "list", "show", "archive", "verify"},
+    "runs": None, "models": None, "checkpoints": None, "advise": None, "estimate": None, "config": None,
+    "endpoints": {None},  # the listing; `endpoints stop` signals a server
+    "azure": {"plan", "deploy-plan"},
+}
+
+
+def _runs_in_process(args: tuple[str, ...]) -> bool:
+    from toolkit.cli.main import build_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            parsed = build_parser().parse_args(list(args))
+    except SystemExit:  # a usage error (or --help): argparse's own path, the same in process
+        return True
+    verb = getattr(parsed, "verb", None)
+    if verb not in IN_PROCESS_VERBS:
+        return False
+    sub_verbs = IN_PROCESS_VERBS[verb]
+    return sub_verbs is None or getattr(parsed, f"{verb}_verb", None) in sub_verbs
+
+
+def _cli_in_process(args: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """``main(ARGS)`` as ``python -m toolkit`` runs it, in the project folder, with what its process would give
+    back: the exit status (SystemExit's, or 1 and the traceback for an exception), stdout and stderr. The environment
+    is restored afterwards (DeepSpeed's import sets its accelerator there)."""
+    from toolkit.cli.main import main
+
+    out, err, environment = io.StringIO(), io.StringIO(), dict(os.environ)
+    try:
+        with contextlib.chdir(PROJECT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:
+                code = exc.code
+            except Exception:  # what the interpreter does with an uncaught exception
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1
+        err.write(f"{code}\n")
+        code = 1
+    return subprocess.CompletedProcess([sys.executable, "-m", "toolkit", *args], code, out.getvalue(), err.getvalue())
 
 
 def pytest_configure(config):
