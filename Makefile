@@ -52,6 +52,7 @@ demo: $(STAMP)
 	$(PY) -m toolkit.report.demo
 
 # One pytest worker per core (pytest-xdist), each pinned to its core by tests/conftest.py.
+
 # DeepSpeed's CPU Adam (ZeRO-Offload's optimizer, tests/e2e/test_cpu_adam.py) is JIT-built into .venv/torch_extensions
 # the first time it loads: a minute of one core. On a fresh venv this starts that build beside the tests, at the
 # lowest priority, so that it runs in the cycles the tests leave idle (waiting on servers, kills, restarts); the test

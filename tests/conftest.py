@@ -174,6 +174,42 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedFixtureModules(config, log)
 
 
+# --- the unit tier is pure -------------------------------------------------------------------------------------
+#
+# tests/unit is pure logic and runs in seconds: a test there that starts a process (a subprocess, a fork, an exec)
+# fails, naming what it started; such a test belongs in tests/e2e (docs/CONTRIBUTING.md, "Which tier a test goes in").
+# The guard is a Python audit hook (PEP 578), which the standard library calls before it starts any process; it is
+# on only while a unit test runs (an xdist worker runs both tiers). Here, not in a tests/unit/conftest.py: a second
+# module named conftest would shadow this one for `from conftest import ...`, in tests and in their spawned children.
+UNIT_TIER = PROJECT / "tests" / "unit"
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.posix_spawnp",
+                            "os.system", "os.exec", "os.spawn", "pty.spawn"})
+_unit_test_running = [False]
+
+
+class StartedAProcess(RuntimeError):
+    """A unit test started a process."""
+
+
+def _refuse_processes(event: str, args: tuple) -> None:
+    if _unit_test_running[0] and event in PROCESS_EVENTS:
+        _unit_test_running[0] = False  # once: pytest reports the failure without the guard in its way
+        raise StartedAProcess(f"tests/unit is pure logic, and this test started a process ({event}: "
+                              f"{str(args[:2])[:200]}); a test that starts processes belongs in tests/e2e")
+
+
+sys.addaudithook(_refuse_processes)  # a hook cannot be removed: it stays, off outside the unit tier's tests
+
+
+@pytest.fixture(autouse=True)
+def no_process_in_the_unit_tier(request):
+    _unit_test_running[0] = request.node.path.is_relative_to(UNIT_TIER)
+    try:
+        yield
+    finally:
+        _unit_test_running[0] = False
+
+
 @pytest.fixture(autouse=True)
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace, and signs its runs with
