@@ -1,12 +1,13 @@
-"""The training notebook in a real JupyterLab, driven by a real Chromium: what papermill cannot see.
+"""The guided notebooks in a real JupyterLab, driven by a real Chromium: what papermill cannot see.
 
 Papermill runs the kernel only; the ipywidgets views (form, progress bar, live plot) are drawn by JupyterLab's
 front end, so a panel that never renders (a missing or mismatched widgets extension, a front-end error) still
-passes test_notebook.py. Here JupyterLab serves a copy of notebooks/03_training.ipynb with tiny parameters,
-Chromium (Debian's, installed by apt when missing) runs every cell through the Run menu, and the test reads the
-rendered page: the progress widget at 100%, the card saying completed, blue loss-line pixels in the plot image.
+passes test_notebook.py. Here one JupyterLab serves parameterized copies of the course's notebooks, Chromium
+(Debian's, installed by apt when missing) runs every cell of each through the Run menu, one after the other in one
+page, and the test reads the rendered page; last, the training notebook (03) with tiny parameters: the progress
+widget at 100%, the card saying completed, blue loss-line pixels in the plot image.
 
-The screenshot of the finished page is kept in outputs/browser/ (also on failure, with the server's log).
+Screenshots of the finished pages are kept in outputs/browser/ (also on failure, with the server's log).
 """
 
 from __future__ import annotations
@@ -148,32 +149,6 @@ class JupyterLab:
                 self.proc.wait()
 
 
-@pytest.fixture
-def training_notebook(tmp_path) -> tuple[Path, Path]:
-    """A copy of the training notebook in a folder of its own, with papermill's injected-parameters cell: the
-    tiny config, profiling off, runs in tmp. Returns (notebook, runs folder)."""
-    lab_root, runs = tmp_path / "lab", tmp_path / "runs"
-    lab_root.mkdir()
-    # load_notebook_node: nbformat.read plus the metadata papermill's parameterize step expects (cell tags)
-    nb = parameterize_notebook(load_notebook_node(str(NOTEBOOK)),
-                               {"config": "tiny", "runs_root": str(runs), "overrides": ["profile.enabled=false"]})
-    path = lab_root / NOTEBOOK.name
-    nbformat.write(nb, path)
-    return path, runs
-
-
-@pytest.fixture
-def jupyterlab(training_notebook, tmp_path):
-    notebook, runs = training_notebook
-    env = {**os.environ, "TRAINBOOK_RUNS": str(runs), "TRAINBOOK_WORKSPACE": str(tmp_path / "workspace")}
-    server = JupyterLab(notebook.parent, tmp_path / "jupyter", env)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-
-
 # Evaluated on the panel's <img> (a blob: URL that ipywidgets' Image view creates): draw it onto a canvas and
 # count the pixels near the loss colour, and the columns they fall in (how far along x the line reaches).
 # Synchronous, so that it can also be the predicate of a wait.
@@ -302,19 +277,6 @@ def chromium_page(chromium: Path, lab: JupyterLab, on_failure=lambda page: None)
             browser.close()
 
 
-def test_training_panel_renders_and_finishes_in_jupyterlab(chromium, jupyterlab, training_notebook):
-    notebook, runs = training_notebook
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    screenshot = SCREENSHOTS / notebook.with_suffix(".png").name
-    screenshot.unlink(missing_ok=True)  # never mistake the previous run's picture for this one's
-    with chromium_page(chromium, jupyterlab, on_failure=lambda page: save_screenshot(page, screenshot)) as page:
-        run_and_check_training_panel(page, jupyterlab, notebook, screenshot)
-
-    (run_dir,) = runs.iterdir()
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "completed", f"{status}; screenshot: {screenshot}"
-
-
 # --- every notebook ---------------------------------------------------------------------------------------------
 
 # Labels and buttons whose text does not fit their box (ipywidgets cuts it with an ellipsis): their full text.
@@ -329,15 +291,24 @@ JOURNEY_BADGES_JS = """
   .map(row => row.querySelectorAll("td")[2].textContent.trim())
 """
 # The course as a participant who skips 03 does it, the journey (00) last; parameters smaller still than
-# test_notebook.py's (what is checked here is the page, not the figures). 03 has its own test above.
+# test_notebook.py's (what is checked here is the page, not the figures). 03 comes after, in the same page.
+TRAINING_RUNS = "runs-03"
+
+
 @pytest.fixture
 def course_lab(tmp_path):
-    """A JupyterLab over parameterized copies of the course's notebooks (03 left out: skipped by this participant)."""
+    """A JupyterLab over parameterized copies of the course's notebooks and of 03 (skipped by this participant in
+    the course, run after it)."""
     lab_root = tmp_path / "lab"
     lab_root.mkdir()
     for name, parameters in course_parameters(tmp_path).items():
         source = PROJECT / "notebooks" / f"{name}.ipynb"
         nbformat.write(parameterize_notebook(load_notebook_node(str(source)), parameters), lab_root / source.name)
+    # 03, run after the course and its nbval re-runs: the tiny config, profiling off, its runs in a folder of their
+    # own (the course's 05 registers the newest run of the course's folder, again in nbval's re-run)
+    training = parameterize_notebook(load_notebook_node(str(NOTEBOOK)), {
+        "config": "tiny", "runs_root": str(tmp_path / TRAINING_RUNS), "overrides": ["profile.enabled=false"]})
+    nbformat.write(training, lab_root / NOTEBOOK.name)
     env = {**os.environ, "TRAINBOOK_RUNS": str(tmp_path / "runs"), "TRAINBOOK_WORKSPACE": str(tmp_path / "workspace")}
     server = JupyterLab(lab_root, tmp_path / "jupyter", env)
     try:
@@ -367,7 +338,7 @@ def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(c
     """Run All in each notebook in turn: no failed cell, no widget that fails to display while the kernel lives,
     no label or button cut short, and what each printed and drew (saved from the page: test_notebook's checks);
     then 00's journey says which steps were done, 03 (skipped) left to do and 01 too (a doctor that ran two of its
-    checks)."""
+    checks). Then, in the same JupyterLab and page, 03's training panel renders and finishes."""
     lab, lab_root = course_lab
     tmp_path, runs = lab_root.parent, lab_root.parent / "runs"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -393,7 +364,19 @@ def test_every_notebook_runs_all_in_jupyterlab_and_the_journey_tells_the_truth(c
                     check_the_data_panel_as_a_learner_clicks(page)
             finally:
                 page.screenshot(path=screenshot, full_page=True)
-    # nbval re-runs these as saved by the page, with their parameters, and compares the cells marked
-    # NBVAL_CHECK_OUTPUT with the outputs the page saved
-    for name in NBVAL:
-        nbval(lab_root / f"{name}.ipynb", tmp_path)
+        # nbval re-runs these as saved by the page, with their parameters, and compares the cells marked
+        # NBVAL_CHECK_OUTPUT with the outputs the page saved
+        for name in NBVAL:
+            nbval(lab_root / f"{name}.ipynb", tmp_path)
+
+        # 03 in the same page: the training panel renders and finishes
+        screenshot = SCREENSHOTS / NOTEBOOK.with_suffix(".png").name
+        screenshot.unlink(missing_ok=True)  # never mistake the previous run's picture for this one's
+        try:
+            run_and_check_training_panel(page, lab, lab_root / NOTEBOOK.name, screenshot)
+        except (AssertionError, PlaywrightError):
+            save_screenshot(page, screenshot)
+            raise
+    (run_dir,) = (tmp_path / TRAINING_RUNS).iterdir()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "completed", f"{status}; screenshot: {screenshot}"
