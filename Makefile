@@ -51,25 +51,24 @@ demo: $(STAMP)
 	$(BYTECODE)
 	$(PY) -m toolkit.report.demo
 
-# One pytest worker per core (pytest-xdist), each pinned to its core by tests/conftest.py.
-
-# DeepSpeed's CPU Adam (ZeRO-Offload's optimizer, tests/e2e/test_cpu_adam.py) is JIT-built into .venv/torch_extensions
-# the first time it loads: a minute of one core. On a fresh venv this starts that build beside the tests, at the
-# lowest priority, so that it runs in the cycles the tests leave idle (waiting on servers, kills, restarts); the test
-# runs last (tests/conftest.py) and finds the op built, or waits for it on torch's build lock.
+# DeepSpeed's CPU Adam (ZeRO-Offload's optimizer, tests/e2e/test_cpu_adam.py, in the matrix: it runs DeepSpeed's op
+# and none of our code) is JIT-built into .venv/torch_extensions the first time it loads: a minute or two of CPU. On a
+# fresh venv `make test-matrix` starts that build beside its tests, at the lowest priority, in the cycles they leave
+# idle; the test runs last (tests/conftest.py) and finds the op built, or waits for it on torch's build lock.
 CPU_ADAM_SO := $(VENV)/torch_extensions/cpu_adam/cpu_adam.so
 CPU_ADAM_OP := $(IMPORT_DEEPSPEED); from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()
 
+# One pytest worker per core (pytest-xdist), each pinned to its core by tests/conftest.py.
 test: $(STAMP)
 	$(BYTECODE)
-	test -e $(CPU_ADAM_SO) || { nice -n 19 $(PY) -c "$(CPU_ADAM_OP)" > $(VENV)/cpu_adam_op.log 2>&1 & }
 	$(PY) -m pytest -n auto -m "not matrix"
 
 # Behaviours `make test` proves, again in configurations that differ only in what is handed to a library (marker
-# `matrix`: the golden resume with accumulation, DeepSpeed twins, a model family). CI runs it after `make test`;
-# docs/CONTRIBUTING.md says which test goes where.
+# `matrix`: the golden resume with accumulation, DeepSpeed twins, a model family, DeepSpeed's CPU Adam). CI runs it
+# after `make test`; docs/CONTRIBUTING.md says which test goes where.
 test-matrix: $(STAMP)
 	$(BYTECODE)
+	test -e $(CPU_ADAM_SO) || { nice -n 19 $(PY) -c "$(CPU_ADAM_OP)" > $(VENV)/cpu_adam_op.log 2>&1 & }
 	$(PY) -m pytest -n auto -m matrix
 
 # Pure logic only (no subprocess, no training): seconds.

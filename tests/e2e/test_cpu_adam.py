@@ -1,7 +1,10 @@
 """ZeRO-Offload's optimizer, built and run once here: DeepSpeed's CPU Adam (the C++ op that updates offloaded
 optimizer state on the host while the GPUs go on) compiles with this machine's g++ and steps as torch's AdamW does.
 Offload itself needs a GPU and is refused on this machine (tests/e2e/test_your_deepspeed_config.py); this is the part
-of it that a CPU can run. The first build takes one to two minutes; it is cached in TORCH_EXTENSIONS_DIR."""
+of it that a CPU can run. The first build takes one to two minutes; it is cached in TORCH_EXTENSIONS_DIR.
+
+In the matrix (`make test-matrix`): none of Trainbook's code runs here beyond import_deepspeed, which every DeepSpeed
+test of `make test` runs."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from toolkit.third_party import import_deepspeed
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_deepspeed_cpu_adam_builds_and_matches_torch_adamw():
     import_deepspeed()
     from deepspeed.ops.adam import DeepSpeedCPUAdam
