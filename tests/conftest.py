@@ -17,6 +17,7 @@ import sys
 import traceback
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -82,8 +83,11 @@ IN_PROCESS_VERBS: dict[str, set[str | None] | None] = {
     "data": {"register", "register-builtin", "list", "show", "archive", "verify"},
     "runs": None, "models": None, "checkpoints": None, "advise": None, "estimate": None, "config": None,
     "endpoints": {None},  # the listing; `endpoints stop` signals a server
-    "azure": {"plan", "deploy-plan"},
 }
+# The filters a fresh interpreter starts with (no -W, no PYTHONWARNINGS): a warning shows on stderr as it would there
+DEFAULT_WARNING_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                           ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                           ("ignore", ResourceWarning, ""))
 
 
 def _runs_in_process(args: tuple[str, ...]) -> bool:
@@ -103,13 +107,19 @@ def _runs_in_process(args: tuple[str, ...]) -> bool:
 
 def _cli_in_process(args: tuple[str, ...]) -> subprocess.CompletedProcess:
     """``main(ARGS)`` as ``python -m toolkit`` runs it, in the project folder, with what its process would give
-    back: the exit status (SystemExit's, or 1 and the traceback for an exception), stdout and stderr. The environment
-    is restored afterwards (DeepSpeed's import sets its accelerator there)."""
+    back: the exit status (SystemExit's, or 1 and the traceback for an exception), stdout and stderr, warnings printed
+    there as a fresh interpreter prints them (not pytest's record of them). The environment is restored afterwards
+    (DeepSpeed's import sets its accelerator there)."""
     from toolkit.cli.main import main
 
     out, err, environment = io.StringIO(), io.StringIO(), dict(os.environ)
     try:
-        with contextlib.chdir(PROJECT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with (contextlib.chdir(PROJECT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err),
+              warnings.catch_warnings()):
+            warnings.resetwarnings()
+            for action, category, module in reversed(DEFAULT_WARNING_FILTERS):
+                warnings.filterwarnings(action, category=category, module=module)
+            warnings.showwarning = warnings._showwarning_orig  # to sys.stderr, where the process would print it
             try:
                 code = main(list(args))
             except SystemExit as exc:
@@ -359,8 +369,8 @@ def assert_server_dies_with_its_starter(start_code: str) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
 
 
-# Tests that use work `make test` starts beside the session (the CPU Adam build: see the Makefile) run last, when that
-# work has had the session's idle cycles.
+# Tests that use work `make test-matrix` starts beside the session (the CPU Adam build: see the Makefile) run last,
+# when that work has had the session's idle cycles.
 RUN_LAST = {"test_cpu_adam.py"}
 
 
