@@ -105,6 +105,11 @@ def _runs_in_process(args: tuple[str, ...]) -> bool:
     return sub_verbs is None or getattr(parsed, f"{verb}_verb", None) in sub_verbs
 
 
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """What a fresh interpreter does with a warning its filters show: one formatted line on stderr."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def _cli_in_process(args: tuple[str, ...]) -> subprocess.CompletedProcess:
     """``main(ARGS)`` as ``python -m toolkit`` runs it, in the project folder, with what its process would give
     back: the exit status (SystemExit's, or 1 and the traceback for an exception), stdout and stderr, warnings printed
@@ -119,7 +124,7 @@ def _cli_in_process(args: tuple[str, ...]) -> subprocess.CompletedProcess:
             warnings.resetwarnings()
             for action, category, module in reversed(DEFAULT_WARNING_FILTERS):
                 warnings.filterwarnings(action, category=category, module=module)
-            warnings.showwarning = warnings._showwarning_orig  # to sys.stderr, where the process would print it
+            warnings.showwarning = _print_warning  # not into pytest's record: to stderr, as the process prints it
             try:
                 code = main(list(args))
             except SystemExit as exc:
