@@ -40,6 +40,8 @@ def bounded_repr(value) -> str:
         text = repr(value)
     except ValueError:  # an int over sys.get_int_max_str_digits() has no repr; its size is what matters
         return f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
+    except RecursionError:  # a list or mapping nested about as deep as Python's recursion limit (parsed JSON)
+        return f"a {type(value).__name__} nested too deeply to show"
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
 
 

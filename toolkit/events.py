@@ -22,6 +22,7 @@ from typing import ClassVar, TypeVar
 
 from toolkit.errors import RefusedValue, not_allowed, refused
 from toolkit.fsio import open_log, open_regular_file
+from toolkit.plain_data import loads_json
 
 EVENTS_FILE = "events.jsonl"
 
@@ -499,10 +500,10 @@ def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
 
 def _record_or_none(path: Path, at: int, line: bytes) -> dict | None:
     try:
-        record = json.loads(line) if line.strip() else None
+        record = loads_json(line) if line.strip() else None
         if record is not None and not isinstance(record, dict):
             raise ValueError(refused(None, f"a JSON {type(record).__name__}", "a JSON object"))
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and PlainDataError are ValueErrors
         _skipped(path, at, exc)
         return None
     return record

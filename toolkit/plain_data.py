@@ -2,6 +2,7 @@
 strings, numbers, booleans and null, and nothing a parser could be made to spend minutes or gigabytes on.
 
     data = read_document(text, "yaml")     (or "json"); raises PlainDataError saying what is wrong and where
+    value = loads_json(text)               json.loads, with nesting too deep for the parser a PlainDataError
     text = read_text(path)                 a document file's text, refused unread when over MAX_DOCUMENT_BYTES
 
 Refused: YAML anchors and aliases (a 400-byte "billion laughs" file expands to gigabytes; configs never need them),
@@ -103,6 +104,15 @@ def read_document(text: str, kind: str):
         raise PlainDataError(f"not valid {kind.upper()}: {str(exc).splitlines()[0]}") from None
     check_plain(data)
     return data
+
+
+def loads_json(text: str | bytes, **options):
+    """``json.loads`` of JSON from elsewhere: JSON nested about as deep as Python's recursion limit, where json's
+    decoder raises RecursionError, is a PlainDataError (a ValueError, as JSONDecodeError is) like any bad JSON."""
+    try:
+        return json.loads(text, **options)
+    except RecursionError:
+        raise PlainDataError("JSON nested too deeply to read") from None
 
 
 def check_plain(data, where: str = "", depth: int = 0) -> None:

@@ -22,7 +22,7 @@ import yaml
 from toolkit import config as config_mod
 from toolkit.errors import PathTaken, RefusedValue, not_allowed, refused
 from toolkit.fsio import atomic_write_text, read_regular_file
-from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES
+from toolkit.plain_data import RESOLVED_CONFIG_MAX_BYTES, PlainDataError, loads_json
 from toolkit import events as events_mod
 from toolkit import status as run_status
 from toolkit.status import STATES
@@ -113,8 +113,8 @@ class RunDir:
         except FileNotFoundError:
             return {}
         try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            data = loads_json(text)
+        except (json.JSONDecodeError, UnicodeDecodeError, PlainDataError) as exc:
             where = f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else exc
             raise RefusedValue(not_allowed(field, path, "a JSON object", problem=f"is not JSON ({where})")) from None
         if not isinstance(data, dict):

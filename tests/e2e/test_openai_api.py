@@ -156,6 +156,38 @@ def test_a_transformers_model_answers_with_its_own_template_and_kv_cache(tmp_pat
         assert streamed == ANSWERS["Say hi"]
 
 
+def tool_call(**function) -> dict:
+    return {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}", **function}}
+
+
+# Assistant turns whose tool calls OpenAI's API refuses, and how this endpoint names the field
+TOOL_CALL_REFUSALS = [
+    ({"role": "assistant", "tool_calls": "add(1, 2)"}, "messages[1].tool_calls: 'add(1, 2)' is not allowed"),
+    ({"role": "assistant", "tool_calls": 5}, "messages[1].tool_calls: 5 is not allowed"),
+    ({"role": "assistant", "tool_calls": [{"function": 5}]}, "messages[1].tool_calls[0].id: None is not allowed"),
+    ({"role": "assistant", "tool_calls": [{**tool_call(), "function": 5}]},
+     "messages[1].tool_calls[0].function: 5 is not allowed"),
+    ({"role": "assistant", "tool_calls": ["add"]}, "messages[1].tool_calls[0]: 'add' is not allowed"),
+    ({"role": "assistant", "tool_calls": [tool_call(name=7)]}, "messages[1].tool_calls[0].function.name: 7 is not"),
+    ({"role": "assistant", "tool_calls": [tool_call(arguments={"a": 1})]},
+     "messages[1].tool_calls[0].function.arguments: a JSON object of 1 item is not allowed; allowed: a string"),
+    ({"role": "assistant", "tool_calls": [tool_call(arguments="[" * 5000 + "]" * 5000)]},
+     "messages[1].tool_calls[0].function.arguments: arguments: nested deeper than 32 levels"),
+    ({"role": "user", "content": "x", "tool_calls": [tool_call()]},
+     "messages[1].tool_calls: is not allowed in a user message"),
+    ({"role": "tool", "content": "3", "tool_call_id": 1}, "messages[1].tool_call_id: 1 is not allowed"),
+]
+
+
+def test_a_conversation_with_tool_calls_is_answered(client):
+    reply = client.chat.completions.create(model="any", temperature=0, max_tokens=5, messages=[
+        {"role": "user", "content": "Add 1 and 2"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call(arguments='{"a": 1, "b": 2}')]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"}, {"role": "user", "content": "Say hi"}])
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.prompt_tokens > len('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}')
+
+
 @pytest.mark.parametrize("path, body, status, message", [
     ("chat/completions", b"[1, 2]", 400, "body: not a JSON object"),
     ("chat/completions", b'{"model": "m", "messages": [', 400, "body: not valid JSON"),
@@ -172,6 +204,8 @@ def test_a_transformers_model_answers_with_its_own_template_and_kv_cache(tmp_pat
      "stream: 'yes' is not allowed; allowed: true or false"),
     ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                           "stream_options": {"x": 1}}, 400, "stream_options: a JSON object of 1 item is not allowed"),
+    *[("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}, turn]}, 400, message)
+      for turn, message in TOOL_CALL_REFUSALS],
     ("completions", {"model": "m", "prompt": ["a", "b"]}, 400, "prompt: a JSON array of 2 items is not allowed"),
     ("completions", {"model": "m", "prompt": "hi", "top_p": -1}, 400, "top_p: -1 is not allowed"),
     ("completions", {"model": "m", "prompt": "x" * 70_000}, 413, "body: 70,"),

@@ -341,6 +341,32 @@ def test_a_bad_jsonl_line_is_refused_before_a_run_directory_exists(tmp_path, con
     assert not (tmp_path / "r").exists() and not token_files_in(tmp_path / "cache")
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than json's decoder goes (about 1,000 levels)
+CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+TOOL_CALL = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+    "name": "add", "arguments": "[" * 5_000 + "]" * 5_000}}]}
+
+
+@pytest.mark.parametrize("flags, good, bad, problem", [
+    ([], {"text": "a document"}, '{"text": "x", "meta": %s}' % DEEP, "line 4 of {path!r} is JSON nested too deeply"),
+    (["--set", "data.chat=messages"], {"messages": CHAT}, '{"messages": %s}' % DEEP,
+     "line 4 of {path!r} is JSON nested too deeply"),
+    (["--set", "data.chat=messages"], {"messages": CHAT}, json.dumps({"messages": [CHAT[0], TOOL_CALL]}),
+     "line 4 of {path!r} has a tool call 'add' in turn 2 that cannot be rendered (arguments: nested deeper than 32"),
+    (["--set", "train.objective=dpo"], {"prompt": "q", "chosen": "a", "rejected": "b"},
+     '{"prompt": "q", "chosen": "a", "rejected": %s}' % DEEP, "line 4 of {path!r} is JSON nested too deeply"),
+], ids=["text", "chat", "tool-call-arguments", "dpo"])
+def test_a_line_nested_too_deeply_is_refused_in_one_line_before_a_run_directory_exists(tmp_path, flags, good, bad,
+                                                                                      problem):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(good) + "\n" * 2 + json.dumps(good) + "\n" + bad + "\n" + json.dumps(good) + "\n")
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", f"data.path={path}", *flags)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert problem.format(path=str(path)) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert not (tmp_path / "r").exists() and not token_files_in(tmp_path / "cache")
+
+
 # --- labelled text ------------------------------------------------------------------------------------------------
 
 

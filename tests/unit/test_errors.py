@@ -37,6 +37,13 @@ def test_a_huge_value_is_cut_and_its_length_given():
     assert bounded_repr("x" * (SHOWN_CHARS - 2)) == repr("x" * (SHOWN_CHARS - 2))  # exactly the limit: whole
 
 
+def test_a_value_nested_too_deeply_for_repr_is_shown_by_its_type():
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert bounded_repr(deep) == "a list nested too deeply to show"
+
+
 def test_an_integer_too_long_to_print_is_shown_by_its_size():
     assert bounded_repr(10 ** 10_000) == f"an integer of {(10 ** 10_000).bit_length():,} bits"
 

@@ -136,12 +136,14 @@ def test_a_malformed_line_is_skipped_with_a_warning_that_says_where(tmp_path):
         '{"time": 2.0, "message": "no kind"}',
         '{"event": "train", "time": 3.0, "step": 4}',  # a known kind without its required fields
         b'\x80 not utf-8',
+        '{"event": "error", "time": 5.0, "message": ' + "[" * 5000 + "]" * 5000 + "}",  # deeper than json's parser
         '{"event": "error", "time": 4.0, "message": "last"}',
     ])
     with pytest.warns(RuntimeWarning) as caught:
         assert [e.message for e in read_events(run)] == ["first", "last"]
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 5 and all(m.startswith(str(run.events_path)) for m in messages)
+    assert any("JSON nested too deeply to read" in m for m in messages), messages
+    assert len(messages) == 6 and all(m.startswith(str(run.events_path)) for m in messages)
     assert "at byte 52" in messages[0] and "is skipped" in messages[0]
     assert any("missing 6 required keyword-only arguments" in m for m in messages), messages
 

@@ -12,10 +12,10 @@ toolkit.fsio's; this module only says what makes a folder an export (its manifes
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from toolkit.plain_data import loads_json
 from toolkit import fsio
 from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 from toolkit.fsio import sha256_file
@@ -39,7 +39,7 @@ def read_manifest(model_dir: str | Path) -> dict:
             not_allowed("model", model_dir, WHAT, problem=f"is not an exported model folder (no {MANIFEST})")
         )
     try:  # a model folder from elsewhere may make its manifest a link, a FIFO or a huge file: refused, not read
-        manifest = json.loads(
+        manifest = loads_json(
             fsio.read_regular_file(path, field="model", error=ExportError, limit=MANIFEST_MAX_BYTES).decode("utf-8")
         )
     except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

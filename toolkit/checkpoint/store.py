@@ -27,6 +27,7 @@ from pathlib import Path
 
 from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
 from toolkit.errors import UserError, bounded_repr, not_allowed, refused
+from toolkit.plain_data import loads_json
 from toolkit.fsio import (
     PLAIN_FOLDER,
     NotPlainEntry,
@@ -242,7 +243,7 @@ class CheckpointStore:
         if not path.is_dir():
             return bad("folder does not exist")
         try:
-            manifest = json.loads(
+            manifest = loads_json(
                 read_regular_file(path / MANIFEST, field=MANIFEST, error=CheckpointError, limit=MANIFEST_MAX_BYTES)
             )
         except FileNotFoundError:

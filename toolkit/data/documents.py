@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from toolkit.errors import UserError, bounded_repr, refused
+from toolkit.plain_data import MAX_DEPTH, PlainDataError, check_plain
 
 SEPARATOR = b"\n\n"  # between two documents, for a tokenizer without an end-of-text token (bytes)
 FORMAT_VERSION = 1  # part of every cache tag: a change to what a token file holds gets new files
@@ -97,7 +98,7 @@ def jsonl_objects(data: bytes, where: str, fmt: DataFormat) -> Iterator[tuple[in
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line)  # RecursionError below, not plain_data.loads_json: this names the line
         except UnicodeDecodeError:
             raise DataFormatError(refused("data", f"line {number} of {where} is not UTF-8", fmt.allowed())) from None
         except json.JSONDecodeError as exc:
@@ -105,6 +106,10 @@ def jsonl_objects(data: bytes, where: str, fmt: DataFormat) -> Iterator[tuple[in
                 refused(
                     "data", f"line {number} of {where} is not JSON ({exc.msg} at column {exc.colno})", fmt.allowed()
                 )
+            ) from None
+        except RecursionError:  # json's decoder gives up at about sys.getrecursionlimit() levels
+            raise DataFormatError(
+                refused("data", f"line {number} of {where} is JSON nested too deeply to read", fmt.allowed())
             ) from None
         if not isinstance(value, dict):
             raise DataFormatError(
@@ -281,16 +286,36 @@ def _tool_calls(calls, shape: str, place: str, turn: int) -> list[dict]:
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(function, dict) or not isinstance(name, str) or not name:
             raise _refuse(shape, place, f"has a tool call {bounded_repr(call)} in turn {turn} without a function name")
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):  # OpenAI sends a JSON string; templates (transformers' convention) an object
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass  # not JSON: rendered as the text it is
-        checked.append(
-            {**call, "type": call.get("type", "function"), "function": {"name": name, "arguments": arguments}}
-        )
+        try:
+            arguments = tool_call_arguments(function.get("arguments", {}))
+        except PlainDataError as exc:
+            problem = f"has a tool call {name!r} in turn {turn} that cannot be rendered ({exc})"
+            raise _refuse(shape, place, problem) from None
+        checked.append(template_tool_call(call, name, arguments))
     return checked
+
+
+def tool_call_arguments(arguments):
+    """A tool call's arguments as chat templates take them (transformers' convention: an object). OpenAI sends a
+    JSON string, parsed here; text that is not JSON is rendered as the text it is. Raises PlainDataError when they
+    nest deeper than plain_data.MAX_DEPTH or hold what JSON cannot write: a template's ``tojson`` recurses through
+    them, and json's parser through the string."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        except RecursionError:
+            raise PlainDataError(f"arguments: nested deeper than {MAX_DEPTH} levels") from None
+    check_plain(arguments, "arguments")
+    return arguments
+
+
+def template_tool_call(call: dict, name: str, arguments) -> dict:
+    """A checked tool call as a template sees it: its id (when given), type and function, nothing else of the
+    object it came in."""
+    kept = {"id": call["id"]} if isinstance(call.get("id"), str) else {}
+    return {**kept, "type": call.get("type", "function"), "function": {"name": name, "arguments": arguments}}
 
 
 def check_messages(messages, shape: str, place: str, answered: bool = True) -> list[dict]:

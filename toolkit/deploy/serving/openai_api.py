@@ -33,7 +33,9 @@ from toolkit.deploy.serving.protocol import (
     shown,
 )
 from toolkit.deploy.serving.service import ScoringService, authorised, log
+from toolkit.data.documents import template_tool_call, tool_call_arguments
 from toolkit.errors import refused
+from toolkit.plain_data import PlainDataError
 
 MAX_N = 4
 MAX_STOPS = 4
@@ -99,11 +101,58 @@ def _messages(body: dict) -> list[dict]:
         if role not in ROLES:
             raise RequestError(refused(f"messages[{turn}].role", f"{shown(role)} is not allowed", ", ".join(ROLES)))
         out = {"role": ROLES[role], "content": _content(message.get("content"), turn)}
-        for kept in ("tool_calls", "tool_call_id", "name"):
-            if kept in message:
-                out[kept] = message[kept]
+        if message.get("tool_calls") is not None:
+            if role != "assistant":
+                raise RequestError(
+                    refused(f"messages[{turn}].tool_calls", f"is not allowed in a {role} message", "an assistant's")
+                )
+            out["tool_calls"] = _tool_calls(message["tool_calls"], turn)
+        for name in ("tool_call_id", "name"):
+            if message.get(name) is not None:
+                if not isinstance(message[name], str):
+                    raise RequestError(
+                        refused(f"messages[{turn}].{name}", f"{shown(message[name])} is not allowed", "a string")
+                    )
+                out[name] = message[name]
         read.append(out)
     return read
+
+
+TOOL_CALL = '{"id": "...", "type": "function", "function": {"name": "...", "arguments": "a JSON string"}}'
+
+
+def _tool_calls(calls, turn: int) -> list[dict]:
+    """An assistant message's tool calls, checked as OpenAI checks them, in the shape templates take
+    (toolkit.data.documents: arguments parsed, nothing else of each object passed on)."""
+    field = f"messages[{turn}].tool_calls"
+    if not isinstance(calls, list) or not calls:
+        raise RequestError(refused(field, f"{shown(calls)} is not allowed", f"a non-empty list of {TOOL_CALL}"))
+    checked = []
+    for j, call in enumerate(calls):
+        place = f"{field}[{j}]"
+        if not isinstance(call, dict):
+            raise RequestError(refused(place, f"{shown(call)} is not allowed", TOOL_CALL))
+        function = call.get("function")
+        wanted = [
+            (f"{place}.id", call.get("id"), isinstance(call.get("id"), str), "a string"),
+            (f"{place}.type", call.get("type"), call.get("type") == "function", '"function"'),
+            (f"{place}.function", function, isinstance(function, dict), '{"name": "...", "arguments": "..."}'),
+        ]
+        if isinstance(function, dict):
+            name, arguments = function.get("name"), function.get("arguments")
+            wanted += [
+                (f"{place}.function.name", name, isinstance(name, str) and bool(name), "a non-empty string"),
+                (f"{place}.function.arguments", arguments, isinstance(arguments, str), "a string (JSON)"),
+            ]
+        for name, value, fits, allowed in wanted:
+            if not fits:
+                raise RequestError(refused(name, f"{shown(value)} is not allowed", allowed))
+        try:
+            arguments = tool_call_arguments(function["arguments"])
+        except PlainDataError as exc:
+            raise RequestError(refused(f"{place}.function.arguments", str(exc), "plain JSON")) from None
+        checked.append(template_tool_call(call, function["name"], arguments))
+    return checked
 
 
 class OpenAIRoutes:
