@@ -5,6 +5,7 @@ forecast; bad input refused naming the flag."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -64,7 +65,19 @@ def test_a_cluster_forecast_prints_its_table_and_sources_and_draws_time_against_
                                                                "number of 1 or more, with --params"),
     (["--params", "7B", "--sku", "Standard_ND96asr_v4", "--price", "Standard_ND96asr_v4"],
      "--price: 'Standard_ND96asr_v4' is not allowed"),
+    (["--params", "7B", "--sku", "Standard_ND96asr_v4", "--plot", "{tmp}/out.jsonl"],
+     "--plot: '{tmp}/out.jsonl' is not a picture format matplotlib writes; allowed: a path ending in .png, .svg"),
+    # a report from elsewhere that never ends or never answers: refused unread
+    (["demo", "--sku", "Standard_ND96asr_v4", "--mfu", "gpu-report:/dev/zero"],
+     "--mfu: '/dev/zero' is a character device, not a regular file"),
+    (["demo", "--sku", "Standard_ND96asr_v4", "--mfu", "gpu-report:{tmp}/fifo"],
+     "--mfu: '{tmp}/fifo' is a FIFO, not a regular file"),
+    (["demo", "--sku", "Standard_ND96asr_v4", "--mfu", "gpu-report:{tmp}/huge.json"], "is over 1,048,576 bytes"),
 ])
-def test_bad_input_is_refused_naming_the_flag(flags, problem):
-    proc = cli("forecast", *flags)
-    assert proc.returncode == 2 and problem in proc.stderr, proc.stderr
+def test_bad_input_is_refused_naming_the_flag(tmp_path, flags, problem):
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge.json", "wb") as f:  # sparse: a report grown to a gigabyte costs no disk
+        f.truncate(1 << 30)
+    proc = cli("forecast", *[flag.format(tmp=tmp_path) for flag in flags], timeout=60)
+    assert proc.returncode == 2 and problem.format(tmp=tmp_path) in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.jsonl").exists()

@@ -7,6 +7,7 @@ read-only; torchrun stands in for it here (it sets the same RANK/LOCAL_RANK/WORL
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -92,10 +93,13 @@ def test_a_read_only_input_gets_its_token_file_in_the_cache(tmp_path, monkeypatc
 @pytest.mark.parametrize("flags, message", [
     (["--set", "data.path=/nonexistent/corpus.txt"], "data.path: '/nonexistent/corpus.txt' does not exist"),
     (["--set", "data.path=/tmp", "--set", "data.asset=pydoc"], "data.path: '/tmp' given together with data.asset"),
+    (["--set", "data.path={tmp}/fifo"], "path: '{tmp}/fifo' is a FIFO; allowed: a regular file or a folder"),
 ])
 def test_bad_data_paths_are_refused_before_the_run_starts(tmp_path, flags, message):
-    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *flags)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    os.mkfifo(tmp_path / "fifo")  # a reader would wait on it forever
+    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), *[flag.format(tmp=tmp_path) for flag in flags],
+               timeout=60)
+    assert proc.returncode == 2 and message.format(tmp=tmp_path) in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
 
 
@@ -131,3 +135,10 @@ def test_the_job_entry_of_one_node_creates_the_run_trains_and_a_retry_continues_
                            capture_output=True, text=True, cwd=PROJECT, timeout=300)
     assert other.returncode == 2 and "train.max_steps: 16 differs from the stored run's" in other.stderr, other.stderr[-2000:]
     assert run.read_config().train.max_steps == 12 and run.read_status()["state"] == "completed"
+
+
+def test_an_elastic_range_past_the_largest_cluster_is_refused_at_once(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "toolkit.runs.job", str(tmp_path / "run"), "--config", "tiny",
+                           "--nnodes", "1:1000000000000"], capture_output=True, text=True, cwd=PROJECT, timeout=60)
+    assert proc.returncode == 2 and "--nnodes: '1:1000000000000' is not allowed" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -198,6 +198,8 @@ def test_a_conversation_with_tool_calls_is_answered(client):
      "messages[0].content: a JSON array of 1 item is not allowed; allowed: text, or a list of text parts"),
     ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400,
      "stop: a JSON array of 5 items is not allowed"),
+    ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                          "stop": ["a", "b" * 257]}, 400, "allowed: a non-empty string of up to 256 characters"),
     ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}, 400,
      "n: 0 is not allowed; allowed: an integer from 1 to 4"),
     ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400,

@@ -166,6 +166,9 @@ FMT = DataFormat("preference")
      "line 1 of 'p.jsonl' has '2+2=' in 'prompt', not a list of turns"),
     ({"prompt": [{"role": "human", "content": "2+2="}], "chosen": "4", "rejected": "5"}, "messages",
      "line 1 of 'p.jsonl' has role 'human' in turn 1"),
+    ({"prompt": [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": "4"}], "chosen": "4",
+      "rejected": "5"}, "messages",
+     "line 1 of 'p.jsonl' has a 'prompt' that ends with an assistant turn (turn 2), where the answer starts"),
     ({"prompt": [{"role": "user", "content": "2+2="}], "chosen": [{"role": "user", "content": "4"}],
       "rejected": "5"}, "messages", "line 1 of 'p.jsonl' has [{'role': 'user', 'content': '4'}], not a non-empty "
                                     "answer, in field 'chosen'"),

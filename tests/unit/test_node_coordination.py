@@ -131,3 +131,17 @@ def test_only_the_attempt_that_forbade_a_restart_is_not_restarted():
     assert restart_forbidden(status, 2) == "a non-finite step"
     assert restart_forbidden(status, 3) is None  # an earlier attempt's word, before a resume
     assert restart_forbidden({}, 0) is None and restart_forbidden({"no_restart": "junk"}, 0) is None
+
+
+def test_an_elastic_node_range_is_bounded_and_checked_at_a_constant_number_of_counts():
+    import argparse
+
+    from toolkit.runs.job import MAX_NODES, NodeRange, node_range
+
+    assert node_range("2:4") == NodeRange(2, 4, True) and node_range("3") == NodeRange(3, 3, False)
+    for text in ("1:1000000000000", f"1:{MAX_NODES + 1}", "0:2", "3:2", "1:" + "9" * 5000, "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--nnodes"):
+            node_range(text)
+    # both ends, and one node: a size dividing c x nproc and (c+1) x nproc divides nproc
+    assert NodeRange(2, MAX_NODES, True).counts_to_check() == [1, 2, MAX_NODES]
+    assert NodeRange(3, 3, False).counts_to_check() == [3]

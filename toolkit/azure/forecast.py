@@ -21,7 +21,6 @@ published figure for DeepSpeed on its stack, a published default, or the user's 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,6 +30,8 @@ from toolkit.azure.errors import AzureError
 from toolkit.azure.skus import SKUS, Sku, get_sku
 from toolkit.checkpoint.interval_advisor import advise, duration
 from toolkit.errors import not_allowed
+from toolkit.fsio import read_regular_file
+from toolkit.plain_data import loads_json
 
 LOCAL = "local"  # this machine, as a "size": one process, its measured peak
 
@@ -337,12 +338,18 @@ def mfu_from_run(run_dir: str | Path) -> tuple[Sourced, Sourced]:
     return Sourced(speed.mfu, where), Sourced(peak, f"{running[-1].peak_source} peak of {where}")
 
 
+GPU_REPORT_MAX_BYTES = 1 << 20  # bench/gpu_check.sh writes 10 to 20 KB
+
+
 def mfu_from_gpu_report(path: str | Path) -> Sourced:
     """The MFU of a GPU report's benchmark (bench/gpu_check.sh's gpu_check.json): the compiled run's where there was
     one, else the eager run's, said which."""
     given = f"gpu-report:{path}"
-    try:
-        bench = json.loads(Path(path).read_text()).get("benchmark")
+    try:  # a report from elsewhere: a regular file of a report's size (not /dev/zero, not a FIFO), plain JSON
+        text = read_regular_file(Path(path), field="--mfu", error=AzureError, limit=GPU_REPORT_MAX_BYTES)
+        bench = loads_json(text).get("benchmark")
+    except AzureError:
+        raise
     except (OSError, ValueError, AttributeError) as exc:
         raise AzureError(
             not_allowed(

@@ -59,6 +59,9 @@ def files_of(path: Path, type: str) -> list[tuple[str, Path]]:
     is the content hash's."""
     if type == "uri_file":
         return [(path.name, path)]
+    if not path.is_dir():  # a FIFO, socket or device given as the whole source: neither a file nor a folder
+        what = fsio.FILE_TYPES.get(stat.S_IFMT(path.stat().st_mode), "not a regular file") if path.exists() else None
+        raise DataAssetError(not_allowed("path", path, "a regular file or a folder", problem=f"is {what or 'missing'}"))
     root = path.resolve()
     files = []
     for p in sorted(path.rglob("*")):

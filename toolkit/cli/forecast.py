@@ -55,6 +55,10 @@ def register(verbs) -> None:
 def cmd_forecast(args) -> int:
     from toolkit.azure import forecast as fc
 
+    if args.plot:
+        from toolkit.report.plots import picture_path
+
+        picture_path(args.plot, "--plot")  # refused before anything is computed or drawn
     model, batch, precision, stage = _model(args, fc)
     prices = {}
     for item in args.price:

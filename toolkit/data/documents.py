@@ -439,6 +439,15 @@ def preference_pair(obj: dict, chat: str, place: str) -> tuple:
                 )
             )
         prompt = check_messages(obj["prompt"], "messages", place, answered=False)
+        if prompt[-1]["role"] == "assistant":
+            raise DataFormatError(
+                refused(
+                    "data",
+                    f"{place} has a 'prompt' that ends with an assistant turn (turn {len(prompt)}), where the answer "
+                    "starts",
+                    allowed,
+                )
+            )
     else:
         prompt = obj.get("prompt")
         if not isinstance(prompt, str):

@@ -20,8 +20,28 @@ def _pyplot():
     return plt
 
 
-def _save(fig, out: str | Path) -> Path:
+# What a picture may be saved as: the formats matplotlib's Agg canvas writes that people open
+PICTURE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
+
+
+def picture_path(out: str | Path, field: str) -> Path:
+    """``out`` as a picture's path, refused naming ``field`` unless its extension is one of PICTURE_FORMATS (checked
+    before anything is drawn)."""
     out = Path(out)
+    if out.suffix.lower().removeprefix(".") not in PICTURE_FORMATS:
+        raise RefusedValue(
+            not_allowed(
+                field,
+                str(out),
+                f"a path ending in .{', .'.join(PICTURE_FORMATS)}",
+                problem="is not a picture format matplotlib writes",
+            )
+        )
+    return out
+
+
+def _save(fig, out: str | Path) -> Path:
+    out = picture_path(out, "out")
     out.parent.mkdir(parents=True, exist_ok=True)  # e.g. notebook 01's pictures folder, made by no earlier cell
     fig.tight_layout()
     fig.savefig(out, dpi=110)

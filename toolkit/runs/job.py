@@ -276,11 +276,21 @@ def _link_tensorboard(link: Path, tb_dir: Path) -> None:
 # --- the entry ---------------------------------------------------------------------------------------------------
 
 
+MAX_NODES = 10_000  # far above any cluster's job (Azure ML's largest run thousands of GPUs, 8 a node)
+
+
 class NodeRange(typing.NamedTuple):
     low: int
     high: int
     elastic: bool
     """Given as MIN:MAX: an elastic job."""
+
+    def counts_to_check(self) -> list[int]:
+        """The node counts whose world sizes prove every count from low to high, so that a range is checked in
+        constant time: both ends (DeepSpeed's batch arithmetic depends on the world), and where the range holds two
+        counts c and c+1, one node, since a size divides both c x nproc and (c+1) x nproc only if it divides
+        nproc itself (the divisibility of engine.tensor_parallel and engine.pipeline_parallel)."""
+        return sorted({self.low, self.high} | ({1} if self.high > self.low else set()))
 
 
 def node_range(text: str) -> NodeRange:
@@ -290,8 +300,10 @@ def node_range(text: str) -> NodeRange:
         nodes = NodeRange(int(low), int(high or low), bool(colon))
     except ValueError:
         nodes = NodeRange(0, 0, False)
-    if not 1 <= nodes.low <= nodes.high:
-        raise argparse.ArgumentTypeError(not_allowed("--nnodes", text, "N, or MIN:MAX with 1 <= MIN <= MAX"))
+    if not 1 <= nodes.low <= nodes.high <= MAX_NODES:
+        raise argparse.ArgumentTypeError(
+            not_allowed("--nnodes", text, f"N, or MIN:MAX with 1 <= MIN <= MAX, up to {MAX_NODES:,} nodes")
+        )
     return nodes
 
 
@@ -314,7 +326,7 @@ def join_elastic_run(run_dir: Path, config_file: str, overrides: list[str], node
                 problem="draws each step's rows by step and replica, so a change of nodes would repeat or skip data",
             )
         )
-    for count in range(nodes.low, nodes.high + 1):
+    for count in nodes.counts_to_check():
         check_engine(cfg, world=count * cfg.engine.nproc, cuda=None, per_node=cfg.engine.nproc)
     run = RunDir(run_dir)
     if run.config_path.exists() and run.read_status().get("state") == "completed":

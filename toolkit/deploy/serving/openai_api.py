@@ -7,9 +7,10 @@
     POST /v1/completions         a prompt continued, as POST /score's generate task does
 
 Fields (both): max_tokens (chat: or max_completion_tokens; default: what fits the context, up to 512), temperature
-(0 to 2; default 1), top_p (0 to 1), stop (a string or up to 4), seed, n (1 to 4; 1 when streaming), stream (server-
-sent events, `data: [DONE]` last), stream_options.include_usage, and `model` (any name: the endpoint has one model,
-whose name every answer gives). Anything else is refused naming the field, as a 4xx in OpenAI's error shape, so the
+(0 to 2; default 1), top_p (0 to 1), stop (a string or up to 4, each up to 256 characters), seed, n (1 to 4; 1 when
+streaming), stream (server-sent events, `data: [DONE]` last), stream_options.include_usage, and `model` (any name:
+the endpoint has one model, whose name every answer gives); in a chat's messages, an assistant's tool_calls as
+OpenAI's API takes them. Anything else is refused naming the field, as a 4xx in OpenAI's error shape, so the
 `openai` client raises its own exceptions (BadRequestError, AuthenticationError). HTTP-free: score.py adapts it.
 """
 
@@ -39,6 +40,10 @@ from toolkit.plain_data import PlainDataError
 
 MAX_N = 4
 MAX_STOPS = 4
+# Each token streamed looks for every stop string's beginnings at the end of the text (what to hold back), work that
+# grows with the square of a stop string's length, in the thread that generates for every client: stop strings
+# are markers ("\n\n", "</answer>", "Observation:")
+MAX_STOP_CHARS = 256
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options", "user"}
@@ -70,11 +75,15 @@ def _integer(body: dict, name: str, default, low: int, high: int):
     return value
 
 
+def _stop_fits(stop) -> bool:
+    return isinstance(stop, str) and 0 < len(stop) <= MAX_STOP_CHARS
+
+
 def _stops(body: dict) -> tuple[str, ...]:
     value = body.get("stop")
     stops = [] if value is None else [value] if isinstance(value, str) else value
-    allowed = f"a non-empty string or a list of up to {MAX_STOPS}"
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+    allowed = f"a non-empty string of up to {MAX_STOP_CHARS} characters, or a list of up to {MAX_STOPS}"
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(map(_stop_fits, stops)):
         raise RequestError(refused("stop", f"{shown(value)} is not allowed", allowed))
     return tuple(stops)
 
