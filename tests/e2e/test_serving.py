@@ -274,10 +274,11 @@ def unix_socket_paths(pid: int) -> set[str]:
     return paths
 
 
-def test_endpoints_share_no_control_socket(model_dir, tmp_path, monkeypatch):
+def test_endpoints_share_no_control_socket_and_a_running_ones_name_is_refused(model_dir, tmp_path, monkeypatch):
     """gunicorn's control socket lived at one path per user (~/.gunicorn/gunicorn.ctl, or in $XDG_RUNTIME_DIR): a
     second endpoint replaced the first's, and it could add workers under the one batcher. No endpoint opens one,
-    wherever it would be: neither server holds any Unix socket with a path."""
+    wherever it would be: neither server holds any Unix socket with a path. A third `serve` under a running one's
+    name (a second `trainbook serve` of the same model) is refused naming it, and leaves its record and log be."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
@@ -289,6 +290,14 @@ def test_endpoints_share_no_control_socket(model_dir, tmp_path, monkeypatch):
         assert [path for path in home.rglob("*") if path.is_socket()] == []
         assert set().union(*map(unix_socket_paths, pids)) == set()
         assert generate(first)[0] == generate(second)[0] == 200
+        log = first.log_path.read_bytes()
+        again = cli("serve", str(model_dir), "--name", "first", "--workspace", str(tmp_path / "ws"), timeout=120)
+        assert again.returncode == 2, again.stderr[-3000:]
+        assert f"--name: 'first' is already served at {first.url} (pid {first.process.pid}" in again.stderr
+        assert first.log_path.read_bytes().startswith(log) and len(log) > 0
+        listed = json.loads(cli("endpoints", "--workspace", str(tmp_path / "ws"), "--json").stdout)
+        assert {e["name"]: e["pid"] for e in listed["endpoints"]}["first"] == first.process.pid
+        assert generate(first)[0] == 200
 
 
 def test_binding_beyond_loopback_warns_that_the_key_travels_in_plain_http(tmp_path):

@@ -29,6 +29,9 @@ def register(verbs) -> None:
         choices=list(WEIGHTS),
         help="default: torch for a transformers model, which generates with a KV cache; onnx for the built-in models",
     )
+    serve.add_argument(
+        "--name", help="the endpoint's name (default: the run's); one running endpoint per name in a workspace"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--max-batch", type=int, default=16, help="requests per forward pass (1: no batching)")
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long an idle model waits to fill a batch")
@@ -70,6 +73,7 @@ def cmd_serve(args) -> int:
                 port=args.port,
                 runtime=args.runtime,
                 host=args.host,
+                name=args.name,
                 max_batch=args.max_batch,
                 max_wait_ms=args.max_wait_ms,
                 workspace=args.workspace,

@@ -197,41 +197,42 @@ def serve(
     ws = Workspace.open(workspace)
     ws.require_writable()  # the endpoint's folder, key and log are written there
     folder = running.endpoint_folder(ws.root, name, EndpointError)
-    key_file = endpoint_key(folder)
-    key = key_file.key
-    port = port or free_port()
-    # one process, many request threads, so concurrent requests can share a batch (server_main adds the worker
-    # class that gives threads only whole requests, and turns gunicorn's control socket off)
-    env = {"PYTHONUNBUFFERED": "1", **serving.environment(), KEY_FILE_ENV: str(folder / "key")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "toolkit.deploy.serving.server_main",
-        "--host",
-        host,
-        "--entry_script",
-        str(SCORE_SCRIPT),
-        "--model_dir",
-        str(model_dir),
-        "--port",
-        str(port),
-    ]
-    service = start_service(cmd, folder / "server.log", env, fresh_log=True)
-    endpoint = LocalEndpoint(
-        name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks, key_file=key_file
-    )
-    # GET /score answers once the model is loaded
-    wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
-    running.record(
-        folder,
-        running.RunningEndpoint(
-            name=name,
-            url=endpoint.url,
-            pid=service.process.pid,
-            runtime=serving.runtime,
-            model_dir=str(model_dir),
-            key_file=str(folder / "key"),
-            started=time.time(),
-        ),
-    )
+    with running.starting(folder, EndpointError):  # one server per endpoint name
+        key_file = endpoint_key(folder)
+        key = key_file.key
+        port = port or free_port()
+        # one process, many request threads, so concurrent requests can share a batch (server_main adds the worker
+        # class that gives threads only whole requests, and turns gunicorn's control socket off)
+        env = {"PYTHONUNBUFFERED": "1", **serving.environment(), KEY_FILE_ENV: str(folder / "key")}
+        cmd = [
+            sys.executable,
+            "-m",
+            "toolkit.deploy.serving.server_main",
+            "--host",
+            host,
+            "--entry_script",
+            str(SCORE_SCRIPT),
+            "--model_dir",
+            str(model_dir),
+            "--port",
+            str(port),
+        ]
+        service = start_service(cmd, folder / "server.log", env, fresh_log=True)
+        endpoint = LocalEndpoint(
+            name, f"http://{host}:{port}", key, serving.runtime, model_dir, folder, service, tasks, key_file=key_file
+        )
+        # GET /score answers once the model is loaded
+        wait_until_answers(service, endpoint.scoring_url, ready_timeout, "the server", EndpointError)
+        running.record(
+            folder,
+            running.RunningEndpoint(
+                name=name,
+                url=endpoint.url,
+                pid=service.process.pid,
+                runtime=serving.runtime,
+                model_dir=str(model_dir),
+                key_file=str(folder / "key"),
+                started=time.time(),
+            ),
+        )
     return endpoint

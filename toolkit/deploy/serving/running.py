@@ -8,6 +8,8 @@ endpoint's key-file path in its environment (KEY_FILE_ENV), which no other proce
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ from toolkit.fsio import atomic_write_text, read_regular_file
 from toolkit.deploy.serving.options import KEY_FILE_ENV
 
 RECORD_NAME = "endpoint.json"
+START_LOCK_NAME = "serve.lock"  # held by a `serve` from its check that none runs to its record (starting())
 STOP_GRACE_S = 10.0  # SIGTERM, then this long to exit, then SIGKILL
 
 
@@ -107,6 +110,34 @@ def recorded_endpoints(workspace=None) -> list[tuple[RunningEndpoint, Path]]:
 def running_endpoints(workspace=None) -> list[RunningEndpoint]:
     """The endpoints of the workspace whose server is alive, by name."""
     return [endpoint for endpoint, folder in recorded_endpoints(workspace) if _is_its_server(endpoint, folder)]
+
+
+def running_in(folder: Path) -> RunningEndpoint | None:
+    """The endpoint recorded in ``folder`` while its server is alive; None otherwise."""
+    endpoint = _read(folder)
+    return endpoint if endpoint is not None and _is_its_server(endpoint, folder) else None
+
+
+@contextlib.contextmanager
+def starting(folder: Path, error: type[Exception]):
+    """Held while one `serve` checks that no server of this endpoint runs, starts one and records it: a second
+    `serve` of the same name waits here, then finds the first one's record and is refused (with ``error``) naming
+    it, instead of taking over its record and emptying its log."""
+    fd = os.open(folder / START_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if (endpoint := running_in(folder)) is not None:
+            raise error(
+                not_allowed(
+                    "--name",
+                    endpoint.name,
+                    "a name no running endpoint has (or `trainbook endpoints stop NAME` first)",
+                    problem=f"is already served at {endpoint.url} (pid {endpoint.pid}, {endpoint.model_dir})",
+                )
+            )
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def stop_endpoint(name: str, workspace=None, grace_s: float = STOP_GRACE_S) -> RunningEndpoint:
