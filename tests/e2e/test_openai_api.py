@@ -5,6 +5,7 @@ key and bad fields as OpenAI's API would; a client that leaves mid-stream leaves
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -13,14 +14,17 @@ import pytest
 
 openai = pytest.importorskip("openai")  # the test extra installs it
 
+from toolkit.data import template_process  # noqa: E402
 from toolkit.deploy.export import export_run  # noqa: E402
 from toolkit.deploy.serving.endpoint import serve  # noqa: E402
 
 from conftest import cli  # noqa: E402
-from test_chat import chat_tokenizer  # noqa: E402, F401 (a fixture: a tokenizer trained here, its own template)
+from test_chat import TEMPLATE, chat_tokenizer  # noqa: E402, F401 (a fixture: a tokenizer trained here, its own template)
 from test_your_data import llama  # noqa: E402
 
 ANSWERS = {"Say hi": "Hi there!", "Say bye": "Bye now."}
+LOOPS_ON_SPIN = ("{% if messages[-1]['content'] == 'spin' %}{% for i in range(100000) %}{% for j in range(100000) %}"
+                 "{% endfor %}{% endfor %}{% endif %}")
 
 
 def learned_by_heart(root, *flags: str):
@@ -142,8 +146,16 @@ def test_a_client_that_leaves_mid_stream_has_its_generation_dropped(endpoint, cl
 
 def test_a_transformers_model_answers_with_its_own_template_and_kv_cache(tmp_path, chat_tokenizer):  # noqa: F811
     """A Llama with the tokenizer trained here and its Zephyr-style template, whose turn ends at the special token
-    <|end|> (a decoder skipping special tokens never shows it: the id itself ends the answer)."""
-    model = learned_by_heart(tmp_path, *llama(320), "--set", f"data.tokenizer={chat_tokenizer}")
+    <|end|> (a decoder skipping special tokens never shows it: the id itself ends the answer). The template also
+    loops for ever on a message that says "spin" (a template from elsewhere): such a request is answered 500 within
+    the template's budget, and the endpoint goes on answering the others."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(chat_tokenizer, tokenizer)
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    (tokenizer / "chat_template.jinja").unlink(missing_ok=True)
+    config["chat_template"] = LOOPS_ON_SPIN + TEMPLATE
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
+    model = learned_by_heart(tmp_path, *llama(320), "--set", f"data.tokenizer={tokenizer}")
     with serve(model, workspace=tmp_path / "ws", max_batch=4, max_wait_ms=5) as ep:
         assert ep.runtime == "torch"
         client = openai.OpenAI(base_url=ep.openai_url, api_key=ep.key, max_retries=0, timeout=60)
@@ -154,6 +166,13 @@ def test_a_transformers_model_answers_with_its_own_template_and_kv_cache(tmp_pat
         streamed = "".join(c.choices[0].delta.content or "" for c in ask(client, "Say hi", max_tokens=40,
                                                                           stream=True))
         assert streamed == ANSWERS["Say hi"]
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError, match="took longer than 5 s"):
+            ask(client, "spin", max_tokens=5)
+        assert time.monotonic() - started < template_process.TIME_S + 5
+        assert ask(client, "Say bye", max_tokens=40).choices[0].message.content == ANSWERS["Say bye"]
+        log = ep.log_path.read_text()  # one line, no traceback through the endpoint's code
+        assert f"the chat template of {str(model)!r} took longer than 5 s" in log and "openai_api.py" not in log
 
 
 def tool_call(**function) -> dict:

@@ -80,7 +80,7 @@ def test_only_toolkit_errors_writes_the_refusal_wording():
 # Raised and handled inside a run, a worker or the verb that raises them: one that reaches the CLI is a bug, and its
 # traceback is what a report needs.
 INTERNAL_ERRORS = {"NonFiniteLossError", "CollectiveError", "ServiceError", "ScalingError", "PreflightError",
-                   "DebuggerError"}
+                   "DebuggerError", "TemplateRenderError"}  # the last: a renderer process's answer, never printed
 # The RuntimeErrors the CLI named as user errors before UserError (it printed every ValueError as one too).
 PRINTED_RUNTIME_ERRORS = {"CheckpointError", "RunBusyError", "NotThisRunError", "TensorBoardError", "WorkspaceError",
                           "EndpointError"}

@@ -18,20 +18,40 @@ def raise_terminated(signum, frame):
     raise Terminated(signum)
 
 
+class StoppedBeforeStart(BaseException):
+    """A stop signal arrived during the checks before the run is written: nothing was started. A BaseException, as
+    KeyboardInterrupt is: no ``except Exception`` of a check may take it for the check's own failure."""
+
+
 def start_and_follow(start) -> int:
     """Start a run (``start()`` returns its handle, or None when nothing was started) and follow it to its end.
-    The signals that stop a run are caught from before the start: one that arrives while the run is starting is
-    remembered and stops the run as soon as its handle exists (raised inside the start, it would kill the CLI
-    alone, or leave a supervisor started with no handle to stop it: a run training on, detached)."""
+    The signals that stop a run are caught from before the start. During the checks (a model built, the data
+    tokenized, a chat template rendered) one ends the command at once: nothing exists yet. Once the start commits
+    (toolkit.runs.launch.COMMITTING: the run directory written, the supervisor started) one is remembered and stops
+    the run as soon as its handle exists (raised inside, it would kill the CLI alone, or leave a supervisor started
+    with no handle to stop it: a run training on, detached)."""
+    from toolkit.runs.launch import COMMITTING
+
     pending: list[int] = []
+
+    def on_stop_signal(signum, frame):
+        if COMMITTING.is_set():
+            pending.append(signum)
+        else:
+            raise StoppedBeforeStart(signum)
+
     stop_signals = [
         sig
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # a shell's ignored Ctrl-C stays so
         if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN)
     ]
-    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in stop_signals}
+    previous = {sig: signal.signal(sig, on_stop_signal) for sig in stop_signals}
     try:
-        handle = start()
+        try:
+            handle = start()
+        except StoppedBeforeStart as exc:
+            _tell(f"interrupted ({signal.Signals(exc.args[0]).name}) before the run started: nothing was started")
+            return 128 + exc.args[0]
         if handle is None:
             return 128 + pending[0] if pending else 0
         return _follow(handle, handle.run.read_config().train.max_steps, pending, previous)

@@ -67,6 +67,13 @@ class ChatTemplate:
         )
         self.template: str = own or CHATML
         self.sha256 = hashlib.sha256(self.template.encode()).hexdigest()
+        # a template from a folder renders in a process of its own, under a budget (toolkit.data.template_process)
+        self.renderer = None
+        if own:
+            from toolkit.data.template_process import TemplateProcess
+
+            folder = getattr(hf, "name_or_path", "") or getattr(tokenizer, "source", "") or "the tokenizer"
+            self.renderer = TemplateProcess(own, _template_variables(hf), repr(str(folder)))
 
     def turn_end(self) -> str:
         """What the template writes after an assistant's text (ChatML: '<|im_end|>'), without surrounding
@@ -90,28 +97,59 @@ class ChatTemplate:
         )
 
     def render(self, messages: list[dict], place: str, generation_prompt: bool = False) -> str:
+        return self.render_all([(messages, generation_prompt)], place)[0]
+
+    def render_all(self, jobs: list[tuple[list[dict], bool]], place: str) -> list[str]:
+        """The texts of ``jobs`` ((messages, add_generation_prompt) each) as ``apply_chat_template(tokenize=False)``
+        renders them: one round trip to the renderer process for a template from a folder. A conversation the
+        template refuses is a DataFormatError naming ``place``; a template out of its budget a TemplateBudgetError
+        naming its folder."""
+        from toolkit.data.template_process import TemplateBudgetError, TemplateRenderError
+
         try:
-            text = self.hf.apply_chat_template(
-                messages, chat_template=self.template, tokenize=False, add_generation_prompt=generation_prompt
-            )
-        except Exception as exc:  # noqa: BLE001 - a template raises what it likes (TemplateError, KeyError, ...)
-            raise DataFormatError(
-                refused(
-                    "data",
-                    f"{place} does not render with {self.source} ({type(exc).__name__}: {exc})",
-                    "conversations the template accepts (many require user and assistant turns to alternate)",
+            if self.renderer is not None:  # as apply_chat_template, which drops the keys whose value is None
+                plain = [([{k: v for k, v in m.items() if v is not None} for m in ms], g) for ms, g in jobs]
+                return self.renderer.render(plain)
+            return [
+                self.hf.apply_chat_template(
+                    messages, chat_template=self.template, tokenize=False, add_generation_prompt=generation_prompt
                 )
-            ) from None
-        return text
+                for messages, generation_prompt in jobs
+            ]
+        except TemplateBudgetError:
+            raise
+        except TemplateRenderError as exc:
+            problem = f"{exc.type_name}: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - a template raises what it likes (TemplateError, KeyError, ...)
+            problem = f"{type(exc).__name__}: {exc}"
+        raise DataFormatError(
+            refused(
+                "data",
+                f"{place} does not render with {self.source} ({problem})",
+                "conversations the template accepts (many require user and assistant turns to alternate)",
+            )
+        ) from None
+
+    def close(self) -> None:
+        """End the renderer process, if any (it also ends with this process)."""
+        if self.renderer is not None:
+            self.renderer.close()
 
     def assistant_spans(self, messages: list[dict], last_only: bool, place: str) -> tuple[str, list[tuple[int, int]]]:
         """(the rendered conversation, the character spans of its assistant turns: all, or the last one)."""
-        text = self.render(messages, place)
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        turns = turns[-1:] if last_only else turns
+        # one round trip: the whole, then for each turn the conversation before it (prompted, when there is one)
+        # and through it
+        jobs = [(messages, False)]
+        for i in turns:
+            jobs += [(messages[:i], True)] if i else []
+            jobs.append((messages[: i + 1], False))
+        text, *prefixes = self.render_all(jobs, place)
         spans = []
-        for i in turns[-1:] if last_only else turns:
-            before = self.render(messages[:i], place, generation_prompt=True) if i else ""
-            through = self.render(messages[: i + 1], place)
+        for i in turns:
+            before = prefixes.pop(0) if i else ""
+            through = prefixes.pop(0)
             if not (through.startswith(before) and text.startswith(through)):
                 raise DataFormatError(
                     refused(
@@ -134,3 +172,12 @@ class ChatTemplate:
         for begin, end in spans:
             counted[(starts_arr >= begin) & (starts_arr < end)] = 1
         return ids, counted
+
+
+def _template_variables(hf) -> dict:
+    """What apply_chat_template hands a template besides the conversation: the tokenizer's special tokens (bos_token,
+    eos_token, ...), as text."""
+    return {
+        name: value if isinstance(value, (str, list)) else str(value)
+        for name, value in getattr(hf, "special_tokens_map", {}).items()
+    }

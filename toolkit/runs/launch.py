@@ -11,6 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from collections.abc import Iterator
@@ -84,6 +85,21 @@ def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset:
     return RunHandle(run, process, from_offset, plan)
 
 
+# Set while a start or resume writes the run and starts its supervisor. Before it, nothing exists that a stop would
+# have to stop (the checks, the data's tokenization): a stop signal may end the command there and then. From it on,
+# the command holds the signal until the run's handle exists and then stops the run (toolkit.cli.following).
+COMMITTING = threading.Event()
+
+
+@contextlib.contextmanager
+def committing() -> Iterator[None]:
+    COMMITTING.set()
+    try:
+        yield
+    finally:
+        COMMITTING.clear()
+
+
 @contextlib.contextmanager
 def _holding_run_lock(run_dir: Path) -> Iterator[int]:
     """The run lock for the time it takes to start the run; closed on the way out (the supervisor keeps its own
@@ -109,7 +125,7 @@ def start(
     check_model(config)  # the user's model, pretrained weights, LoRA: refused here, before any folder is made
     check_engine(config, world=config.engine.nproc)  # fp16 and a DeepSpeed file, for this machine's devices
     run_dir = Path(run_dir or default_run_dir(config, runs_root))
-    with _holding_run_lock(run_dir) as lock_fd:  # before anything is written: a second start is refused here
+    with committing(), _holding_run_lock(run_dir) as lock_fd:  # before anything is written: a second start is refused
         run = RunDir.create(run_dir, config)
         index_run(run, config)
         return _start_supervisor(run, lock_fd, max_restarts)
@@ -139,7 +155,7 @@ def resume(
         raise MissingPath(not_allowed("run_dir", run_dir, "a run directory", problem="holds no run (no config.yaml)"))
     cfg = run.read_config()  # a config the run could not start with is refused here, before anything changes
     trust.require(run.path, cfg, "resume", trust_run)  # so is one from elsewhere that would act beyond the run
-    with _holding_run_lock(run.path) as lock_fd:
+    with committing(), _holding_run_lock(run.path) as lock_fd:
         status = run.read_status()
         if status.get("state") in ("queued", "running") and run_processes.may_be_runs(
             status.get("supervisor_pid"), status.get("run_token"), run.path

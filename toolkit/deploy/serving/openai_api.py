@@ -253,7 +253,7 @@ class OpenAIRoutes:
         stops = _stops(data)
         context = self.service.runtime.block_size
         if kind == "chat":
-            ids = self.template.prompt_ids(_messages(data), "messages")
+            ids = self._prompt_ids(_messages(data))
             prompt, stops = b"", stops + self.turn_end
             limit_name = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
             default = min(MAX_NEW_TOKENS, max(1, context - len(ids)))
@@ -276,6 +276,21 @@ class OpenAIRoutes:
             stop_ids=self.turn_end_ids if kind == "chat" else frozenset(),
         )
         return request, n, stream, bool(options.get("include_usage"))
+
+    def _prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The chat's prompt as the model's template renders it: a conversation the template refuses is the
+        client's 400; a template out of its budget (toolkit.data.template_process) the endpoint's 500, logged in a
+        line, its renderer started afresh for the next request."""
+        from toolkit.data.documents import DataFormatError
+        from toolkit.data.template_process import TemplateBudgetError
+
+        try:
+            return self.template.prompt_ids(messages, "the conversation")
+        except DataFormatError as exc:
+            raise RequestError("messages: " + str(exc).removeprefix("data: ")) from None
+        except TemplateBudgetError as exc:
+            log.error("%s", exc)
+            raise RequestError(f"messages: {exc}", 500) from None
 
     @staticmethod
     def _seeded(request: GenerateRequest, i: int) -> GenerateRequest:
