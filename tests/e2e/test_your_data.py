@@ -5,6 +5,7 @@ completion-only loss, labelled text for classifiers, bad lines refused before a 
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import numpy as np
@@ -365,6 +366,33 @@ def test_a_line_nested_too_deeply_is_refused_in_one_line_before_a_run_directory_
     assert problem.format(path=str(path)) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
     assert not (tmp_path / "r").exists() and not token_files_in(tmp_path / "cache")
+
+
+def test_a_huge_sparse_jsonl_is_refused_at_its_first_huge_line_under_a_memory_cap(tmp_path):
+    """A 2 GB .jsonl whose second line never ends (a sparse file: no disk used), trained on under an address-space
+    cap of 3 GiB above what the CLI holds at its start: it was read whole, twice over, before any check."""
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import PROJECT
+
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as f:
+        f.write(json.dumps({"text": "a document"}).encode() + b"\n")
+        f.truncate(2 << 30)
+
+    def capped():
+        with open("/proc/self/statm") as statm:
+            held = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (held + (3 << 30), held + (3 << 30)))
+
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "tiny", "--run-dir", str(tmp_path / "r"),
+                           "--set", f"data.path={path}"], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=300, preexec_fn=capped)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"line 2 of {str(path)!r} is over 67,108,864 bytes" in proc.stderr, proc.stderr[-3000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
 # --- labelled text ------------------------------------------------------------------------------------------------

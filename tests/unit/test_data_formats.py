@@ -151,3 +151,38 @@ def test_a_long_text_is_cut_after_newlines_into_pieces_that_join_to_it():
     assert "".join(pieces) == text and len(pieces) >= 3
     assert all(len(p) <= PIECE_CHARS and p.endswith("\n") for p in pieces[:-1])
     assert pieces_of("short") == ["short"] and pieces_of("") == [""]
+
+
+def test_jsonl_is_read_a_run_of_lines_at_a_time_hashed_as_read_and_a_huge_line_refused_unread(monkeypatch):
+    import hashlib
+    import io
+    import json
+
+    from toolkit.data import sources
+
+    data = b"".join(json.dumps({"text": f"line {i}"}).encode() + b"\n" for i in range(500)) + b'{"text": "last"}'
+    monkeypatch.setattr(sources, "JSONL_RUN_BYTES", 1000)
+    hasher = hashlib.sha256()
+    runs = list(sources._jsonl_runs(io.BytesIO(data), hasher, TEXT, WHERE))
+    assert len(runs) > 10 and max(size for _, size in runs) < 1000 + 30  # bounded by the run, not the file
+    assert [r for records, _ in runs for r in records] == file_records("d.jsonl", data, TEXT, WHERE)
+    assert sum(size for _, size in runs) == len(data) and hasher.hexdigest() == hashlib.sha256(data).hexdigest()
+
+    monkeypatch.setattr(sources, "MAX_LINE_BYTES", 100)
+    huge = io.BytesIO(b'{"text": "ok"}\n' + b"\0" * 10_000)
+    with pytest.raises(DataFormatError, match=f"line 2 of {re.escape(WHERE)} is over 100 bytes"):
+        list(sources._jsonl_runs(huge, hashlib.sha256(), TEXT, WHERE))
+    assert huge.tell() < 200  # the rest of the line never read
+
+
+def test_a_plain_text_file_over_the_cap_is_refused_unread(tmp_path, monkeypatch):
+    import hashlib
+
+    from toolkit.data import sources
+
+    monkeypatch.setattr(sources, "MAX_DOCUMENT_BYTES", 1000)
+    (tmp_path / "book.txt").write_bytes(b"x" * 1001)
+    with open(tmp_path / "book.txt", "rb") as f:
+        with pytest.raises(DataFormatError, match="is 1,001 bytes, over the 1,000"):
+            list(sources._document(f, hashlib.sha256(), "book.txt", TEXT, WHERE))
+        assert f.tell() == 0  # not read

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -92,9 +92,10 @@ def is_jsonl(name: str) -> bool:
     return name.lower().endswith(".jsonl")
 
 
-def jsonl_objects(data: bytes, where: str, fmt: DataFormat) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of every non-blank line; a line that is not UTF-8 JSON or not an object is refused."""
-    for number, line in enumerate(data.split(b"\n"), start=1):
+def jsonl_objects(lines: Iterable[tuple[int, bytes]], where: str, fmt: DataFormat) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of every non-blank one of ``lines`` (numbered); a line that is not UTF-8 JSON or not an
+    object is refused."""
+    for number, line in lines:
         if not line.strip():
             continue
         try:
@@ -153,16 +154,22 @@ def file_records(name: str, data: bytes, fmt: DataFormat, where: str) -> list:
                 )
             )
         return [data]
+    return line_records(enumerate(data.split(b"\n"), start=1), fmt, where)
+
+
+def line_records(lines: Iterable[tuple[int, bytes]], fmt: DataFormat, where: str) -> list:
+    """The records of numbered JSON Lines (a whole file's, or a run of them as a streaming reader hands them over:
+    toolkit.data.sources), as :func:`file_records` gives them."""
     records = []
     if fmt.mode == "chat":
         read = CHAT_SHAPES[fmt.chat]
-        return [(read(obj, f"line {number} of {where}"), number) for number, obj in jsonl_objects(data, where, fmt)]
+        return [(read(obj, f"line {number} of {where}"), number) for number, obj in jsonl_objects(lines, where, fmt)]
     if fmt.mode == "preference":
         return [
             preference_pair(obj, fmt.chat, f"line {number} of {where}")
-            for number, obj in jsonl_objects(data, where, fmt)
+            for number, obj in jsonl_objects(lines, where, fmt)
         ]
-    for number, obj in jsonl_objects(data, where, fmt):
+    for number, obj in jsonl_objects(lines, where, fmt):
         if fmt.mode == "text":
             records.append(_string(obj, fmt.text_field, number, where, fmt))
         elif fmt.mode == "instruction":

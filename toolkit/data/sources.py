@@ -9,11 +9,12 @@ the lineage names.
 from __future__ import annotations
 
 import hashlib
-import io
+import os
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
-from toolkit.data.documents import DataFormat, file_records, is_jsonl, table_records
+from toolkit.data.documents import DataFormat, DataFormatError, file_records, is_jsonl, line_records, table_records
+from toolkit.errors import refused
 
 
 @dataclass
@@ -37,10 +38,16 @@ def _where(asset, name: str) -> str:
     return repr(str(asset.path if asset.type == "uri_file" else asset.path / name))
 
 
+# A JSON Lines file is read a run of lines at a time, hashed as it is read: what is held is the run's records, not
+# the file. A plain-text file is one document, read whole, so it has a cap, checked before it is read.
+JSONL_RUN_BYTES = 8 << 20
+MAX_LINE_BYTES = 64 << 20  # one record (a conversation, a document): far above any dataset's
+MAX_DOCUMENT_BYTES = 256 << 20  # tokenized at once, it takes several times its size in memory
+
+
 def asset_source(asset, shown: str) -> Source:
     """A text asset (uri_file or uri_folder, registered or read in place), its files in content-hash order."""
     from toolkit.catalogue.data_assets import asset_files, check_unchanged
-    from toolkit.fsio import read_hashed
 
     if not asset.sha256:
         raise ValueError(f"data: {asset.source!r} was opened without hashing; a token file needs its content hash")
@@ -48,13 +55,55 @@ def asset_source(asset, shown: str) -> Source:
     def batches(fmt: DataFormat):
         read = []
         for name, path in asset_files(asset):
-            buffer = io.BytesIO()
-            digest, size = read_hashed(path, buffer)
-            read.append({"name": name, "sha256": digest, "size": size})
-            yield file_records(name, buffer.getvalue(), fmt, _where(asset, name)), size, ("line", _where(asset, name))
-        check_unchanged(asset, read)
+            where, hasher, size = _where(asset, name), hashlib.sha256(), 0
+            with open(path, "rb") as f:
+                runs = _jsonl_runs(f, hasher, fmt, where) if is_jsonl(name) else _document(f, hasher, name, fmt, where)
+                for records, run_bytes in runs:
+                    size += run_bytes
+                    yield records, run_bytes, ("line", where)
+            read.append({"name": name, "sha256": hasher.hexdigest(), "size": size})
+        check_unchanged(asset, read)  # after the last file: a file changed meanwhile is refused, nothing published
 
     return Source(shown, asset.sha256, asset.size_bytes, any(is_jsonl(e["name"]) for e in asset.listing), batches)
+
+
+def _jsonl_runs(f, hasher, fmt: DataFormat, where: str) -> Iterator[tuple[list, int]]:
+    """(records, bytes read) of about JSONL_RUN_BYTES of lines at a time; a line over MAX_LINE_BYTES is refused
+    when its first MAX_LINE_BYTES have been read, the rest of it never."""
+    lines, size, number = [], 0, 0
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        hasher.update(line)
+        number += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise DataFormatError(
+                refused("data", f"line {number} of {where} is over {MAX_LINE_BYTES:,} bytes", fmt.allowed())
+            )
+        lines.append((number, line.removesuffix(b"\n")))
+        size += len(line)
+        if size >= JSONL_RUN_BYTES:
+            yield line_records(lines, fmt, where), size
+            lines, size = [], 0
+    if lines:
+        yield line_records(lines, fmt, where), size
+
+
+def _document(f, hasher, name: str, fmt: DataFormat, where: str) -> Iterator[tuple[list, int]]:
+    """A plain-text file's one record (file_records refuses it for a format that reads JSON Lines), refused unread
+    over MAX_DOCUMENT_BYTES."""
+    size = os.fstat(f.fileno()).st_size
+    if size > MAX_DOCUMENT_BYTES:
+        raise DataFormatError(
+            refused(
+                "data",
+                f"{where} is {size:,} bytes, over the {MAX_DOCUMENT_BYTES:,} a plain-text file may have (it is one "
+                "document, tokenized at once)",
+                "plain-text files of at most that size (a folder of them is an asset), or JSON Lines, which are read "
+                "a line at a time",
+            )
+        )
+    data = f.read(MAX_DOCUMENT_BYTES + 1)  # a file growing meanwhile: its hash will not match, and it is refused
+    hasher.update(data)
+    yield file_records(name, data, fmt, where), len(data)
 
 
 def table_source(asset, shown: str) -> Source:
