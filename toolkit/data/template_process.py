@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from toolkit.errors import UserError, refused
 
@@ -65,6 +66,7 @@ class TemplateProcess:
             ends = time.monotonic() + self.time_s
             ends = min(ends, deadline) if deadline is not None else ends
             process = self._started()
+            assert process.stdin is not None and process.stdout is not None  # both are pipes
             try:
                 process.stdin.write(json.dumps({"jobs": jobs}).encode() + b"\n")
                 process.stdin.flush()
@@ -88,6 +90,7 @@ class TemplateProcess:
     def _answer(self, process: subprocess.Popen, ends: float) -> bytes:
         """The child's answer line, read by chunks until its newline; at ``ends`` the child is killed."""
         chunks = []
+        assert process.stdout is not None
         fd = process.stdout.fileno()
         while True:
             left = ends - time.monotonic()
@@ -119,6 +122,7 @@ class TemplateProcess:
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, PARENT_ENV: str(os.getpid())},
             )
+            assert self.process.stdin is not None
             self.process.stdin.write(json.dumps(self.setup).encode() + b"\n")
             self.process.stdin.flush()
         return self.process
@@ -131,10 +135,11 @@ class TemplateProcess:
             process.kill()
         code = process.wait()
         for stream in (process.stdin, process.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         return code
 
     def close(self) -> None:
@@ -187,16 +192,18 @@ def _serve() -> None:
     for line in sys.stdin.buffer:
         try:
             texts = []
-            for messages, generation_prompt in json.loads(line)["jobs"]:
-                rendered, _ = render_jinja_template(
+            jobs: list = json.loads(line)["jobs"]
+            for messages, generation_prompt in jobs:
+                # (texts, generation indices), whatever transformers' annotation says
+                rendered: Any = render_jinja_template(
                     conversations=[messages],
                     chat_template=template,
                     add_generation_prompt=generation_prompt,
                     **variables,
                 )
-                if len(rendered[0]) > MAX_RENDERED_CHARS:
+                if len(rendered[0][0]) > MAX_RENDERED_CHARS:
                     raise _Budget(f"rendered over {MAX_RENDERED_CHARS:,} characters")
-                texts.append(rendered[0])
+                texts.append(rendered[0][0])
             answer = {"texts": texts}
         except MemoryError:
             answer = {"error": ["budget", f"needed more than {MEMORY_BYTES >> 20:,} MiB"]}

@@ -109,7 +109,7 @@ def _messages(body: dict) -> list[dict]:
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ROLES:
             raise RequestError(refused(f"messages[{turn}].role", f"{shown(role)} is not allowed", ", ".join(ROLES)))
-        out = {"role": ROLES[role], "content": _content(message.get("content"), turn)}
+        out: dict = {"role": ROLES[role], "content": _content(message.get("content"), turn)}
         if message.get("tool_calls") is not None:
             if role != "assistant":
                 raise RequestError(
@@ -142,25 +142,22 @@ def _tool_calls(calls, turn: int) -> list[dict]:
         if not isinstance(call, dict):
             raise RequestError(refused(place, f"{shown(call)} is not allowed", TOOL_CALL))
         function = call.get("function")
+        name, arguments = (function.get("name"), function.get("arguments")) if isinstance(function, dict) else ("", "")
         wanted = [
             (f"{place}.id", call.get("id"), isinstance(call.get("id"), str), "a string"),
             (f"{place}.type", call.get("type"), call.get("type") == "function", '"function"'),
             (f"{place}.function", function, isinstance(function, dict), '{"name": "...", "arguments": "..."}'),
+            (f"{place}.function.name", name, isinstance(name, str) and bool(name), "a non-empty string"),
+            (f"{place}.function.arguments", arguments, isinstance(arguments, str), "a string (JSON)"),
         ]
-        if isinstance(function, dict):
-            name, arguments = function.get("name"), function.get("arguments")
-            wanted += [
-                (f"{place}.function.name", name, isinstance(name, str) and bool(name), "a non-empty string"),
-                (f"{place}.function.arguments", arguments, isinstance(arguments, str), "a string (JSON)"),
-            ]
-        for name, value, fits, allowed in wanted:
+        for field, value, fits, allowed in wanted:
             if not fits:
-                raise RequestError(refused(name, f"{shown(value)} is not allowed", allowed))
+                raise RequestError(refused(field, f"{shown(value)} is not allowed", allowed))
         try:
-            arguments = tool_call_arguments(function["arguments"])
+            parsed = tool_call_arguments(arguments)
         except PlainDataError as exc:
             raise RequestError(refused(f"{place}.function.arguments", str(exc), "plain JSON")) from None
-        checked.append(template_tool_call(call, function["name"], arguments))
+        checked.append(template_tool_call(call, str(name), parsed))
     return checked
 
 
