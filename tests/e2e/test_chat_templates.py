@@ -58,15 +58,16 @@ def test_a_template_whose_first_turns_do_not_start_the_whole_is_refused():
         ChatTemplate(trained_tokenizer(LAST_TURN_SPECIAL)).tokens(TALK, last_only=False, place="line 1")
 
 
-@pytest.mark.parametrize("template, problem", [(LOOPS, "took longer than 5 s"),
+@pytest.mark.parametrize("template, problem", [(LOOPS, "took longer than 1 s"),
                                                (ALLOCATES, "needed more than 1,024 MiB")], ids=["loops", "allocates"])
 def test_a_template_out_of_its_budget_is_stopped_naming_its_folder_and_the_next_conversation_renders(
         template, problem):
     chat = ChatTemplate(trained_tokenizer(template))
+    chat.renderer.time_s = 1.0  # the product's 5 s, shortened here (the CLI test below waits the whole budget)
     started = time.monotonic()
     with pytest.raises(TemplateBudgetError) as refused:
         chat.tokens(SPIN, last_only=False, place="line 3")
-    assert time.monotonic() - started < template_process.TIME_S + 3
+    assert time.monotonic() - started < chat.renderer.time_s + 3
     assert str(refused.value).startswith("chat template: the chat template of 'trained here' " + problem)
     assert counted_text(chat.tokenizer, *chat.tokens(TALK, last_only=False, place="line 4")).endswith("<|end|>\n")
     renderer = chat.renderer.process

@@ -57,6 +57,7 @@ class TemplateProcess:
         self.folder, self.time_s = folder, time_s
         self.process: subprocess.Popen | None = None
         self.lock = threading.Lock()
+        self.owner = os.getpid()  # a forked copy of this object (a DataLoader worker's) never kills the renderer
 
     def render(self, jobs: list[tuple[list[dict], bool]], deadline: float | None = None) -> list[str]:
         """The texts of ``jobs`` ((messages, add_generation_prompt) each), or TemplateRenderError for the first the
@@ -147,7 +148,7 @@ class TemplateProcess:
             self._kill()
 
     def __del__(self):
-        if self.process is not None and self.process.poll() is None:
+        if self.owner == os.getpid() and self.process is not None and self.process.poll() is None:
             self.process.kill()
 
 
