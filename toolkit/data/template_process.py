@@ -5,13 +5,13 @@ from files, imports and the network, but not from looping for hours or allocatin
 stopped from outside. So a template other than the built-in ChatML renders in a child process:
 
     renderer = TemplateProcess(template, variables, folder)   # the child starts on the first rendering
-    texts = renderer.render([(messages, add_generation_prompt), ...], deadline=None)
+    texts = renderer.render([(messages, add_generation_prompt), ...])
     renderer.close()
 
 Each call is one round trip (a conversation's renderings together). The child's address space is capped
-(RLIMIT_AS: MEMORY_BYTES above what it holds once started); each call has TIME_S of wall-clock time (or less, up to
-``deadline``), after which the child is killed and the call refused with TemplateBudgetError naming the folder;
-the next call starts a new child. A rendering longer than MAX_RENDERED_CHARS is refused too. The child renders with
+(RLIMIT_AS: MEMORY_BYTES above what it holds once started); each call has TIME_S of wall-clock time, after which
+the child is killed and the call refused with TemplateBudgetError naming the folder; the next call starts a new
+child. A rendering longer than MAX_RENDERED_CHARS is refused too. The child renders with
 transformers' own ``render_jinja_template``, as ``apply_chat_template`` does, so its text is transformers' to the
 character. It ends with the process that started it (a pidfd watched by a thread), even while a template spins.
 """
@@ -30,8 +30,10 @@ import time
 from typing import Any
 
 from toolkit.errors import UserError, refused
+from toolkit.paths import SAFE_PATH_ENV
 
 TIME_S = 5.0  # per call: a conversation renders in milliseconds
+START_S = 60.0  # the renderer's start-up (imports), apart from any budget: a busy machine may be slow to start it
 MEMORY_BYTES = 1 << 30  # address space a template may add; a conversation's rendering needs kilobytes
 MAX_RENDERED_CHARS = 16 << 20  # one rendering; longer is a template multiplying its input
 PARENT_ENV = "TRAINBOOK_TEMPLATE_PARENT"
@@ -59,14 +61,12 @@ class TemplateProcess:
         self.lock = threading.Lock()
         self.owner = os.getpid()  # a forked copy of this object (a DataLoader worker's) never kills the renderer
 
-    def render(self, jobs: list[tuple[list[dict], bool]], deadline: float | None = None) -> list[str]:
+    def render(self, jobs: list[tuple[list[dict], bool]]) -> list[str]:
         """The texts of ``jobs`` ((messages, add_generation_prompt) each), or TemplateRenderError for the first the
-        template refused, or TemplateBudgetError when the call runs out of time (TIME_S, or ``deadline``: a
-        time.monotonic() value) or memory."""
+        template refused, or TemplateBudgetError when the call runs out of time (``time_s``) or memory."""
         with self.lock:
-            ends = time.monotonic() + self.time_s
-            ends = min(ends, deadline) if deadline is not None else ends
             process = self._started()
+            ends = time.monotonic() + self.time_s
             assert process.stdin is not None and process.stdout is not None  # both are pipes
             try:
                 process.stdin.write(json.dumps({"jobs": jobs}).encode() + b"\n")
@@ -97,7 +97,7 @@ class TemplateProcess:
             left = ends - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 self._kill()
-                raise self._budget(f"took longer than {self.time_s:g} s" if left > -1 else "passed its deadline")
+                raise self._budget(f"took longer than {self.time_s:g} s")
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return b""
@@ -115,17 +115,26 @@ class TemplateProcess:
         )
 
     def _started(self) -> subprocess.Popen:
+        """The renderer, started when there is none: its start-up (imports, on a machine that may be busy) is
+        awaited up to START_S, outside any conversation's budget."""
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "toolkit.data.template_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                env={**os.environ, PARENT_ENV: str(os.getpid())},
+                env={**os.environ, **SAFE_PATH_ENV, PARENT_ENV: str(os.getpid())},  # no import from the cwd
             )
             assert self.process.stdin is not None
             self.process.stdin.write(json.dumps(self.setup).encode() + b"\n")
             self.process.stdin.flush()
+            try:
+                ready = self._answer(self.process, time.monotonic() + START_S)
+            except TemplateBudgetError:
+                ready = b""
+            if ready != b"ready\n":
+                code = self._kill()
+                raise self._budget(f"could not start its renderer in {START_S:g} s ({_described_exit(code)})")
         return self.process
 
     def _kill(self) -> int | None:
@@ -153,9 +162,9 @@ class TemplateProcess:
 
 
 def _described_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        return signal.Signals(-code).name
-    return f"exit status {code}"
+    if code is None:
+        return "stopped"
+    return signal.Signals(-code).name if code < 0 else f"exit status {code}"
 
 
 # --- the child ---------------------------------------------------------------------------------------------------
@@ -190,6 +199,8 @@ def _serve() -> None:
     template, variables = setup["template"], setup["variables"]
     _cap_memory(setup["memory"])  # before the template runs at all
     out = sys.stdout.buffer
+    out.write(b"ready\n")  # each conversation's budget starts from here
+    out.flush()
     for line in sys.stdin.buffer:
         try:
             texts = []
