@@ -18,7 +18,7 @@ TOOLKIT = PROJECT / "toolkit"
 FOUNDATION = ("toolkit", "toolkit.errors", "toolkit.paths", "toolkit.ports", "toolkit.startup", "toolkit.third_party", "toolkit.extras",
               "toolkit.names", "toolkit.fsio", "toolkit.safe_load", "toolkit.plain_data", "toolkit.key_files",
               "toolkit.machine", "toolkit.deepspeed_config", "toolkit.config", "toolkit.run_lock", "toolkit.status",
-              "toolkit.events", "toolkit.trust", "toolkit.rundir", "toolkit.tables")
+              "toolkit.events", "toolkit.trust", "toolkit.rundir", "toolkit.tables", "toolkit.parent_watch")
 CHAPTERS = ("catalogue", "data", "checkpoint", "train", "runs", "resources", "deploy", "report", "azure", "cli")
 LAYERS = ("foundation", *CHAPTERS)
 ENTRY_POINTS = {"toolkit.__main__": "cli"}  # `python -m toolkit` is the command line

@@ -33,6 +33,7 @@ def start_and_follow(start) -> int:
     from toolkit.runs.launch import COMMITTING
 
     pending: list[int] = []
+    COMMITTING.clear()  # an earlier start in this process committed; this one has not yet
 
     def on_stop_signal(signum, frame):
         if COMMITTING.is_set():

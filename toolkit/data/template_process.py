@@ -31,12 +31,12 @@ from typing import Any
 
 from toolkit.errors import UserError, refused
 from toolkit.paths import SAFE_PATH_ENV
+from toolkit.parent_watch import parent_env, when_parent_exits
 
 TIME_S = 5.0  # per call: a conversation renders in milliseconds
 START_S = 60.0  # the renderer's start-up (imports), apart from any budget: a busy machine may be slow to start it
 MEMORY_BYTES = 1 << 30  # address space a template may add; a conversation's rendering needs kilobytes
 MAX_RENDERED_CHARS = 16 << 20  # one rendering; longer is a template multiplying its input
-PARENT_ENV = "TRAINBOOK_TEMPLATE_PARENT"
 
 
 class TemplateBudgetError(UserError, RuntimeError):
@@ -123,7 +123,7 @@ class TemplateProcess:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                env={**os.environ, **SAFE_PATH_ENV, PARENT_ENV: str(os.getpid())},  # no import from the cwd
+                env={**os.environ, **SAFE_PATH_ENV, **parent_env()},  # no import from the cwd
             )
             assert self.process.stdin is not None
             self.process.stdin.write(json.dumps(self.setup).encode() + b"\n")
@@ -170,20 +170,6 @@ def _described_exit(code: int | None) -> str:
 # --- the child ---------------------------------------------------------------------------------------------------
 
 
-def _end_with_parent() -> None:
-    """Exit the moment the starter does: a template that spins never reads its closed stdin."""
-    try:
-        pidfd = os.pidfd_open(int(os.environ[PARENT_ENV]))
-    except (KeyError, ValueError, OSError, AttributeError):
-        return
-
-    def watch() -> None:
-        select.select([pidfd], [], [])
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def _cap_memory(extra: int) -> None:
     """Address space: what the process holds now, plus ``extra``."""
     with open("/proc/self/statm") as f:
@@ -194,7 +180,7 @@ def _cap_memory(extra: int) -> None:
 def _serve() -> None:
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    _end_with_parent()
+    when_parent_exits(lambda: os._exit(1))  # a template that spins never reads its closed stdin
     setup = json.loads(sys.stdin.buffer.readline())
     template, variables = setup["template"], setup["variables"]
     _cap_memory(setup["memory"])  # before the template runs at all

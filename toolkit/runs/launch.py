@@ -85,9 +85,10 @@ def _start_supervisor(run: RunDir, lock_fd: int, max_restarts: int, from_offset:
     return RunHandle(run, process, from_offset, plan)
 
 
-# Set while a start or resume writes the run and starts its supervisor. Before it, nothing exists that a stop would
-# have to stop (the checks, the data's tokenization): a stop signal may end the command there and then. From it on,
-# the command holds the signal until the run's handle exists and then stops the run (toolkit.cli.following).
+# Set once a start or resume begins to write the run and start its supervisor, and left set when it has (cleared
+# again only if it failed, having started nothing). Before it, nothing exists that a stop would have to stop (the
+# checks, the data's tokenization): a stop signal may end the command there and then. From it on, the command holds
+# the signal until the run's handle exists and then stops the run (toolkit.cli.following, which clears it first).
 COMMITTING = threading.Event()
 
 
@@ -96,8 +97,9 @@ def committing() -> Iterator[None]:
     COMMITTING.set()
     try:
         yield
-    finally:
+    except BaseException:
         COMMITTING.clear()
+        raise
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """A service process (TensorBoard, the local endpoint): started in a session of its own with its output in a log
 file, watched until it answers HTTP, stopped with SIGTERM and, if it lingers, SIGKILL. It also stops by itself
-when the process that started it dies without stopping it (toolkit.runs.parent_watch)."""
+when the process that started it dies without stopping it (toolkit.parent_watch)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from toolkit.fsio import open_log
 from toolkit.paths import SAFE_PATH_ENV
-from toolkit.runs.parent_watch import parent_env
+from toolkit.parent_watch import parent_env
 
 STOP_GRACE_S = 10.0  # SIGTERM, then this long to exit, then SIGKILL
 POLL_S = 0.1  # between two readiness requests; the wait ends early when the process exits

@@ -22,7 +22,7 @@ and more gunicorn settings (added to GUNICORN_CMD_ARGS):
 
 Settings (serve() sets them): TRAINBOOK_HEADER_TIMEOUT_S, TRAINBOOK_BODY_TIMEOUT_S, and score.py's (among them
 TRAINBOOK_REQUEST_TIMEOUT_S). With
-``TRAINBOOK_PARENT_PID`` set, the server stops when that process dies (toolkit.runs.parent_watch).
+``TRAINBOOK_PARENT_PID`` set, the server stops when that process dies (toolkit.parent_watch).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import sys
 
-from toolkit.runs.parent_watch import stop_with_parent
+from toolkit.parent_watch import stop_with_parent
 from toolkit.deploy.serving.http_worker import GUNICORN_ARGS, enough_descriptors
 
 

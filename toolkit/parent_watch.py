@@ -22,20 +22,26 @@ def parent_env() -> dict[str, str]:
 
 
 def stop_with_parent() -> None:
-    """If ``PARENT_ENV`` names a process, SIGTERM this process group when it exits. Waits on a pidfd (readable
-    when the process ends: an event, not polling) in a daemon thread, which forked workers do not inherit."""
+    """If ``PARENT_ENV`` names a process, SIGTERM this process group when it exits (a server leads its own)."""
+    when_parent_exits(lambda: os.killpg(os.getpgrp(), signal.SIGTERM))
+
+
+def when_parent_exits(action) -> None:
+    """If ``PARENT_ENV`` names a process, call ``action`` when it exits (at once if it is gone). Waits on a pidfd
+    (readable when the process ends: an event, not polling) in a daemon thread, which forked workers do not
+    inherit, and which runs even while the main thread spins in Python code."""
     if not os.environ.get(PARENT_ENV):
         return
     try:
         pidfd = os.pidfd_open(int(os.environ[PARENT_ENV]))
     except ProcessLookupError:  # gone already
-        os.killpg(os.getpgrp(), signal.SIGTERM)
+        action()
         return
-    except (AttributeError, OSError):  # no pidfd on this platform: the server lives until stopped, as before
+    except (AttributeError, OSError, ValueError):  # no pidfd on this platform: the process lives until stopped
         return
 
     def watch() -> None:
         select.select([pidfd], [], [])
-        os.killpg(os.getpgrp(), signal.SIGTERM)
+        action()
 
     threading.Thread(target=watch, daemon=True, name="trainbook-parent-watch").start()
