@@ -82,6 +82,7 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 IN_PROCESS_VERBS: dict[str, set[str | None] | None] = {
     "data": {"register", "register-builtin", "list", "show", "archive", "verify"},
     "runs": None, "models": None, "checkpoints": None, "advise": None, "estimate": None, "config": None,
+    "export": None, "evaluate": None, "forecast": None,  # read checkpoints or events, write a folder or a picture
     "endpoints": {None},  # the listing; `endpoints stop` signals a server
 }
 # The filters a fresh interpreter starts with (no -W, no PYTHONWARNINGS): a warning shows on stderr as it would there
