@@ -226,6 +226,17 @@ def no_process_in_the_unit_tier(request):
         _unit_test_running[0] = False
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_workspace(tmp_path_factory):
+    """What runs before a test's own private_workspace (a session or module fixture training a shared run) indexes
+    and signs in a workspace of the session's, never in the checkout's .trainbook or the user's key."""
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.mktemp("session-workspace")
+        patch.setenv("TRAINBOOK_WORKSPACE", str(root / "workspace"))
+        patch.setenv("TRAINBOOK_CONFIG_HOME", str(root / "user-config"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace, and signs its runs with
@@ -286,8 +297,9 @@ def train_tiny(tmp_path):
 def finished_runs(tmp_path_factory, worker_id):
     """``finished_runs(*flags)``: the finished run of ``trainbook train tiny FLAGS``, trained once per ``make test`` on
     first use and shared by every test that asks for the same flags, in every xdist worker: read it, never change it
-    (``finished_run_copy`` gives a test a copy of its own). A worker that asks while another trains the same run
-    waits on the run's lock file (flock) and then reads it. What the CLI printed while it trained is kept beside the
+    (``finished_run_copy`` gives a test a copy of its own). It is indexed in a workspace of its own and signed with
+    the suite's key, not the asking test's: what the run is does not depend on which test asked first. A worker that
+    asks while another trains the same run waits on the run's lock file (flock) and then reads it. What the CLI printed while it trained is kept beside the
     run (``cli_output``)."""
     base = tmp_path_factory.getbasetemp()
     root = (base if worker_id == "master" else base.parent) / "finished-runs"  # the parent: one per pytest run
@@ -299,7 +311,10 @@ def finished_runs(tmp_path_factory, worker_id):
         with open(root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not run.path.exists():
-                proc = cli("train", "tiny", "--run-dir", str(run.path), *flags)
+                with pytest.MonkeyPatch.context() as patch:  # whichever test asks first, the same run
+                    patch.setenv("TRAINBOOK_WORKSPACE", str(root / "workspaces" / key / "workspace"))
+                    patch.setenv("TRAINBOOK_CONFIG_HOME", str(root / "user-config"))
+                    proc = cli("train", "tiny", "--run-dir", str(run.path), *flags)
                 assert proc.returncode == 0, proc.stderr
                 _cli_output_path(run).write_text(proc.stderr)
             elif run.read_status().get("state") != "completed":
@@ -316,6 +331,14 @@ def _cli_output_path(run: RunDir) -> Path:
 def cli_output(run: RunDir) -> str:
     """What ``trainbook train`` printed (its stderr) while it trained the shared run ``finished_runs`` gave."""
     return _cli_output_path(run).read_text()
+
+
+# A finished run of 10 steps, each logged: what a run of the same config (or the same bytes) must log again
+TEN_STEPS = ("--set", "train.max_steps=10", "--set", "train.log_every=1")
+# A finished run of 10 steps with checkpoints at 5 and 10: what resume, rollback and a copied run's checks read
+TWO_CHECKPOINTS = ("--set", "train.max_steps=10", "--set", "checkpoint.every_steps=5")
+# A finished run with no checkpoint (none during the run, none at its end): what export, resume and the panels refuse
+NO_CHECKPOINT = ("--set", "train.max_steps=5", "--set", "checkpoint.at_end=false")
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from conftest import PROJECT, cli
-from toolkit.rundir import RunDir
+from conftest import PROJECT
 
 # A step's pattern, in miniature: 200 blocks of 1 MiB allocated, written, freed, three times. The third round's
 # page faults say whether the second round's memory was kept (no faults) or handed back to the OS (one per page).
@@ -69,8 +68,6 @@ def test_a_users_own_allocator_settings_are_left_alone(setting):
     assert result["faults"] > result["pages"] // 2, result
 
 
-def test_a_training_run_keeps_freed_memory_and_says_so(tmp_path):
-    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", "train.max_steps=3")
-    assert proc.returncode == 0, proc.stderr
+def test_a_training_run_keeps_freed_memory_and_says_so(finished_runs):
     expected = "kept freed memory" if sys.platform.startswith("linux") else "the C library's defaults"
-    assert RunDir(tmp_path / "r").read_lineage()["allocator"] == expected
+    assert finished_runs().read_lineage()["allocator"] == expected

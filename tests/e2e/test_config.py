@@ -10,7 +10,7 @@ import yaml
 from toolkit import config as config_mod
 from toolkit.config import ConfigError
 
-from conftest import cli
+from conftest import NO_CHECKPOINT, cli
 
 
 @pytest.mark.parametrize("name", ["tiny", "demo"])
@@ -113,9 +113,8 @@ def test_cli_refuses_bad_input_before_anything_starts(tmp_path):
     assert not run_dir.exists()
 
 
-def test_cli_refuses_to_overwrite_a_run(train_tiny):
-    proc, run = train_tiny("--set", "train.max_steps=2")
-    assert proc.returncode == 0, proc.stderr
+def test_cli_refuses_to_overwrite_a_run(finished_run_copy):
+    run = finished_run_copy(*NO_CHECKPOINT)
     before = run.config_path.read_text()
     proc = cli("train", "tiny", "--run-dir", str(run.path), "--set", "train.max_steps=3")
     assert proc.returncode == 2 and "already holds a run" in proc.stderr

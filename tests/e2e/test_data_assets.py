@@ -19,7 +19,7 @@ from toolkit.catalogue import data_assets, data_store
 from toolkit.catalogue.data_assets import DataAssetError
 from toolkit.catalogue.workspace import SCHEMA_VERSION, Workspace, WorkspaceError
 
-from conftest import cli
+from conftest import TEN_STEPS, cli
 
 
 pytestmark = pytest.mark.usefixtures("private_cache")  # each test reads and writes token files of its own
@@ -303,11 +303,11 @@ def test_builtin_assets_and_mltable_round_trip(ws):
     assert frame.shape == (1797, 65) and str(frame["label"].dtype) == "int64" and frame["p10"].max() == 16
 
 
-def test_training_on_registered_assets_pins_the_version(tmp_path):
+def test_training_on_registered_assets_pins_the_version(tmp_path, finished_runs):
     ws = str(tmp_path / "ws")
     assert cli("data", "--workspace", ws, "register-builtin").stdout.split() == ["pydoc:1", "stdlib:1", "digits:1"]
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "text"), "--set", "data.asset=pydoc",
-               "--set", f"data.workspace={ws}", "--set", "train.max_steps=10")
+               "--set", f"data.workspace={ws}", *TEN_STEPS)
     assert proc.returncode == 0, proc.stderr
     from toolkit.rundir import RunDir
 
@@ -316,9 +316,8 @@ def test_training_on_registered_assets_pins_the_version(tmp_path):
     lineage = json.loads(run.lineage_path.read_text())
     assert lineage["data"]["asset"]["ref"] == "pydoc:1" and len(lineage["data"]["asset"]["sha256"]) == 64
     # the same bytes as the built-in corpus, so the same losses as a run on the built-in dataset
-    builtin = cli("train", "tiny", "--run-dir", str(tmp_path / "builtin"), "--set", "train.max_steps=10")
-    assert builtin.returncode == 0
-    assert [e["loss"] for e in run.events("train")] == [e["loss"] for e in RunDir(tmp_path / "builtin").events("train")]
+    builtin = [e["loss"] for e in finished_runs(*TEN_STEPS).events("train")]  # test_training's, shared
+    assert [e["loss"] for e in run.events("train")] == builtin and len(builtin) == 10
 
     proc = cli("train", "tiny", "--run-dir", str(tmp_path / "table"), "--set", "data.asset=digits:1",
                "--set", f"data.workspace={ws}", "--set", "model.name=digits_mlp", "--set", "data.dataset=digits",

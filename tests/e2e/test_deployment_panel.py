@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from toolkit.catalogue.model_registry import get_model
 from toolkit.catalogue.workspace import Workspace
 from widgets.deployment import DeploymentPanel
 
-from conftest import cli
+from served_model import SERVED_FLAGS
 
 
 def shown(widget) -> str:
@@ -47,11 +48,11 @@ def private_workspace(module_workspace):
 
 
 @pytest.fixture(scope="module")
-def panel(module_workspace, tmp_path_factory):
-    """A panel whose Export button was clicked on a freshly trained tiny run."""
+def panel(module_workspace, tmp_path_factory, finished_runs):
+    """A panel whose Export button was clicked on a copy of a tiny run (the endpoint tests' shared one: the Export
+    button writes into the run)."""
     root = tmp_path_factory.mktemp("deploy")
-    proc = cli("train", "tiny", "--run-dir", str(root / "run"), "--set", "train.max_steps=30")
-    assert proc.returncode == 0, proc.stderr
+    shutil.copytree(finished_runs(*SERVED_FLAGS).path, root / "run")
     panel = DeploymentPanel(root / "run", endpoint_name="tb-test", prompt="def ", max_new_tokens=8,
                             plan_dir=root / "plan").show()
     panel.buttons["Export"].click()

@@ -38,8 +38,8 @@ RSS_GROWTH_LIMIT_MB = 100  # the 16 x 16 KB scoring case grew the server by 580 
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return exported_tiny_model(tmp_path_factory)
+def model_dir(finished_runs):
+    return exported_tiny_model(finished_runs)
 
 
 @pytest.fixture(scope="module")

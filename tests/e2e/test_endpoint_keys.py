@@ -22,8 +22,8 @@ from test_serving import call
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return exported_tiny_model(tmp_path_factory)
+def model_dir(finished_runs):
+    return exported_tiny_model(finished_runs)
 
 
 def key_path(ws: Path) -> Path:

@@ -19,7 +19,7 @@ from toolkit.catalogue.model_registry import get_model, list_models, register_mo
 from toolkit.rundir import RunDir
 from toolkit.catalogue.workspace import Workspace
 
-from conftest import cli
+from conftest import NO_CHECKPOINT, cli
 from test_checkpoint import CKPT, DEEPSPEED_ZERO2_2, DEEPSPEED_ZERO3_2
 
 FILES = {"config.yaml", "model.onnx", "model.safetensors", "parity.json", "tokenizer.json", "tokenizer_config.json",
@@ -107,8 +107,8 @@ def test_a_lineage_too_big_for_the_manifest_is_refused_and_nothing_is_written(tr
     assert sorted(p.name for p in trained.path.iterdir()) == before, "no export, no staging folder left behind"
 
 
-def test_a_run_without_checkpoints_cannot_be_exported(train_tiny):
-    run = _trained(train_tiny, "--set", "checkpoint.at_end=false")
+def test_a_run_without_checkpoints_cannot_be_exported(finished_run_copy):
+    run = finished_run_copy(*NO_CHECKPOINT)
     with pytest.raises(ExportError, match="has no valid checkpoint"):
         export_run(run.path)
     proc = cli("export", str(run.path))
@@ -127,7 +127,7 @@ def test_zero_partitioned_checkpoints_are_consolidated(finished_run_copy, stage,
     assert _val_loss_of_export(result.path, run) == pytest.approx(run.events("eval")[-1]["val_loss"], abs=1e-4)
 
 
-def test_models_register_by_content_with_their_lineage(train_tiny, tmp_path):
+def test_models_register_by_content_with_their_lineage(train_tiny, finished_runs, tmp_path):
     ws_dir = tmp_path / "ws"
     assert cli("data", "--workspace", str(ws_dir), "register-builtin", "pydoc").returncode == 0
     run = _trained(train_tiny, "--set", "data.asset=pydoc", "--set", f"data.workspace={ws_dir}")
@@ -138,9 +138,8 @@ def test_models_register_by_content_with_their_lineage(train_tiny, tmp_path):
     assert register_model(ws, run.path / "model").ref == "tiny:1", "same content, same version"
     again = register_model(ws, export_run(run.path).path, description="re-exported")
     assert again == first, "exporting the same checkpoint again (a new manifest time) is the same version"
-    other = _trained(train_tiny, "--set", "train.seed=2", "--set", "data.asset=pydoc", "--set",
-                     f"data.workspace={ws_dir}", name="other")
-    second = register_model(ws, export_run(other.path).path, description="other weights")
+    other = export_run(finished_runs().path, out=tmp_path / "other")  # the suite's shared 40-step run
+    second = register_model(ws, other.path, description="other weights")
     assert second.ref == "tiny:2" and get_model(ws, "tiny").ref == "tiny:2" and get_model(ws, "tiny:1") == first
     assert (first.path / "model.onnx").is_file() and first.path != run.path / "model", "served from the snapshot"
     assert [m.ref for m in list_models(ws)] == ["tiny:2", "tiny:1"]
@@ -177,13 +176,13 @@ def test_a_tampered_export_is_neither_registered_nor_served(trained, tmp_path):
     assert served.returncode == 2 and "model.safetensors" in served.stderr, served.stderr
 
 
-def test_a_registered_snapshot_swapped_for_another_export_is_not_served_as_that_version(trained, train_tiny,
+def test_a_registered_snapshot_swapped_for_another_export_is_not_served_as_that_version(trained, finished_runs,
                                                                                       tmp_path):
     """Replacing a snapshot's files and manifest together (nothing written through a link, every hash consistent)
     still does not pass: the catalogue names the version's payload, and the manifest must be that payload."""
     ws = Workspace.open(tmp_path / "ws")
     first = register_model(ws, export_run(trained.path).path)
-    other = export_run(_trained(train_tiny, "--set", "train.seed=2", name="other").path).path
+    other = export_run(finished_runs().path, out=tmp_path / "other").path  # other weights: the shared 40-step run
     for name in ("model.onnx", "model.safetensors", MANIFEST):
         (first.path / name).unlink()
         shutil.copyfile(other / name, first.path / name)

@@ -26,17 +26,11 @@ from toolkit.rundir import RunDir
 from toolkit.deploy.serving.runtimes import load_runtime
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> RunDir:
-    """The built-in tiny config trained 20 steps with a checkpoint at the end, in its own workspace. Tests that change
-    the run work on a copy (:func:`_copy`)."""
-    root = tmp_path_factory.mktemp("trained")
-    env = {**os.environ, "TRAINBOOK_WORKSPACE": str(root / "workspace")}
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "tiny", "--run-dir", str(root / "run"), "--set",
-                           "train.max_steps=20", "--set", "train.eval_every=20"], capture_output=True, text=True,
-                          cwd=PROJECT, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return RunDir(root / "run")
+@pytest.fixture
+def trained(finished_runs) -> RunDir:
+    """The built-in tiny config trained 20 steps with a checkpoint at the end: test_export's shared run, read only.
+    Tests that change the run work on a copy (:func:`_copy`); every export here goes to a folder of the test's."""
+    return finished_runs("--set", "train.max_steps=20", "--set", "train.eval_every=20")
 
 
 def _copy(run: RunDir, dest: Path) -> RunDir:

@@ -67,7 +67,7 @@ def _tensorboard_tags(run: RunDir) -> set[str]:
 
 def test_the_workspace_store_holds_the_run_with_its_params_tags_scalars_and_files(restarted_run, tmp_path):
     run, client, logged = restarted_run
-    # the default store: the workspace's (TRAINBOOK_WORKSPACE of the test that trained it), SQLite, one run in it
+    # the default store: the workspace's (the shared run's own TRAINBOOK_WORKSPACE), SQLite, one run in it
     assert client.tracking_uri.startswith("sqlite:///")
     assert client.tracking_uri.endswith("/workspace/mlflow/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "tiny"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import BIGRAM_MODEL
+from conftest import BIGRAM_MODEL, NO_CHECKPOINT
+from test_checkpoint import CKPT
 
 from toolkit import config as config_mod
 from toolkit.catalogue import data_assets
@@ -145,33 +146,30 @@ def test_a_measurement_that_fails_says_so_beside_its_button_and_takes_the_old_ad
 
 
 @pytest.fixture
-def finished_run(tmp_path):
-    cfg = config_mod.load("tiny", ["train.max_steps=60", "train.max_seconds=0", "checkpoint.every_steps=20",
-                                   "checkpoint.keep_last=5", "train.log_every=1", "profile.enabled=false"])
-    handle = launch.start(cfg, runs_root=tmp_path / "runs")
-    assert handle.wait(120) == 0
-    return handle.run
+def finished_run(finished_run_copy) -> RunDir:
+    """This test's copy of test_checkpoint's shared run: 40 steps, each logged, checkpoints 20, 30, 40 kept."""
+    return finished_run_copy(*CKPT)
 
 
 def test_checkpoints_panel_lists_verifies_and_rolls_back(finished_run):
     original = {e["step"]: e["loss"] for e in finished_run.events("train")}
     panel = CheckpointsPanel(finished_run.path, gpus=64).show()
-    assert [i.name for i in panel.infos] == ["step_00000020", "step_00000040", "step_00000060"]
-    assert "step_00000060  &lt;- LATEST" in panel.table.value and panel.resume_from.value == "step_00000060"
+    assert [i.name for i in panel.infos] == ["step_00000020", "step_00000030", "step_00000040"]
+    assert "step_00000040  &lt;- LATEST" in panel.table.value and panel.resume_from.value == "step_00000040"
     # each row carries what its checkpoint cost, from the run's events: the training time lost, then the blocking
     lost = {e["step"]: e["lost_ms"] for e in finished_run.events("checkpoint")}
     assert "training lost ms" in panel.table.value and "of which blocked" in panel.table.value
-    assert f">{lost[40]:,.1f}</td>" in panel.table.value, panel.table.value
+    assert f">{lost[30]:,.1f}</td>" in panel.table.value, panel.table.value
 
-    # corrupt one file of step 40: the listing says so, and it is no longer offered
-    victim = next(p for p in (finished_run.path / "checkpoints" / "step_00000040").iterdir() if p.suffix == ".pt")
+    # corrupt one file of step 30: the listing says so, and it is no longer offered
+    victim = next(p for p in (finished_run.path / "checkpoints" / "step_00000030").iterdir() if p.suffix == ".pt")
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
     panel.refresh_button.click()
     panel.wait()
     assert "fails its xxh3_128 check" in panel.table.value
-    assert [v for _, v in panel.resume_from.options] == ["step_00000020", "step_00000060"]
+    assert [v for _, v in panel.resume_from.options] == ["step_00000020", "step_00000040"]
 
     assert panel.resume_button.disabled and "the run is completed: nothing left to train" in panel.resume_hint.value
     panel.resume_from.value = "step_00000020"  # a roll-back: Resume is offered
@@ -180,11 +178,11 @@ def test_checkpoints_panel_lists_verifies_and_rolls_back(finished_run):
     panel.resume_button.click()  # a double click: dropped, not a second resume queued behind the first
     assert panel.resume_button.disabled
     status = panel.wait()
-    assert status["state"] == "completed" and status["step"] == 60, status
+    assert status["state"] == "completed" and status["step"] == 40, status
     replayed = {e["step"]: e["loss"] for e in RunDir(finished_run.path).events("train")}
-    assert replayed == original, "steps 21..60 replayed from step 20 give the same losses"
+    assert replayed == original, "steps 21..40 replayed from step 20 give the same losses"
     resumed = panel.outcome_of(panel.resume_button).value
-    assert "resumed from step_00000020" in resumed and "completed at step 60" in resumed, resumed
+    assert "resumed from step_00000020" in resumed and "completed at step 40" in resumed, resumed
     assert "completed" in panel.card.value
     assert len([e for e in RunDir(finished_run.path).events("status") if e.get("resumed_step")]) == 1, "one resume"
     assert panel.resume_button.disabled, "completed again: nothing left to resume"
@@ -208,16 +206,14 @@ def test_checkpoints_panel_refuses_a_folder_without_a_run(tmp_path):
         CheckpointsPanel(tmp_path)
 
 
-def test_a_run_without_checkpoints_explains_inline(tmp_path):
-    cfg = config_mod.load("tiny", ["train.max_steps=5", "profile.enabled=false", "checkpoint.at_end=false"])
-    handle = launch.start(cfg, runs_root=tmp_path / "runs")
-    assert handle.wait(120) == 0
-    panel = CheckpointsPanel(handle.path)
+def test_a_run_without_checkpoints_explains_inline(finished_run_copy):
+    run = finished_run_copy(*NO_CHECKPOINT)
+    panel = CheckpointsPanel(run.path)
     assert "no checkpoints yet" in panel.table.value and "has no checkpoint events" in panel.message.value
     assert panel.resume_button.disabled and "no valid checkpoint to resume from" in panel.resume_hint.value
     panel.resume_button.click()  # greyed out in a browser; a click that reaches the kernel anyway does nothing
     assert panel.handle is None
-    assert CheckpointStore(handle.path).list() == []
+    assert CheckpointStore(run.path).list() == []
 
 
 # --- resources ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import pytest
 
 from toolkit.rundir import RunDir
 
-from conftest import PROJECT, cli, no_runaway_training
+from conftest import NO_CHECKPOINT, PROJECT, TWO_CHECKPOINTS, cli, cli_output, no_runaway_training
+from served_model import SERVED_FLAGS
 
 LONG = ["--set", "train.max_steps=100000", "--set", "train.log_every=1"]
 
@@ -107,31 +108,28 @@ def test_a_terminate_while_the_run_starts_stops_it_too(tmp_path):
                 os.killpg(status["worker_pgid"], 0)
 
 
-def _failed_copy_of(tmp_path, *flags: str) -> RunDir:
-    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", "train.max_steps=10", *flags)
-    assert proc.returncode == 0, proc.stderr
-    run = RunDir(tmp_path / "r")
+def _failed_copy_of(finished_run_copy, *flags: str) -> RunDir:
+    run = finished_run_copy(*flags)
     run.write_status(state="failed")  # as if it had died: a run resume is meant for
     return run
 
 
-def test_resume_says_which_checkpoint_it_starts_from(tmp_path):
-    run = _failed_copy_of(tmp_path, "--set", "checkpoint.every_steps=5")
+def test_resume_says_which_checkpoint_it_starts_from(finished_run_copy):
+    run = _failed_copy_of(finished_run_copy, *TWO_CHECKPOINTS)
     proc = cli("resume", str(run.path))
     assert proc.returncode == 0, proc.stderr
     assert "resuming from step_00000010" in proc.stderr, proc.stderr
 
 
-def test_resume_without_a_checkpoint_says_it_starts_from_step_0(tmp_path):
-    run = _failed_copy_of(tmp_path, "--set", "checkpoint.at_end=false")
+def test_resume_without_a_checkpoint_says_it_starts_from_step_0(finished_run_copy):
+    run = _failed_copy_of(finished_run_copy, *NO_CHECKPOINT)
     proc = cli("resume", str(run.path))
     assert proc.returncode == 0, proc.stderr
     assert "no checkpoint: starting from step 0" in proc.stderr, proc.stderr
 
 
-def test_resume_of_a_completed_run_changes_nothing_and_says_why(train_tiny):
-    proc, run = train_tiny("--set", "train.max_steps=10", "--set", "checkpoint.every_steps=5")
-    assert proc.returncode == 0, proc.stderr
+def test_resume_of_a_completed_run_changes_nothing_and_says_why(finished_run_copy):
+    run = finished_run_copy(*TWO_CHECKPOINTS)
     status, events = run.status_path.read_text(), run.events_path.read_text()
     again = cli("resume", str(run.path))
     assert again.returncode == 0, again.stderr
@@ -242,8 +240,7 @@ def test_stop_on_two_processes_saves_one_step_that_every_rank_agreed_on(tmp_path
     assert watched.returncode == 0 and "has stopped" in watched.stdout
 
 
-def test_a_run_followed_into_a_file_gets_plain_lines_not_a_redrawn_bar(tmp_path):
-    proc = cli("train", "tiny", "--run-dir", str(tmp_path / "r"), "--set", "train.max_steps=30")
-    assert proc.returncode == 0, proc.stderr
-    assert "\r" not in proc.stderr, proc.stderr[:500]
-    assert re.search(r"^step 30/30 loss=\d", proc.stderr, re.M), proc.stderr
+def test_a_run_followed_into_a_file_gets_plain_lines_not_a_redrawn_bar(finished_runs):
+    printed = cli_output(finished_runs(*SERVED_FLAGS))  # what `train` wrote into a pipe, as into a file
+    assert "\r" not in printed, printed[:500]
+    assert re.search(r"^step 30/30 loss=\d", printed, re.M), printed

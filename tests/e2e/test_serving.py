@@ -29,8 +29,8 @@ from served_model import exported_tiny_model
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return exported_tiny_model(tmp_path_factory)
+def model_dir(finished_runs):
+    return exported_tiny_model(finished_runs)
 
 
 @pytest.fixture(scope="module")

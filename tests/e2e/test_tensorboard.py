@@ -13,6 +13,8 @@ import pytest
 from toolkit.runs.tensorboard import TensorBoardError, start_tensorboard
 
 from conftest import assert_server_dies_with_its_starter
+from test_activation_checkpointing import AC, PROFILE
+from test_checkpoint import CKPT
 
 
 def get_json(url: str):
@@ -34,15 +36,11 @@ def poll_json(url: str, until, timeout_s: float = 60.0):
         pause = min(1.0, pause * 2)
 
 
-@pytest.fixture(scope="module")
-def profiled_run(tmp_path_factory):
-    from toolkit.runs import launch
-
-    root = tmp_path_factory.mktemp("tb")
-    handle = launch.train("tiny", ["profile.enabled=true", "profile.wait=1", "profile.warmup=1", "profile.active=2"],
-                          run_dir=root / "run")
-    assert handle.wait(300) == 0, (handle.path / launch.LOG_NAME).read_text()
-    return handle.run
+@pytest.fixture
+def profiled_run(finished_run_copy):
+    """A copy (TensorBoard writes its log into the run) of the suite's profiled run: activation checkpointing's,
+    every step logged, rank 0 tracing 2 steps."""
+    return finished_run_copy(*CKPT, *AC, *PROFILE)
 
 
 def test_tensorboard_serves_scalars_and_profiler_then_stops(profiled_run):

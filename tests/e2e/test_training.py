@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import TEN_STEPS
 from test_checkpoint import (ACCUM, DEEPSPEED_1, DEEPSPEED_ZERO2_2, DEEPSPEED_ZERO3_2, STEPS, TORCH_1,  # noqa: F401
                              TORCH_DDP_2, reference_runs)
 from toolkit import config as config_mod
@@ -79,11 +80,12 @@ def test_tiny_run_learns_and_fills_the_run_directory(train_tiny):
     assert table.count("<tr>") > 5 and "aten::" in table
 
 
-def test_same_seed_same_losses(train_tiny):
+def test_same_seed_same_losses(train_tiny, finished_runs):
     """The run is a pure function of its config: two runs log identical losses, step for step; an evaluation
     before the first step (train.eval_at_start, a fine-tune's baseline) is logged at step 0 and changes none."""
-    runs = [train_tiny("--set", "train.max_steps=10", "--set", "train.log_every=1", *extra, name=f"r{i}")[1]
-            for i, extra in ((1, ()), (2, ("--set", "train.eval_at_start=true")))]
+    proc, again = train_tiny(*TEN_STEPS, "--set", "train.eval_at_start=true")
+    assert proc.returncode == 0, proc.stderr
+    runs = [finished_runs(*TEN_STEPS), again]  # the first trained once a session, in another process
     losses = [[e["loss"] for e in r.events("train")] for r in runs]
     assert len(losses[0]) == 10 and losses[0] == losses[1]
     assert [e["step"] for e in runs[0].events("eval")] == [10]

@@ -17,11 +17,10 @@ from toolkit import safe_load
 from toolkit.checkpoint.store import MANIFEST, describe_files
 from toolkit.rundir import RunDir
 
-from conftest import PROJECT, cli
+from conftest import PROJECT, TWO_CHECKPOINTS, cli
 from unit.test_untrusted_checkpoints import RunsCode
 
 ONE_CHECKPOINT = ("--set", "train.max_steps=5", "--set", "checkpoint.every_steps=5")
-TWO_CHECKPOINTS = ("--set", "train.max_steps=10", "--set", "checkpoint.every_steps=5")
 
 # Builds the run's engine in a process of its own (DeepSpeed needs a process group) and loads a checkpoint folder
 # straight into it, past the listing's checks: the loaders themselves must refuse code.

@@ -52,7 +52,7 @@ def test_start_kill_and_resume_from_the_buttons(panel):
     assert RunDir(panel.run.path).events("checkpoint"), "checkpoint markers come from checkpoint events"
 
 
-def test_a_past_run_opens_with_the_same_dashboard(panel, tmp_path):
+def test_a_past_run_opens_with_the_same_dashboard_and_the_tensorboard_button_serves_it(panel, tmp_path):
     panel.steps.value = 40
     panel.start()
     panel.wait()
@@ -60,6 +60,11 @@ def test_a_past_run_opens_with_the_same_dashboard(panel, tmp_path):
     other = TrainingPanel(config="tiny").open_run(panel.run.path)
     assert other.card.value.split("elapsed")[0] == live_card
     assert other.progress.value == 1.0 and other.plot.value[:4] == b"\x89PNG"
+
+    panel.buttons["TensorBoard"].click()
+    assert "http://127.0.0.1:" in panel.links.value
+    with urllib.request.urlopen(panel.tb_server.url + "data/runs", timeout=30) as response:
+        assert response.status == 200
 
 
 def test_bad_form_input_is_shown_inline_and_starts_nothing(panel, tmp_path):
@@ -70,16 +75,6 @@ def test_bad_form_input_is_shown_inline_and_starts_nothing(panel, tmp_path):
     assert panel.buttons["TensorBoard"].disabled and panel.buttons["TensorBoard"].tooltip == "start or open a run first"
     panel.buttons["TensorBoard"].click()  # greyed out in a browser; a click that reaches the kernel does nothing
     assert panel.tb_server is None and "steps (train.max_steps): -5" in panel.actions.value
-
-
-def test_the_tensorboard_button_serves_the_run(panel):
-    panel.steps.value = 20
-    panel.start()
-    panel.wait()
-    panel.buttons["TensorBoard"].click()
-    assert "http://127.0.0.1:" in panel.links.value
-    with urllib.request.urlopen(panel.tb_server.url + "data/runs", timeout=30) as response:
-        assert response.status == 200
 
 
 def test_the_form_trains_your_own_model_and_refuses_one_that_is_not(panel, tmp_path):
