@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -246,8 +247,10 @@ def test_concurrent_registration_loses_nothing_and_never_reuses_a_version(ws, tm
         folder.mkdir()
         (folder / "part.txt").write_text(f"content {i % 4}")
         paths.append(str(folder / "part.txt"))
-    with multiprocessing.get_context("spawn").Pool(8) as pool:
-        refs = pool.map(_register_in_process, [(str(ws.root), p) for p in paths])
+    # an executor, not a Pool: a child that dies (an import error in the spawned interpreter) fails the test at
+    # once (BrokenProcessPool), where a Pool replaces the child and waits for its lost task forever
+    with ProcessPoolExecutor(8, mp_context=multiprocessing.get_context("spawn")) as pool:
+        refs = list(pool.map(_register_in_process, [(str(ws.root), p) for p in paths]))
     assets = data_assets.list_assets(ws, name="shared")
     assert sorted(a.version for a in assets) == [1, 2, 3, 4], [a.ref for a in assets]
     assert all(refs[i] == refs[i + 4] for i in range(4)), refs

@@ -45,6 +45,14 @@ no_runaway_training = _root.no_runaway_training
 assert_server_dies_with_its_starter = _root.assert_server_dies_with_its_starter
 
 
+def __getattr__(name: str):
+    """Every other helper and constant of the root's (``from conftest import TEN_STEPS`` in an e2e module, or in a
+    child it spawns, that finds this module first). Not its hooks: pytest registers those from the root itself."""
+    if name.startswith(("_", "pytest")):
+        raise AttributeError(name)
+    return getattr(_root, name)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark this folder's tests ``gpu`` (``-m "not gpu"`` leaves them out; ``-m gpu`` runs only them)."""
     for item in items:
