@@ -226,14 +226,19 @@ def no_process_in_the_unit_tier(request):
         _unit_test_running[0] = False
 
 
+def _use_workspace(patch: pytest.MonkeyPatch, workspace: Path, config_home: Path) -> None:
+    """This process, and every process it starts, indexes in ``workspace`` and signs with the key in ``config_home``."""
+    patch.setenv("TRAINBOOK_WORKSPACE", str(workspace))
+    patch.setenv("TRAINBOOK_CONFIG_HOME", str(config_home))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_workspace(tmp_path_factory):
     """What runs before a test's own private_workspace (a session or module fixture training a shared run) indexes
     and signs in a workspace of the session's, never in the checkout's .trainbook or the user's key."""
     with pytest.MonkeyPatch.context() as patch:
         root = tmp_path_factory.mktemp("session-workspace")
-        patch.setenv("TRAINBOOK_WORKSPACE", str(root / "workspace"))
-        patch.setenv("TRAINBOOK_CONFIG_HOME", str(root / "user-config"))
+        _use_workspace(patch, root / "workspace", root / "user-config")
         yield
 
 
@@ -241,8 +246,7 @@ def session_workspace(tmp_path_factory):
 def private_workspace(tmp_path, monkeypatch):
     """Every test (and every process it starts) indexes runs and data in its own workspace, and signs its runs with
     a key of its own (toolkit.trust): a test's runs are its user's, another test's are from elsewhere."""
-    monkeypatch.setenv("TRAINBOOK_WORKSPACE", str(tmp_path / "workspace"))
-    monkeypatch.setenv("TRAINBOOK_CONFIG_HOME", str(tmp_path / "user-config"))
+    _use_workspace(monkeypatch, tmp_path / "workspace", tmp_path / "user-config")
 
 
 @pytest.fixture
@@ -299,8 +303,8 @@ def finished_runs(tmp_path_factory, worker_id):
     first use and shared by every test that asks for the same flags, in every xdist worker: read it, never change it
     (``finished_run_copy`` gives a test a copy of its own). It is indexed in a workspace of its own and signed with
     the suite's key, not the asking test's: what the run is does not depend on which test asked first. A worker that
-    asks while another trains the same run waits on the run's lock file (flock) and then reads it. What the CLI printed while it trained is kept beside the
-    run (``cli_output``)."""
+    asks while another trains the same run waits on the run's lock file (flock) and then reads it. What the CLI
+    printed while it trained is kept beside the run (``cli_output``)."""
     base = tmp_path_factory.getbasetemp()
     root = (base if worker_id == "master" else base.parent) / "finished-runs"  # the parent: one per pytest run
     root.mkdir(exist_ok=True)
@@ -312,8 +316,7 @@ def finished_runs(tmp_path_factory, worker_id):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not run.path.exists():
                 with pytest.MonkeyPatch.context() as patch:  # whichever test asks first, the same run
-                    patch.setenv("TRAINBOOK_WORKSPACE", str(root / "workspaces" / key / "workspace"))
-                    patch.setenv("TRAINBOOK_CONFIG_HOME", str(root / "user-config"))
+                    _use_workspace(patch, root / "workspaces" / key / "workspace", root / "user-config")
                     proc = cli("train", "tiny", "--run-dir", str(run.path), *flags)
                 assert proc.returncode == 0, proc.stderr
                 _cli_output_path(run).write_text(proc.stderr)
