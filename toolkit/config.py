@@ -228,8 +228,10 @@ class TrainConfig:
 
 @dataclass
 class EngineConfig:
-    name: Literal["torch", "deepspeed"] = "torch"
-    """Training engine: plain PyTorch (DDP when nproc > 1) or DeepSpeed (ZeRO)."""
+    name: Literal["torch", "deepspeed", "fsdp"] = "torch"
+    """Training engine: plain PyTorch (DDP when nproc > 1), DeepSpeed (ZeRO), or PyTorch's own sharding (FSDP2:
+    every parameter, gradient and optimizer state split over the processes, each block gathered while it runs;
+    checkpoints written shard by shard, never gathered)."""
     nproc: int = bounded(1, ge=1, le=1024)
     """Processes on this machine; more than one goes through a launcher (torchrun or deepspeed)."""
     launcher: Literal["auto", "torchrun", "deepspeed"] = "auto"
@@ -257,6 +259,14 @@ class EngineConfig:
     fp32 (IEEE) matmuls. No effect on a CPU."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend; 'auto' is nccl on GPUs and gloo on CPU."""
+    fsdp_reshard_after_forward: bool = True
+    """engine.name=fsdp: free each block's gathered parameters after its forward and gather them again for its
+    backward (the least memory: ZeRO-3's); false keeps them until the backward (one all-gather a block fewer, the
+    memory of whole parameters for the time between)."""
+    fsdp_offload: bool = False
+    """engine.name=fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
+    CPUOffloadPolicy), each block copied to the GPU for its turn and the optimizer step run on the CPU: for state
+    that does not fit the GPUs, at the cost of the copies."""
     deepspeed_config: str = ""
     """Your DeepSpeed config (a ds_config.json, or YAML), with engine.name=deepspeed: Trainbook's fields fill what
     it leaves out, its "auto" values take this config's, and a value that contradicts one set here is refused."""
@@ -664,15 +674,28 @@ def _check_relations(cfg: Config) -> None:
                 problem=f"given together with data.asset={bounded_repr(cfg.data.asset)}",
             )
         )
-    if cfg.engine.name == "torch" and cfg.engine.zero_stage:
+    if cfg.engine.name != "deepspeed" and cfg.engine.zero_stage:
         raise ConfigError(
             not_allowed(
                 "engine.zero_stage",
                 cfg.engine.zero_stage,
-                "0 with engine.name='torch'",
+                f"0 with engine.name={cfg.engine.name!r}",
                 problem="needs engine.name='deepspeed'",
             )
         )
+    if cfg.engine.name == "fsdp":
+        _check_fsdp(cfg)
+    for path, default in (("engine.fsdp_reshard_after_forward", True), ("engine.fsdp_offload", False)):
+        value = getattr(cfg.engine, path.split(".")[1])
+        if value != default and cfg.engine.name != "fsdp":
+            raise ConfigError(
+                not_allowed(
+                    path,
+                    value,
+                    f"{default} unless engine.name='fsdp'",
+                    problem=f"is set while engine.name={cfg.engine.name!r}",
+                )
+            )
     for path in ("engine.deepspeed_config", "engine.deepspeed"):
         value = getattr(cfg.engine, path.split(".")[1])
         if value and cfg.engine.name != "deepspeed":
@@ -752,6 +775,17 @@ def _check_tensor_parallel(cfg: Config) -> None:
                         problem=f"does not divide {field_name} ({count}): each rank takes an equal share",
                     )
                 )
+
+
+def _check_fsdp(cfg: Config) -> None:
+    """engine.name=fsdp: what its sharding supports so far (toolkit.train.engines.fsdp_engine); tensor and pipeline
+    parallelism are refused by their own checks (engine.name='torch')."""
+    needs = [
+        (cfg.engine.precision != "fp16", "engine.precision", cfg.engine.precision, "'bf16' or 'fp32'"),
+        (not cfg.train.compile, "train.compile", cfg.train.compile, "false"),
+        (cfg.train.objective == "model", "train.objective", cfg.train.objective, "'model'"),
+    ]
+    _refuse_unsupported(needs, "engine.name='fsdp'")
 
 
 def _check_pipeline_parallel(cfg: Config) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import os
 import pickle
+import pickletools
 import struct
 from pathlib import Path
 
@@ -74,6 +75,103 @@ ALLOWED_NAMES = NUMPY_NAMES + (
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
 )
+
+
+# What torch.distributed.checkpoint's .metadata pickles name (a sharded checkpoint, toolkit.checkpoint.sharded), as
+# (module, name): its metadata dataclasses, and the torch and pathlib values in them; torch's dtypes besides.
+DCP_METADATA_NAMES = frozenset(
+    {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    }
+    | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),  # a layout by its name (torch.strided)
+        ("torch", "Size"),
+        ("pathlib", "PosixPath"),  # the checkpoint_id it was saved under (a path, never opened)
+    }
+)
+DTYPE_NAMES = frozenset(
+    {
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
+    }
+)
+
+
+def dcp_metadata_allows(module: str, name: str) -> bool:
+    """May a DCP .metadata pickle name ``module.name``?"""
+    return (module, name) in DCP_METADATA_NAMES or (module == "torch" and name in DTYPE_NAMES)
+
+
+def pickle_globals(data: bytes) -> list[tuple[str, str]]:
+    """Every (module, name) a plain pickle would import, read from its opcodes (nothing runs, nothing is imported).
+    STACK_GLOBAL takes the two values pushed just before it (a string or a memo fetch of one, as the pickler writes
+    them); anything else there is reported as unknown ("?"), and so refused."""
+    found: list[tuple[str, str]] = []
+    recent: list[str | None] = []  # what each op pushed, None for anything but a string
+    memo: dict[int, str | None] = {}
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"):
+            recent.append(str(arg))
+        elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+            recent.append(memo.get(int(arg)) if arg is not None else None)
+        elif op.name == "MEMOIZE":
+            memo[len(memo)] = recent[-1] if recent else None
+        elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg or 0)] = recent[-1] if recent else None
+        elif op.name == "FRAME":
+            continue
+        elif op.name == "GLOBAL":
+            module, _, name = str(arg).partition(" ")
+            found.append((module, name))
+            recent.append(None)
+        elif op.name == "STACK_GLOBAL":
+            module_name, global_name = recent[-2:] if len(recent) >= 2 else [None, None]
+            found.append((module_name or "?", global_name or "?"))
+            recent.append(None)
+        else:
+            if op.name in ("INST", "OBJ", "EXT1", "EXT2", "EXT4"):  # never written by DCP: refused as unknown
+                found.append(("?", op.name))
+            recent.append(None)
+    return found
+
+
+def dcp_metadata_problem(path: str | Path, shown: str | None = None) -> str | None:
+    """Why a sharded checkpoint's .metadata would be refused (naming the file, as ``shown`` or by its name, and what
+    it would import), None if it names only DCP's own metadata classes."""
+    shown = shown or Path(path).name
+    try:
+        names = pickle_globals(Path(path).read_bytes())
+    except UNREADABLE as exc:
+        return refused(shown, f"cannot be read as a pickle ({_described(exc)})", "DCP's metadata")
+    disallowed = sorted({f"{m}.{n}" for m, n in names if not dcp_metadata_allows(m, n)})
+    if disallowed:
+        return refused(
+            shown,
+            f"loading it would import {', '.join(disallowed[:3])}",
+            "torch.distributed.checkpoint's metadata classes",
+        )
+    return None
 
 
 def _resolve(names) -> list:

@@ -65,7 +65,9 @@ class TrainingPanel(Panel):
         self.config = w.Dropdown(
             options=sorted({*config_mod.builtin_config_names(), config}), value=config, description="config"
         )
-        self.engine = w.Dropdown(options=["torch", "deepspeed"], value=engine, description="engine")
+        self.engine = w.Dropdown(
+            options=config_mod.field_choices(config_mod.EngineConfig, "name"), value=engine, description="engine"
+        )
         self.nproc = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.zero_stage = w.Dropdown(options=[0, 1, 2, 3], value=zero_stage, description="ZeRO stage")
         # 0 means "the config's own value": said in the label, where a bare 0 would read as zero steps

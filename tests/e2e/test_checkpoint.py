@@ -8,8 +8,11 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from toolkit.checkpoint import sharded
 from toolkit.runs import launch
 from toolkit.checkpoint.interval_advisor import advise_for_run
 from toolkit.checkpoint.store import CheckpointStore, step_name
@@ -55,6 +58,8 @@ DEEPSPEED_ZERO3_2 = ("--engine", "deepspeed", "--nproc", "2", "--set", "engine.z
 ACCUM = ("--set", "train.batch_size=2", "--set", "train.grad_accum_steps=4")
 # one replica in two pipeline stages (a block each), its 4 micro-batches a step in the 1F1B schedule
 TORCH_PP_2 = ("--nproc", "2", "--set", "engine.pipeline_parallel=2", *ACCUM)
+# FSDP2 over two ranks, each step's 8 rows as 4 micro-batches of 2: sharded state, gradients reduced once a step
+FSDP_2_ACCUM = ("--engine", "fsdp", "--nproc", "2", *ACCUM)
 # torch.compile in place: the same checkpoints, an exact resume. On one thread: Inductor's CPU kernels reduce across
 # threads in a varying order, so on two any two compiled runs differ in the last bits (pytorch/pytorch#94855)
 COMPILED = ("--set", "train.compile=true", "--set", "train.threads=1")
@@ -71,6 +76,7 @@ GOLDEN = [
     pytest.param(TORCH_PP_2, id="torch-pp-2-accum", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_1, id="deepspeed-1", marks=pytest.mark.slow),
     pytest.param(DEEPSPEED_ZERO2_2, id="deepspeed-zero2-2", marks=pytest.mark.slow),
+    pytest.param(FSDP_2_ACCUM, id="fsdp-2-accum", marks=pytest.mark.slow),
 ]
 
 
@@ -87,6 +93,32 @@ def test_golden_losses_after_sigkill_and_automatic_restart(tmp_path, reference_r
     status = run.read_status()
     assert status["state"] == "completed" and status["restarts"] == 1, status
     assert_log_matches(run, reference_runs(flags))
+
+
+@pytest.mark.slow
+def test_fsdp_trains_as_ddp_does_and_each_rank_writes_only_its_own_shards(reference_runs, tmp_path):
+    """FSDP2 and DDP compute the same steps (DDP's batch of 8 a rank, FSDP's as 4 micro-batches of 2), so their fp32
+    losses agree to float rounding; FSDP's checkpoints hold no whole state, only each rank's shards, and an export
+    assembles the weights from them."""
+    fsdp, ddp = reference_runs(FSDP_2_ACCUM), reference_runs(TORCH_DDP_2)
+    assert [e["loss"] for e in fsdp.events("train")] == pytest.approx([e["loss"] for e in ddp.events("train")],
+                                                                      rel=1e-5)
+    latest, whole = CheckpointStore(fsdp.path).list()[-1], CheckpointStore(ddp.path).list()[-1]
+    assert latest.valid and latest.manifest["engine"] == "fsdp", latest
+    files = latest.manifest["files"]
+    assert not {"model.pt", "optimizer.pt"} & set(files), sorted(files)
+    assert {"model.pt", "optimizer.pt"} <= set(whole.manifest["files"])
+    # what each rank's shard holds, from its own metadata: half of every parameter and moment (each tensor's rows
+    # split in two), and the few scalars every rank keeps whole (each moment's step count)
+    held = []
+    for rank in (0, 1):
+        metadata = sharded.read_metadata(latest.path / f"shards/rank_{rank:05d}/.metadata")
+        tensors = [e for e in metadata.state_dict_metadata.values() if isinstance(e, TensorStorageMetadata)]
+        held.append(sum(torch.Size(c.sizes).numel() for e in tensors for c in e.chunks))
+        total = sum(torch.Size(e.size).numel() for e in tensors)
+    assert all(0.45 * total < n < 0.55 * total for n in held), (held, total)
+    exported = cli("export", str(fsdp.path), "--out", str(tmp_path / "model"))
+    assert exported.returncode == 0 and f"({latest.name}, fsdp)" in exported.stdout, exported.stdout + exported.stderr
 
 
 def test_external_sigkill_then_resume_command(tmp_path, reference_runs, rng):

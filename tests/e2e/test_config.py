@@ -109,7 +109,7 @@ def test_cli_refuses_bad_input_before_anything_starts(tmp_path):
     assert "error: train.batch_size: -4 is out of range; allowed: >= 1" in proc.stderr
     assert not run_dir.exists(), "a refused config must not leave a half-made run directory"
     proc = cli("train", "tiny", "--run-dir", str(run_dir), "--engine", "tensorflow")
-    assert proc.returncode == 2 and "--engine: 'tensorflow' is not allowed; allowed: torch, deepspeed" in proc.stderr
+    assert proc.returncode == 2 and "--engine: 'tensorflow' is not allowed; allowed: torch, deepspeed, fsdp" in proc.stderr
     assert not run_dir.exists()
 
 

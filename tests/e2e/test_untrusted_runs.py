@@ -18,6 +18,7 @@ from toolkit.checkpoint.store import MANIFEST, describe_files
 from toolkit.rundir import RunDir
 
 from conftest import PROJECT, TWO_CHECKPOINTS, cli
+from e2e.test_checkpoint import CKPT, FSDP_2_ACCUM
 from unit.test_untrusted_checkpoints import RunsCode
 
 ONE_CHECKPOINT = ("--set", "train.max_steps=5", "--set", "checkpoint.every_steps=5")
@@ -83,6 +84,28 @@ def test_a_planted_pickle_is_refused_by_checkpoints_export_resume_and_the_torch_
     assert loaded.returncode == 3 and "model.pt: loading it would import posix.system" in loaded.stdout, \
         loaded.stdout + loaded.stderr
     assert not marker.exists(), "a planted pickle ran"
+
+
+@pytest.mark.slow
+def test_a_planted_sharded_metadata_is_refused_by_checkpoints_export_and_the_fsdp_loader(finished_run_copy, tmp_path):
+    """DCP unpickles a sharded checkpoint's .metadata with pickle.load: Trainbook reads it without running code."""
+    run = finished_run_copy(*CKPT, *FSDP_2_ACCUM)  # the golden FSDP run's copy: checkpoints at steps 20, 30, 40
+    newest = sorted((run.path / "checkpoints").glob("step_*"))[-1]
+    marker, name = tmp_path / "code-ran", "shards/rank_00001/.metadata"
+    (newest / name).write_bytes(pickle.dumps(RunsCode(marker)))
+    manifest = json.loads((newest / MANIFEST).read_text())
+    manifest["files"].update(describe_files(newest, [name]))
+    (newest / MANIFEST).write_text(json.dumps(manifest))
+
+    listing = cli("checkpoints", str(run.path)).stdout
+    assert f"INVALID: {name}: loading it would import posix.system" in listing and listing.count("INVALID") == 1, \
+        listing
+    exported = cli("export", str(run.path), "--out", str(tmp_path / "model"))  # from the step before
+    assert exported.returncode == 0 and "(step_00000030, fsdp)" in exported.stdout, exported.stdout + exported.stderr
+    loaded = load_into_engine(run, newest)  # the engine's own reader, past the listing
+    assert loaded.returncode == 3 and "names posix.system, which loading would import or call" in loaded.stdout, \
+        loaded.stdout + loaded.stderr[-2000:]
+    assert not marker.exists(), "a planted .metadata ran"
 
 
 def replace_pickle(folder: Path, name: str, pickled: bytes) -> None:

@@ -37,7 +37,7 @@ MISTAKES = {
     "a misspelt choice": (["serve", "demo", "--runtime", "onxx"], 2, ["did you mean onnx?"], []),
     "a misspelt doctor check": (["doctor", "--only", "matmull"], 2, ["did you mean matmul?"], []),
     "an engine that does not exist": (["train", "tiny", "--engine", "jax"], 2,
-                                      ["--engine: 'jax' is not allowed; allowed: torch, deepspeed"], []),
+                                      ["--engine: 'jax' is not allowed; allowed: torch, deepspeed, fsdp"], []),
     "a flag of another verb": (["runs", "--nproc", "2"], 2, ["usage: trainbook runs", "--nproc"], []),
     "an integer choice": (["estimate", "7B", "--zero-stage", "5"], 2,
                           ["--zero-stage: '5' is not allowed; allowed: 0, 1, 2, 3"], []),
@@ -108,7 +108,7 @@ def test_the_examples_parse(capsys):
 @pytest.mark.parametrize("value", ["it's \"quoted\"", "back\\slash", "a, b"])
 def test_a_refused_choice_names_the_value_as_given_whatever_its_characters(value, capsys):
     code, _, err = run_cli(["train", "tiny", "--engine", value], capsys)
-    assert code == 2 and f"error: {not_allowed('--engine', value, 'torch, deepspeed')}\n" in err, err
+    assert code == 2 and f"error: {not_allowed('--engine', value, 'torch, deepspeed, fsdp')}\n" in err, err
 
 
 def _verb(args):

@@ -24,6 +24,8 @@ COMPANIONS = {
     "engine.launcher": {"engine.name": "deepspeed"},
     "engine.deepspeed_config": {"engine.name": "deepspeed"},
     "engine.deepspeed": {"engine.name": "deepspeed"},
+    "engine.fsdp_reshard_after_forward": {"engine.name": "fsdp"},
+    "engine.fsdp_offload": {"engine.name": "fsdp"},
     "model.name": {"data.dataset": None},  # None: the dataset the chosen model needs (set below)
     "data.dataset": {"model.name": None},
     "data.asset": {"data.path": ""},

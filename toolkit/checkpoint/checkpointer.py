@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from toolkit.checkpoint.cost import CheckpointCost, LostTimeLedger
 from toolkit.checkpoint.peers import PeerReports
-from toolkit.checkpoint.store import CheckpointStore, describe_files
+from toolkit.checkpoint.store import CheckpointStore, describe_files, is_shard_folder
 from toolkit.checkpoint.checksum import ChecksummedWriter, bounce_buffer
 from toolkit.fsio import fsync_path
 from toolkit.checkpoint.rng import capture_rng
@@ -73,6 +73,28 @@ def _capture(state) -> tuple[list, object]:
     leaf: flattened as a tuple it would come back a plain tuple, which DeepSpeed's zero_to_fp32 cannot read."""
     leaves, spec = tree_flatten(state, is_leaf=lambda x: isinstance(x, torch.Size))
     return [leaf if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf) for leaf in leaves], spec
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank; any other tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _like(original: torch.Tensor, staged: torch.Tensor) -> torch.Tensor:
+    """The staged copy of ``original``'s local data, as the DTensor ``original`` is when it is one (its mesh,
+    placements and global shape: what a sharded checkpoint records), with no collective."""
+    if not hasattr(original, "to_local"):
+        return staged
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        staged,
+        original.device_mesh,
+        original.placements,
+        run_check=False,
+        shape=original.shape,
+        stride=original.stride(),
+    )
 
 
 def _copy_without_omp(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -311,8 +333,9 @@ class Checkpointer:
         reading: list = []  # the GPU tensors those streams read: alive until the copies are done
         for name, (leaves, spec) in job.files.items():
             staged = []
-            for i, leaf in enumerate(leaves):
-                if isinstance(leaf, torch.Tensor):
+            for i, whole in enumerate(leaves):
+                if isinstance(whole, torch.Tensor):
+                    leaf = _local(whole)  # a DTensor's own shard: all this rank ever copies or writes
                     key = (name, i)
                     buf = self._buffers.get(key)
                     if buf is None or buf.shape != leaf.shape or buf.dtype != leaf.dtype:
@@ -330,9 +353,9 @@ class Checkpointer:
                         reading.append(leaf)
                     else:
                         _copy_without_omp(buf, leaf.detach())
-                    staged.append(buf)
+                    staged.append(_like(whole, buf))
                 else:
-                    staged.append(leaf)
+                    staged.append(whole)
             job.files[name] = (staged, spec)
         for stream in streams.values():
             stream.synchronize()  # the host buffers hold the copies now
@@ -376,7 +399,12 @@ class Checkpointer:
     def _check_space(self, job: _Job, written_so_far: int = 0) -> None:
         """Fail with a plain ENOSPC message (torch.save's own on a full disk is an opaque zip-writer error)."""
         needed = (
-            sum(leaf.nbytes for leaves, _ in job.files.values() for leaf in leaves if isinstance(leaf, torch.Tensor))
+            sum(
+                _local(leaf).nbytes
+                for leaves, _ in job.files.values()
+                for leaf in leaves
+                if isinstance(leaf, torch.Tensor)
+            )
             - written_so_far
         )
         free = shutil.disk_usage(job.folder).free
@@ -396,6 +424,14 @@ class Checkpointer:
             time.sleep(self.full_cfg.fault.slow_write_ms / 1e3)  # fault injection: a slow disk
         described, written = {}, 0
         for name, (leaves, spec) in job.files.items():
+            if is_shard_folder(name):  # a rank's shards, in DCP's format: its files checksummed once written
+                from toolkit.checkpoint import sharded
+
+                names = [f"{name}/{file}" for file in sharded.write(job.folder / name, tree_unflatten(leaves, spec))]
+                shards = describe_files(job.folder, names)
+                described.update(shards)
+                written += sum(entry["size"] for entry in shards.values())
+                continue
             path = job.folder / name
             path.parent.mkdir(parents=True, exist_ok=True)
             writer = ChecksummedWriter(path, self._bounce)

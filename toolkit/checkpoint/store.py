@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.config import EngineConfig, field_choices
 from toolkit.checkpoint.checksum import ALGORITHMS, CHECKPOINT_CHECKSUM, entry_checksum, file_checksum
 from toolkit.errors import UserError, bounded_repr, not_allowed, refused
 from toolkit.plain_data import loads_json
@@ -46,7 +47,7 @@ SUPERSEDED_PREFIX = "superseded-"
 LATEST_MAX_BYTES = 256  # a checkpoint name and a newline
 MANIFEST_MAX_BYTES = 16 << 20  # the config and a few files per rank: kilobytes; far beyond any real manifest
 STEP_RE = re.compile(r"step_\d{8,}")  # what step_name() writes; the only names LATEST may hold
-ENGINES = ("torch", "deepspeed")
+ENGINES = tuple(field_choices(EngineConfig, "name"))
 
 # Config fields that may change between a checkpoint and the run that resumes from it: they steer the loop
 # (how long, how often to log or save), not what a step computes.
@@ -82,6 +83,20 @@ LOCATION_FIELDS = ("data.path", "model.code_path", "model.hf.source", "model.ini
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message says which and why."""
+
+
+SHARDS = "shards"
+"""A sharded checkpoint's subfolder: one folder of each rank's shards (toolkit.checkpoint.sharded)."""
+
+
+def shard_folder(rank: int) -> str:
+    """The relative name of ``rank``'s shard folder in a checkpoint (an engine's checkpoint_state key)."""
+    return f"{SHARDS}/rank_{rank:05d}"
+
+
+def is_shard_folder(name: str) -> bool:
+    """Is a checkpoint_state entry a rank's shard folder rather than one .pt file?"""
+    return name.startswith(f"{SHARDS}/")
 
 
 def step_name(step: int) -> str:
@@ -273,6 +288,10 @@ class CheckpointStore:
 
             for name in sorted(n for n in manifest["files"] if n.endswith(".pt")):
                 problem = safe_load.file_problem(path / name)
+                if problem:
+                    return bad(problem, manifest, step)
+            for name in sorted(n for n in manifest["files"] if is_shard_folder(n) and n.endswith("/.metadata")):
+                problem = safe_load.dcp_metadata_problem(path / name, shown=name)
                 if problem:
                     return bad(problem, manifest, step)
         return CheckpointInfo(path.name, path, step, True, "ok", size, created, manifest)

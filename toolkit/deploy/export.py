@@ -84,7 +84,19 @@ def _deepspeed_weights(folder: Path, manifest: dict) -> dict:
         return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG, exclude_frozen_parameters=lora)
 
 
-WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {"torch": _torch_weights, "deepspeed": _deepspeed_weights}
+def _sharded_weights(folder: Path, manifest: dict) -> dict:
+    """FSDP's shards, every rank's, each weight assembled whole (toolkit.checkpoint.sharded: nothing unpickled)."""
+    from toolkit.checkpoint import sharded
+    from toolkit.checkpoint.store import SHARDS
+
+    return sharded.read_whole(folder / SHARDS, "model")
+
+
+WEIGHT_READERS: dict[str, Callable[[Path, dict], dict]] = {
+    "torch": _torch_weights,
+    "deepspeed": _deepspeed_weights,
+    "fsdp": _sharded_weights,
+}
 
 
 EXPORTABLE = (*BUILT_IN, "hf")  # models rebuilt from a config without running a user's code

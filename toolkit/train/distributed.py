@@ -66,7 +66,7 @@ def resolve_backend(requested: str) -> str:
 def setup(engine_cfg) -> Topology:
     """Read the launcher's variables; start the process group when more than one process (or DeepSpeed) needs it."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    needs_group = world_size > 1 or engine_cfg.name == "deepspeed"
+    needs_group = world_size > 1 or engine_cfg.name in ("deepspeed", "fsdp")  # a mesh even of one
     if needs_group and "MASTER_ADDR" not in os.environ:
         os.environ.update(single_process_env())
     rank = int(os.environ.get("RANK", "0"))

@@ -66,6 +66,8 @@ def gradients_finite(parameters, norm: torch.Tensor | None = None) -> bool:
         if not grads:
             return True
         norm = torch.nn.utils.get_total_norm(grads)
+    if hasattr(norm, "full_tensor"):  # a DTensor (sharded gradients, FSDP): the norm over every rank's shards
+        norm = norm.full_tensor()
     return bool(torch.isfinite(norm))  # the step's one host sync
 
 

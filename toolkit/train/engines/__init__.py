@@ -76,7 +76,13 @@ def _deepspeed_engine(model, cfg, topo, loss_fn):
     return DeepSpeedEngine(model, cfg, topo, loss_fn)
 
 
-ENGINES = {"torch": _torch_engine, "deepspeed": _deepspeed_engine}
+def _fsdp_engine(model, cfg, topo, loss_fn):
+    from toolkit.train.engines.fsdp_engine import FSDPEngine
+
+    return FSDPEngine(model, cfg, topo, loss_fn)
+
+
+ENGINES = {"torch": _torch_engine, "deepspeed": _deepspeed_engine, "fsdp": _fsdp_engine}
 
 
 def build_engine(model, cfg, topo, loss_fn=None) -> Engine:

@@ -61,6 +61,31 @@ class TorchEngine:
         self.pipeline = None  # pipeline parallelism: this rank's stage and its schedule
         self.pipelined = False  # forward_backward_step takes a step's micro-batches together (a pipeline's schedule)
         self._loss_parallel, self._whole = contextlib.nullcontext, _as_is
+        self._wrap(cfg, topo)
+        if cfg.train.compile:  # the wrapper when there is one: dynamo then splits graphs at DDP's buckets
+            compile_in_place(self.model)
+        o = cfg.optim
+        groups = adamw_param_groups(self.module, o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=o.lr, betas=(o.beta1, o.beta2), **adamw_implementation(topo.device, groups)
+        )
+        self.grad_clip = o.grad_clip
+        self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
+        self.device = topo.device
+        half = HALF.get(cfg.engine.precision)
+        self._autocast = (lambda: torch.autocast(topo.device.type, dtype=half)) if half else contextlib.nullcontext
+        # fp16's narrow range: scale the loss up so small gradients do not flush to zero, and skip a step whose
+        # gradients overflowed (the scale then halves); bf16 has fp32's range and needs none of it
+        self.scaler = torch.amp.GradScaler(topo.device.type) if cfg.engine.precision == "fp16" else None
+        self._skipped = None  # optimizer steps the scaler skipped for inf/NaN gradients (a device tensor)
+        # watchdog.nonfinite: leave out an update whose gradients are not finite (toolkit.train.watchdog). In fp16
+        # that is the loss scaler's own business: it skips the step and halves the scale.
+        self.watch_nonfinite = cfg.watchdog.nonfinite != "apply" and self.scaler is None
+        self.update_skipped = False  # the last train_step left its update out
+
+    def _wrap(self, cfg, topo) -> None:
+        """How the model is spread over the processes: a pipeline stage, tensor-parallel slices, DDP, or as it is.
+        Sets ``self.model``, what forward runs, and ``self.module`` to this rank's part of the model."""
         if topo.pipeline_parallel > 1:  # tensor parallelism within each stage too
             from toolkit.train import pipeline_parallel
 
@@ -91,26 +116,6 @@ class TorchEngine:
             self.model = DistributedDataParallel(self.module, device_ids=device_ids)
         else:
             self.model = self.module
-        if cfg.train.compile:  # the wrapper when there is one: dynamo then splits graphs at DDP's buckets
-            compile_in_place(self.model)
-        o = cfg.optim
-        groups = adamw_param_groups(self.module, o.weight_decay)
-        self.optimizer = torch.optim.AdamW(
-            groups, lr=o.lr, betas=(o.beta1, o.beta2), **adamw_implementation(topo.device, groups)
-        )
-        self.grad_clip = o.grad_clip
-        self.trainable_only = trainable_only(cfg)  # LoRA: the adapters alone (the base is rebuilt, frozen)
-        self.device = topo.device
-        half = HALF.get(cfg.engine.precision)
-        self._autocast = (lambda: torch.autocast(topo.device.type, dtype=half)) if half else contextlib.nullcontext
-        # fp16's narrow range: scale the loss up so small gradients do not flush to zero, and skip a step whose
-        # gradients overflowed (the scale then halves); bf16 has fp32's range and needs none of it
-        self.scaler = torch.amp.GradScaler(topo.device.type) if cfg.engine.precision == "fp16" else None
-        self._skipped = None  # optimizer steps the scaler skipped for inf/NaN gradients (a device tensor)
-        # watchdog.nonfinite: leave out an update whose gradients are not finite (toolkit.train.watchdog). In fp16
-        # that is the loss scaler's own business: it skips the step and halves the scale.
-        self.watch_nonfinite = cfg.watchdog.nonfinite != "apply" and self.scaler is None
-        self.update_skipped = False  # the last train_step left its update out
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
