@@ -93,6 +93,9 @@ def test_models_without_a_formula_say_so():
     (["engine.name=deepspeed", "engine.nproc=2", "engine.zero_stage=2"], 16 + 20 / 2),
     (["engine.name=deepspeed", "engine.nproc=4", "engine.zero_stage=2"], 16 + 20 / 4),
     (["engine.name=deepspeed", "engine.nproc=2", "engine.zero_stage=3"], 24 + 20 / 2),
+    (["engine.name=fsdp", "engine.nproc=1"], 16),  # weights, gradients and moments, nothing split, nothing gathered
+    (["engine.name=fsdp", "engine.nproc=2"], 16 / 2),  # each rank 1/2 of them (the gathered blocks: not per Ψ)
+    (["engine.name=fsdp", "engine.nproc=4"], 16 / 4),
 ])
 def test_cpu_model_state_per_stage(sets, per_param):
     prediction = memory_model.predict_run(cfg_of(*sets), device="cpu")

@@ -17,7 +17,7 @@ from toolkit.resources.zero_stages import check_value
 
 # The tiny config's peak RSS per rank through `trainbook train` (rank 0, other ranks), MiB, on the reference machine:
 # a 2-core x86_64 VM, Linux, Python 3.11, torch 2.13 (CPU), DeepSpeed 0.19.8. Rank 0 also writes events and TensorBoard.
-REFERENCE_BASELINE_MIB = {"torch": (322.0, 318.0), "deepspeed": (351.0, 346.0)}
+REFERENCE_BASELINE_MIB = {"torch": (322.0, 318.0), "deepspeed": (351.0, 346.0), "fsdp": (338.0, 332.0)}
 REFERENCE_MACHINE = "the reference machine (2-core x86_64 VM, torch 2.13 CPU, DeepSpeed 0.19.8)"
 BASELINE_STEPS = 4
 
