@@ -114,6 +114,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_activation_checkpointing.py
 	$(PY) bench/bench_scaling.py
 	$(PY) bench/bench_zero.py
+	$(PY) bench/bench_fsdp.py
 	$(PY) bench/bench_memory.py
 	$(PY) bench/bench_mlflow.py
 	$(PY) bench/bench_watchdog.py

@@ -121,6 +121,26 @@ def test_fsdp_trains_as_ddp_does_and_each_rank_writes_only_its_own_shards(refere
     assert exported.returncode == 0 and f"({latest.name}, fsdp)" in exported.stdout, exported.stdout + exported.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, engine", [(TORCH_DDP_2, "fsdp"), (FSDP_2_ACCUM, "torch")],
+                         ids=["ddp-to-fsdp", "fsdp-to-ddp"])
+def test_ddp_and_fsdp_resume_each_others_checkpoints_with_the_same_losses(finished_run_copy, reference_runs, flags,
+                                                                          engine):
+    """The layout may change at a resume where the computation does not: DDP's whole tensors resharded by FSDP,
+    FSDP's shards assembled whole on each DDP replica. Steps 21-40 then match the run that never changed (to float
+    rounding: the two engines sum in another order)."""
+    run = finished_run_copy(*CKPT, *flags)
+    CheckpointStore(run.path).roll_back_to(step_name(20))
+    run.write_status(state="failed")
+    resumed = cli("resume", str(run.path), "--set", f"engine.name={engine}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e for e in run.events("status") if e.get("resumed_from")][-1]["resumed_from"] == step_name(20)
+    got, want = losses_by_step(run), losses_by_step(reference_runs(flags))
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert [got[s] for s in range(21, STEPS + 1)] == pytest.approx([want[s] for s in range(21, STEPS + 1)], rel=1e-5)
+    assert run.read_config().engine.name == engine
+
+
 def test_external_sigkill_then_resume_command(tmp_path, reference_runs, rng):
     # a tiny step takes ~7 ms; sleeping 20 ms in each step after the first checkpoint leaves the follower
     # (which reads every 50 ms) time to kill before the end. Sleeps change no loss.

@@ -116,3 +116,18 @@ def test_a_manifest_without_config_or_world_size_is_refused_not_crashed():
     assert message.startswith("checkpoint step_00000005 was written with a different config")
     assert "model.n_embd: checkpoint None, this run 32" in message
 
+
+
+@pytest.mark.parametrize("written, now", [("torch", "fsdp"), ("fsdp", "torch")])
+def test_ddp_and_fsdp_take_each_others_checkpoints(written, now):
+    """The same steps from the same state: DDP's whole tensors resharded by FSDP, FSDP's shards assembled by DDP."""
+    check_compatible({**manifest([f"engine.name={written}"], world_size=2), "engine": written},
+                     run_config([f"engine.name={now}"]), 2)
+
+
+@pytest.mark.parametrize("written, now", [("torch", "deepspeed"), ("deepspeed", "fsdp"), ("fsdp", "deepspeed")])
+def test_deepspeeds_checkpoints_and_the_others_are_not_interchangeable(written, now):
+    checkpoint = {**manifest([f"engine.name={written}"]), "engine": written}
+    assert refusal(checkpoint, run_config([f"engine.name={now}"])) == (
+        f"checkpoint step_00000020 was written by engine.name={written!r}; this run has {now!r}. Allowed: the same "
+        "engine, or any of torch, fsdp for a checkpoint of one of them")

@@ -66,6 +66,17 @@ def read(shards: Path, state: dict) -> None:
     dcp_load(state, storage_reader=_MergedReader(shards, metadata), planner=_WeightsOnlyPlanner())
 
 
+def load_into(module: torch.nn.Module, optimizer: torch.optim.Optimizer, shards: Path, options) -> None:
+    """A model and its optimizer from a sharded checkpoint, in whatever layout they are now: FSDP's own shards, or
+    whole tensors in one process or in DDP's replicas (each reading every rank's chunks of each tensor). ``options``:
+    torch's StateDictOptions (LoRA: the trainable tensors only). A collective when a process group is up."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(module, optimizer, options=options)
+    read(shards, {"model": model_state, "optimizer": optimizer_state})  # filled in place
+    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state, options=options)
+
+
 def read_whole(shards: Path, part: str) -> dict[str, torch.Tensor]:
     """One part of a sharded checkpoint (``"model"``) as whole tensors, in a process of its own (no process
     group): what an export reads. Each tensor is assembled from every rank's chunks of it."""

@@ -72,7 +72,12 @@ RESUMABLE_CHANGES = (
     "engine.nproc",  # with engine.tensor_parallel, as long as the data-parallel replicas stay (check_compatible)
     "engine.tensor_parallel",
     "engine.pipeline_parallel",
+    "engine.name",  # between the layouts of one computation only (torch and fsdp: check_compatible)
+    "engine.fsdp_",
 )
+# Engines that compute the same steps from the same state, and so may take each other's checkpoints: DDP's whole
+# tensors resharded by FSDP, FSDP's shards assembled by DDP (DeepSpeed's files are its own)
+INTERCHANGEABLE_ENGINES = ("torch", "fsdp")
 
 
 # Where a run's inputs are, not what they are: an Azure ML job mounts its inputs under a folder named after the job, so
@@ -459,6 +464,12 @@ def check_compatible(manifest: dict, config: dict, world_size: int, ranks_per_re
             f"(engine.nproc): {replicas} data-parallel replicas where it had {written_replicas} (processes / "
             "engine.tensor_parallel / engine.pipeline_parallel). Allowed: the same number of replicas, each drawing "
             "the batches it drew before (or data.sampling=epochs, whose position survives a change of replicas)"
+        )
+    engines = (manifest.get("engine", "torch"), (config.get("engine") or {}).get("name", "torch"))
+    if engines[0] != engines[1] and not set(engines) <= set(INTERCHANGEABLE_ENGINES):
+        raise CheckpointError(
+            f"checkpoint {name} was written by engine.name={engines[0]!r}; this run has {engines[1]!r}. Allowed: the "
+            f"same engine, or any of {', '.join(INTERCHANGEABLE_ENGINES)} for a checkpoint of one of them"
         )
     differences = [
         f"{key}: checkpoint {old!r}, this run {new!r}"

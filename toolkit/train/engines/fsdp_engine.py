@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from toolkit import safe_load
 from toolkit.checkpoint import sharded
 from toolkit.checkpoint.store import SHARDS, shard_folder
 from toolkit.train.engines.param_groups import HALF, trainable_only
@@ -78,13 +79,30 @@ class FSDPEngine(TorchEngine):
         return {shard_folder(self.rank): self._state()}
 
     def load_checkpoint_state(self, folder) -> None:
-        state = self._state()
-        sharded.read(folder / SHARDS, state)
-        set_state_dict(
-            self.module,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=self._state_options,
-        )
+        if (folder / SHARDS).is_dir():
+            sharded.load_into(self.module, self.optimizer, folder / SHARDS, self._state_options)
+        else:  # a torch-engine checkpoint's whole tensors (DDP, one process): each rank keeps its shard of them
+            weights = safe_load.load(folder / "model.pt", map_location=self.device)
+            optimizer = safe_load.load(folder / "optimizer.pt", map_location=self.device)
+            set_state_dict(
+                self.module,
+                self.optimizer,
+                model_state_dict=weights,
+                optim_state_dict=self._by_name(optimizer),
+                options=StateDictOptions(
+                    full_state_dict=True,
+                    ignore_frozen_params=self._state_options.ignore_frozen_params,
+                    strict=self._state_options.strict,
+                ),
+            )
         keep_implementation(self.optimizer)
+
+    def _by_name(self, state: dict) -> dict:
+        """A torch optimizer.state_dict() (parameters numbered in this optimizer's order: both engines build their
+        groups alike) keyed by parameter name instead, as torch's distributed state dicts are."""
+        names = {id(p): name for name, p in self.module.named_parameters()}
+        order = [names[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
+        return {
+            "state": {order[index]: moments for index, moments in state["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
+        }

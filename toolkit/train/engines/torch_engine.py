@@ -10,6 +10,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit import safe_load
+from toolkit.checkpoint.store import SHARDS, CheckpointError
+from toolkit.errors import refused
 from toolkit.train.compilation import compile_in_place
 from toolkit.train.engines.param_groups import (
     HALF,
@@ -216,6 +218,9 @@ class TorchEngine:
         return files
 
     def load_checkpoint_state(self, folder) -> None:
+        if (folder / SHARDS).is_dir():  # an FSDP run's shards: every rank's chunks read into whole tensors here
+            self._load_shards(folder / SHARDS)
+            return
         # A run directory may be a copy from elsewhere: tensors and plain data only (toolkit.safe_load).
         weights = safe_load.load(folder / "model.pt", map_location=self.device)
         optimizer = safe_load.load(folder / "optimizer.pt", map_location=self.device)
@@ -236,6 +241,27 @@ class TorchEngine:
             state = safe_load.load(folder / SCALER_FILE)
             self._skipped = torch.tensor(state.pop("skipped_steps", 0), dtype=torch.int64, device=self.device)
             self.scaler.load_state_dict(state)
+
+    def _load_shards(self, shards) -> None:
+        if self.split is not None or self.pipeline is not None or self.scaler is not None:
+            raise CheckpointError(
+                refused(
+                    "engine.name",
+                    "torch cannot resume an FSDP run's shards split over ranks or with fp16 loss scaling",
+                    "engine.tensor_parallel=1, engine.pipeline_parallel=1 and bf16 or fp32 (one process or DDP)",
+                )
+            )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from toolkit.checkpoint import sharded
+
+        sharded.load_into(
+            self.module,
+            self.optimizer,
+            shards,
+            StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only),
+        )
+        keep_implementation(self.optimizer)
 
     def train(self):
         self.model.train()
