@@ -23,7 +23,7 @@ def complete(*words: str) -> list[str]:
     (["tr"], ["train"]),
     (["data", "re"], ["register", "register-builtin"]),
     (["train", "tiny", "--eng"], ["--engine"]),
-    (["train", "tiny", "--engine", ""], ["torch", "deepspeed"]),
+    (["train", "tiny", "--engine", ""], ["torch", "deepspeed", "fsdp"]),
     (["doctor", "--only", "mat"], ["matmul"]),
     (["endpoints", "st"], ["stop"]),
 ])
